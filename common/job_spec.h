@@ -1,0 +1,95 @@
+#pragma once
+
+// The job spec (YAML), parsed into typed structs with strict validation: unknown keys are
+// errors naming the key, values are range-checked, cross-field rules live in Validate().
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace varuna {
+
+struct ModelSpec {
+  std::string kind = "gpt";  // gpt | mlp | torchscript
+  int layers = 4;            // gpt: transformer blocks; mlp: hidden blocks
+  int d_model = 128;
+  int heads = 4;             // gpt only; must divide d_model
+  int seq_len = 64;          // tokens per sample
+  int vocab = 256;           // token ids must be < vocab
+  double dropout = 0.0;      // in [0, 1)
+  std::string path;          // torchscript: directory holding segment_<i>.pt files
+};
+
+struct DataSpec {
+  std::string kind = "text";  // text (bytes of a file, vocab >= 256) | tokens (flat binary)
+  std::string path;
+  std::string dtype = "uint16";  // tokens only: uint16 | uint32
+};
+
+struct TrainSpec {
+  int64_t global_batch = 16;  // samples per optimizer step, over all replicas
+  int64_t steps = 100;
+  std::string optimizer = "adamw";  // adamw | sgd
+  double lr = 1e-3;
+  double min_lr = 0.0;         // floor of the cosine/linear decay
+  int64_t warmup = 0;          // linear warm-up steps
+  std::string schedule = "cosine";  // cosine | linear | constant (after warm-up)
+  double clip_grad_norm = 1.0;  // 0 disables clipping
+  double weight_decay = 0.0;    // AdamW decoupled decay; SGD L2
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double momentum = 0.9;  // sgd only
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  double init_loss_scale = 65536.0;  // fp16 only
+  int64_t loss_scale_window = 1000;  // fp16 only: clean steps before the scale doubles
+  uint64_t seed = 1;
+};
+
+struct ParallelSpec {
+  int stages = 0;      // 0 = auto
+  int micro_batch = 0; // 0 = auto
+  std::string schedule = "varuna";  // varuna | gpipe | 1f1b
+  double timeout_s = 300;           // collective / p2p timeout
+};
+
+struct CheckpointSpec {
+  std::string dir;
+  int64_t every_steps = 0;
+  int keep = 0;
+  std::string tempdir;
+  bool shard = false;
+};
+
+struct ResourcesSpec {
+  int min_slots = 1;
+  int max_slots = 0;  // 0 = no limit
+};
+
+struct JobSpec {
+  std::string name = "job";
+  ModelSpec model;
+  DataSpec data;
+  TrainSpec train;
+  ParallelSpec parallel;
+  CheckpointSpec checkpoint;
+  ResourcesSpec resources;
+  std::vector<std::string> entrypoint;
+  std::map<std::string, std::string> env;
+
+  // Cross-field rules (heads | d_model, text data needs vocab >= 256, ...). Does not touch
+  // the filesystem; see ValidateFiles().
+  absl::Status Validate() const;
+  // Checks that referenced files exist and are readable.
+  absl::Status ValidateFiles() const;
+};
+
+// Parses YAML text into a validated JobSpec. Errors name the offending key path, e.g.
+// "job spec: unknown key 'train.lrr'".
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text);
+// Reads and parses a job file; NotFound naming the path if it cannot be read.
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
+
+}  // namespace varuna

@@ -1,0 +1,180 @@
+#include "common/launch_args.h"
+
+#include <cstdlib>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace varuna {
+namespace {
+
+template <typename T>
+absl::Status ParseInt(const std::string& flag, const std::string& value, T* out) {
+  int64_t v;
+  if (!absl::SimpleAtoi(value, &v)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag --", flag, " needs an integer, got '", value, "'"));
+  }
+  *out = static_cast<T>(v);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> EnvInt(const EnvGetter& env, const std::string& name, int fallback) {
+  auto v = env(name);
+  if (!v || v->empty()) return fallback;
+  int out;
+  if (!absl::SimpleAtoi(*v, &out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("environment variable ", name, "='", *v, "' is not an integer"));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string WorkerUsage() {
+  return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S] [--metrics_out FILE]\n"
+         "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
+         "                     [--batch-size=PER_REPLICA_BATCH]\n"
+         "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
+}
+
+std::optional<std::string> GetEnv(const std::string& name) {
+  const char* v = std::getenv(name.c_str());
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv) {
+  WorkerArgs args;
+  for (size_t i = 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "-h" || a == "--help") {
+      args.help = true;
+      continue;
+    }
+    if (!absl::StartsWith(a, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", a, "'"));
+    }
+    std::string flag = a.substr(2), value;
+    bool has_value = false;
+    if (auto eq = flag.find('='); eq != std::string::npos) {
+      value = flag.substr(eq + 1);
+      flag = flag.substr(0, eq);
+      has_value = true;
+    }
+    auto take = [&]() -> absl::StatusOr<std::string> {
+      if (has_value) return value;
+      if (i + 1 >= argv.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("flag --", flag, " needs a value"));
+      }
+      return argv[++i];
+    };
+    if (flag == "job") {
+      ASSIGN_OR_RETURN(args.job_path, take());
+    } else if (flag == "stage_to_rank_map") {
+      ASSIGN_OR_RETURN(args.stage_to_rank_map, take());
+    } else if (flag == "metrics_out") {
+      ASSIGN_OR_RETURN(args.metrics_out, take());
+    } else if (flag == "steps") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      int64_t n;
+      RETURN_IF_ERROR(ParseInt(flag, v, &n));
+      if (n < 0) return absl::InvalidArgumentError("flag --steps must be >= 0");
+      args.steps = n;
+    } else if (flag == "rank" || flag == "local_rank" || flag == "chunk_size") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      int n;
+      RETURN_IF_ERROR(ParseInt(flag, v, &n));
+      if (n < 0 || (flag == "chunk_size" && n < 1)) {
+        return absl::InvalidArgumentError(absl::StrCat("flag --", flag, " out of range: ", v));
+      }
+      (flag == "rank" ? args.rank : flag == "local_rank" ? args.local_rank : args.chunk_size) = n;
+    } else if (flag == "batch-size" || flag == "batch_size") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      int64_t n;
+      RETURN_IF_ERROR(ParseInt(flag, v, &n));
+      if (n < 1) return absl::InvalidArgumentError("flag --batch-size must be >= 1");
+      args.per_replica_batch = n;
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", flag));
+    }
+  }
+  if (!args.help && args.job_path.empty()) {
+    return absl::InvalidArgumentError("missing required flag --job JOB.yaml");
+  }
+  return args;
+}
+
+absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* spec,
+                                               int num_segments, const EnvGetter& env) {
+  WorkerTopology t;
+  ASSIGN_OR_RETURN(int env_world, EnvInt(env, "WORLD_SIZE", -1));
+  ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
+  if (args.stage_to_rank_map) {
+    ASSIGN_OR_RETURN(t.map, StageMap::Parse(*args.stage_to_rank_map));
+    t.world_size = env_world > 0 ? env_world : t.map.world_size();
+    RETURN_IF_ERROR(t.map.ValidateWorldSize(t.world_size));
+  } else {
+    t.world_size = env_world > 0 ? env_world : 1;
+    int stages = spec->parallel.stages > 0 ? spec->parallel.stages : 1;
+    if (t.world_size % stages != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("parallel.stages=", stages,
+                                                     " does not divide WORLD_SIZE=",
+                                                     t.world_size));
+    }
+    t.map = StageMap::Make(stages, t.world_size / stages);
+  }
+  if (spec->parallel.stages > 0 && spec->parallel.stages != t.map.stages()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
+                     t.map.ToString(), "' (", t.map.stages(), " stages)"));
+  }
+  if (t.map.stages() > num_segments) {
+    return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
+                                                   " segments, fewer than the ", t.map.stages(),
+                                                   " pipeline stages requested"));
+  }
+  t.rank = args.rank.value_or(env_rank);
+  if (t.rank < 0 || t.rank >= t.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", t.rank, " is outside the world of size ", t.world_size));
+  }
+  ASSIGN_OR_RETURN(int env_local, EnvInt(env, "LOCAL_RANK", t.rank));
+  t.local_rank = args.local_rank.value_or(env_local);
+  t.stage = t.map.StageOf(t.rank);
+  t.replica = t.map.ReplicaOf(t.rank);
+  const int replicas = t.map.replicas();
+  if (args.per_replica_batch) spec->train.global_batch = *args.per_replica_batch * replicas;
+  t.global_batch = spec->train.global_batch;
+  if (t.global_batch % replicas != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.global_batch=", t.global_batch,
+                                                   " is not divisible by the ", replicas,
+                                                   " data-parallel replicas"));
+  }
+  t.per_replica_batch = t.global_batch / replicas;
+  if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
+  if (spec->parallel.micro_batch > 0) {
+    t.micro_batch = static_cast<int>(std::min<int64_t>(spec->parallel.micro_batch,
+                                                       t.per_replica_batch));
+  } else {
+    // auto: about 4 micro-batches per stage keeps the bubble near (P-1)/(4P+P-1).
+    const int64_t target = 4 * t.map.stages();
+    t.micro_batch = static_cast<int>(std::max<int64_t>(1, (t.per_replica_batch + target - 1) / target));
+  }
+  if (args.steps) spec->train.steps = *args.steps;
+  t.steps = spec->train.steps;
+  if (auto a = env("MASTER_ADDR"); a && !a->empty()) t.master_addr = *a;
+  ASSIGN_OR_RETURN(t.master_port, EnvInt(env, "MASTER_PORT", 29500));
+  if (t.master_port <= 0 || t.master_port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT=", t.master_port, " is invalid"));
+  }
+  auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
+  t.store_is_external = agent_store && (*agent_store == "True" || *agent_store == "true" ||
+                                        *agent_store == "1");
+  return t;
+}
+
+}  // namespace varuna

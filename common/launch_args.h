@@ -1,0 +1,66 @@
+#pragma once
+
+// Command line + environment of a varuna-worker process: torchrun's environment (RANK,
+// LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and Varuna's launcher arguments
+// (--rank=, --local_rank=, --stage_to_rank_map=, --chunk_size=, --batch-size=). Pure; the
+// worker resolves everything here before it opens a socket, so bad input fails fast.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "common/stage_map.h"
+
+namespace varuna {
+
+struct WorkerArgs {
+  std::string job_path;
+  std::optional<std::string> stage_to_rank_map;
+  std::string metrics_out;
+  std::optional<int64_t> steps;
+  std::optional<int> rank;
+  std::optional<int> local_rank;
+  std::optional<int> chunk_size;
+  std::optional<int64_t> per_replica_batch;  // Varuna's --batch-size
+  bool help = false;
+};
+
+// Parses argv[1..]. Accepts "--flag value" and "--flag=value". Unknown flags and missing or
+// malformed values are InvalidArgument naming the flag.
+absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv);
+
+// Usage text for --help and errors.
+std::string WorkerUsage();
+
+using EnvGetter = std::function<std::optional<std::string>(const std::string&)>;
+// Reads the process environment.
+std::optional<std::string> GetEnv(const std::string& name);
+
+// Everything a worker needs to know about its place in the job.
+struct WorkerTopology {
+  int rank = 0;
+  int local_rank = 0;
+  int world_size = 1;
+  StageMap map = StageMap::Make(1, 1);
+  int stage = 0;
+  int replica = 0;
+  int64_t global_batch = 0;
+  int64_t per_replica_batch = 0;
+  int micro_batch = 0;
+  int64_t steps = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  bool store_is_external = false;  // TORCHELASTIC_USE_AGENT_STORE: rank 0 must not host it
+};
+
+// Resolves rank/world/map/batch from args, environment and the (already validated) job spec.
+// `num_segments` caps the number of stages. Errors name the inconsistency (map vs WORLD_SIZE,
+// parallel.stages vs map, global batch not divisible by replicas, rank out of range, ...).
+absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* spec,
+                                               int num_segments, const EnvGetter& env);
+
+}  // namespace varuna

@@ -1,0 +1,55 @@
+#pragma once
+
+// Pipeline schedules as a pure function, shared by the engine and a simulator (no LibTorch).
+//
+// Note [Schedules]:
+//  - kVaruna: a unit-time tick simulation of all P stages (forward = 1 tick, recompute = 1,
+//    backward = 2). Each stage pops one task per tick by priority backward-continue > backward
+//    > recompute > forward. F(m) on stage i<P-1 enqueues F(m) on i+1; F(m) on the last stage
+//    enqueues B(m) on the same stage (the last stage never recomputes: its forwards keep the
+//    autograd graph); the first tick of B(m) on stage i>0 enqueues R(m) on stage i-1, so the
+//    recompute runs while stage i finishes the backward; R(m) done enqueues B(m) on the same
+//    stage. Non-last stages run forwards without the graph and recompute before backward.
+//  - kGPipe: all forwards (graph kept), then all backwards in micro-batch order.
+//  - k1F1B: stage s runs min(P-s-1, M) warm-up forwards, then alternates F and B, then drains
+//    the remaining backwards. Forwards keep the graph, nothing recomputes.
+// For P == 1 every policy is F0 B0 F1 B1 ... with the graph kept.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace varuna {
+
+enum class SchedulePolicy { kVaruna, kGPipe, k1F1B };
+
+// Parses "varuna" | "gpipe" | "1f1b"; InvalidArgument naming the value otherwise.
+absl::StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name);
+std::string SchedulePolicyName(SchedulePolicy policy);
+
+enum class TaskKind { kForward, kRecompute, kBackward };
+
+struct Task {
+  TaskKind kind;
+  int micro_batch;  // 0-based
+  // For kForward only: true if the forward keeps its autograd graph for a later backward
+  // (no recompute follows); false if it runs without grad and stashes its input + RNG state.
+  bool keep_graph = false;
+
+  bool operator==(const Task& o) const {
+    return kind == o.kind && micro_batch == o.micro_batch && keep_graph == o.keep_graph;
+  }
+};
+
+// Returns the ordered task list of `stage` (0-based) for `stages` stages and `micro_batches`
+// micro-batches. Preconditions: stages >= 1, micro_batches >= 1, 0 <= stage < stages.
+// Invariants every policy satisfies: each micro-batch appears as exactly one F and one B
+// (and one R iff its F has keep_graph == false); forwards appear in micro-batch order;
+// backwards appear in micro-batch order; R(m) precedes B(m) and follows F(m).
+std::vector<Task> MakeSchedule(SchedulePolicy policy, int stages, int micro_batches, int stage);
+
+// Formats a task list like "F0 F1 R0 B0 ..." (tests, logs).
+std::string FormatSchedule(const std::vector<Task>& tasks);
+
+}  // namespace varuna

@@ -1,0 +1,220 @@
+#include "worker/comm.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/torch_status.h"
+
+namespace varuna {
+namespace {
+
+std::shared_ptr<::gloo::transport::Device> MakeDevice(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+ProcessGroupPtr MakeGroup(const c10::intrusive_ptr<c10d::Store>& store, const std::string& prefix,
+                          const std::vector<int>& members, int rank,
+                          const std::shared_ptr<::gloo::transport::Device>& device,
+                          std::chrono::milliseconds timeout) {
+  int index = -1;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rank) index = static_cast<int>(i);
+  }
+  if (index < 0) return nullptr;
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(device);
+  opts->threads = 2;
+  return c10::make_intrusive<c10d::ProcessGroupGloo>(
+      c10::make_intrusive<c10d::PrefixStore>(prefix, store), index,
+      static_cast<int>(members.size()), opts);
+}
+
+}  // namespace
+
+absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
+                                                  std::chrono::milliseconds timeout) {
+  ProcessGroups g;
+  g.timeout = timeout;
+  const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
+  absl::Status st = TorchCall(where, [&] {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(topo.master_port);
+    o.isServer = topo.rank == 0 && !topo.store_is_external;
+    o.numWorkers = topo.store_is_external ? c10::nullopt
+                                          : c10::optional<std::size_t>(topo.world_size);
+    o.waitWorkers = false;
+    o.timeout = timeout;
+    g.store = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
+    auto device = MakeDevice(topo.master_addr);
+    const auto& map = topo.map;
+    std::vector<int> all(topo.world_size);
+    for (int i = 0; i < topo.world_size; ++i) all[i] = i;
+    g.world = MakeGroup(g.store, "world", all, topo.rank, device, timeout);
+    if (map.replicas() > 1) {
+      g.data_parallel = MakeGroup(g.store, absl::StrCat("dp", topo.stage),
+                                  map.StageRanks(topo.stage), topo.rank, device, timeout);
+    }
+    if (map.stages() > 1) {
+      const auto pipe = map.ReplicaRanks(topo.replica);
+      g.pipeline = MakeGroup(g.store, absl::StrCat("pp", topo.replica), pipe, topo.rank, device,
+                             timeout);
+      if (has_tied && (topo.stage == 0 || topo.stage == map.stages() - 1)) {
+        g.tied = MakeGroup(g.store, absl::StrCat("tied", topo.replica), {pipe.front(), pipe.back()},
+                           topo.rank, device, timeout);
+      }
+    }
+  });
+  if (!st.ok()) return st;
+  return g;
+}
+
+void Receiver::Start(std::vector<TensorSpec> specs) {
+  Join();
+  error_ = absl::OkStatus();
+  ready_.clear();
+  thread_ = std::thread([this, specs = std::move(specs)]() mutable { Run(std::move(specs)); });
+}
+
+void Receiver::Run(std::vector<TensorSpec> specs) {
+  std::deque<std::pair<torch::Tensor, c10::intrusive_ptr<c10d::Work>>> inflight;
+  size_t next = 0;
+  absl::Status st = TorchCall(absl::StrCat("receive from rank ", peer_), [&] {
+    while (next < specs.size() || !inflight.empty()) {
+      while (next < specs.size() && static_cast<int>(inflight.size()) < kWindow) {
+        std::vector<torch::Tensor> buf{torch::empty(specs[next].shape, specs[next].dtype)};
+        auto work = pg_->recv(buf, peer_, tag_);
+        inflight.emplace_back(buf[0], work);
+        ++next;
+      }
+      auto [tensor, work] = inflight.front();
+      inflight.pop_front();
+      work->wait(timeout_);
+      std::lock_guard<std::mutex> l(mu_);
+      ready_.push_back(tensor);
+      cv_.notify_all();
+    }
+  });
+  if (!st.ok()) {
+    // Outstanding receives would otherwise complete into freed buffers: abort them.
+    for (auto& [t, w] : inflight) w->abort();
+    std::lock_guard<std::mutex> l(mu_);
+    error_ = st;
+    cv_.notify_all();
+  }
+}
+
+absl::StatusOr<torch::Tensor> Receiver::Take() {
+  std::unique_lock<std::mutex> l(mu_);
+  // The receiving thread enforces the timeout on each message; the extra margin here only
+  // guards against a thread that never reports.
+  if (!cv_.wait_for(l, timeout_ + std::chrono::seconds(5),
+                    [&] { return !ready_.empty() || !error_.ok(); })) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("timed out waiting for a tensor from rank ", peer_));
+  }
+  if (ready_.empty()) return error_;
+  torch::Tensor t = ready_.front();
+  ready_.pop_front();
+  return t;
+}
+
+bool Receiver::Ready() {
+  std::lock_guard<std::mutex> l(mu_);
+  return !ready_.empty() || !error_.ok();
+}
+
+absl::Status Receiver::Join() {
+  if (thread_.joinable()) thread_.join();
+  return error_;
+}
+
+void Sender::Start(int count) {
+  Join();
+  error_ = absl::OkStatus();
+  queue_.clear();
+  thread_ = std::thread([this, count] { Run(count); });
+}
+
+void Sender::Send(torch::Tensor t) {
+  std::lock_guard<std::mutex> l(mu_);
+  queue_.push_back(std::move(t));
+  cv_.notify_all();
+}
+
+void Sender::Run(int count) {
+  std::deque<c10::intrusive_ptr<c10d::Work>> inflight;
+  absl::Status st = TorchCall(absl::StrCat("send to rank ", peer_), [&]() -> absl::Status {
+    for (int sent = 0; sent < count; ++sent) {
+      torch::Tensor t;
+      {
+        std::unique_lock<std::mutex> l(mu_);
+        if (!cv_.wait_for(l, timeout_, [&] { return !queue_.empty(); })) {
+          return absl::DeadlineExceededError("nothing to send within the timeout");
+        }
+        t = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::vector<torch::Tensor> buf{t};
+      inflight.push_back(pg_->send(buf, peer_, tag_));
+      if (static_cast<int>(inflight.size()) >= kWindow) {
+        inflight.front()->wait(timeout_);
+        inflight.pop_front();
+      }
+    }
+    for (auto& w : inflight) w->wait(timeout_);
+    inflight.clear();
+    return absl::OkStatus();
+  });
+  if (!st.ok()) {
+    for (auto& w : inflight) w->abort();
+    std::lock_guard<std::mutex> l(mu_);
+    error_ = st;
+  }
+}
+
+absl::Status Sender::Join() {
+  if (thread_.joinable()) thread_.join();
+  return error_;
+}
+
+absl::Status SendBlocking(const ProcessGroupPtr& pg, torch::Tensor t, int peer, int tag,
+                          std::chrono::milliseconds timeout) {
+  return TorchCall(absl::StrCat("send to rank ", peer), [&] {
+    std::vector<torch::Tensor> buf{t.contiguous()};
+    pg->send(buf, peer, tag)->wait(timeout);
+  });
+}
+
+absl::Status RecvBlocking(const ProcessGroupPtr& pg, torch::Tensor& t, int peer, int tag,
+                          std::chrono::milliseconds timeout) {
+  return TorchCall(absl::StrCat("receive from rank ", peer), [&] {
+    std::vector<torch::Tensor> buf{t};
+    pg->recv(buf, peer, tag)->wait(timeout);
+  });
+}
+
+absl::Status AllReduceSum(const ProcessGroupPtr& pg, std::vector<torch::Tensor>& tensors,
+                          std::chrono::milliseconds timeout) {
+  return TorchCall("all-reduce", [&] {
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (auto& t : tensors) {
+      std::vector<torch::Tensor> one{t};
+      c10d::AllreduceOptions opts;
+      opts.timeout = timeout;
+      works.push_back(pg->allreduce(one, opts));
+    }
+    for (auto& w : works) w->wait(timeout);
+  });
+}
+
+}  // namespace varuna

@@ -1,0 +1,122 @@
+#pragma once
+
+// Process groups and pipeline transport over c10d ProcessGroupGloo.
+//
+// Note [Transport]: activations go stage i -> i+1 (tag 0), gradients i+1 -> i (tag 1), on the
+// world group. Each direction has a per-step receiver thread that pre-posts irecvs (a window
+// of kWindow in flight) for buffers whose shapes are known from the dry run, and a sender
+// thread that posts isends, so the compute thread never waits on a send. Messages between a
+// pair in one direction match in FIFO order, which the schedule guarantees (forwards and
+// backwards run in micro-batch order on every stage). Every wait has the job's timeout, so a
+// dead peer yields DeadlineExceeded/Unavailable, not a hang.
+
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/launch_args.h"
+
+namespace varuna {
+
+using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
+
+// The groups one rank takes part in. Groups it is not a member of are null.
+struct ProcessGroups {
+  c10::intrusive_ptr<c10d::Store> store;
+  ProcessGroupPtr world;
+  ProcessGroupPtr data_parallel;  // this rank's stage, all replicas (null if D == 1)
+  ProcessGroupPtr pipeline;       // this rank's replica, all stages (null if P == 1)
+  ProcessGroupPtr tied;           // first + last stage of this replica (only on those, P > 1)
+  std::chrono::milliseconds timeout{300000};
+};
+
+// Rendezvous at MASTER_ADDR:MASTER_PORT (rank 0 hosts the TCPStore unless the launcher's agent
+// does) and creates the groups. `has_tied` says whether the model ties parameters.
+absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
+                                                  std::chrono::milliseconds timeout);
+
+// A buffer description for a pre-posted receive.
+struct TensorSpec {
+  std::vector<int64_t> shape;
+  torch::ScalarType dtype = torch::kFloat;
+};
+
+// Receives a known sequence of tensors from one peer, in order.
+class Receiver {
+ public:
+  static constexpr int kWindow = 4;
+  Receiver(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout)
+      : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout) {}
+  ~Receiver() { Join(); }
+
+  // Starts receiving `specs.size()` tensors on a background thread.
+  void Start(std::vector<TensorSpec> specs);
+  // Returns the next tensor in order, waiting up to the timeout.
+  absl::StatusOr<torch::Tensor> Take();
+  // True if the next tensor has arrived (or the receiver failed).
+  bool Ready();
+  // Waits for the thread; returns its error, if any.
+  absl::Status Join();
+
+ private:
+  void Run(std::vector<TensorSpec> specs);
+
+  ProcessGroupPtr pg_;
+  int peer_, tag_;
+  std::chrono::milliseconds timeout_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<torch::Tensor> ready_;
+  absl::Status error_;
+};
+
+// Sends tensors to one peer in order from a background thread.
+class Sender {
+ public:
+  static constexpr int kWindow = 4;
+  Sender(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout)
+      : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout) {}
+  ~Sender() { Join(); }
+
+  // Starts a thread that will send exactly `count` tensors.
+  void Start(int count);
+  // Queues a tensor (must be contiguous; kept alive until sent).
+  void Send(torch::Tensor t);
+  // Waits until every send completed; returns the first error.
+  absl::Status Join();
+
+ private:
+  void Run(int count);
+
+  ProcessGroupPtr pg_;
+  int peer_, tag_;
+  std::chrono::milliseconds timeout_;
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<torch::Tensor> queue_;
+  absl::Status error_;
+};
+
+// Blocking helpers used at start-up and in evaluation.
+absl::Status SendBlocking(const ProcessGroupPtr& pg, torch::Tensor t, int peer, int tag,
+                          std::chrono::milliseconds timeout);
+absl::Status RecvBlocking(const ProcessGroupPtr& pg, torch::Tensor& t, int peer, int tag,
+                          std::chrono::milliseconds timeout);
+// In-place sum all-reduce of `tensors` (one collective per tensor, all in flight at once).
+absl::Status AllReduceSum(const ProcessGroupPtr& pg, std::vector<torch::Tensor>& tensors,
+                          std::chrono::milliseconds timeout);
+
+}  // namespace varuna

@@ -1,0 +1,263 @@
+#include "worker/model.h"
+
+#include <torch/script.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "worker/torch_status.h"
+
+namespace varuna {
+
+Model& Model::Add(std::string name, double cost, Factory factory) {
+  layers_.push_back({std::move(name), cost, std::move(factory)});
+  return *this;
+}
+
+Model& Model::Add(CutPoint) {
+  const int at = static_cast<int>(layers_.size());
+  if (at > 0 && (cuts_.empty() || cuts_.back() != at)) cuts_.push_back(at);
+  return *this;
+}
+
+Model& Model::Tie(std::string first, std::string second) {
+  tied_.emplace_back(std::move(first), std::move(second));
+  return *this;
+}
+
+std::vector<std::vector<int>> Model::Segments() const {
+  std::vector<std::vector<int>> segments(1);
+  size_t cut = 0;
+  for (int i = 0; i < static_cast<int>(layers_.size()); ++i) {
+    if (cut < cuts_.size() && cuts_[cut] == i && !segments.back().empty()) {
+      segments.emplace_back();
+      ++cut;
+    }
+    segments.back().push_back(i);
+  }
+  return segments;
+}
+
+std::vector<double> Model::SegmentCosts() const {
+  std::vector<double> costs;
+  for (const auto& seg : Segments()) {
+    double c = 0;
+    for (int i : seg) c += layers_[i].cost;
+    costs.push_back(c);
+  }
+  return costs;
+}
+
+namespace {
+
+namespace F = torch::nn::functional;
+
+torch::Tensor NormalInit(std::vector<int64_t> shape) {
+  return torch::randn(shape) * 0.02;
+}
+
+// Token + position embedding.
+class GptEmbedding : public Layer {
+ public:
+  GptEmbedding(int vocab, int seq_len, int d, double dropout) : dropout_(dropout) {
+    wte_ = register_parameter("wte", NormalInit({vocab, d}));
+    wpe_ = register_parameter("wpe", NormalInit({seq_len, d}));
+  }
+  torch::Tensor Forward(const torch::Tensor&, const TensorMap& in) override {
+    const auto& ids = in.at("input_ids");
+    auto pos = torch::arange(ids.size(1), ids.options());
+    auto h = F::embedding(ids, wte_) + F::embedding(pos, wpe_).unsqueeze(0);
+    return F::dropout(h, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+  }
+
+ private:
+  double dropout_;
+  torch::Tensor wte_, wpe_;
+};
+
+torch::nn::Linear MakeLinear(int in, int out) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out));
+  torch::NoGradGuard g;
+  l->weight.normal_(0, 0.02);
+  l->bias.zero_();
+  return l;
+}
+
+// Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
+class GptBlock : public Layer {
+ public:
+  GptBlock(int d, int heads, double dropout) : heads_(heads), dropout_(dropout) {
+    ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    qkv_ = register_module("qkv", MakeLinear(d, 3 * d));
+    proj_ = register_module("proj", MakeLinear(d, d));
+    ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    fc_ = register_module("fc", MakeLinear(d, 4 * d));
+    out_ = register_module("out", MakeLinear(4 * d, d));
+  }
+  torch::Tensor Forward(const torch::Tensor& x, const TensorMap&) override {
+    const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
+    auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
+    auto qkv = qkv_(ln1_(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+    auto q = qkv[0], k = qkv[1], v = qkv[2];
+    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+    auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
+    att = F::dropout(torch::softmax(att.masked_fill(mask, -INFINITY), -1), drop);
+    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
+    auto h = x + F::dropout(proj_(y), drop);
+    return h + F::dropout(out_(torch::gelu(fc_(ln2_(h)))), drop);
+  }
+
+ private:
+  int heads_;
+  double dropout_;
+  torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
+  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, out_{nullptr};
+};
+
+// Final LayerNorm + LM head (its own parameter, tied to the embedding) + cross-entropy.
+class GptHead : public Layer {
+ public:
+  GptHead(int vocab, int d) {
+    ln_ = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    // Overwritten from the embedding at start-up (Model::Tie).
+    lm_head_ = register_parameter("lm_head", torch::zeros({vocab, d}));
+  }
+  torch::Tensor Forward(const torch::Tensor& x, const TensorMap& in) override {
+    auto logits = torch::matmul(ln_(x), lm_head_.t());
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                            in.at("labels").reshape({-1}));
+  }
+
+ private:
+  torch::nn::LayerNorm ln_{nullptr};
+  torch::Tensor lm_head_;
+};
+
+// MLP model: token embedding, residual MLP blocks, linear head.
+class MlpEmbedding : public Layer {
+ public:
+  MlpEmbedding(int vocab, int d) { wte_ = register_parameter("wte", NormalInit({vocab, d})); }
+  torch::Tensor Forward(const torch::Tensor&, const TensorMap& in) override {
+    return F::embedding(in.at("input_ids"), wte_);
+  }
+
+ private:
+  torch::Tensor wte_;
+};
+
+class MlpBlock : public Layer {
+ public:
+  explicit MlpBlock(int d) {
+    ln_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    fc_ = register_module("fc", MakeLinear(d, 4 * d));
+    out_ = register_module("out", MakeLinear(4 * d, d));
+  }
+  torch::Tensor Forward(const torch::Tensor& x, const TensorMap&) override {
+    return x + out_(torch::gelu(fc_(ln_(x))));
+  }
+
+ private:
+  torch::nn::LayerNorm ln_{nullptr};
+  torch::nn::Linear fc_{nullptr}, out_{nullptr};
+};
+
+class MlpHead : public Layer {
+ public:
+  MlpHead(int vocab, int d) { head_ = register_module("head", MakeLinear(d, vocab)); }
+  torch::Tensor Forward(const torch::Tensor& x, const TensorMap& in) override {
+    auto logits = head_(x);
+    return F::cross_entropy(logits.reshape({-1, logits.size(-1)}).to(torch::kFloat),
+                            in.at("labels").reshape({-1}));
+  }
+
+ private:
+  torch::nn::Linear head_{nullptr};
+};
+
+// A TorchScript segment: forward(x, input_ids, labels). Its parameters are registered on this
+// module (dots replaced by '_') so optimizers and checkpoints see them.
+class ScriptLayer : public Layer {
+ public:
+  explicit ScriptLayer(torch::jit::Module m) : module_(std::move(m)) {
+    for (const auto& p : module_.named_parameters(/*recurse=*/true)) {
+      register_parameter(absl::StrReplaceAll(p.name, {{".", "_"}}), p.value);
+    }
+  }
+  torch::Tensor Forward(const torch::Tensor& x, const TensorMap& in) override {
+    module_.train(is_training());
+    torch::Tensor ids = in.at("input_ids");
+    return module_.forward({x.defined() ? x : ids, ids, in.at("labels")}).toTensor();
+  }
+
+ private:
+  torch::jit::Module module_;
+};
+
+Model GptModel(const ModelSpec& s) {
+  Model m;
+  const double d = s.d_model, t = s.seq_len;
+  m.Add("embed", t * d, [s] {
+    return std::make_shared<GptEmbedding>(s.vocab, s.seq_len, s.d_model, s.dropout);
+  });
+  for (int i = 0; i < s.layers; ++i) {
+    m.Add(CutPoint{});
+    // Forward FLOPs per sample: 24*T*d^2 for the matmuls + 4*T^2*d for attention.
+    m.Add(absl::StrCat("blocks.", i), 24 * t * d * d + 4 * t * t * d,
+          [s] { return std::make_shared<GptBlock>(s.d_model, s.heads, s.dropout); });
+  }
+  m.Add(CutPoint{});
+  m.Add("head", 2 * t * d * s.vocab, [s] { return std::make_shared<GptHead>(s.vocab, s.d_model); });
+  m.Tie("embed.wte", "head.lm_head");
+  return m;
+}
+
+Model MlpModel(const ModelSpec& s) {
+  Model m;
+  const double d = s.d_model, t = s.seq_len;
+  m.Add("embed", t * d, [s] { return std::make_shared<MlpEmbedding>(s.vocab, s.d_model); });
+  for (int i = 0; i < s.layers; ++i) {
+    m.Add(CutPoint{});
+    m.Add(absl::StrCat("blocks.", i), 16 * t * d * d,
+          [s] { return std::make_shared<MlpBlock>(s.d_model); });
+  }
+  m.Add(CutPoint{});
+  m.Add("head", 2 * t * d * s.vocab, [s] { return std::make_shared<MlpHead>(s.vocab, s.d_model); });
+  return m;
+}
+
+absl::StatusOr<Model> ScriptModel(const ModelSpec& s) {
+  Model m;
+  for (int i = 0;; ++i) {
+    const std::string path = absl::StrCat(s.path, "/segment_", i, ".pt");
+    if (!std::filesystem::exists(path)) {
+      if (i == 0) return absl::NotFoundError(absl::StrCat("no TorchScript segment at ", path));
+      break;
+    }
+    // Loads once here to validate the file and count parameters (the cost); each stage loads
+    // its own segments again when it builds them.
+    torch::jit::Module probe;
+    {
+      absl::Status st = TorchCall(absl::StrCat("loading ", path), [&] { probe = torch::jit::load(path); });
+      if (!st.ok()) return st;
+    }
+    double params = 0;
+    for (const auto& p : probe.parameters()) params += static_cast<double>(p.numel());
+    if (i > 0) m.Add(CutPoint{});
+    m.Add(absl::StrCat("segment_", i), std::max(1.0, params),
+          [path] { return std::make_shared<ScriptLayer>(torch::jit::load(path)); });
+  }
+  return m;
+}
+
+}  // namespace
+
+absl::StatusOr<Model> BuildModel(const ModelSpec& spec) {
+  if (spec.kind == "gpt") return GptModel(spec);
+  if (spec.kind == "mlp") return MlpModel(spec);
+  if (spec.kind == "torchscript") return ScriptModel(spec);
+  return absl::InvalidArgumentError(absl::StrCat("unknown model kind '", spec.kind, "'"));
+}
+
+}  // namespace varuna

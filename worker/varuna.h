@@ -1,0 +1,142 @@
+#pragma once
+
+// libvaruna: the pipeline + data-parallel engine for one rank (ARCHITECTURE "Step semantics").
+//
+// Usage (see examples/train_custom.cc):
+//   varuna::Model model = ...;                      // layers + CutPoints + Tie()
+//   auto v = varuna::Varuna::Create(model, map, rank, groups, dummy_inputs,
+//                                   global_batch, chunk_size, device, options);
+//   (*v)->set_optimizer(std::make_shared<torch::optim::AdamW>((*v)->parameters(), ...));
+//   auto r = (*v)->step(per_replica_inputs);        // {loss, overflow, grad_norm}
+//
+// Unlike Python Varuna, step() also applies the optimizer update (skipped on overflow), with
+// the learning rate from set_lr_schedule(), so every rank makes the same decision.
+// All methods must be called from one thread, the same on every rank, in the same order.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/loss_scaler.h"
+#include "common/schedule.h"
+#include "common/stage_map.h"
+#include "worker/comm.h"
+#include "worker/model.h"
+
+namespace varuna {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+absl::StatusOr<Precision> ParsePrecision(const std::string& name);
+
+struct VarunaOptions {
+  SchedulePolicy schedule = SchedulePolicy::kVaruna;
+  Precision precision = Precision::kFp32;
+  uint64_t seed = 1;             // weight init (per layer) and dropout streams
+  double clip_grad_norm = 0;     // 0 = off
+  double init_loss_scale = 65536;
+  int64_t loss_scale_window = 1000;
+  int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
+};
+
+struct StepResult {
+  double loss = 0;        // mean over the global batch
+  bool overflow = false;  // non-finite gradients somewhere: the update was skipped
+  double grad_norm = 0;   // global L2 norm before clipping (unscaled)
+};
+
+class Varuna {
+ public:
+  // Builds this rank's stage of `model` (partitioned by cost over map.stages()), ties
+  // parameters, and runs the dry run that learns boundary shapes. `dummy_inputs` holds at
+  // least 2 samples of every input. `global_batch` is over all replicas; `chunk_size` is the
+  // micro-batch size. Collective with every rank of the job.
+  static absl::StatusOr<std::unique_ptr<Varuna>> Create(Model model, StageMap map, int rank,
+                                                        ProcessGroups groups,
+                                                        const TensorMap& dummy_inputs,
+                                                        int64_t global_batch, int chunk_size,
+                                                        torch::Device device,
+                                                        VarunaOptions options);
+  ~Varuna();
+
+  // This stage's parameters (for the optimizer), and with their model-wide names.
+  std::vector<torch::Tensor> parameters() const;
+  std::vector<std::pair<std::string, torch::Tensor>> named_parameters() const;
+
+  void set_optimizer(std::shared_ptr<torch::optim::Optimizer> optimizer) {
+    optimizer_ = std::move(optimizer);
+  }
+  // Learning rate for 1-based optimizer step s; applied to every param group before the update.
+  void set_lr_schedule(std::function<double(int64_t)> fn) { lr_fn_ = std::move(fn); }
+
+  // One optimizer step on this replica's share (global_batch / D samples) of the global batch.
+  absl::StatusOr<StepResult> step(const TensorMap& inputs);
+  // Mean loss over `inputs` (this replica's share), averaged over all replicas; no update.
+  absl::StatusOr<double> evaluate(const TensorMap& inputs);
+
+  int64_t iteration() const { return iteration_; }
+  int stage() const { return stage_; }
+  int stages() const { return map_.stages(); }
+  int replica() const { return map_.ReplicaOf(rank_); }
+  bool is_last_stage() const { return stage_ == map_.stages() - 1; }
+  // First and one-past-last segment index of this stage.
+  std::pair<int, int> segment_range() const { return {first_segment_, last_segment_}; }
+  double loss_scale() const { return scaler_.scale(); }
+  // Time the last step spent in the pipeline schedule vs waiting on receives (seconds).
+  double last_pipeline_s() const { return last_pipeline_s_; }
+  double last_wait_s() const { return last_wait_s_; }
+
+ private:
+  Varuna(Model model, StageMap map, int rank, ProcessGroups groups, int64_t global_batch,
+         int chunk_size, torch::Device device, VarunaOptions options);
+  absl::Status Build(const TensorMap& dummy_inputs);
+  absl::Status TieAtStart();
+  absl::Status DryRun(const TensorMap& dummy_inputs);
+  torch::Tensor StageForward(const torch::Tensor& x, const TensorMap& inputs);
+  std::vector<TensorMap> Split(const TensorMap& inputs, std::vector<int64_t>* sizes) const;
+  TensorSpec BoundarySpec(const std::vector<int64_t>& meta, int64_t batch) const;
+  absl::Status RunPipeline(const std::vector<TensorMap>& mbs, const std::vector<int64_t>& sizes,
+                           double weight_denominator, bool train, double* loss_partial);
+  absl::Status ReduceTiedGradients();
+  absl::Status ReduceDataParallel(double* loss_partial);
+
+  Model model_;
+  StageMap map_;
+  int rank_, stage_;
+  ProcessGroups groups_;
+  int64_t global_batch_;
+  int chunk_size_;
+  torch::Device device_;
+  VarunaOptions options_;
+  std::chrono::milliseconds timeout_;
+
+  int first_segment_ = 0, last_segment_ = 0;
+  std::vector<std::string> layer_names_;
+  std::vector<std::shared_ptr<Layer>> layers_;
+  // Tied parameters on this stage: (tensor, is_second_copy, local partner or undefined).
+  struct Tied {
+    torch::Tensor param;
+    bool second;
+    torch::Tensor local_partner;
+  };
+  std::vector<Tied> tied_;
+  // Dry-run metadata: [ndim, dtype, shape@batch1..., shape@batch2...] of the input and output.
+  std::vector<int64_t> in_meta_, out_meta_;
+
+  std::shared_ptr<torch::optim::Optimizer> optimizer_;
+  std::function<double(int64_t)> lr_fn_;
+  DynamicLossScaler scaler_;
+  int64_t iteration_ = 0;
+  std::vector<torch::Tensor> buckets_;  // flat DP buffers, lazily sized
+  double last_pipeline_s_ = 0, last_wait_s_ = 0;
+
+  std::unique_ptr<Receiver> act_rx_, grad_rx_;
+  std::unique_ptr<Sender> act_tx_, grad_tx_;
+};
+
+}  // namespace varuna

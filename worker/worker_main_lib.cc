@@ -1,0 +1,129 @@
+#include "worker/worker_main_lib.h"
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/launch_args.h"
+#include "common/logging.h"
+#include "common/lr_schedule.h"
+#include "common/status_macros.h"
+#include "worker/data.h"
+#include "worker/torch_status.h"
+#include "worker/varuna.h"
+
+namespace varuna {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainSpec& t, const Varuna& v) {
+  // Decay only matrices (weights, embeddings); never biases or LayerNorm gains.
+  std::vector<torch::Tensor> decay, no_decay;
+  for (auto& [name, p] : v.named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  if (t.optimizer == "sgd") {
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    auto o = torch::optim::SGDOptions(t.lr).momentum(t.momentum);
+    groups.emplace_back(decay, std::make_unique<torch::optim::SGDOptions>(
+                                   torch::optim::SGDOptions(o).weight_decay(t.weight_decay)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(o));
+    return std::make_shared<torch::optim::SGD>(groups, o);
+  }
+  auto o = torch::optim::AdamWOptions(t.lr).betas({t.beta1, t.beta2}).weight_decay(0.0);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(
+                                 torch::optim::AdamWOptions(o).weight_decay(t.weight_decay)));
+  groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(o));
+  return std::make_shared<torch::optim::AdamW>(groups, o);
+}
+
+}  // namespace
+
+absl::Status RunWorker(const std::vector<std::string>& argv) {
+  ASSIGN_OR_RETURN(WorkerArgs args, ParseWorkerArgs(argv));
+  if (args.help) {
+    std::cout << WorkerUsage();
+    return absl::OkStatus();
+  }
+  // Everything that can be wrong with the input is checked before the rendezvous.
+  ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(args.job_path));
+  RETURN_IF_ERROR(spec.ValidateFiles());
+  ASSIGN_OR_RETURN(Model model, BuildModel(spec.model));
+  ASSIGN_OR_RETURN(WorkerTopology topo, ResolveTopology(args, &spec, model.num_segments(), GetEnv));
+  ASSIGN_OR_RETURN(SchedulePolicy policy, ParseSchedulePolicy(spec.parallel.schedule));
+  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(spec.train.precision));
+  ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::Open(spec.data, spec.model.seq_len,
+                                                         spec.model.vocab, spec.train.seed));
+  const std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
+  LOG(INFO) << who << " world=" << topo.world_size << " map=" << topo.map.ToString()
+            << " stage=" << topo.stage << " replica=" << topo.replica
+            << " global_batch=" << topo.global_batch << " micro_batch=" << topo.micro_batch
+            << " schedule=" << spec.parallel.schedule << " precision=" << spec.train.precision;
+
+  std::ofstream metrics;
+  const bool writes_metrics =
+      !args.metrics_out.empty() && topo.rank == topo.map.RankOf(topo.map.stages() - 1, 0);
+  if (writes_metrics) {
+    metrics.open(args.metrics_out, std::ios::trunc);
+    if (!metrics) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_out '", args.metrics_out, "' cannot be written"));
+    }
+  }
+
+  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
+  ASSIGN_OR_RETURN(ProcessGroups groups, CreateProcessGroups(topo, !model.tied().empty(), timeout));
+  VarunaOptions opts;
+  opts.schedule = policy;
+  opts.precision = precision;
+  opts.seed = spec.train.seed;
+  opts.clip_grad_norm = spec.train.clip_grad_norm;
+  opts.init_loss_scale = spec.train.init_loss_scale;
+  opts.loss_scale_window = spec.train.loss_scale_window;
+  ASSIGN_OR_RETURN(auto engine,
+                   Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups),
+                                  data.Batch(0, 2), topo.global_batch, topo.micro_batch,
+                                  torch::Device(torch::kCPU), opts));
+  engine->set_optimizer(MakeOptimizer(spec.train, *engine));
+  const TrainSpec train = spec.train;
+  engine->set_lr_schedule([train](int64_t step) {
+    return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
+  });
+
+  const int64_t B = topo.global_batch;
+  for (int64_t step = 1; step <= topo.steps; ++step) {
+    const auto t0 = Clock::now();
+    TensorMap batch =
+        data.Batch((step - 1) * B + topo.replica * topo.per_replica_batch, topo.per_replica_batch);
+    ASSIGN_OR_RETURN(StepResult r, engine->step(batch));
+    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double lr = LearningRate(train.schedule, train.lr, train.min_lr, train.warmup,
+                                   train.steps, step);
+    if (writes_metrics) {
+      metrics << absl::StrFormat(
+                     "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
+                     "\"overflow\": %s, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
+                     "\"tokens_per_s\": %.1f, \"pipeline_s\": %.6f, \"recv_wait_s\": %.6f, "
+                     "\"loss_scale\": %.1f}",
+                     step, r.loss, r.grad_norm, lr, r.overflow ? "true" : "false", dt, B / dt,
+                     B * spec.model.seq_len / dt, engine->last_pipeline_s(),
+                     engine->last_wait_s(), engine->loss_scale())
+              << "\n";
+      metrics.flush();
+    }
+    if (topo.rank == 0 || writes_metrics) {
+      if (step == 1 || step % 10 == 0 || step == topo.steps) {
+        LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
+                  << " grad_norm=" << absl::StrFormat("%.3f", r.grad_norm)
+                  << " step_time_s=" << absl::StrFormat("%.3f", dt)
+                  << (r.overflow ? " overflow=skipped" : "");
+      }
+    }
+  }
+  LOG(INFO) << who << " done steps=" << topo.steps;
+  return absl::OkStatus();
+}
+
+}  // namespace varuna
