@@ -49,9 +49,8 @@ class MapReader {
       if (it == readers_.end()) {
         std::vector<std::string> known;
         for (const auto& [k, _] : readers_) known.push_back(k);
-        return absl::InvalidArgumentError(absl::StrCat("job spec: unknown key '", Path(key),
-                                                       "' (known: ", absl::StrJoin(known, ", "),
-                                                       ")"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job spec: unknown key '", Path(key), "' (known: ", absl::StrJoin(known, ", "), ")"));
       }
       RETURN_IF_ERROR(it->second(kv.second));
     }
@@ -77,7 +76,8 @@ class MapReader {
 absl::Status OneOf(const std::string& key, const std::string& value,
                    const std::set<std::string>& allowed) {
   if (allowed.count(value)) return absl::OkStatus();
-  return Bad(key, absl::StrCat("is '", value, "'; expected one of: ", absl::StrJoin(allowed, ", ")));
+  return Bad(key,
+             absl::StrCat("is '", value, "'; expected one of: ", absl::StrJoin(allowed, ", ")));
 }
 
 }  // namespace
@@ -89,8 +89,8 @@ absl::Status JobSpec::Validate() const {
   if (model.d_model < 1) return Bad("model.d_model", "must be >= 1");
   if (model.heads < 1) return Bad("model.heads", "must be >= 1");
   if (model.kind == "gpt" && model.d_model % model.heads != 0) {
-    return Bad("model.heads", absl::StrCat("(", model.heads, ") must divide model.d_model (",
-                                           model.d_model, ")"));
+    return Bad("model.heads",
+               absl::StrCat("(", model.heads, ") must divide model.d_model (", model.d_model, ")"));
   }
   if (model.seq_len < 1) return Bad("model.seq_len", "must be >= 1");
   if (model.vocab < 2) return Bad("model.vocab", "must be >= 2");
@@ -102,8 +102,8 @@ absl::Status JobSpec::Validate() const {
   if (data.path.empty()) return Bad("data.path", "is required");
   RETURN_IF_ERROR(OneOf("data.dtype", data.dtype, {"uint16", "uint32"}));
   if (data.kind == "text" && model.vocab < 256) {
-    return Bad("model.vocab", absl::StrCat("is ", model.vocab,
-                                           " but text data is bytes and needs vocab >= 256"));
+    return Bad("model.vocab",
+               absl::StrCat("is ", model.vocab, " but text data is bytes and needs vocab >= 256"));
   }
   if (train.global_batch < 1) return Bad("train.global_batch", "must be >= 1");
   if (train.steps < 0) return Bad("train.steps", "must be >= 0");
@@ -258,8 +258,7 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
   ss << f.rdbuf();
   auto spec = ParseJobSpec(ss.str());
   if (!spec.ok()) {
-    return absl::Status(spec.status().code(),
-                        absl::StrCat(path, ": ", spec.status().message()));
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }
   return spec;
 }

@@ -16,11 +16,11 @@ struct ModelSpec {
   std::string kind = "gpt";  // gpt | mlp | torchscript
   int layers = 4;            // gpt: transformer blocks; mlp: hidden blocks
   int d_model = 128;
-  int heads = 4;             // gpt only; must divide d_model
-  int seq_len = 64;          // tokens per sample
-  int vocab = 256;           // token ids must be < vocab
-  double dropout = 0.0;      // in [0, 1)
-  std::string path;          // torchscript: directory holding segment_<i>.pt files
+  int heads = 4;         // gpt only; must divide d_model
+  int seq_len = 64;      // tokens per sample
+  int vocab = 256;       // token ids must be < vocab
+  double dropout = 0.0;  // in [0, 1)
+  std::string path;      // torchscript: directory holding segment_<i>.pt files
 };
 
 struct DataSpec {
@@ -34,23 +34,23 @@ struct TrainSpec {
   int64_t steps = 100;
   std::string optimizer = "adamw";  // adamw | sgd
   double lr = 1e-3;
-  double min_lr = 0.0;         // floor of the cosine/linear decay
-  int64_t warmup = 0;          // linear warm-up steps
+  double min_lr = 0.0;              // floor of the cosine/linear decay
+  int64_t warmup = 0;               // linear warm-up steps
   std::string schedule = "cosine";  // cosine | linear | constant (after warm-up)
-  double clip_grad_norm = 1.0;  // 0 disables clipping
-  double weight_decay = 0.0;    // AdamW decoupled decay; SGD L2
+  double clip_grad_norm = 1.0;      // 0 disables clipping
+  double weight_decay = 0.0;        // AdamW decoupled decay; SGD L2
   double beta1 = 0.9;
   double beta2 = 0.95;
-  double momentum = 0.9;  // sgd only
-  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  double momentum = 0.9;             // sgd only
+  std::string precision = "fp32";    // fp32 | bf16 | fp16
   double init_loss_scale = 65536.0;  // fp16 only
   int64_t loss_scale_window = 1000;  // fp16 only: clean steps before the scale doubles
   uint64_t seed = 1;
 };
 
 struct ParallelSpec {
-  int stages = 0;      // 0 = auto
-  int micro_batch = 0; // 0 = auto
+  int stages = 0;                   // 0 = auto
+  int micro_batch = 0;              // 0 = auto
   std::string schedule = "varuna";  // varuna | gpipe | 1f1b
   double timeout_s = 300;           // collective / p2p timeout
 };

@@ -121,16 +121,15 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     t.world_size = env_world > 0 ? env_world : 1;
     int stages = spec->parallel.stages > 0 ? spec->parallel.stages : 1;
     if (t.world_size % stages != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("parallel.stages=", stages,
-                                                     " does not divide WORLD_SIZE=",
-                                                     t.world_size));
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.stages=", stages, " does not divide WORLD_SIZE=", t.world_size));
     }
     t.map = StageMap::Make(stages, t.world_size / stages);
   }
   if (spec->parallel.stages > 0 && spec->parallel.stages != t.map.stages()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
-                     t.map.ToString(), "' (", t.map.stages(), " stages)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
+        t.map.ToString(), "' (", t.map.stages(), " stages)"));
   }
   if (t.map.stages() > num_segments) {
     return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
@@ -157,12 +156,13 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   t.per_replica_batch = t.global_batch / replicas;
   if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
   if (spec->parallel.micro_batch > 0) {
-    t.micro_batch = static_cast<int>(std::min<int64_t>(spec->parallel.micro_batch,
-                                                       t.per_replica_batch));
+    t.micro_batch =
+        static_cast<int>(std::min<int64_t>(spec->parallel.micro_batch, t.per_replica_batch));
   } else {
     // auto: about 4 micro-batches per stage keeps the bubble near (P-1)/(4P+P-1).
     const int64_t target = 4 * t.map.stages();
-    t.micro_batch = static_cast<int>(std::max<int64_t>(1, (t.per_replica_batch + target - 1) / target));
+    t.micro_batch =
+        static_cast<int>(std::max<int64_t>(1, (t.per_replica_batch + target - 1) / target));
   }
   if (args.steps) spec->train.steps = *args.steps;
   t.steps = spec->train.steps;
@@ -172,8 +172,8 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     return absl::InvalidArgumentError(absl::StrCat("MASTER_PORT=", t.master_port, " is invalid"));
   }
   auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
-  t.store_is_external = agent_store && (*agent_store == "True" || *agent_store == "true" ||
-                                        *agent_store == "1");
+  t.store_is_external =
+      agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
   return t;
 }
 

@@ -9,10 +9,10 @@
 #define VARUNA_CONCAT_(a, b) VARUNA_CONCAT_INNER_(a, b)
 
 // Evaluates `expr` (an absl::Status); returns it from the enclosing function if not OK.
-#define RETURN_IF_ERROR(expr)                                        \
-  do {                                                               \
-    ::absl::Status varuna_status_ = (expr);                          \
-    if (!varuna_status_.ok()) return varuna_status_;                 \
+#define RETURN_IF_ERROR(expr)                        \
+  do {                                               \
+    ::absl::Status varuna_status_ = (expr);          \
+    if (!varuna_status_.ok()) return varuna_status_; \
   } while (0)
 
 #define VARUNA_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \

@@ -30,7 +30,7 @@ ProcessGroupPtr MakeGroup(const c10::intrusive_ptr<c10d::Store>& store, const st
   for (size_t i = 0; i < members.size(); ++i) {
     if (members[i] == rank) index = static_cast<int>(i);
   }
-  if (index < 0) return nullptr;
+  if (index < 0) return ProcessGroupPtr();
   auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
   opts->devices.push_back(device);
   opts->threads = 2;
@@ -50,8 +50,8 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(topo.master_port);
     o.isServer = topo.rank == 0 && !topo.store_is_external;
-    o.numWorkers = topo.store_is_external ? c10::nullopt
-                                          : c10::optional<std::size_t>(topo.world_size);
+    o.numWorkers =
+        topo.store_is_external ? c10::nullopt : c10::optional<std::size_t>(topo.world_size);
     o.waitWorkers = false;
     o.timeout = timeout;
     g.store = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
@@ -66,8 +66,8 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
     }
     if (map.stages() > 1) {
       const auto pipe = map.ReplicaRanks(topo.replica);
-      g.pipeline = MakeGroup(g.store, absl::StrCat("pp", topo.replica), pipe, topo.rank, device,
-                             timeout);
+      g.pipeline =
+          MakeGroup(g.store, absl::StrCat("pp", topo.replica), pipe, topo.rank, device, timeout);
       if (has_tied && (topo.stage == 0 || topo.stage == map.stages() - 1)) {
         g.tied = MakeGroup(g.store, absl::StrCat("tied", topo.replica), {pipe.front(), pipe.back()},
                            topo.rank, device, timeout);

@@ -10,9 +10,9 @@
 // backwards run in micro-batch order on every stage). Every wait has the job's timeout, so a
 // dead peer yields DeadlineExceeded/Unavailable, not a hang.
 
+#include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
-#include <torch/torch.h>
 
 #include <chrono>
 #include <condition_variable>

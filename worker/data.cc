@@ -47,15 +47,15 @@ absl::StatusOr<TokenDataset> TokenDataset::Open(const DataSpec& spec, int seq_le
   ds.num_tokens_ = static_cast<int64_t>(ds.bytes_ / ds.width_);
   if (ds.num_tokens_ < seq_len + 1) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("data.path '", spec.path, "' has ",
-                                                   ds.num_tokens_, " tokens; model.seq_len=",
-                                                   seq_len, " needs at least ", seq_len + 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data.path '", spec.path, "' has ", ds.num_tokens_,
+                     " tokens; model.seq_len=", seq_len, " needs at least ", seq_len + 1));
   }
   void* p = ::mmap(nullptr, ds.bytes_, PROT_READ, MAP_SHARED, fd, 0);
   ::close(fd);
   if (p == MAP_FAILED) {
-    return absl::InternalError(absl::StrCat("mmap of '", spec.path, "' failed: ",
-                                            std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("mmap of '", spec.path, "' failed: ", std::strerror(errno)));
   }
   ds.data_ = static_cast<const uint8_t*>(p);
   if (spec.kind == "tokens") {
@@ -70,8 +70,12 @@ absl::StatusOr<TokenDataset> TokenDataset::Open(const DataSpec& spec, int seq_le
 }
 
 TokenDataset::TokenDataset(TokenDataset&& o) noexcept
-    : data_(o.data_), bytes_(o.bytes_), width_(o.width_), num_tokens_(o.num_tokens_),
-      seq_len_(o.seq_len_), seed_(o.seed_) {
+    : data_(o.data_),
+      bytes_(o.bytes_),
+      width_(o.width_),
+      num_tokens_(o.num_tokens_),
+      seq_len_(o.seq_len_),
+      seed_(o.seed_) {
   o.data_ = nullptr;
 }
 
@@ -105,7 +109,8 @@ TensorMap TokenDataset::Batch(int64_t first, int64_t count) const {
   const uint64_t windows = static_cast<uint64_t>(num_tokens_ - seq_len_);
   for (int64_t s = 0; s < count; ++s) {
     const uint64_t index = static_cast<uint64_t>(first + s);
-    const int64_t off = static_cast<int64_t>(SplitMix64(seed_ * 0x100000001b3ULL ^ index) % windows);
+    const int64_t off =
+        static_cast<int64_t>(SplitMix64(seed_ * 0x100000001b3ULL ^ index) % windows);
     for (int t = 0; t < seq_len_; ++t) {
       a[s][t] = static_cast<int64_t>(Token(off + t));
       b[s][t] = static_cast<int64_t>(Token(off + t + 1));

@@ -54,9 +54,7 @@ namespace {
 
 namespace F = torch::nn::functional;
 
-torch::Tensor NormalInit(std::vector<int64_t> shape) {
-  return torch::randn(shape) * 0.02;
-}
+torch::Tensor NormalInit(std::vector<int64_t> shape) { return torch::randn(shape) * 0.02; }
 
 // Token + position embedding.
 class GptEmbedding : public Layer {
@@ -198,9 +196,8 @@ class ScriptLayer : public Layer {
 Model GptModel(const ModelSpec& s) {
   Model m;
   const double d = s.d_model, t = s.seq_len;
-  m.Add("embed", t * d, [s] {
-    return std::make_shared<GptEmbedding>(s.vocab, s.seq_len, s.d_model, s.dropout);
-  });
+  m.Add("embed", t * d,
+        [s] { return std::make_shared<GptEmbedding>(s.vocab, s.seq_len, s.d_model, s.dropout); });
   for (int i = 0; i < s.layers; ++i) {
     m.Add(CutPoint{});
     // Forward FLOPs per sample: 24*T*d^2 for the matmuls + 4*T^2*d for attention.
@@ -239,7 +236,8 @@ absl::StatusOr<Model> ScriptModel(const ModelSpec& s) {
     // its own segments again when it builds them.
     torch::jit::Module probe;
     {
-      absl::Status st = TorchCall(absl::StrCat("loading ", path), [&] { probe = torch::jit::load(path); });
+      absl::Status st =
+          TorchCall(absl::StrCat("loading ", path), [&] { probe = torch::jit::load(path); });
       if (!st.ok()) return st;
     }
     double params = 0;

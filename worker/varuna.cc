@@ -88,16 +88,12 @@ Varuna::Varuna(Model model, StageMap map, int rank, ProcessGroups groups, int64_
 
 Varuna::~Varuna() = default;
 
-absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(Model model, StageMap map, int rank,
-                                                       ProcessGroups groups,
-                                                       const TensorMap& dummy_inputs,
-                                                       int64_t global_batch, int chunk_size,
-                                                       torch::Device device,
-                                                       VarunaOptions options) {
+absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
+    Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
+    int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options) {
   if (global_batch % map.replicas() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("global batch ", global_batch,
-                                                   " is not divisible by ", map.replicas(),
-                                                   " replicas"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "global batch ", global_batch, " is not divisible by ", map.replicas(), " replicas"));
   }
   if (chunk_size < 1) return absl::InvalidArgumentError("chunk_size must be >= 1");
   std::unique_ptr<Varuna> v(new Varuna(std::move(model), std::move(map), rank, std::move(groups),
@@ -233,7 +229,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs) {
   torch::Tensor x1, x2;
   if (stage_ > 0) {
     RETURN_IF_ERROR(RecvBlocking(groups_.world, meta_tensor, rank_ - 1, kMetaTag, timeout_));
-    in_meta_.assign(meta_tensor.data_ptr<int64_t>(), meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
+    in_meta_.assign(meta_tensor.data_ptr<int64_t>(),
+                    meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
     const TensorSpec s1 = BoundarySpec(in_meta_, 1), s2 = BoundarySpec(in_meta_, 2);
     x1 = torch::zeros(s1.shape, torch::dtype(s1.dtype).device(device_));
     x2 = torch::zeros(s2.shape, torch::dtype(s2.dtype).device(device_));
@@ -263,9 +260,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs) {
     auto t = torch::tensor(out_meta_, torch::kLong);
     RETURN_IF_ERROR(SendBlocking(groups_.world, t, rank_ + 1, kMetaTag, timeout_));
   } else if (o1.dim() != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("the last layer must return a scalar loss; got a tensor of ", o1.dim(),
-                     " dims"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the last layer must return a scalar loss; got a tensor of ", o1.dim(), " dims"));
   }
   return absl::OkStatus();
 }
@@ -392,8 +388,8 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
         case TaskKind::kBackward: {
           auto it = graphs.find(m);
           if (it == graphs.end()) {
-            return absl::InternalError(absl::StrCat("backward of micro-batch ", m,
-                                                    " has no activations"));
+            return absl::InternalError(
+                absl::StrCat("backward of micro-batch ", m, " has no activations"));
           }
           Graph g = std::move(it->second);
           graphs.erase(it);
@@ -504,9 +500,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   if (!optimizer_) return absl::FailedPreconditionError("step() before set_optimizer()");
   const int64_t per_replica = global_batch_ / map_.replicas();
   if (inputs.empty() || inputs.begin()->second.size(0) != per_replica) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step() needs this replica's share of the global batch: ", per_replica, " samples, got ",
-        inputs.empty() ? 0 : inputs.begin()->second.size(0)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step() needs this replica's share of the global batch: ", per_replica,
+                     " samples, got ", inputs.empty() ? 0 : inputs.begin()->second.size(0)));
   }
   std::vector<int64_t> sizes;
   const auto mbs = Split(inputs, &sizes);
@@ -538,9 +534,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       if (!skip) norm_sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
     }
     const bool local_overflow = !std::isfinite(norm_sq);
-    auto meta = torch::tensor({local_overflow ? 1.0 : 0.0, local_overflow ? 0.0 : norm_sq,
-                               is_last_stage() ? loss : 0.0},
-                              torch::kDouble);
+    auto meta = torch::tensor(
+        {local_overflow ? 1.0 : 0.0, local_overflow ? 0.0 : norm_sq, is_last_stage() ? loss : 0.0},
+        torch::kDouble);
     if (groups_.pipeline) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(groups_.pipeline, v, timeout_));
@@ -575,8 +571,7 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   for (auto& l : layers_) l->eval();
   std::vector<int64_t> sizes;
   const auto mbs = Split(inputs, &sizes);
-  const double denominator =
-      static_cast<double>(inputs.begin()->second.size(0)) * map_.replicas();
+  const double denominator = static_cast<double>(inputs.begin()->second.size(0)) * map_.replicas();
   double loss = 0;
   absl::Status st = RunPipeline(mbs, sizes, denominator, false, &loss);
   for (auto& l : layers_) l->train();

@@ -37,8 +37,8 @@ absl::StatusOr<Precision> ParsePrecision(const std::string& name);
 struct VarunaOptions {
   SchedulePolicy schedule = SchedulePolicy::kVaruna;
   Precision precision = Precision::kFp32;
-  uint64_t seed = 1;             // weight init (per layer) and dropout streams
-  double clip_grad_norm = 0;     // 0 = off
+  uint64_t seed = 1;          // weight init (per layer) and dropout streams
+  double clip_grad_norm = 0;  // 0 = off
   double init_loss_scale = 65536;
   int64_t loss_scale_window = 1000;
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
@@ -56,12 +56,9 @@ class Varuna {
   // parameters, and runs the dry run that learns boundary shapes. `dummy_inputs` holds at
   // least 2 samples of every input. `global_batch` is over all replicas; `chunk_size` is the
   // micro-batch size. Collective with every rank of the job.
-  static absl::StatusOr<std::unique_ptr<Varuna>> Create(Model model, StageMap map, int rank,
-                                                        ProcessGroups groups,
-                                                        const TensorMap& dummy_inputs,
-                                                        int64_t global_batch, int chunk_size,
-                                                        torch::Device device,
-                                                        VarunaOptions options);
+  static absl::StatusOr<std::unique_ptr<Varuna>> Create(
+      Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
+      int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options);
   ~Varuna();
 
   // This stage's parameters (for the optimizer), and with their model-wide names.

@@ -73,7 +73,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
   }
 
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
+  const auto timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
   ASSIGN_OR_RETURN(ProcessGroups groups, CreateProcessGroups(topo, !model.tied().empty(), timeout));
   VarunaOptions opts;
   opts.schedule = policy;
@@ -82,10 +83,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   opts.clip_grad_norm = spec.train.clip_grad_norm;
   opts.init_loss_scale = spec.train.init_loss_scale;
   opts.loss_scale_window = spec.train.loss_scale_window;
-  ASSIGN_OR_RETURN(auto engine,
-                   Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups),
-                                  data.Batch(0, 2), topo.global_batch, topo.micro_batch,
-                                  torch::Device(torch::kCPU), opts));
+  ASSIGN_OR_RETURN(
+      auto engine,
+      Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups), data.Batch(0, 2),
+                     topo.global_batch, topo.micro_batch, torch::Device(torch::kCPU), opts));
   engine->set_optimizer(MakeOptimizer(spec.train, *engine));
   const TrainSpec train = spec.train;
   engine->set_lr_schedule([train](int64_t step) {
@@ -99,8 +100,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
         data.Batch((step - 1) * B + topo.replica * topo.per_replica_batch, topo.per_replica_batch);
     ASSIGN_OR_RETURN(StepResult r, engine->step(batch));
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double lr = LearningRate(train.schedule, train.lr, train.min_lr, train.warmup,
-                                   train.steps, step);
+    const double lr =
+        LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
     if (writes_metrics) {
       metrics << absl::StrFormat(
                      "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
@@ -108,8 +109,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                      "\"tokens_per_s\": %.1f, \"pipeline_s\": %.6f, \"recv_wait_s\": %.6f, "
                      "\"loss_scale\": %.1f}",
                      step, r.loss, r.grad_norm, lr, r.overflow ? "true" : "false", dt, B / dt,
-                     B * spec.model.seq_len / dt, engine->last_pipeline_s(),
-                     engine->last_wait_s(), engine->loss_scale())
+                     B * spec.model.seq_len / dt, engine->last_pipeline_s(), engine->last_wait_s(),
+                     engine->loss_scale())
               << "\n";
       metrics.flush();
     }

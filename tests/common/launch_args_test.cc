@@ -56,8 +56,8 @@ TEST(LaunchArgsTest, ResolvesTopologyFromMapAndEnv) {
   WorkerArgs a;
   a.stage_to_rank_map = "0,2;1,3;";
   JobSpec s = Spec(2, 16);
-  auto t = ResolveTopology(a, &s, 6, Env({{"RANK", "3"}, {"WORLD_SIZE", "4"},
-                                          {"MASTER_PORT", "1234"}}));
+  auto t =
+      ResolveTopology(a, &s, 6, Env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"MASTER_PORT", "1234"}}));
   ASSERT_THAT(t, IsOk());
   EXPECT_EQ(t->stage, 1);
   EXPECT_EQ(t->replica, 1);

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build, the tests and the demo need. Idempotent and
+# non-interactive; a no-op when everything is present.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ccache pkg-config git
+  libtorch-dev python3-torch
+  libabsl-dev libyaml-cpp-dev libgoogle-glog-dev libgflags-dev
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev
+  fortunes fortunes-min
+  clang-format
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  echo "install_deps: all packages present"
+  exit 0
+fi
+echo "install_deps: installing ${missing[*]}"
+SUDO=""
+[[ $(id -u) -ne 0 ]] && SUDO="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"

@@ -1,0 +1,109 @@
+"""Helpers for tests that run real varuna-worker processes on loopback."""
+
+import json
+import os
+import random
+import socket
+import subprocess
+import tempfile
+import time
+
+BIN_DIR = os.environ.get("VARUNA_BIN_DIR", os.path.join(os.getcwd(), "bin"))
+WORKER = os.path.join(BIN_DIR, "varuna-worker")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_text_corpus(path, size=200_000, seed=0):
+    """English-like bytes: the fortunes corpus if installed, else a fixed synthetic text."""
+    src = "/usr/share/games/fortunes/fortunes"
+    if os.path.exists(src):
+        data = open(src, "rb").read()
+        data = (data * (size // max(1, len(data)) + 1))[:size]
+    else:
+        rnd = random.Random(seed)
+        words = [b"the", b"pipeline", b"stage", b"gradient", b"of", b"a", b"model", b"runs"]
+        data = b" ".join(rnd.choice(words) for _ in range(size // 5))[:size]
+    with open(path, "wb") as f:
+        f.write(data)
+    return path
+
+
+def job_yaml(path, data_path, model=None, train=None, parallel=None, extra=""):
+    model = {"kind": "gpt", "layers": 4, "d_model": 32, "heads": 4, "seq_len": 16,
+             "vocab": 256, "dropout": 0.0, **(model or {})}
+    train = {"global_batch": 8, "steps": 4, "optimizer": "adamw", "lr": 1e-3, "warmup": 0,
+             "schedule": "constant", "clip_grad_norm": 1.0, "precision": "fp32", "seed": 7,
+             **(train or {})}
+    parallel = {"micro_batch": 2, "schedule": "varuna", "timeout_s": 60, **(parallel or {})}
+
+    def flow(d):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in d.items()) + "}"
+
+    text = (f"name: test\nmodel: {flow(model)}\ndata: {{kind: text, path: {data_path}}}\n"
+            f"train: {flow(train)}\nparallel: {flow(parallel)}\n{extra}")
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class RunResult:
+    def __init__(self, returncodes, outputs, metrics, elapsed):
+        self.returncodes = returncodes
+        self.outputs = outputs
+        self.metrics = metrics
+        self.elapsed = elapsed
+
+    @property
+    def ok(self):
+        return all(rc == 0 for rc in self.returncodes)
+
+    def losses(self):
+        return [m["loss"] for m in self.metrics]
+
+
+def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
+    """Starts `world` ranks with the torchrun environment; returns a RunResult."""
+    port = free_port()
+    tmp = tempfile.mkdtemp(prefix="varuna-e2e-")
+    metrics = os.path.join(tmp, "metrics.jsonl")
+    procs, logs = [], []
+    t0 = time.time()
+    for r in range(world):
+        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env_extra or {}))
+        log = open(os.path.join(tmp, f"rank{r}.log"), "w+")
+        logs.append(log)
+        full = (cmd or [WORKER]) + list(args) + ["--metrics_out", metrics]
+        procs.append(subprocess.Popen(full, env=env, stdout=log, stderr=subprocess.STDOUT))
+    deadline = t0 + timeout
+    codes = []
+    for p in procs:
+        try:
+            codes.append(p.wait(timeout=max(1, deadline - time.time())))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            codes.append(-9)
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    outputs = []
+    for log in logs:
+        log.seek(0)
+        outputs.append(log.read())
+        log.close()
+    rows = []
+    if os.path.exists(metrics):
+        rows = [json.loads(line) for line in open(metrics) if line.strip()]
+    return RunResult(codes, outputs, rows, time.time() - t0)
+
+
+def stage_map(stages, replicas):
+    return "".join(",".join(str(s + d * stages) for d in range(replicas)) + ";"
+                   for s in range(stages))
