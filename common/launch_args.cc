@@ -36,6 +36,7 @@ absl::StatusOr<int> EnvInt(const EnvGetter& env, const std::string& name, int fa
 
 std::string WorkerUsage() {
   return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S] [--metrics_out FILE]\n"
+         "                     [--metrics_all_ranks]\n"
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
          "                     [--batch-size=PER_REPLICA_BATCH]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
@@ -72,7 +73,9 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       }
       return argv[++i];
     };
-    if (flag == "job") {
+    if (flag == "metrics_all_ranks" && !has_value) {
+      args.metrics_all_ranks = true;
+    } else if (flag == "job") {
       ASSIGN_OR_RETURN(args.job_path, take());
     } else if (flag == "stage_to_rank_map") {
       ASSIGN_OR_RETURN(args.stage_to_rank_map, take());

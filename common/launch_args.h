@@ -21,6 +21,7 @@ struct WorkerArgs {
   std::string job_path;
   std::optional<std::string> stage_to_rank_map;
   std::string metrics_out;
+  bool metrics_all_ranks = false;  // every rank writes <metrics_out>.rank<R> (benchmarks)
   std::optional<int64_t> steps;
   std::optional<int> rank;
   std::optional<int> local_rank;

@@ -82,35 +82,49 @@ void Receiver::Start(std::vector<TensorSpec> specs) {
   Join();
   error_ = absl::OkStatus();
   ready_.clear();
+  aborted_ = false;
   thread_ = std::thread([this, specs = std::move(specs)]() mutable { Run(std::move(specs)); });
 }
 
 void Receiver::Run(std::vector<TensorSpec> specs) {
-  std::deque<std::pair<torch::Tensor, c10::intrusive_ptr<c10d::Work>>> inflight;
   size_t next = 0;
-  absl::Status st = TorchCall(absl::StrCat("receive from rank ", peer_), [&] {
-    while (next < specs.size() || !inflight.empty()) {
-      while (next < specs.size() && static_cast<int>(inflight.size()) < kWindow) {
-        std::vector<torch::Tensor> buf{torch::empty(specs[next].shape, specs[next].dtype)};
-        auto work = pg_->recv(buf, peer_, tag_);
-        inflight.emplace_back(buf[0], work);
-        ++next;
+  absl::Status st = TorchCall(absl::StrCat("receive from rank ", peer_), [&]() -> absl::Status {
+    while (true) {
+      c10::intrusive_ptr<c10d::Work> work;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (aborted_) return absl::CancelledError("receive aborted");
+        while (next < specs.size() && static_cast<int>(inflight_.size()) < kWindow) {
+          std::vector<torch::Tensor> buf{torch::empty(specs[next].shape, specs[next].dtype)};
+          inflight_.emplace_back(buf[0], pg_->recv(buf, peer_, tag_));
+          ++next;
+        }
+        if (inflight_.empty()) return absl::OkStatus();
+        work = inflight_.front().second;
       }
-      auto [tensor, work] = inflight.front();
-      inflight.pop_front();
       work->wait(timeout_);
       std::lock_guard<std::mutex> l(mu_);
-      ready_.push_back(tensor);
+      if (aborted_) return absl::CancelledError("receive aborted");
+      ready_.push_back(inflight_.front().first);
+      inflight_.pop_front();
       cv_.notify_all();
     }
   });
+  std::lock_guard<std::mutex> l(mu_);
   if (!st.ok()) {
     // Outstanding receives would otherwise complete into freed buffers: abort them.
-    for (auto& [t, w] : inflight) w->abort();
-    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [t, w] : inflight_) w->abort();
     error_ = st;
-    cv_.notify_all();
   }
+  inflight_.clear();
+  cv_.notify_all();
+}
+
+void Receiver::Abort() {
+  std::lock_guard<std::mutex> l(mu_);
+  aborted_ = true;
+  for (auto& [t, w] : inflight_) w->abort();
+  cv_.notify_all();
 }
 
 absl::StatusOr<torch::Tensor> Receiver::Take() {
@@ -142,6 +156,7 @@ void Sender::Start(int count) {
   Join();
   error_ = absl::OkStatus();
   queue_.clear();
+  aborted_ = false;
   thread_ = std::thread([this, count] { Run(count); });
 }
 
@@ -158,9 +173,10 @@ void Sender::Run(int count) {
       torch::Tensor t;
       {
         std::unique_lock<std::mutex> l(mu_);
-        if (!cv_.wait_for(l, timeout_, [&] { return !queue_.empty(); })) {
+        if (!cv_.wait_for(l, timeout_, [&] { return !queue_.empty() || aborted_; })) {
           return absl::DeadlineExceededError("nothing to send within the timeout");
         }
+        if (aborted_) return absl::CancelledError("send aborted");
         t = std::move(queue_.front());
         queue_.pop_front();
       }
@@ -180,6 +196,12 @@ void Sender::Run(int count) {
     std::lock_guard<std::mutex> l(mu_);
     error_ = st;
   }
+}
+
+void Sender::Abort() {
+  std::lock_guard<std::mutex> l(mu_);
+  aborted_ = true;
+  cv_.notify_all();
 }
 
 absl::Status Sender::Join() {

@@ -68,6 +68,8 @@ class Receiver {
   bool Ready();
   // Waits for the thread; returns its error, if any.
   absl::Status Join();
+  // Cancels outstanding receives (after a local error) so Join() returns promptly.
+  void Abort();
 
  private:
   void Run(std::vector<TensorSpec> specs);
@@ -79,6 +81,8 @@ class Receiver {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<torch::Tensor> ready_;
+  std::deque<std::pair<torch::Tensor, c10::intrusive_ptr<c10d::Work>>> inflight_;
+  bool aborted_ = false;
   absl::Status error_;
 };
 
@@ -96,6 +100,8 @@ class Sender {
   void Send(torch::Tensor t);
   // Waits until every send completed; returns the first error.
   absl::Status Join();
+  // Stops waiting for tensors that will never come (after a local error).
+  void Abort();
 
  private:
   void Run(int count);
@@ -107,6 +113,7 @@ class Sender {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<torch::Tensor> queue_;
+  bool aborted_ = false;
   absl::Status error_;
 };
 

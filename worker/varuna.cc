@@ -411,6 +411,14 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
     return absl::OkStatus();
   });
   // Join every comm thread even after an error, so none outlives the step.
+  if (!st.ok()) {
+    for (Receiver* rx : {act_rx_.get(), grad_rx_.get()}) {
+      if (rx != nullptr) rx->Abort();
+    }
+    for (Sender* tx : {act_tx_.get(), grad_tx_.get()}) {
+      if (tx != nullptr) tx->Abort();
+    }
+  }
   for (Receiver* rx : {act_rx_.get(), grad_rx_.get()}) {
     if (rx != nullptr) {
       absl::Status s = rx->Join();

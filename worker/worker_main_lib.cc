@@ -19,10 +19,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainSpec& t, const Varuna& v) {
+}  // namespace
+
+std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
+    const TrainSpec& t, const std::vector<std::pair<std::string, torch::Tensor>>& named_params) {
   // Decay only matrices (weights, embeddings); never biases or LayerNorm gains.
   std::vector<torch::Tensor> decay, no_decay;
-  for (auto& [name, p] : v.named_parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
+  for (auto& [name, p] : named_params) (p.dim() >= 2 ? decay : no_decay).push_back(p);
   if (t.optimizer == "sgd") {
     std::vector<torch::optim::OptimizerParamGroup> groups;
     auto o = torch::optim::SGDOptions(t.lr).momentum(t.momentum);
@@ -38,8 +41,6 @@ std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(const TrainSpec& t, const
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(o));
   return std::make_shared<torch::optim::AdamW>(groups, o);
 }
-
-}  // namespace
 
 absl::Status RunWorker(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(WorkerArgs args, ParseWorkerArgs(argv));
@@ -63,13 +64,15 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
             << " schedule=" << spec.parallel.schedule << " precision=" << spec.train.precision;
 
   std::ofstream metrics;
-  const bool writes_metrics =
-      !args.metrics_out.empty() && topo.rank == topo.map.RankOf(topo.map.stages() - 1, 0);
+  const bool metrics_rank = topo.rank == topo.map.RankOf(topo.map.stages() - 1, 0);
+  const bool writes_metrics = !args.metrics_out.empty() && (metrics_rank || args.metrics_all_ranks);
   if (writes_metrics) {
-    metrics.open(args.metrics_out, std::ios::trunc);
+    const std::string path =
+        metrics_rank ? args.metrics_out : absl::StrCat(args.metrics_out, ".rank", topo.rank);
+    metrics.open(path, std::ios::trunc);
     if (!metrics) {
       return absl::InvalidArgumentError(
-          absl::StrCat("--metrics_out '", args.metrics_out, "' cannot be written"));
+          absl::StrCat("--metrics_out '", path, "' cannot be written"));
     }
   }
 
@@ -87,7 +90,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       auto engine,
       Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups), data.Batch(0, 2),
                      topo.global_batch, topo.micro_batch, torch::Device(torch::kCPU), opts));
-  engine->set_optimizer(MakeOptimizer(spec.train, *engine));
+  engine->set_optimizer(MakeOptimizer(spec.train, engine->named_parameters()));
   const TrainSpec train = spec.train;
   engine->set_lr_schedule([train](int64_t step) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
@@ -114,7 +117,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
               << "\n";
       metrics.flush();
     }
-    if (topo.rank == 0 || writes_metrics) {
+    if (topo.rank == 0 || metrics_rank) {
       if (step == 1 || step % 10 == 0 || step == topo.steps) {
         LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
                   << " grad_norm=" << absl::StrFormat("%.3f", r.grad_norm)

@@ -22,7 +22,8 @@ def write_text_corpus(path, size=200_000, seed=0):
     """English-like bytes: the fortunes corpus if installed, else a fixed synthetic text."""
     src = "/usr/share/games/fortunes/fortunes"
     if os.path.exists(src):
-        data = open(src, "rb").read()
+        with open(src, "rb") as f:
+            data = f.read()
         data = (data * (size // max(1, len(data)) + 1))[:size]
     else:
         rnd = random.Random(seed)
@@ -100,7 +101,8 @@ def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
         log.close()
     rows = []
     if os.path.exists(metrics):
-        rows = [json.loads(line) for line in open(metrics) if line.strip()]
+        with open(metrics) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
     return RunResult(codes, outputs, rows, time.time() - t0)
 
 
