@@ -27,7 +27,6 @@ Equivalences with the C++ worker:
 import argparse
 import json
 import math
-import os
 import time
 
 import numpy as np

@@ -444,9 +444,8 @@ absl::Status Varuna::ReduceTiedGradients() {
   for (auto& t : tied_) {
     if (t.local_partner.defined()) {
       if (!t.second) {
-        auto sum = t.param.grad() + t.local_partner.grad();
-        t.param.mutable_grad().copy_(sum);
-        t.local_partner.mutable_grad().copy_(sum);
+        t.param.mutable_grad().add_(t.local_partner.grad());
+        t.local_partner.mutable_grad().copy_(t.param.grad());
       }
     } else {
       remote.push_back(t.param.grad());
@@ -531,16 +530,13 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       for (auto& p : params) p.mutable_grad().div_(scaler_.scale());
     }
     // Local squared norm; the second copy of a tied pair is not counted twice.
-    double norm_sq = 0;
-    std::vector<torch::Tensor> skip_norm;
-    for (auto& t : tied_) {
-      if (t.second) skip_norm.push_back(t.param);
-    }
+    std::vector<torch::Tensor> squares;
     for (auto& p : params) {
-      bool skip = false;
-      for (auto& s : skip_norm) skip |= s.is_same(p);
-      if (!skip) norm_sq += p.grad().to(torch::kDouble).pow(2).sum().item<double>();
+      bool second_copy = false;
+      for (auto& t : tied_) second_copy |= t.second && t.param.is_same(p);
+      if (!second_copy) squares.push_back(p.grad().pow(2).sum().to(torch::kDouble));
     }
+    const double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
     const bool local_overflow = !std::isfinite(norm_sq);
     auto meta = torch::tensor(
         {local_overflow ? 1.0 : 0.0, local_overflow ? 0.0 : norm_sq, is_last_stage() ? loss : 0.0},

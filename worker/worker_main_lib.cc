@@ -126,7 +126,13 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       }
     }
   }
-  LOG(INFO) << who << " done steps=" << topo.steps;
+  // Held-out evaluation: one global batch from far beyond any training index.
+  constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
+  ASSIGN_OR_RETURN(double eval_loss, engine->evaluate(data.Batch(
+                                         kEvalFirstSample + topo.replica * topo.per_replica_batch,
+                                         topo.per_replica_batch)));
+  LOG(INFO) << who << " done steps=" << topo.steps
+            << " eval_loss=" << absl::StrFormat("%.9g", eval_loss);
   return absl::OkStatus();
 }
 

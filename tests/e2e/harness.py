@@ -53,7 +53,8 @@ def job_yaml(path, data_path, model=None, train=None, parallel=None, extra=""):
 
 
 class RunResult:
-    def __init__(self, returncodes, outputs, metrics, elapsed):
+    def __init__(self, returncodes, outputs, metrics, elapsed, metrics_path=None):
+        self.metrics_path = metrics_path
         self.returncodes = returncodes
         self.outputs = outputs
         self.metrics = metrics
@@ -103,7 +104,7 @@ def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
     if os.path.exists(metrics):
         with open(metrics) as f:
             rows = [json.loads(line) for line in f if line.strip()]
-    return RunResult(codes, outputs, rows, time.time() - t0)
+    return RunResult(codes, outputs, rows, time.time() - t0, metrics)
 
 
 def stage_map(stages, replicas):

@@ -33,6 +33,17 @@ class Fixture(unittest.TestCase):
                         "\n".join(o[-2000:] for o in res.outputs))
         return res
 
+    @staticmethod
+    def eval_loss(res):
+        """The held-out loss every rank logs at the end (must agree on all ranks)."""
+        found = set()
+        for out in res.outputs:
+            for line in out.splitlines():
+                if "eval_loss=" in line:
+                    found.add(float(line.rsplit("eval_loss=", 1)[1].split()[0]))
+        assert len(found) >= 1, "no eval_loss logged"
+        return found
+
     def assertClose(self, got, want, rel, what):
         self.assertEqual(len(got), len(want), what)
         for i, (g, w) in enumerate(zip(got, want)):
@@ -43,13 +54,19 @@ class ParityTest(Fixture):
     """Every (P, D) under every schedule computes the 1x1 training (fp32, dropout 0)."""
 
     def test_all_configs_and_schedules_match_single_process(self):
-        base = self.run_config(self.job("base"), 1, 1).losses()
+        base_run = self.run_config(self.job("base"), 1, 1)
+        base = base_run.losses()
+        (base_eval,) = self.eval_loss(base_run)
         self.assertEqual(len(base), 4)
         for schedule in ["varuna", "gpipe", "1f1b"]:
             job = self.job("p_" + schedule, parallel={"schedule": schedule})
             for p, d in CONFIGS:
-                got = self.run_config(job, p, d).losses()
-                self.assertClose(got, base, 1e-4, f"{schedule} P={p} D={d}")
+                run = self.run_config(job, p, d)
+                self.assertClose(run.losses(), base, 1e-4, f"{schedule} P={p} D={d}")
+                # evaluate(): every rank reports the same held-out loss, equal to 1x1's.
+                evals = self.eval_loss(run)
+                self.assertEqual(len(evals), 1, f"ranks disagree on eval_loss: {evals}")
+                self.assertClose(list(evals), [base_eval], 1e-4, f"eval {schedule} P={p} D={d}")
         # The run must actually train, or equal losses would prove nothing.
         self.assertLess(base[-1], base[0])
 

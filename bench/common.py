@@ -1,0 +1,32 @@
+"""Shared helpers for the benchmark scripts (standard library only)."""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+import harness  # noqa: E402,F401
+
+
+def corpus(build_dir):
+    path = os.path.join(build_dir, "demo", "fortunes.txt")
+    if not os.path.exists(path):
+        subprocess.run([os.path.join(ROOT, "scripts", "prepare_corpus.sh"), path], check=True,
+                       stdout=subprocess.DEVNULL)
+    return path
+
+
+def read_metrics(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def median_rate(rows, warmup, key="samples_per_s"):
+    return statistics.median(r[key] for r in rows[warmup:])
+
+
+def median(xs):
+    return statistics.median(xs)
