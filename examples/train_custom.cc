@@ -70,7 +70,7 @@ int main(int argc, char** argv) {
   auto make_batch = [](int64_t step, int64_t n) {
     torch::manual_seed(1000 + step);
     auto x = torch::randn({n, 16});
-    return varuna::TensorMap{{"x", x}, {"target", x.sum(1, true).sin()}};
+    return varuna::TensorMap{{"x", x}, {"target", 0.25 * x.sum(1, true)}};
   };
   auto engine = varuna::Varuna::Create(model, *map, topo->rank, std::move(*groups),
                                        make_batch(0, 2), 32, 8, torch::kCPU, {});

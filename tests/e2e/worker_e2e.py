@@ -76,6 +76,73 @@ class ParityTest(Fixture):
         self.assertClose(self.run_config(job, 2, 2).losses(), base, 1e-4, "P=2 D=2 mb=3")
 
 
+class ModelsAndDataTest(Fixture):
+    """The MLP model, SGD with momentum, warm-up + cosine LR, and flat token files."""
+
+    def test_mlp_with_sgd_matches_across_configs(self):
+        job = self.job("mlp", model={"kind": "mlp", "layers": 3},
+                       train={"optimizer": "sgd", "lr": 0.05, "momentum": 0.9, "warmup": 2,
+                              "schedule": "cosine", "steps": 5})
+        base = self.run_config(job, 1, 1).losses()
+        self.assertLess(base[-1], base[0])
+        self.assertClose(self.run_config(job, 2, 2).losses(), base, 1e-4, "mlp P=2 D=2")
+
+    def write_tokens(self, name, dtype, values):
+        import array
+        path = os.path.join(self.tmp, name)
+        with open(path, "wb") as f:
+            array.array({"uint16": "H", "uint32": "I"}[dtype], values).tofile(f)
+        return path
+
+    @staticmethod
+    def as_tokens(job, dtype):
+        with open(job) as f:
+            text = f.read().replace("{kind: text,", f"{{kind: tokens, dtype: {dtype},")
+        with open(job, "w") as f:
+            f.write(text)
+        return job
+
+    def test_token_files(self):
+        # A repeating 50-token pattern with ids above the byte range: quick to learn.
+        values = [500 + (i % 50) for i in range(20000)]
+        for dtype in ["uint16", "uint32"]:
+            path = self.write_tokens(f"tokens_{dtype}.bin", dtype, values)
+            job = harness.job_yaml(os.path.join(self.tmp, f"tok_{dtype}.yaml"), path,
+                                   model={"vocab": 1000},
+                                   train={"steps": 20, "lr": 1e-2})
+            self.as_tokens(job, dtype)
+            losses = self.run_config(job, 2, 1).losses()
+            self.assertGreater(losses[0], 6.0)  # ~ln(1000) = 6.9
+            self.assertLess(losses[-1], 0.8 * losses[0])
+        # A token id >= vocab is refused before anything starts, naming the id.
+        bad = self.write_tokens("bad.bin", "uint16", [1, 2, 3000] * 100)
+        job = harness.job_yaml(os.path.join(self.tmp, "bad_tok.yaml"), bad, model={"vocab": 1000})
+        self.as_tokens(job, "uint16")
+        res = harness.run_workers(1, ["--job", job])
+        self.assertFalse(res.ok)
+        self.assertIn("token id 3000", res.outputs[0])
+        # A file too short for one sample.
+        short = self.write_tokens("short.bin", "uint16", [1, 2, 3])
+        job = harness.job_yaml(os.path.join(self.tmp, "short.yaml"), short, model={"vocab": 1000})
+        self.as_tokens(job, "uint16")
+        res = harness.run_workers(1, ["--job", job])
+        self.assertFalse(res.ok)
+        self.assertIn("needs at least 17", res.outputs[0])
+
+
+class ExampleProgramTest(Fixture):
+    """examples/train_custom.cc, a program written on the libvaruna API, trains as 2 stages."""
+
+    def test_example_trains_in_two_stages(self):
+        example = os.path.join(harness.BIN_DIR, "train_custom")
+        res = harness.run_workers(2, ["--stage_to_rank_map=0;1;"], cmd=[example])
+        self.assertTrue(res.ok, "\n".join(o[-2000:] for o in res.outputs))
+        losses = [float(line.split()[-1]) for line in res.outputs[1].splitlines()
+                  if line.startswith("step ")]
+        self.assertGreaterEqual(len(losses), 5)
+        self.assertLess(losses[-1], 0.5 * losses[0])
+
+
 class RecomputeTest(Fixture):
     """With dropout on, recomputed forwards must reproduce the original activations: the
     varuna schedule (recompute on stage 0) then gives bit-identical training to 1F1B and GPipe,
