@@ -83,13 +83,13 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       ASSIGN_OR_RETURN(args.metrics_out, take());
     } else if (flag == "steps") {
       ASSIGN_OR_RETURN(std::string v, take());
-      int64_t n;
+      int64_t n = 0;
       RETURN_IF_ERROR(ParseInt(flag, v, &n));
       if (n < 0) return absl::InvalidArgumentError("flag --steps must be >= 0");
       args.steps = n;
     } else if (flag == "rank" || flag == "local_rank" || flag == "chunk_size") {
       ASSIGN_OR_RETURN(std::string v, take());
-      int n;
+      int n = 0;
       RETURN_IF_ERROR(ParseInt(flag, v, &n));
       if (n < 0 || (flag == "chunk_size" && n < 1)) {
         return absl::InvalidArgumentError(absl::StrCat("flag --", flag, " out of range: ", v));
@@ -97,7 +97,7 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       (flag == "rank" ? args.rank : flag == "local_rank" ? args.local_rank : args.chunk_size) = n;
     } else if (flag == "batch-size" || flag == "batch_size") {
       ASSIGN_OR_RETURN(std::string v, take());
-      int64_t n;
+      int64_t n = 0;
       RETURN_IF_ERROR(ParseInt(flag, v, &n));
       if (n < 1) return absl::InvalidArgumentError("flag --batch-size must be >= 1");
       args.per_replica_batch = n;
@@ -138,6 +138,10 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
                                                    " segments, fewer than the ", t.map.stages(),
                                                    " pipeline stages requested"));
+  }
+  if (t.world_size > 1 && !args.rank && !env("RANK")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WORLD_SIZE=", t.world_size, " but no rank: set RANK or pass --rank"));
   }
   t.rank = args.rank.value_or(env_rank);
   if (t.rank < 0 || t.rank >= t.world_size) {

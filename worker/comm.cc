@@ -54,7 +54,11 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
         topo.store_is_external ? c10::nullopt : c10::optional<std::size_t>(topo.world_size);
     o.waitWorkers = false;
     o.timeout = timeout;
-    g.store = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
+    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
+    // torchrun restarts workers against the same store: keys are per attempt, as in PyTorch.
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    g.store = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("varuna/attempt_", attempt != nullptr ? attempt : "0"), tcp);
     auto device = MakeDevice(topo.master_addr);
     const auto& map = topo.map;
     std::vector<int> all(topo.world_size);
@@ -79,7 +83,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
 }
 
 void Receiver::Start(std::vector<TensorSpec> specs) {
-  Join();
+  Join().IgnoreError();  // the previous step's error was already reported
   error_ = absl::OkStatus();
   ready_.clear();
   aborted_ = false;
@@ -153,7 +157,7 @@ absl::Status Receiver::Join() {
 }
 
 void Sender::Start(int count) {
-  Join();
+  Join().IgnoreError();  // the previous step's error was already reported
   error_ = absl::OkStatus();
   queue_.clear();
   aborted_ = false;
@@ -167,40 +171,55 @@ void Sender::Send(torch::Tensor t) {
 }
 
 void Sender::Run(int count) {
-  std::deque<c10::intrusive_ptr<c10d::Work>> inflight;
   absl::Status st = TorchCall(absl::StrCat("send to rank ", peer_), [&]() -> absl::Status {
     for (int sent = 0; sent < count; ++sent) {
       torch::Tensor t;
       {
+        // No timeout here: how long compute takes to produce the next tensor is not a
+        // communication failure; RunPipeline aborts the sender on any error.
         std::unique_lock<std::mutex> l(mu_);
-        if (!cv_.wait_for(l, timeout_, [&] { return !queue_.empty() || aborted_; })) {
-          return absl::DeadlineExceededError("nothing to send within the timeout");
-        }
+        cv_.wait(l, [&] { return !queue_.empty() || aborted_; });
         if (aborted_) return absl::CancelledError("send aborted");
         t = std::move(queue_.front());
         queue_.pop_front();
+        std::vector<torch::Tensor> buf{t};
+        inflight_.push_back(pg_->send(buf, peer_, tag_));
       }
-      std::vector<torch::Tensor> buf{t};
-      inflight.push_back(pg_->send(buf, peer_, tag_));
-      if (static_cast<int>(inflight.size()) >= kWindow) {
-        inflight.front()->wait(timeout_);
-        inflight.pop_front();
+      c10::intrusive_ptr<c10d::Work> oldest;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (static_cast<int>(inflight_.size()) < kWindow) continue;
+        oldest = inflight_.front();
       }
+      oldest->wait(timeout_);
+      std::lock_guard<std::mutex> l(mu_);
+      inflight_.pop_front();
     }
-    for (auto& w : inflight) w->wait(timeout_);
-    inflight.clear();
+    while (true) {
+      c10::intrusive_ptr<c10d::Work> w;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        if (inflight_.empty() || aborted_) break;
+        w = inflight_.front();
+      }
+      w->wait(timeout_);
+      std::lock_guard<std::mutex> l(mu_);
+      inflight_.pop_front();
+    }
     return absl::OkStatus();
   });
+  std::lock_guard<std::mutex> l(mu_);
   if (!st.ok()) {
-    for (auto& w : inflight) w->abort();
-    std::lock_guard<std::mutex> l(mu_);
+    for (auto& w : inflight_) w->abort();
     error_ = st;
   }
+  inflight_.clear();
 }
 
 void Sender::Abort() {
   std::lock_guard<std::mutex> l(mu_);
   aborted_ = true;
+  for (auto& w : inflight_) w->abort();
   cv_.notify_all();
 }
 

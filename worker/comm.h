@@ -58,7 +58,7 @@ class Receiver {
   static constexpr int kWindow = 4;
   Receiver(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout)
       : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout) {}
-  ~Receiver() { Join(); }
+  ~Receiver() { Join().IgnoreError(); }
 
   // Starts receiving `specs.size()` tensors on a background thread.
   void Start(std::vector<TensorSpec> specs);
@@ -92,7 +92,7 @@ class Sender {
   static constexpr int kWindow = 4;
   Sender(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout)
       : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout) {}
-  ~Sender() { Join(); }
+  ~Sender() { Join().IgnoreError(); }
 
   // Starts a thread that will send exactly `count` tensors.
   void Start(int count);
@@ -113,6 +113,7 @@ class Sender {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<torch::Tensor> queue_;
+  std::deque<c10::intrusive_ptr<c10d::Work>> inflight_;
   bool aborted_ = false;
   absl::Status error_;
 };

@@ -232,19 +232,22 @@ absl::StatusOr<Model> ScriptModel(const ModelSpec& s) {
       if (i == 0) return absl::NotFoundError(absl::StrCat("no TorchScript segment at ", path));
       break;
     }
-    // Loads once here to validate the file and count parameters (the cost); each stage loads
-    // its own segments again when it builds them.
-    torch::jit::Module probe;
-    {
-      absl::Status st =
-          TorchCall(absl::StrCat("loading ", path), [&] { probe = torch::jit::load(path); });
-      if (!st.ok()) return st;
-    }
-    double params = 0;
-    for (const auto& p : probe.parameters()) params += static_cast<double>(p.numel());
+    // Cost = file size (parameter bytes dominate); each stage loads only its own segments.
+    const double bytes = static_cast<double>(std::filesystem::file_size(path));
     if (i > 0) m.Add(CutPoint{});
-    m.Add(absl::StrCat("segment_", i), std::max(1.0, params),
-          [path] { return std::make_shared<ScriptLayer>(torch::jit::load(path)); });
+    m.Add(absl::StrCat("segment_", i), std::max(1.0, bytes), [path] {
+      torch::jit::Module module;
+      try {
+        module = torch::jit::load(path);
+      } catch (const c10::Error& e) {
+        // Re-thrown with the file named; TorchCall turns it into the status.
+        TORCH_CHECK(false, "cannot load TorchScript segment ", path, ": ",
+                    e.what_without_backtrace());
+      }
+      return std::make_shared<ScriptLayer>(std::move(module));
+    });
+    // Note: a corrupt file or a wrong forward() signature fails when its stage builds it or
+    // in the dry run, with the file named; the start-up agreement stops every rank.
   }
   return m;
 }

@@ -91,7 +91,7 @@ Varuna::~Varuna() = default;
 absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
     Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
     int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options) {
-  if (global_batch % map.replicas() != 0) {
+  if (global_batch < map.replicas() || global_batch % map.replicas() != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "global batch ", global_batch, " is not divisible by ", map.replicas(), " replicas"));
   }
@@ -102,11 +102,91 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
   return v;
 }
 
+// Note [Start-up agreement]: start-up has steps that can fail on one rank only (a bad layer, a
+// misplaced tied weight, a dry run that throws). Every rank takes part in two tiny all-reduces
+// of a failure flag (after the local checks, and at the end), so one rank's failure makes
+// every rank fail at once with a message, instead of the others hanging until the timeout.
 absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
+  if (!groups_.world || groups_.world->getSize() != map_.world_size() ||
+      groups_.world->getRank() != rank_ || (map_.replicas() > 1 && !groups_.data_parallel) ||
+      (map_.stages() > 1 && !groups_.pipeline)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("process groups do not match stage_to_rank_map '", map_.ToString(),
+                     "' for rank ", rank_, " (create them with CreateProcessGroups)"));
+  }
+  absl::Status st = BuildLocal();
+  RETURN_IF_ERROR(AgreeOnStartup(st));
+  const int P = map_.stages();
+  if (stage_ < P - 1) {
+    act_tx_ = std::make_unique<Sender>(groups_.world, rank_ + 1, kActTag, timeout_);
+    grad_rx_ = std::make_unique<Receiver>(groups_.world, rank_ + 1, kGradTag, timeout_);
+  }
+  if (stage_ > 0) {
+    act_rx_ = std::make_unique<Receiver>(groups_.world, rank_ - 1, kActTag, timeout_);
+    grad_tx_ = std::make_unique<Sender>(groups_.world, rank_ - 1, kGradTag, timeout_);
+  }
+  st = TieAtStart();
+  absl::Status dry = DryRun(dummy_inputs, st.ok());
+  if (st.ok()) st = dry;
+  return AgreeOnStartup(st);
+}
+
+absl::Status Varuna::AgreeOnStartup(const absl::Status& local) {
+  std::vector<torch::Tensor> flag{torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kDouble)};
+  absl::Status reduced = AllReduceSum(groups_.world, flag, timeout_);
+  if (!local.ok()) return local;
+  RETURN_IF_ERROR(reduced);
+  if (flag[0].item<double>() > 0) {
+    return absl::AbortedError("another rank failed during start-up (its log names the problem)");
+  }
+  return absl::OkStatus();
+}
+
+// Builds this stage's layers and checks, without communicating, everything a later collective
+// depends on.
+absl::Status Varuna::BuildLocal() {
   const auto segments = model_.Segments();
   ASSIGN_OR_RETURN(std::vector<int> bounds, PartitionByCost(model_.SegmentCosts(), map_.stages()));
   first_segment_ = bounds[stage_];
   last_segment_ = bounds[stage_ + 1];
+  // The stage owning each layer, and so each tied parameter "<layer name>.<param>".
+  std::vector<int> stage_of_segment(segments.size());
+  for (int st = 0; st < map_.stages(); ++st) {
+    for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) stage_of_segment[sg] = st;
+  }
+  auto owner = [&](const std::string& param) -> int {
+    size_t best = 0;
+    int stage = -1;
+    for (size_t sg = 0; sg < segments.size(); ++sg) {
+      for (int layer : segments[sg]) {
+        const std::string& name = model_.layers()[layer].name;
+        if (name.size() > best && param.size() > name.size() &&
+            param.compare(0, name.size(), name) == 0 && param[name.size()] == '.') {
+          best = name.size();
+          stage = stage_of_segment[sg];
+        }
+      }
+    }
+    return stage;
+  };
+  const int P = map_.stages();
+  for (const auto& [first, second] : model_.tied()) {
+    const int a = owner(first), b = owner(second);
+    if (a < 0 || b < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tied parameter '", a < 0 ? first : second,
+                                                     "' does not name a parameter of any layer"));
+    }
+    if (a != b && !(a == 0 && b == P - 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tied parameters '", first, "' and '", second,
+                       "' must be on the same stage or on the "
+                       "first and last stage; this partition puts them on stages ",
+                       a, " and ", b));
+    }
+    if (a != b && (stage_ == a || stage_ == b) && !groups_.tied) {
+      return absl::InvalidArgumentError("the model ties parameters but there is no tied group");
+    }
+  }
   RETURN_IF_ERROR(TorchCall("building the stage", [&] {
     for (int s = first_segment_; s < last_segment_; ++s) {
       for (int layer : segments[s]) {
@@ -124,43 +204,38 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
   }));
   LOG(INFO) << "rank=" << rank_ << " stage=" << stage_ << " segments=[" << first_segment_ << ","
             << last_segment_ << ") layers=" << absl::StrJoin(layer_names_, ",");
-  RETURN_IF_ERROR(TieAtStart());
-  const int P = map_.stages();
-  const int me = rank_;
-  if (stage_ < P - 1) {
-    act_tx_ = std::make_unique<Sender>(groups_.world, me + 1, kActTag, timeout_);
-    grad_rx_ = std::make_unique<Receiver>(groups_.world, me + 1, kGradTag, timeout_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+      named_params_.emplace_back(absl::StrCat(layer_names_[i], ".", p.key()), p.value());
+      params_.push_back(p.value());
+    }
   }
-  if (stage_ > 0) {
-    act_rx_ = std::make_unique<Receiver>(groups_.world, me - 1, kActTag, timeout_);
-    grad_tx_ = std::make_unique<Sender>(groups_.world, me - 1, kGradTag, timeout_);
+  for (const auto& [first, second] : model_.tied()) {
+    for (const std::string& name : {first, second}) {
+      const int st = owner(name);
+      bool found = false;
+      for (auto& [n, p] : named_params_) found |= n == name;
+      if (st == stage_ && !found) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tied parameter '", name, "' does not exist on its layer"));
+      }
+    }
   }
-  return DryRun(dummy_inputs);
+  return absl::OkStatus();
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> Varuna::named_parameters() const {
-  std::vector<std::pair<std::string, torch::Tensor>> out;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
-      out.emplace_back(absl::StrCat(layer_names_[i], ".", p.key()), p.value());
-    }
-  }
-  return out;
+  return named_params_;
 }
 
-std::vector<torch::Tensor> Varuna::parameters() const {
-  std::vector<torch::Tensor> out;
-  for (auto& [name, p] : named_parameters()) out.push_back(p);
-  return out;
-}
+std::vector<torch::Tensor> Varuna::parameters() const { return params_; }
 
 // Note [Tied weights]: the first parameter of a pair is the source of truth at start-up; its
 // value is copied (locally, or from stage 0 to stage P-1 over the tied group) into the second.
 // After every backward their gradients are summed, so both copies get identical updates.
+// Placement was checked on every rank in BuildLocal().
 absl::Status Varuna::TieAtStart() {
-  std::map<std::string, torch::Tensor> mine;
-  for (auto& [name, p] : named_parameters()) mine[name] = p;
-  const int P = map_.stages();
+  std::map<std::string, torch::Tensor> mine(named_params_.begin(), named_params_.end());
   for (const auto& [first, second] : model_.tied()) {
     const bool has_first = mine.count(first) > 0, has_second = mine.count(second) > 0;
     if (has_first && has_second) {
@@ -168,15 +243,10 @@ absl::Status Varuna::TieAtStart() {
       mine[second].copy_(mine[first]);
       tied_.push_back({mine[first], false, mine[second]});
       tied_.push_back({mine[second], true, mine[first]});
+      second_copies_.push_back(mine[second]);
       continue;
     }
     if (!has_first && !has_second) continue;
-    if (!(has_first ? stage_ == 0 : stage_ == P - 1)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tied parameters '", first, "' and '", second,
-          "' must live on the first and the last stage; this partition puts one on stage ",
-          stage_));
-    }
     torch::Tensor p = has_first ? mine[first] : mine[second];
     if (has_first) {
       RETURN_IF_ERROR(SendBlocking(groups_.tied, p.detach().contiguous(), 1, kTieTag, timeout_));
@@ -185,6 +255,7 @@ absl::Status Varuna::TieAtStart() {
       RETURN_IF_ERROR(RecvBlocking(groups_.tied, buf, 0, kTieTag, timeout_));
       torch::NoGradGuard g;
       p.copy_(buf);
+      second_copies_.push_back(p);
     }
     tied_.push_back({p, !has_first, torch::Tensor()});
   }
@@ -213,57 +284,78 @@ torch::Tensor Varuna::StageForward(const torch::Tensor& x, const TensorMap& inpu
 
 // Note [Dry run]: stage by stage along each pipeline, run the stage on 1 and 2 samples and pass
 // the output shapes on. A dimension that is 1 then 2 is a batch dimension; this fixes the
-// receive buffer shape for any micro-batch size, including a smaller last one.
-absl::Status Varuna::DryRun(const TensorMap& dummy_inputs) {
-  TensorMap one, two;
-  for (const auto& [k, t] : dummy_inputs) {
-    if (t.size(0) < 2) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("dummy input '", k, "' needs at least 2 samples, has ", t.size(0)));
-    }
-    one[k] = t.narrow(0, 0, 1).to(device_);
-    two[k] = t.narrow(0, 0, 2).to(device_);
-  }
+// receive buffer shape for any micro-batch size, including a smaller last one. A stage that
+// fails (or whose upstream failed) still passes a meta with ndim = -1 on, so nobody waits.
+absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far) {
   const int P = map_.stages();
   auto meta_tensor = torch::zeros({2 + 2 * kMaxDims}, torch::kLong);
-  torch::Tensor x1, x2;
+  absl::Status st = ok_so_far ? absl::OkStatus() : absl::AbortedError("skipped dry run");
   if (stage_ > 0) {
-    RETURN_IF_ERROR(RecvBlocking(groups_.world, meta_tensor, rank_ - 1, kMetaTag, timeout_));
+    absl::Status r = RecvBlocking(groups_.world, meta_tensor, rank_ - 1, kMetaTag, timeout_);
+    if (st.ok()) st = r;
     in_meta_.assign(meta_tensor.data_ptr<int64_t>(),
                     meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
-    const TensorSpec s1 = BoundarySpec(in_meta_, 1), s2 = BoundarySpec(in_meta_, 2);
-    x1 = torch::zeros(s1.shape, torch::dtype(s1.dtype).device(device_));
-    x2 = torch::zeros(s2.shape, torch::dtype(s2.dtype).device(device_));
-  }
-  torch::Tensor o1, o2;
-  const auto rng = GetRngState();
-  RETURN_IF_ERROR(TorchCall(absl::StrCat("dry run of stage ", stage_), [&] {
-    torch::NoGradGuard g;
-    o1 = StageForward(x1, one);
-    o2 = StageForward(x2, two);
-  }));
-  SetRngState(rng);
-  if (stage_ < P - 1) {
-    if (o1.dim() > kMaxDims) {
-      return absl::InvalidArgumentError(absl::StrCat("stage ", stage_, " output has ", o1.dim(),
-                                                     " dims; at most ", kMaxDims, " supported"));
+    if (st.ok() && in_meta_[0] < 0) {
+      st = absl::AbortedError(absl::StrCat("stage ", stage_ - 1, " failed its dry run"));
     }
-    for (int i = 0; i < o1.dim(); ++i) {
-      const bool batch_dim = o1.size(i) == 1 && o2.size(i) == 2;
-      if (!batch_dim && o1.size(i) != o2.size(i)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "stage ", stage_, " output dim ", i, " is ", o1.size(i), " for 1 sample and ",
-            o2.size(i), " for 2: boundary tensors may vary only in batch dimensions"));
+  }
+  if (st.ok()) {
+    st = TorchCall(absl::StrCat("dry run of stage ", stage_), [&]() -> absl::Status {
+      TensorMap one, two;
+      for (const auto& [k, t] : dummy_inputs) {
+        if (t.dim() < 1 || t.size(0) < 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("dummy input '", k, "' needs at least 2 samples along dim 0"));
+        }
+        one[k] = t.narrow(0, 0, 1).to(device_);
+        two[k] = t.narrow(0, 0, 2).to(device_);
       }
-    }
-    out_meta_ = MakeMeta(o1, o2);
-    auto t = torch::tensor(out_meta_, torch::kLong);
-    RETURN_IF_ERROR(SendBlocking(groups_.world, t, rank_ + 1, kMetaTag, timeout_));
-  } else if (o1.dim() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the last layer must return a scalar loss; got a tensor of ", o1.dim(), " dims"));
+      torch::Tensor x1, x2;
+      if (stage_ > 0) {
+        const TensorSpec s1 = BoundarySpec(in_meta_, 1), s2 = BoundarySpec(in_meta_, 2);
+        x1 = torch::zeros(s1.shape, torch::dtype(s1.dtype).device(device_));
+        x2 = torch::zeros(s2.shape, torch::dtype(s2.dtype).device(device_));
+      }
+      const auto rng = GetRngState();
+      torch::Tensor o1, o2;
+      {
+        torch::NoGradGuard g;
+        o1 = StageForward(x1, one);
+        o2 = StageForward(x2, two);
+      }
+      SetRngState(rng);
+      if (stage_ == P - 1) {
+        if (o1.dim() != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the last layer must return a scalar loss; got a tensor of ", o1.dim(), " dims"));
+        }
+        return absl::OkStatus();
+      }
+      if (o1.dim() > kMaxDims || o1.dim() != o2.dim() || o1.scalar_type() != o2.scalar_type()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stage ", stage_, " output must have the same rank (at most ", kMaxDims,
+            ") and dtype for any batch size; got ", o1.dim(), " and ", o2.dim(), " dims"));
+      }
+      for (int i = 0; i < o1.dim(); ++i) {
+        const bool batch_dim = o1.size(i) == 1 && o2.size(i) == 2;
+        if (!batch_dim && o1.size(i) != o2.size(i)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "stage ", stage_, " output dim ", i, " is ", o1.size(i), " for 1 sample and ",
+              o2.size(i), " for 2: boundary tensors may vary only in batch dimensions"));
+        }
+      }
+      out_meta_ = MakeMeta(o1, o2);
+      return absl::OkStatus();
+    });
   }
-  return absl::OkStatus();
+  if (stage_ < P - 1) {
+    std::vector<int64_t> meta = st.ok() ? out_meta_ : std::vector<int64_t>(2 + 2 * kMaxDims, 0);
+    if (!st.ok()) meta[0] = -1;
+    absl::Status s = SendBlocking(groups_.world, torch::tensor(meta, torch::kLong), rank_ + 1,
+                                  kMetaTag, timeout_);
+    if (st.ok()) st = s;
+  }
+  return st;
 }
 
 TensorSpec Varuna::BoundarySpec(const std::vector<int64_t>& meta, int64_t batch) const {
@@ -419,13 +511,15 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
       if (tx != nullptr) tx->Abort();
     }
   }
-  for (Receiver* rx : {act_rx_.get(), grad_rx_.get()}) {
+  Receiver* grad_rx = train ? grad_rx_.get() : nullptr;
+  Sender* grad_tx = train ? grad_tx_.get() : nullptr;
+  for (Receiver* rx : {act_rx_.get(), grad_rx}) {
     if (rx != nullptr) {
       absl::Status s = rx->Join();
       if (st.ok() && !s.ok()) st = s;
     }
   }
-  for (Sender* tx : {act_tx_.get(), grad_tx_.get()}) {
+  for (Sender* tx : {act_tx_.get(), grad_tx}) {
     if (tx != nullptr) {
       absl::Status s = tx->Join();
       if (st.ok() && !s.ok()) st = s;
@@ -438,9 +532,6 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
 
 absl::Status Varuna::ReduceTiedGradients() {
   std::vector<torch::Tensor> remote;
-  for (auto& t : tied_) {
-    if (!t.param.grad().defined()) t.param.mutable_grad() = torch::zeros_like(t.param);
-  }
   for (auto& t : tied_) {
     if (t.local_partner.defined()) {
       if (!t.second) {
@@ -457,11 +548,10 @@ absl::Status Varuna::ReduceTiedGradients() {
 
 // Note [Data-parallel reduction]: gradients of this stage are packed into flat buckets and
 // sum-all-reduced over the stage's replicas (the loss was already divided by the global batch,
-// so the sum is the mean gradient). The last stage appends its partial loss to the last
-// bucket, so the replicas' losses are summed by the same collective.
+// so the sum is the mean gradient). The last stage's partial loss is summed in the same call.
 absl::Status Varuna::ReduceDataParallel(double* loss_partial) {
   if (!groups_.data_parallel) return absl::OkStatus();
-  auto params = parameters();
+  const auto& params = params_;
   const bool last = is_last_stage();
   return TorchCall("data-parallel all-reduce", [&]() -> absl::Status {
     std::vector<std::vector<int>> groups(1);
@@ -475,7 +565,6 @@ absl::Status Varuna::ReduceDataParallel(double* loss_partial) {
       groups.back().push_back(i);
       numels.back() += params[i].numel();
     }
-    if (last) numels.back() += 1;
     if (buckets_.size() != groups.size()) buckets_.assign(groups.size(), torch::Tensor());
     for (size_t b = 0; b < groups.size(); ++b) {
       if (!buckets_[b].defined() || buckets_[b].numel() != numels[b]) {
@@ -487,9 +576,12 @@ absl::Status Varuna::ReduceDataParallel(double* loss_partial) {
         buckets_[b].narrow(0, off, n).copy_(params[i].grad().reshape({-1}));
         off += n;
       }
-      if (last && b + 1 == groups.size()) buckets_[b][off] = *loss_partial;
     }
-    RETURN_IF_ERROR(AllReduceSum(groups_.data_parallel, buckets_, timeout_));
+    // The last stage's partial loss rides along in the same call, in double precision.
+    std::vector<torch::Tensor> tensors = buckets_;
+    if (last) tensors.push_back(torch::tensor({*loss_partial}, torch::kDouble));
+    RETURN_IF_ERROR(AllReduceSum(groups_.data_parallel, tensors, timeout_));
+    if (last) *loss_partial = tensors.back().item<double>();
     for (size_t b = 0; b < groups.size(); ++b) {
       int64_t off = 0;
       for (int i : groups[b]) {
@@ -497,28 +589,47 @@ absl::Status Varuna::ReduceDataParallel(double* loss_partial) {
         params[i].mutable_grad().copy_(buckets_[b].narrow(0, off, n).view_as(params[i]));
         off += n;
       }
-      if (last && b + 1 == groups.size()) *loss_partial = buckets_[b][off].item<double>();
     }
     return absl::OkStatus();
   });
 }
 
+absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
+  if (broken_) {
+    return absl::FailedPreconditionError(
+        "an earlier step failed; messages may be in flight, so this engine cannot continue");
+  }
+  if (inputs.empty()) return absl::InvalidArgumentError("no inputs");
+  const int64_t n = inputs.begin()->second.dim() >= 1 ? inputs.begin()->second.size(0) : -1;
+  for (const auto& [k, t] : inputs) {
+    if (!t.defined() || t.dim() < 1 || t.size(0) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", k, "' must have the batch (", n, " samples) along dim 0"));
+    }
+  }
+  if (want > 0 && n != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step() needs this replica's share of the global batch: ", want, " samples, got ", n));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   if (!optimizer_) return absl::FailedPreconditionError("step() before set_optimizer()");
-  const int64_t per_replica = global_batch_ / map_.replicas();
-  if (inputs.empty() || inputs.begin()->second.size(0) != per_replica) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step() needs this replica's share of the global batch: ", per_replica,
-                     " samples, got ", inputs.empty() ? 0 : inputs.begin()->second.size(0)));
-  }
+  RETURN_IF_ERROR(CheckInputs(inputs, global_batch_ / map_.replicas()));
+  // Any failure below leaves peers and in-flight messages in an unknown state.
+  broken_ = true;
   std::vector<int64_t> sizes;
-  const auto mbs = Split(inputs, &sizes);
+  std::vector<TensorMap> mbs;
+  RETURN_IF_ERROR(TorchCall("splitting the batch", [&] { mbs = Split(inputs, &sizes); }));
   double loss = 0;
   RETURN_IF_ERROR(RunPipeline(mbs, sizes, static_cast<double>(global_batch_), true, &loss));
-  auto params = parameters();
-  for (auto& p : params) {
-    if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-  }
+  const auto& params = params_;
+  RETURN_IF_ERROR(TorchCall("gradients", [&] {
+    for (auto& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    }
+  }));
   RETURN_IF_ERROR(ReduceTiedGradients());
   RETURN_IF_ERROR(ReduceDataParallel(&loss));
 
@@ -533,7 +644,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     std::vector<torch::Tensor> squares;
     for (auto& p : params) {
       bool second_copy = false;
-      for (auto& t : tied_) second_copy |= t.second && t.param.is_same(p);
+      for (auto& c : second_copies_) second_copy |= c.is_same(p);
       if (!second_copy) squares.push_back(p.grad().pow(2).sum().to(torch::kDouble));
     }
     const double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
@@ -566,18 +677,21 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     return absl::OkStatus();
   });
   RETURN_IF_ERROR(st);
+  broken_ = false;
   ++iteration_;
   return result;
 }
 
 absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
-  if (inputs.empty()) return absl::InvalidArgumentError("evaluate() needs inputs");
+  RETURN_IF_ERROR(CheckInputs(inputs, 0));
+  broken_ = true;
   for (auto& l : layers_) l->eval();
   std::vector<int64_t> sizes;
-  const auto mbs = Split(inputs, &sizes);
+  std::vector<TensorMap> mbs;
+  absl::Status st = TorchCall("splitting the batch", [&] { mbs = Split(inputs, &sizes); });
   const double denominator = static_cast<double>(inputs.begin()->second.size(0)) * map_.replicas();
   double loss = 0;
-  absl::Status st = RunPipeline(mbs, sizes, denominator, false, &loss);
+  if (st.ok()) st = RunPipeline(mbs, sizes, denominator, false, &loss);
   for (auto& l : layers_) l->train();
   RETURN_IF_ERROR(st);
   auto t = torch::tensor({is_last_stage() ? loss : 0.0}, torch::kDouble);
@@ -586,6 +700,7 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
     RETURN_IF_ERROR(AllReduceSum(groups_.data_parallel, v, timeout_));
   }
   if (groups_.pipeline) RETURN_IF_ERROR(AllReduceSum(groups_.pipeline, v, timeout_));
+  broken_ = false;
   return v[0].item<double>();
 }
 

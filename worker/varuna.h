@@ -92,8 +92,11 @@ class Varuna {
   Varuna(Model model, StageMap map, int rank, ProcessGroups groups, int64_t global_batch,
          int chunk_size, torch::Device device, VarunaOptions options);
   absl::Status Build(const TensorMap& dummy_inputs);
+  absl::Status BuildLocal();
+  absl::Status AgreeOnStartup(const absl::Status& local);
   absl::Status TieAtStart();
-  absl::Status DryRun(const TensorMap& dummy_inputs);
+  absl::Status DryRun(const TensorMap& dummy_inputs, bool ok_so_far);
+  absl::Status CheckInputs(const TensorMap& inputs, int64_t want) const;
   torch::Tensor StageForward(const torch::Tensor& x, const TensorMap& inputs);
   std::vector<TensorMap> Split(const TensorMap& inputs, std::vector<int64_t>* sizes) const;
   TensorSpec BoundarySpec(const std::vector<int64_t>& meta, int64_t batch) const;
@@ -115,6 +118,8 @@ class Varuna {
   int first_segment_ = 0, last_segment_ = 0;
   std::vector<std::string> layer_names_;
   std::vector<std::shared_ptr<Layer>> layers_;
+  std::vector<std::pair<std::string, torch::Tensor>> named_params_;
+  std::vector<torch::Tensor> params_;
   // Tied parameters on this stage: (tensor, is_second_copy, local partner or undefined).
   struct Tied {
     torch::Tensor param;
@@ -122,6 +127,7 @@ class Varuna {
     torch::Tensor local_partner;
   };
   std::vector<Tied> tied_;
+  std::vector<torch::Tensor> second_copies_;  // not counted twice in the gradient norm
   // Dry-run metadata: [ndim, dtype, shape@batch1..., shape@batch2...] of the input and output.
   std::vector<int64_t> in_meta_, out_meta_;
 
@@ -129,6 +135,7 @@ class Varuna {
   std::function<double(int64_t)> lr_fn_;
   DynamicLossScaler scaler_;
   int64_t iteration_ = 0;
+  bool broken_ = false;                 // a step failed midway: refuse further steps
   std::vector<torch::Tensor> buckets_;  // flat DP buffers, lazily sized
   double last_pipeline_s_ = 0, last_wait_s_ = 0;
 

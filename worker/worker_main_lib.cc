@@ -92,9 +92,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                      topo.global_batch, topo.micro_batch, torch::Device(torch::kCPU), opts));
   engine->set_optimizer(MakeOptimizer(spec.train, engine->named_parameters()));
   const TrainSpec train = spec.train;
-  engine->set_lr_schedule([train](int64_t step) {
+  auto lr_at = [train](int64_t step) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
-  });
+  };
+  engine->set_lr_schedule(lr_at);
 
   const int64_t B = topo.global_batch;
   for (int64_t step = 1; step <= topo.steps; ++step) {
@@ -103,8 +104,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
         data.Batch((step - 1) * B + topo.replica * topo.per_replica_batch, topo.per_replica_batch);
     ASSIGN_OR_RETURN(StepResult r, engine->step(batch));
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double lr =
-        LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
+    const double lr = lr_at(step);
     if (writes_metrics) {
       metrics << absl::StrFormat(
                      "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "

@@ -76,8 +76,12 @@ TEST(LaunchArgsTest, MapMustMatchWorldAndStages) {
   EXPECT_THAT(ResolveTopology(a, &s4, 6, Env({{"WORLD_SIZE", "4"}})),
               StatusIs(absl::StatusCode::kInvalidArgument, "parallel.stages=4 disagrees"));
   JobSpec s2 = Spec(2, 15);
-  EXPECT_THAT(ResolveTopology(a, &s2, 6, Env({{"WORLD_SIZE", "4"}})),
+  EXPECT_THAT(ResolveTopology(a, &s2, 6, Env({{"WORLD_SIZE", "4"}, {"RANK", "1"}})),
               StatusIs(absl::StatusCode::kInvalidArgument, "not divisible"));
+  // Without a rank every process would think it is rank 0 and host the store.
+  JobSpec s3 = Spec(2, 16);
+  EXPECT_THAT(ResolveTopology(a, &s3, 6, Env({{"WORLD_SIZE", "4"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "set RANK"));
   a.stage_to_rank_map = "0;1;2;3;";
   JobSpec s0 = Spec(0, 16);
   EXPECT_THAT(ResolveTopology(a, &s0, 3, Env({{"WORLD_SIZE", "4"}})),

@@ -7,6 +7,7 @@ Run from the build directory:
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,22 @@ class TorchScriptTest(unittest.TestCase):
         self.assertEqual(runs["varuna"], runs["1f1b"])
         clean = self.run_config(self.job("nodrop", self.export()), 2, 1).losses()
         self.assertNotEqual(runs["varuna"][0], clean[0])
+
+    def test_one_stage_failing_at_start_up_stops_every_rank_quickly(self):
+        # The last segment is corrupt: only stage 1 can notice, when it builds its layers.
+        good = self.export()
+        bad = os.path.join(self.tmp, "gpt_ts_corrupt")
+        shutil.copytree(good, bad, dirs_exist_ok=True)
+        last = os.path.join(bad, f"segment_{SHAPE['layers'] + 1}.pt")
+        with open(last, "wb") as f:
+            f.write(b"not a torchscript archive")
+        job = self.job("corrupt", bad, parallel={"timeout_s": 120})
+        t0 = time.time()
+        res = harness.run_workers(2, ["--job", job, "--stage_to_rank_map", "0;1;"], timeout=100)
+        self.assertLess(time.time() - t0, 30, "ranks waited for the timeout")
+        self.assertTrue(all(rc not in (0, -9) for rc in res.returncodes), res.returncodes)
+        self.assertIn(last, res.outputs[1].strip().splitlines()[-1])
+        self.assertIn("another rank failed", res.outputs[0].strip().splitlines()[-1])
 
     def test_missing_segment_0_is_an_error_naming_the_path(self):
         empty = os.path.join(self.tmp, "empty_model")
