@@ -8,7 +8,6 @@
 
 #include <iostream>
 
-#include "common/launch_args.h"
 #include "common/logging.h"
 #include "worker/varuna.h"
 
@@ -47,40 +46,23 @@ int main(int argc, char** argv) {
       .Add(varuna::CutPoint{})
       .Add("out", 1, [] { return std::make_shared<Dense>(64, 1, true); });
 
-  auto map = varuna::StageMap::Parse(map_text);
-  if (!map.ok()) {
-    std::cerr << "error: " << map.status().message() << "\n";
-    return 1;
-  }
-  varuna::WorkerArgs args;
-  args.stage_to_rank_map = map_text;
-  varuna::JobSpec spec;
-  spec.train.global_batch = 32;
-  auto topo = varuna::ResolveTopology(args, &spec, model.num_segments(), varuna::GetEnv);
-  if (!topo.ok()) {
-    std::cerr << "error: " << topo.status().message() << "\n";
-    return 1;
-  }
-  auto groups = varuna::CreateProcessGroups(*topo, false, std::chrono::seconds(60));
-  if (!groups.ok()) {
-    std::cerr << "error: " << groups.status().message() << "\n";
-    return 1;
-  }
   // Every rank draws the same data stream; each replica takes its slice.
   auto make_batch = [](int64_t step, int64_t n) {
     torch::manual_seed(1000 + step);
     auto x = torch::randn({n, 16});
     return varuna::TensorMap{{"x", x}, {"target", 0.25 * x.sum(1, true)}};
   };
-  auto engine = varuna::Varuna::Create(model, *map, topo->rank, std::move(*groups),
-                                       make_batch(0, 2), 32, 8, torch::kCPU, {});
+  // The seed's constructor: model, stage_to_rank_map, dummy inputs, global batch, chunk size,
+  // precision (and local rank, device, shared weights). Rank and rendezvous: torchrun env.
+  auto engine = varuna::Varuna::Create(model, map_text, make_batch(0, 2), /*batch_size=*/32,
+                                       /*chunk_size=*/8, varuna::Precision::kFp32);
   if (!engine.ok()) {
     std::cerr << "error: " << engine.status().message() << "\n";
     return 1;
   }
   auto& v = **engine;
   v.set_optimizer(std::make_shared<torch::optim::Adam>(v.parameters(), 1e-2));
-  const int64_t share = 32 / map->replicas();
+  const int64_t share = 32 / v.replicas();
   for (int64_t step = 1; step <= 50; ++step) {
     auto full = make_batch(step, 32);
     varuna::TensorMap mine;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/launch_args.h"
 #include "common/logging.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
@@ -100,6 +101,30 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
                                        global_batch, chunk_size, device, options));
   RETURN_IF_ERROR(v->Build(dummy_inputs));
   return v;
+}
+
+absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
+    Model model, const std::string& stage_to_rank_map, const TensorMap& dummy_inputs,
+    int64_t batch_size, int chunk_size, Precision precision, int local_rank, torch::Device device,
+    const std::vector<std::pair<std::string, std::string>>& shared_weights, VarunaOptions options) {
+  for (const auto& [a, b] : shared_weights) model.Tie(a, b);
+  WorkerArgs args;
+  args.stage_to_rank_map = stage_to_rank_map;
+  if (local_rank >= 0) args.local_rank = local_rank;
+  args.chunk_size = chunk_size;
+  JobSpec spec;
+  spec.train.global_batch = batch_size;
+  ASSIGN_OR_RETURN(WorkerTopology topo, ResolveTopology(args, &spec, model.num_segments(), GetEnv));
+  if (device.is_cuda() && !device.has_index()) {
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
+  }
+  options.precision = precision;
+  ASSIGN_OR_RETURN(ProcessGroups groups,
+                   CreateProcessGroups(
+                       topo, !model.tied().empty(),
+                       std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3))));
+  return Create(std::move(model), topo.map, topo.rank, std::move(groups), dummy_inputs,
+                topo.global_batch, topo.micro_batch, device, options);
 }
 
 // Note [Start-up agreement]: start-up has steps that can fail on one rank only (a bad layer, a
@@ -456,7 +481,7 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
             *loss_partial += out.item<double>();
             if (train) graphs[m] = {x, out * scale};
           } else {
-            act_tx_->Send(out.detach().contiguous());
+            act_tx_->Send(out.detach().to(torch::kCPU).contiguous());
             if (train && t.keep_graph) graphs[m] = {x, out};
           }
           break;
@@ -494,7 +519,7 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
           if (grad_tx_) {
             torch::Tensor gx = g.input.grad();
             if (!gx.defined()) gx = torch::zeros_like(g.input);
-            grad_tx_->Send(gx.contiguous());
+            grad_tx_->Send(gx.to(torch::kCPU).contiguous());
           }
           break;
         }

@@ -4,8 +4,8 @@
 //
 // Usage (see examples/train_custom.cc):
 //   varuna::Model model = ...;                      // layers + CutPoints + Tie()
-//   auto v = varuna::Varuna::Create(model, map, rank, groups, dummy_inputs,
-//                                   global_batch, chunk_size, device, options);
+//   auto v = varuna::Varuna::Create(model, stage_to_rank_map, dummy_inputs,
+//                                   global_batch, chunk_size);   // torchrun environment
 //   (*v)->set_optimizer(std::make_shared<torch::optim::AdamW>((*v)->parameters(), ...));
 //   auto r = (*v)->step(per_replica_inputs);        // {loss, overflow, grad_norm}
 //
@@ -42,6 +42,7 @@ struct VarunaOptions {
   double init_loss_scale = 65536;
   int64_t loss_scale_window = 1000;
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
+  double timeout_s = 300;           // rendezvous, p2p and collectives (seed-style Create only)
 };
 
 struct StepResult {
@@ -59,6 +60,16 @@ class Varuna {
   static absl::StatusOr<std::unique_ptr<Varuna>> Create(
       Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
       int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options);
+  // The seed API's shape: rank, WORLD_SIZE and the rendezvous come from the torchrun
+  // environment (RANK, MASTER_ADDR, MASTER_PORT); the process groups are created here.
+  // `batch_size` is the global batch, `chunk_size` the micro-batch; `shared_weights` are
+  // pairs of parameter names to tie (added to the model's own Tie() pairs).
+  static absl::StatusOr<std::unique_ptr<Varuna>> Create(
+      Model model, const std::string& stage_to_rank_map, const TensorMap& dummy_inputs,
+      int64_t batch_size, int chunk_size, Precision precision = Precision::kFp32,
+      int local_rank = -1, torch::Device device = torch::kCPU,
+      const std::vector<std::pair<std::string, std::string>>& shared_weights = {},
+      VarunaOptions options = {});
   ~Varuna();
 
   // This stage's parameters (for the optimizer), and with their model-wide names.
@@ -80,6 +91,7 @@ class Varuna {
   int stage() const { return stage_; }
   int stages() const { return map_.stages(); }
   int replica() const { return map_.ReplicaOf(rank_); }
+  int replicas() const { return map_.replicas(); }
   bool is_last_stage() const { return stage_ == map_.stages() - 1; }
   // First and one-past-last segment index of this stage.
   std::pair<int, int> segment_range() const { return {first_segment_, last_segment_}; }
