@@ -36,7 +36,7 @@ absl::StatusOr<int> EnvInt(const EnvGetter& env, const std::string& name, int fa
 
 std::string WorkerUsage() {
   return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S] [--metrics_out FILE]\n"
-         "                     [--metrics_all_ranks]\n"
+         "                     [--metrics_all_ranks] [--resume_step latest|N]\n"
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
          "                     [--batch-size=PER_REPLICA_BATCH]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
@@ -79,6 +79,14 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       ASSIGN_OR_RETURN(args.job_path, take());
     } else if (flag == "stage_to_rank_map") {
       ASSIGN_OR_RETURN(args.stage_to_rank_map, take());
+    } else if (flag == "resume_step") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      int64_t n = 0;
+      if (v != "latest" && (!absl::SimpleAtoi(v, &n) || n < 0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --resume_step needs 'latest' or a step number, got '", v, "'"));
+      }
+      args.resume_step = v;
     } else if (flag == "metrics_out") {
       ASSIGN_OR_RETURN(args.metrics_out, take());
     } else if (flag == "steps") {

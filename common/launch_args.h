@@ -23,6 +23,9 @@ struct WorkerArgs {
   std::string metrics_out;
   bool metrics_all_ranks = false;  // every rank writes <metrics_out>.rank<R> (benchmarks)
   std::optional<int64_t> steps;
+  // --resume_step: "latest" (newest complete checkpoint, or start fresh if there is none) or
+  // a step number. Empty: start fresh.
+  std::optional<std::string> resume_step;
   std::optional<int> rank;
   std::optional<int> local_rank;
   std::optional<int> chunk_size;

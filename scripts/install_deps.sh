@@ -8,7 +8,7 @@ PACKAGES=(
   libtorch-dev python3-torch
   libabsl-dev libyaml-cpp-dev libgoogle-glog-dev libgflags-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev zlib1g-dev
   fortunes fortunes-min
   clang-format
 )

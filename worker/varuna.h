@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -86,6 +87,16 @@ class Varuna {
   absl::StatusOr<StepResult> step(const TensorMap& inputs);
   // Mean loss over `inputs` (this replica's share), averaged over all replicas; no update.
   absl::StatusOr<double> evaluate(const TensorMap& inputs);
+
+  // Writes this rank's part of DIR/varuna_ckpt_<iteration()> (docs/checkpoints.md): replica 0
+  // of each stage writes its layers' files and its manifest + marker; rank 0 also writes
+  // common.json, with `info` added as string fields (the worker records the job spec there).
+  absl::Status checkpoint(const std::string& dir,
+                          const std::map<std::string, std::string>& info = {});
+  // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,
+  // whatever configuration wrote it: parameters, buffers, optimizer state, loss scaler, step.
+  // Call after set_optimizer(). Returns the step it resumes after.
+  absl::StatusOr<int64_t> load_checkpoint(const std::string& ckpt_path);
 
   int64_t iteration() const { return iteration_; }
   int stage() const { return stage_; }

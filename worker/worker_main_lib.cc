@@ -3,9 +3,13 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
+
+#include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/checkpoint_store.h"
 #include "common/launch_args.h"
 #include "common/logging.h"
 #include "common/lr_schedule.h"
@@ -97,8 +101,41 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   };
   engine->set_lr_schedule(lr_at);
 
+  // Note [Resume]: the checkpoint records the model spec; a different one is refused. The
+  // global batch is checked by the engine. Data position = step, so nothing else is needed.
+  const std::string model_spec =
+      absl::StrFormat("kind=%s layers=%d d_model=%d heads=%d seq_len=%d vocab=%d path=%s",
+                      spec.model.kind, spec.model.layers, spec.model.d_model, spec.model.heads,
+                      spec.model.seq_len, spec.model.vocab, spec.model.path);
+  const std::string& ckpt_dir = spec.checkpoint.dir;
+  int64_t first_step = 1;
+  if (args.resume_step) {
+    if (ckpt_dir.empty()) {
+      return absl::InvalidArgumentError("--resume_step needs checkpoint.dir in the job spec");
+    }
+    std::optional<int64_t> requested;
+    if (*args.resume_step != "latest") requested = std::stoll(*args.resume_step);
+    ASSIGN_OR_RETURN(std::optional<int64_t> resume, ResolveResumeStep(ckpt_dir, requested));
+    if (resume) {
+      const std::string path = CheckpointPath(ckpt_dir, *resume);
+      YAML::Node common = YAML::LoadFile(path + "/common.json");
+      const std::string written =
+          common["model_spec"] ? common["model_spec"].as<std::string>() : "";
+      if (written != model_spec) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint ", path, " has model '", written, "' but the job has '", model_spec, "'"));
+      }
+      ASSIGN_OR_RETURN(int64_t step, engine->load_checkpoint(path));
+      first_step = step + 1;
+    } else {
+      LOG(INFO) << who << " no checkpoint in " << ckpt_dir << "; starting fresh";
+    }
+  }
+  const std::map<std::string, std::string> ckpt_info = {{"model_spec", model_spec},
+                                                        {"job_name", spec.name}};
+
   const int64_t B = topo.global_batch;
-  for (int64_t step = 1; step <= topo.steps; ++step) {
+  for (int64_t step = first_step; step <= topo.steps; ++step) {
     const auto t0 = Clock::now();
     TensorMap batch =
         data.Batch((step - 1) * B + topo.replica * topo.per_replica_batch, topo.per_replica_batch);
@@ -124,6 +161,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                   << " step_time_s=" << absl::StrFormat("%.3f", dt)
                   << (r.overflow ? " overflow=skipped" : "");
       }
+    }
+    if (!ckpt_dir.empty() && spec.checkpoint.every_steps > 0 &&
+        step % spec.checkpoint.every_steps == 0) {
+      RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info));
     }
   }
   // Held-out evaluation: one global batch from far beyond any training index.

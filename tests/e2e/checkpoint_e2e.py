@@ -1,0 +1,112 @@
+"""End-to-end tests of checkpoints: exact resume on any configuration, damage, refusal.
+
+Run from the build directory: python3 ../tests/e2e/checkpoint_e2e.py [TestClass]
+"""
+
+import os
+import shutil
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+import harness  # noqa: E402
+from worker_e2e import Fixture  # noqa: E402
+
+
+class CheckpointFixture(Fixture):
+    def ckpt_job(self, name, ckpt_dir, every, steps, model=None, train=None):
+        extra = f"checkpoint: {{dir: {ckpt_dir}, every_steps: {every}}}\n"
+        return self.job(name, model=model, train={"steps": steps, **(train or {})}, extra=extra)
+
+    def copy_ckpt(self, src_dir, step, name):
+        dst = os.path.join(self.tmp, name)
+        shutil.rmtree(dst, ignore_errors=True)
+        os.makedirs(dst)
+        for s in ([step] if isinstance(step, int) else step):
+            shutil.copytree(os.path.join(src_dir, f"varuna_ckpt_{s}"),
+                            os.path.join(dst, f"varuna_ckpt_{s}"))
+        return dst
+
+
+class ExactResumeTest(CheckpointFixture):
+    def test_resume_on_same_and_other_configs(self):
+        src = os.path.join(self.tmp, "ck_src")
+        full = self.run_config(self.ckpt_job("full", src, 4, 8), 2, 2).losses()
+        self.assertEqual(len(full), 8)
+        for p, d in [(2, 2), (1, 1), (4, 1), (1, 2), (2, 1)]:
+            dst = self.copy_ckpt(src, 4, f"ck_{p}x{d}")
+            res = self.run_config(self.ckpt_job(f"res_{p}x{d}", dst, 4, 8), p, d,
+                                  extra=["--resume_step", "latest"])
+            got = res.losses()
+            self.assertEqual([m["step"] for m in res.metrics], [5, 6, 7, 8])
+            if (p, d) == (2, 2):
+                self.assertEqual(got, full[4:], "same config must be bit-identical")
+            else:
+                self.assertClose(got, full[4:], 1e-4, f"resume on {p}x{d}")
+
+    def test_no_checkpoint_starts_fresh_and_changed_spec_is_refused(self):
+        empty = os.path.join(self.tmp, "ck_empty")
+        res = self.run_config(self.ckpt_job("fresh", empty, 0, 2), 1, 1,
+                              extra=["--resume_step", "latest"])
+        self.assertEqual([m["step"] for m in res.metrics], [1, 2])
+        src = os.path.join(self.tmp, "ck_spec")
+        self.run_config(self.ckpt_job("spec", src, 2, 2), 1, 1)
+        wider = self.ckpt_job("wider", src, 2, 4, model={"d_model": 64})
+        bad = harness.run_workers(1, ["--job", wider, "--resume_step", "latest"])
+        self.assertFalse(bad.ok)
+        self.assertIn("d_model=32", bad.outputs[0].strip().splitlines()[-1])
+        bigger = self.ckpt_job("bigger", src, 2, 4, train={"global_batch": 16})
+        bad = harness.run_workers(1, ["--job", bigger, "--resume_step", "latest"])
+        self.assertFalse(bad.ok)
+        self.assertIn("global batch 8", bad.outputs[0].strip().splitlines()[-1])
+
+
+class DamageTest(CheckpointFixture):
+    """A damaged newest checkpoint is skipped (with a log line naming it and why) and the
+    previous complete one is used; the run then continues exactly."""
+
+    def test_damage_falls_back_to_previous(self):
+        src = os.path.join(self.tmp, "ck_dmg")
+        full = self.run_config(self.ckpt_job("dmg_full", src, 2, 6), 2, 1).losses()
+
+        def flip(path):
+            with open(path, "r+b") as f:
+                f.seek(200)
+                b = f.read(1)
+                f.seek(200)
+                f.write(bytes([b[0] ^ 0xFF]))
+
+        def truncate(path):
+            with open(path, "r+b") as f:
+                f.truncate(os.path.getsize(path) // 2)
+
+        damages = {
+            "flipped": ("layers/blocks.1.pt", flip, "checksum"),
+            "truncated": ("layers/head.pt", truncate, "bytes, manifest says"),
+            "no_marker": ("complete.rank1", os.remove, "never finished"),
+            "no_file": ("layers/embed.pt", os.remove, "missing file"),
+        }
+        for name, (rel, damage, reason) in damages.items():
+            dst = self.copy_ckpt(src, [2, 4], "ck_" + name)
+            damage(os.path.join(dst, "varuna_ckpt_4", rel))
+            res = self.run_config(self.ckpt_job("dmg_" + name, dst, 0, 6), 2, 1,
+                                  extra=["--resume_step", "latest"])
+            log = res.outputs[0]
+            self.assertIn("skipping checkpoint", log, name)
+            self.assertIn("varuna_ckpt_4", log, name)
+            self.assertIn(reason, log, name)
+            self.assertEqual([m["step"] for m in res.metrics], [3, 4, 5, 6], name)
+            self.assertEqual(res.losses(), full[2:], name)
+
+    def test_only_incomplete_checkpoints_is_an_error(self):
+        src = os.path.join(self.tmp, "ck_inc")
+        self.run_config(self.ckpt_job("inc", src, 2, 2), 1, 1)
+        os.remove(os.path.join(src, "varuna_ckpt_2", "complete.rank0"))
+        res = harness.run_workers(1, ["--job", self.ckpt_job("inc2", src, 2, 4),
+                                      "--resume_step", "latest"])
+        self.assertFalse(res.ok)
+        self.assertIn("none is complete", res.outputs[0].strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    unittest.main()

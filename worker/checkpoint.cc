@@ -1,0 +1,183 @@
+// Varuna::checkpoint / load_checkpoint: per-layer files keyed by parameter name, so any
+// (P', D', micro-batch) can load what any configuration wrote. Layout: common/checkpoint_store.h.
+
+#include <torch/serialize.h>
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/checkpoint_store.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/torch_status.h"
+#include "worker/varuna.h"
+
+namespace varuna {
+namespace {
+
+std::string StateKey(const torch::Tensor& p) {
+  return c10::guts::to_string(p.unsafeGetTensorImpl());
+}
+
+// Optimizer state of one parameter as named tensors ("<kind>.<field>").
+void SaveOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
+                        const std::string& name, c10::Dict<std::string, at::Tensor>* out) {
+  auto it = opt.state().find(StateKey(p));
+  if (it == opt.state().end()) return;
+  auto* s = it->second.get();
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+    out->insert("opt." + name + ".step", torch::tensor(a->step()));
+    out->insert("opt." + name + ".exp_avg", a->exp_avg().cpu());
+    out->insert("opt." + name + ".exp_avg_sq", a->exp_avg_sq().cpu());
+  } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+    out->insert("opt." + name + ".step", torch::tensor(b->step()));
+    out->insert("opt." + name + ".exp_avg", b->exp_avg().cpu());
+    out->insert("opt." + name + ".exp_avg_sq", b->exp_avg_sq().cpu());
+  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+    if (g->momentum_buffer().defined()) {
+      out->insert("opt." + name + ".momentum_buffer", g->momentum_buffer().cpu());
+    }
+  }
+}
+
+void LoadOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
+                        const std::string& name, const c10::Dict<std::string, at::Tensor>& in) {
+  const std::string prefix = "opt." + name + ".";
+  auto get = [&](const std::string& field) -> torch::Tensor {
+    auto it = in.find(prefix + field);
+    return it == in.end() ? torch::Tensor() : it->value().to(p.device()).clone();
+  };
+  const torch::Tensor step = get("step"), avg = get("exp_avg"), sq = get("exp_avg_sq");
+  const torch::Tensor mom = get("momentum_buffer");
+  if (dynamic_cast<torch::optim::AdamW*>(&opt) && avg.defined()) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(step.item<int64_t>()).exp_avg(avg).exp_avg_sq(sq);
+    opt.state()[StateKey(p)] = std::move(s);
+  } else if (dynamic_cast<torch::optim::Adam*>(&opt) && avg.defined()) {
+    auto s = std::make_unique<torch::optim::AdamParamState>();
+    s->step(step.item<int64_t>()).exp_avg(avg).exp_avg_sq(sq);
+    opt.state()[StateKey(p)] = std::move(s);
+  } else if (dynamic_cast<torch::optim::SGD*>(&opt) && mom.defined()) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(mom);
+    opt.state()[StateKey(p)] = std::move(s);
+  }
+}
+
+std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+}  // namespace
+
+absl::Status Varuna::checkpoint(const std::string& dir,
+                                const std::map<std::string, std::string>& info) {
+  if (!optimizer_) return absl::FailedPreconditionError("checkpoint() before set_optimizer()");
+  const std::string path = CheckpointPath(dir, iteration_);
+  std::error_code ec;
+  std::filesystem::create_directories(path + "/layers", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
+  const bool writer = replica() == 0;
+  std::vector<FileDigest> written;
+  if (writer) {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      std::string bytes;
+      RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing layer ", layer_names_[i]), [&] {
+        c10::Dict<std::string, at::Tensor> d;
+        for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+          d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat));
+          SaveOptimizerState(*optimizer_, p.value(), p.key(), &d);
+        }
+        for (const auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+          d.insert("buffer." + b.key(), b.value().detach().cpu());
+        }
+        bytes = ToBytes(torch::pickle_save(d));
+      }));
+      const std::string rel = absl::StrCat("layers/", layer_names_[i], ".pt");
+      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, rank_));
+      written.push_back(DigestBytes(rel, bytes));
+    }
+  }
+  if (rank_ == 0) {
+    std::string json = absl::StrFormat(
+        "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
+        " \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"loss_scale\": %.17g,\n"
+        " \"clean_steps\": %d,\n \"writers\": [",
+        iteration_, global_batch_, map_.stages(), map_.replicas(), chunk_size_, map_.ToString(),
+        scaler_.scale(), scaler_.clean_steps());
+    for (int s = 0; s < map_.stages(); ++s)
+      absl::StrAppend(&json, s ? ", " : "", map_.RankOf(s, 0));
+    json += "],\n \"layers\": [";
+    for (size_t i = 0; i < model_.layers().size(); ++i) {
+      absl::StrAppend(&json, i ? ", " : "", "\"", model_.layers()[i].name, "\"");
+    }
+    json += "]";
+    for (const auto& [k, v] : info) {
+      std::string escaped;
+      for (char c : v) {
+        if (c == '"' || c == '\\') escaped += '\\';
+        escaped += c == '\n' ? ' ' : c;
+      }
+      absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
+    }
+    json += "}\n";
+    RETURN_IF_ERROR(WriteFileAtomic(path + "/common.json", json, rank_));
+    written.push_back(DigestBytes("common.json", json));
+  }
+  if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank_, written));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
+  if (!optimizer_) return absl::FailedPreconditionError("load_checkpoint() before set_optimizer()");
+  YAML::Node common;
+  try {
+    common = YAML::LoadFile(ckpt_path + "/common.json");
+  } catch (const YAML::Exception& e) {
+    return absl::DataLossError(absl::StrCat(ckpt_path, "/common.json: ", e.what()));
+  }
+  const int64_t step = common["step"].as<int64_t>();
+  const int64_t batch = common["global_batch"].as<int64_t>();
+  if (batch != global_batch_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", ckpt_path, " was written with global batch ", batch,
+                     "; this run has ", global_batch_, " (it must not change across a resume)"));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string file = absl::StrCat(ckpt_path, "/layers/", layer_names_[i], ".pt");
+    std::ifstream f(file, std::ios::binary);
+    if (!f) return absl::DataLossError(absl::StrCat("missing ", file));
+    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", file), [&]() -> absl::Status {
+      auto d = torch::pickle_load(bytes).toGenericDict();
+      c10::Dict<std::string, at::Tensor> in;
+      for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
+      torch::NoGradGuard g;
+      for (auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+        auto it = in.find("param." + p.key());
+        if (it == in.end() || !it->value().sizes().equals(p.value().sizes())) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              file, " has no parameter '", p.key(), "' of shape ", c10::str(p.value().sizes()),
+              ": the model spec differs from the one that wrote the checkpoint"));
+        }
+        p.value().copy_(it->value());
+        LoadOptimizerState(*optimizer_, p.value(), p.key(), in);
+      }
+      for (auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+        auto it = in.find("buffer." + b.key());
+        if (it != in.end()) b.value().copy_(it->value());
+      }
+      return absl::OkStatus();
+    }));
+  }
+  scaler_.Restore(common["loss_scale"].as<double>(), common["clean_steps"].as<int64_t>());
+  iteration_ = step;
+  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
+            << common["stages"].as<int>() << "x" << common["replicas"].as<int>() << ", step "
+            << step << ")";
+  return step;
+}
+
+}  // namespace varuna
