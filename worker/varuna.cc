@@ -574,7 +574,7 @@ absl::Status Varuna::ReduceTiedGradients() {
 // Note [Data-parallel reduction]: gradients of this stage are packed into flat buckets and
 // sum-all-reduced over the stage's replicas (the loss was already divided by the global batch,
 // so the sum is the mean gradient). The last stage's partial loss is summed in the same call.
-absl::Status Varuna::ReduceDataParallel(double* loss_partial) {
+absl::Status Varuna::ReduceDataParallel(double* loss_partial, double* stop) {
   if (!groups_.data_parallel) return absl::OkStatus();
   const auto& params = params_;
   const bool last = is_last_stage();
@@ -604,9 +604,10 @@ absl::Status Varuna::ReduceDataParallel(double* loss_partial) {
     }
     // The last stage's partial loss rides along in the same call, in double precision.
     std::vector<torch::Tensor> tensors = buckets_;
-    if (last) tensors.push_back(torch::tensor({*loss_partial}, torch::kDouble));
+    tensors.push_back(torch::tensor({last ? *loss_partial : 0.0, *stop}, torch::kDouble));
     RETURN_IF_ERROR(AllReduceSum(groups_.data_parallel, tensors, timeout_));
-    if (last) *loss_partial = tensors.back().item<double>();
+    if (last) *loss_partial = tensors.back()[0].item<double>();
+    *stop = tensors.back()[1].item<double>();
     for (size_t b = 0; b < groups.size(); ++b) {
       int64_t off = 0;
       for (int i : groups[b]) {
@@ -656,7 +657,12 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     }
   }));
   RETURN_IF_ERROR(ReduceTiedGradients());
-  RETURN_IF_ERROR(ReduceDataParallel(&loss));
+  // Note [Stop agreement]: the stop flag rides on the data-parallel sum (OR over the stage's
+  // replicas) and then on the pipeline meta sum (OR over stages): every rank learns whether
+  // any rank asked to stop, after the same step, with no extra collective.
+  double stop =
+      (stop_requested_.load() || (options_.stop_flag && options_.stop_flag->load())) ? 1.0 : 0.0;
+  RETURN_IF_ERROR(ReduceDataParallel(&loss, &stop));
 
   StepResult result;
   absl::Status st = TorchCall("optimizer step", [&]() -> absl::Status {
@@ -674,9 +680,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     }
     const double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
     const bool local_overflow = !std::isfinite(norm_sq);
-    auto meta = torch::tensor(
-        {local_overflow ? 1.0 : 0.0, local_overflow ? 0.0 : norm_sq, is_last_stage() ? loss : 0.0},
-        torch::kDouble);
+    auto meta = torch::tensor({local_overflow ? 1.0 : 0.0, local_overflow ? 0.0 : norm_sq,
+                               is_last_stage() ? loss : 0.0, stop},
+                              torch::kDouble);
     if (groups_.pipeline) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(groups_.pipeline, v, timeout_));
@@ -684,6 +690,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     result.overflow = meta[0].item<double>() > 0;
     result.grad_norm = std::sqrt(meta[1].item<double>());
     result.loss = meta[2].item<double>();
+    result.stop = meta[3].item<double>() > 0;
     const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
     if (!skip) {
       if (options_.clip_grad_norm > 0) {

@@ -15,6 +15,7 @@
 
 #include <torch/torch.h>
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -44,12 +45,17 @@ struct VarunaOptions {
   int64_t loss_scale_window = 1000;
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
   double timeout_s = 300;           // rendezvous, p2p and collectives (seed-style Create only)
+  // Polled once per step; true asks to stop (e.g. set from a SIGUSR1 handler). Optional.
+  const std::atomic<bool>* stop_flag = nullptr;
 };
 
 struct StepResult {
   double loss = 0;        // mean over the global batch
   bool overflow = false;  // non-finite gradients somewhere: the update was skipped
   double grad_norm = 0;   // global L2 norm before clipping (unscaled)
+  // Some rank asked to stop (request_stop(), SIGUSR1 in varuna-worker): every rank sees the
+  // same value after the same step, so all checkpoint the same step and stop together.
+  bool stop = false;
 };
 
 class Varuna {
@@ -98,6 +104,10 @@ class Varuna {
   // Call after set_optimizer(). Returns the step it resumes after.
   absl::StatusOr<int64_t> load_checkpoint(const std::string& ckpt_path);
 
+  // Asks every rank to stop after the step in progress (or the next one): StepResult::stop.
+  // Async-signal-safe; callable from any thread.
+  void request_stop() { stop_requested_.store(true); }
+
   int64_t iteration() const { return iteration_; }
   int stage() const { return stage_; }
   int stages() const { return map_.stages(); }
@@ -126,7 +136,7 @@ class Varuna {
   absl::Status RunPipeline(const std::vector<TensorMap>& mbs, const std::vector<int64_t>& sizes,
                            double weight_denominator, bool train, double* loss_partial);
   absl::Status ReduceTiedGradients();
-  absl::Status ReduceDataParallel(double* loss_partial);
+  absl::Status ReduceDataParallel(double* loss_partial, double* stop);
 
   Model model_;
   StageMap map_;
@@ -158,7 +168,8 @@ class Varuna {
   std::function<double(int64_t)> lr_fn_;
   DynamicLossScaler scaler_;
   int64_t iteration_ = 0;
-  bool broken_ = false;                 // a step failed midway: refuse further steps
+  bool broken_ = false;  // a step failed midway: refuse further steps
+  std::atomic<bool> stop_requested_{false};
   std::vector<torch::Tensor> buckets_;  // flat DP buffers, lazily sized
   double last_pipeline_s_ = 0, last_wait_s_ = 0;
 

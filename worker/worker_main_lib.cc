@@ -1,5 +1,7 @@
 #include "worker/worker_main_lib.h"
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -20,6 +22,10 @@
 
 namespace varuna {
 namespace {
+
+// Set by SIGUSR1 (Varuna's contract): finish the step, checkpoint, exit 0.
+std::atomic<bool> g_stop_requested{false};
+void OnSigusr1(int) { g_stop_requested.store(true); }
 
 using Clock = std::chrono::steady_clock;
 
@@ -90,6 +96,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   opts.clip_grad_norm = spec.train.clip_grad_norm;
   opts.init_loss_scale = spec.train.init_loss_scale;
   opts.loss_scale_window = spec.train.loss_scale_window;
+  opts.stop_flag = &g_stop_requested;
+  std::signal(SIGUSR1, OnSigusr1);
   ASSIGN_OR_RETURN(
       auto engine,
       Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups), data.Batch(0, 2),
@@ -162,9 +170,16 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                   << (r.overflow ? " overflow=skipped" : "");
       }
     }
-    if (!ckpt_dir.empty() && spec.checkpoint.every_steps > 0 &&
-        step % spec.checkpoint.every_steps == 0) {
+    const bool periodic =
+        spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
+    if (!ckpt_dir.empty() && (periodic || r.stop)) {
       RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info));
+    }
+    if (r.stop) {
+      LOG(INFO) << who << " stop requested: "
+                << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
+                << " step=" << step << "; exiting";
+      return absl::OkStatus();
     }
   }
   // Held-out evaluation: one global batch from far beyond any training index.

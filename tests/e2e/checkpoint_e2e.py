@@ -5,7 +5,9 @@ Run from the build directory: python3 ../tests/e2e/checkpoint_e2e.py [TestClass]
 
 import os
 import shutil
+import signal
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -106,6 +108,44 @@ class DamageTest(CheckpointFixture):
                                       "--resume_step", "latest"])
         self.assertFalse(res.ok)
         self.assertIn("none is complete", res.outputs[0].strip().splitlines()[-1])
+
+
+class SignalTest(CheckpointFixture):
+    """SIGUSR1 to all ranks mid-run: every rank checkpoints the same step and exits 0 within
+    seconds; the run resumes from it on another configuration."""
+
+    def test_sigusr1_checkpoints_one_agreed_step_and_resumes_elsewhere(self):
+        ck = os.path.join(self.tmp, "ck_sig")
+        job = self.ckpt_job("sig", ck, 0, 1000)
+        t0 = time.time()
+        procs, logs, metrics = harness.start_workers(
+            4, ["--job", job, "--stage_to_rank_map", harness.stage_map(2, 2)])
+        while time.time() - t0 < 120:
+            if os.path.exists(metrics):
+                with open(metrics) as f:
+                    if sum(1 for _ in f) >= 3:
+                        break
+            time.sleep(0.2)
+        # Signals reach the ranks at slightly different moments, mid-step.
+        for i, p in enumerate(procs):
+            p.send_signal(signal.SIGUSR1)
+            time.sleep(0.05 * i)
+        t_sig = time.time()
+        res = harness.wait_workers(procs, logs, metrics, 60, t0)
+        self.assertEqual(res.returncodes, [0, 0, 0, 0], "\n".join(res.outputs))
+        self.assertLess(time.time() - t_sig, 20)
+        stopped = res.metrics[-1]["step"]
+        self.assertLess(stopped, 1000)
+        steps = [int(d.rsplit("_", 1)[1]) for d in os.listdir(ck)]
+        self.assertEqual(steps, [stopped], "every rank must checkpoint the same step")
+        self.assertTrue(all(f"step={stopped}" in out for out in res.outputs))
+        # Resume on 1 stage x 2 replicas, compare with an uninterrupted 2x2 run.
+        end = stopped + 2
+        resumed = self.run_config(self.ckpt_job("sig_res", ck, 0, end), 1, 2,
+                                  extra=["--resume_step", "latest"])
+        self.assertEqual([m["step"] for m in resumed.metrics], [stopped + 1, end])
+        ref = self.run_config(self.job("sig_ref", train={"steps": end}), 2, 2).losses()
+        self.assertClose(resumed.losses(), ref[stopped:], 1e-4, "resume after SIGUSR1")
 
 
 if __name__ == "__main__":

@@ -68,13 +68,12 @@ class RunResult:
         return [m["loss"] for m in self.metrics]
 
 
-def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
-    """Starts `world` ranks with the torchrun environment; returns a RunResult."""
+def start_workers(world, args, env_extra=None, cmd=None):
+    """Starts `world` ranks with the torchrun environment; returns (procs, logs, metrics)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="varuna-e2e-")
     metrics = os.path.join(tmp, "metrics.jsonl")
     procs, logs = [], []
-    t0 = time.time()
     for r in range(world):
         env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env_extra or {}))
@@ -82,6 +81,11 @@ def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
         logs.append(log)
         full = (cmd or [WORKER]) + list(args) + ["--metrics_out", metrics]
         procs.append(subprocess.Popen(full, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return procs, logs, metrics
+
+
+def wait_workers(procs, logs, metrics, timeout, t0):
+    """Waits for all ranks (killing every rank after `timeout` s); returns a RunResult."""
     deadline = t0 + timeout
     codes = []
     for p in procs:
@@ -105,6 +109,13 @@ def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
         with open(metrics) as f:
             rows = [json.loads(line) for line in f if line.strip()]
     return RunResult(codes, outputs, rows, time.time() - t0, metrics)
+
+
+def run_workers(world, args, timeout=300, env_extra=None, cmd=None):
+    """Runs `world` ranks to completion; returns a RunResult."""
+    t0 = time.time()
+    procs, logs, metrics = start_workers(world, args, env_extra, cmd)
+    return wait_workers(procs, logs, metrics, timeout, t0)
 
 
 def stage_map(stages, replicas):
