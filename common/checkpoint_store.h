@@ -42,7 +42,14 @@ absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
 
 // Returns OK if the checkpoint at `ckpt_path` is complete and undamaged; otherwise a status
 // whose message names the first problem (missing marker, missing file, size, checksum, ...).
-absl::Status VerifyCheckpoint(const std::string& ckpt_path);
+// With checksums=false only presence and sizes are checked (cheap; for retention).
+absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums = true);
+
+// Retention: keeps the newest `keep` complete checkpoints under `dir` and deletes every
+// checkpoint older than the oldest one kept. Newer incomplete ones (maybe still being
+// written) are left alone; the newest complete one is never deleted. keep <= 0: no-op.
+// Returns the deleted steps.
+std::vector<int64_t> PruneCheckpoints(const std::string& dir, int keep);
 
 // Steps of all varuna_ckpt_<step> directories under `dir`, newest first.
 std::vector<int64_t> ListCheckpointSteps(const std::string& dir);

@@ -174,6 +174,11 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
         spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
     if (!ckpt_dir.empty() && (periodic || r.stop)) {
       RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info));
+      if (topo.rank == 0) {
+        for (int64_t old : PruneCheckpoints(ckpt_dir, spec.checkpoint.keep)) {
+          LOG(INFO) << who << " deleted old checkpoint " << CheckpointPath(ckpt_dir, old);
+        }
+      }
     }
     if (r.stop) {
       LOG(INFO) << who << " stop requested: "
