@@ -72,13 +72,23 @@ std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), 
 
 }  // namespace
 
+// Note [Background upload]: with a tempdir, files are serialized on the training thread (a
+// consistent snapshot), written to local disk, and copied to `dir` by a background thread
+// that writes the manifest and marker only after every file landed (and was fsynced).
+// Training continues meanwhile; the next checkpoint (or WaitForCheckpoint) waits for it.
 absl::Status Varuna::checkpoint(const std::string& dir,
-                                const std::map<std::string, std::string>& info) {
+                                const std::map<std::string, std::string>& info,
+                                const std::string& tempdir) {
   if (!optimizer_) return absl::FailedPreconditionError("checkpoint() before set_optimizer()");
+  RETURN_IF_ERROR(WaitForCheckpoint());
   const std::string path = CheckpointPath(dir, iteration_);
+  const std::string stage_path =
+      tempdir.empty() ? path : absl::StrCat(CheckpointPath(tempdir, iteration_), ".rank", rank_);
   std::error_code ec;
-  std::filesystem::create_directories(path + "/layers", ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
+  for (const std::string& p : {path, stage_path}) {
+    std::filesystem::create_directories(p + "/layers", ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
+  }
   const bool writer = replica() == 0;
   std::vector<FileDigest> written;
   if (writer) {
@@ -96,7 +106,7 @@ absl::Status Varuna::checkpoint(const std::string& dir,
         bytes = ToBytes(torch::pickle_save(d));
       }));
       const std::string rel = absl::StrCat("layers/", layer_names_[i], ".pt");
-      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, rank_));
+      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(stage_path, "/", rel), bytes, rank_));
       written.push_back(DigestBytes(rel, bytes));
     }
   }
@@ -123,11 +133,43 @@ absl::Status Varuna::checkpoint(const std::string& dir,
       absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
     }
     json += "}\n";
-    RETURN_IF_ERROR(WriteFileAtomic(path + "/common.json", json, rank_));
+    RETURN_IF_ERROR(WriteFileAtomic(stage_path + "/common.json", json, rank_));
     written.push_back(DigestBytes("common.json", json));
   }
-  if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank_, written));
+  if (tempdir.empty()) {
+    if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank_, written));
+    return absl::OkStatus();
+  }
+  const int rank = rank_;
+  upload_ = std::thread([this, path, stage_path, written, writer, rank] {
+    absl::Status st = [&]() -> absl::Status {
+      for (const FileDigest& f : written) {
+        std::ifstream in(absl::StrCat(stage_path, "/", f.path), std::ios::binary);
+        std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        // The local copy is checked against the digest taken from memory before upload.
+        if (DigestBytes(f.path, bytes).crc32 != f.crc32) {
+          return absl::DataLossError(absl::StrCat("local copy of ", f.path, " was corrupted"));
+        }
+        RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", f.path), bytes, rank));
+      }
+      if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank, written));
+      return absl::OkStatus();
+    }();
+    std::error_code ec;
+    std::filesystem::remove_all(stage_path, ec);
+    if (!st.ok()) LOG(ERROR) << "rank=" << rank << " checkpoint upload failed: " << st;
+    std::lock_guard<std::mutex> l(upload_mu_);
+    upload_status_ = st;
+  });
   return absl::OkStatus();
+}
+
+absl::Status Varuna::WaitForCheckpoint() {
+  if (upload_.joinable()) upload_.join();
+  std::lock_guard<std::mutex> l(upload_mu_);
+  absl::Status st = upload_status_;
+  upload_status_ = absl::OkStatus();
+  return st;
 }
 
 absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {

@@ -87,7 +87,9 @@ Varuna::Varuna(Model model, StageMap map, int rank, ProcessGroups groups, int64_
       timeout_(groups_.timeout),
       scaler_(options.init_loss_scale, options.loss_scale_window) {}
 
-Varuna::~Varuna() = default;
+Varuna::~Varuna() {
+  if (upload_.joinable()) upload_.join();
+}
 
 absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
     Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,

@@ -20,7 +20,9 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -97,8 +99,13 @@ class Varuna {
   // Writes this rank's part of DIR/varuna_ckpt_<iteration()> (docs/checkpoints.md): replica 0
   // of each stage writes its layers' files and its manifest + marker; rank 0 also writes
   // common.json, with `info` added as string fields (the worker records the job spec there).
+  // With `tempdir`, files go to local disk first and a background thread uploads them to
+  // `dir` (markers last); training continues. Call WaitForCheckpoint() before exiting.
   absl::Status checkpoint(const std::string& dir,
-                          const std::map<std::string, std::string>& info = {});
+                          const std::map<std::string, std::string>& info = {},
+                          const std::string& tempdir = "");
+  // Waits for a background upload; returns its outcome (OK if none was running).
+  absl::Status WaitForCheckpoint();
   // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,
   // whatever configuration wrote it: parameters, buffers, optimizer state, loss scaler, step.
   // Call after set_optimizer(). Returns the step it resumes after.
@@ -170,6 +177,9 @@ class Varuna {
   int64_t iteration_ = 0;
   bool broken_ = false;  // a step failed midway: refuse further steps
   std::atomic<bool> stop_requested_{false};
+  std::thread upload_;  // background checkpoint upload (Note [Background upload])
+  std::mutex upload_mu_;
+  absl::Status upload_status_;
   std::vector<torch::Tensor> buckets_;  // flat DP buffers, lazily sized
   double last_pipeline_s_ = 0, last_wait_s_ = 0;
 

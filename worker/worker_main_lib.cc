@@ -173,7 +173,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     const bool periodic =
         spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
     if (!ckpt_dir.empty() && (periodic || r.stop)) {
-      RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info));
+      RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info, spec.checkpoint.tempdir));
       if (topo.rank == 0) {
         for (int64_t old : PruneCheckpoints(ckpt_dir, spec.checkpoint.keep)) {
           LOG(INFO) << who << " deleted old checkpoint " << CheckpointPath(ckpt_dir, old);
@@ -181,12 +181,14 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       }
     }
     if (r.stop) {
+      RETURN_IF_ERROR(engine->WaitForCheckpoint());
       LOG(INFO) << who << " stop requested: "
                 << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
                 << " step=" << step << "; exiting";
       return absl::OkStatus();
     }
   }
+  RETURN_IF_ERROR(engine->WaitForCheckpoint());
   // Held-out evaluation: one global batch from far beyond any training index.
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
   ASSIGN_OR_RETURN(double eval_loss, engine->evaluate(data.Batch(

@@ -47,6 +47,20 @@ class ExactResumeTest(CheckpointFixture):
             else:
                 self.assertClose(got, full[4:], 1e-4, f"resume on {p}x{d}")
 
+    def test_background_upload_from_tempdir(self):
+        ck = os.path.join(self.tmp, "ck_up")
+        tmpdir = os.path.join(self.tmp, "ck_up_local")
+        job = self.job("up", train={"steps": 6},
+                       extra=f"checkpoint: {{dir: {ck}, every_steps: 2, tempdir: {tmpdir}}}\n")
+        full = self.run_config(job, 2, 2).losses()
+        self.assertEqual(sorted(os.listdir(ck)),
+                         ["varuna_ckpt_2", "varuna_ckpt_4", "varuna_ckpt_6"])
+        self.assertEqual(os.listdir(tmpdir), [], "local copies are removed after upload")
+        dst = self.copy_ckpt(ck, 4, "ck_up_resume")
+        res = self.run_config(self.ckpt_job("up_res", dst, 0, 6), 2, 1,
+                              extra=["--resume_step", "latest"])
+        self.assertClose(res.losses(), full[4:], 1e-4, "resume after background upload")
+
     def test_no_checkpoint_starts_fresh_and_changed_spec_is_refused(self):
         empty = os.path.join(self.tmp, "ck_empty")
         res = self.run_config(self.ckpt_job("fresh", empty, 0, 2), 1, 1,
