@@ -31,15 +31,15 @@ void SaveOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
   auto* s = it->second.get();
   if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
     out->insert("opt." + name + ".step", torch::tensor(a->step()));
-    out->insert("opt." + name + ".exp_avg", a->exp_avg().cpu());
-    out->insert("opt." + name + ".exp_avg_sq", a->exp_avg_sq().cpu());
+    out->insert("opt." + name + ".exp_avg", a->exp_avg().cpu().clone());
+    out->insert("opt." + name + ".exp_avg_sq", a->exp_avg_sq().cpu().clone());
   } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(s)) {
     out->insert("opt." + name + ".step", torch::tensor(b->step()));
-    out->insert("opt." + name + ".exp_avg", b->exp_avg().cpu());
-    out->insert("opt." + name + ".exp_avg_sq", b->exp_avg_sq().cpu());
+    out->insert("opt." + name + ".exp_avg", b->exp_avg().cpu().clone());
+    out->insert("opt." + name + ".exp_avg_sq", b->exp_avg_sq().cpu().clone());
   } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
     if (g->momentum_buffer().defined()) {
-      out->insert("opt." + name + ".momentum_buffer", g->momentum_buffer().cpu());
+      out->insert("opt." + name + ".momentum_buffer", g->momentum_buffer().cpu().clone());
     }
   }
 }
@@ -72,10 +72,11 @@ std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), 
 
 }  // namespace
 
-// Note [Background upload]: with a tempdir, files are serialized on the training thread (a
-// consistent snapshot), written to local disk, and copied to `dir` by a background thread
-// that writes the manifest and marker only after every file landed (and was fsynced).
-// Training continues meanwhile; the next checkpoint (or WaitForCheckpoint) waits for it.
+// Note [Background upload]: the training thread only snapshots the state (tensor copies, a
+// few hundred MB/s of memcpy). Serialization, the local write and, with a tempdir, the copy to
+// `dir` run on a background thread, which writes the manifest and marker only after every
+// file landed and was fsynced. Training continues meanwhile; the next checkpoint (or
+// WaitForCheckpoint) waits for it. Without a tempdir the same work runs inline.
 absl::Status Varuna::checkpoint(const std::string& dir,
                                 const std::map<std::string, std::string>& info,
                                 const std::string& tempdir) {
@@ -90,35 +91,33 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
   }
   const bool writer = replica() == 0;
-  std::vector<FileDigest> written;
+  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
   if (writer) {
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      std::string bytes;
-      RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing layer ", layer_names_[i]), [&] {
+    RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
+      for (size_t i = 0; i < layers_.size(); ++i) {
         c10::Dict<std::string, at::Tensor> d;
         for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
-          d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat));
+          d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
           SaveOptimizerState(*optimizer_, p.value(), p.key(), &d);
         }
         for (const auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
-          d.insert("buffer." + b.key(), b.value().detach().cpu());
+          d.insert("buffer." + b.key(), b.value().detach().cpu().clone());
         }
-        bytes = ToBytes(torch::pickle_save(d));
-      }));
-      const std::string rel = absl::StrCat("layers/", layer_names_[i], ".pt");
-      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(stage_path, "/", rel), bytes, rank_));
-      written.push_back(DigestBytes(rel, bytes));
-    }
+        snapshot.emplace_back(absl::StrCat("layers/", layer_names_[i], ".pt"), std::move(d));
+      }
+    }));
   }
+  std::string json;
   if (rank_ == 0) {
-    std::string json = absl::StrFormat(
+    json = absl::StrFormat(
         "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
         " \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"loss_scale\": %.17g,\n"
         " \"clean_steps\": %d,\n \"writers\": [",
         iteration_, global_batch_, map_.stages(), map_.replicas(), chunk_size_, map_.ToString(),
         scaler_.scale(), scaler_.clean_steps());
-    for (int s = 0; s < map_.stages(); ++s)
+    for (int s = 0; s < map_.stages(); ++s) {
       absl::StrAppend(&json, s ? ", " : "", map_.RankOf(s, 0));
+    }
     json += "],\n \"layers\": [";
     for (size_t i = 0; i < model_.layers().size(); ++i) {
       absl::StrAppend(&json, i ? ", " : "", "\"", model_.layers()[i].name, "\"");
@@ -133,16 +132,24 @@ absl::Status Varuna::checkpoint(const std::string& dir,
       absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
     }
     json += "}\n";
-    RETURN_IF_ERROR(WriteFileAtomic(stage_path + "/common.json", json, rank_));
-    written.push_back(DigestBytes("common.json", json));
-  }
-  if (tempdir.empty()) {
-    if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank_, written));
-    return absl::OkStatus();
   }
   const int rank = rank_;
-  upload_ = std::thread([this, path, stage_path, written, writer, rank] {
-    absl::Status st = [&]() -> absl::Status {
+  const bool upload = !tempdir.empty();
+  auto write_all = [path, stage_path, writer, rank, upload, json,
+                    snapshot = std::move(snapshot)]() -> absl::Status {
+    std::vector<FileDigest> written;
+    for (const auto& [rel, dict] : snapshot) {
+      std::string bytes;
+      RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
+                                [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
+      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(stage_path, "/", rel), bytes, rank));
+      written.push_back(DigestBytes(rel, bytes));
+    }
+    if (!json.empty()) {
+      RETURN_IF_ERROR(WriteFileAtomic(stage_path + "/common.json", json, rank));
+      written.push_back(DigestBytes("common.json", json));
+    }
+    if (upload) {
       for (const FileDigest& f : written) {
         std::ifstream in(absl::StrCat(stage_path, "/", f.path), std::ios::binary);
         std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -152,9 +159,13 @@ absl::Status Varuna::checkpoint(const std::string& dir,
         }
         RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", f.path), bytes, rank));
       }
-      if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank, written));
-      return absl::OkStatus();
-    }();
+    }
+    if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank, written));
+    return absl::OkStatus();
+  };
+  if (!upload) return write_all();
+  upload_ = std::thread([this, write_all = std::move(write_all), stage_path, rank] {
+    absl::Status st = write_all();
     std::error_code ec;
     std::filesystem::remove_all(stage_path, ec);
     if (!st.ok()) LOG(ERROR) << "rank=" << rank << " checkpoint upload failed: " << st;

@@ -173,7 +173,11 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     const bool periodic =
         spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
     if (!ckpt_dir.empty() && (periodic || r.stop)) {
+      const auto c0 = Clock::now();
       RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info, spec.checkpoint.tempdir));
+      LOG(INFO) << who << " checkpoint step=" << step << " blocked training for "
+                << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
+                << " s" << (spec.checkpoint.tempdir.empty() ? "" : " (upload continues)");
       if (topo.rank == 0) {
         for (int64_t old : PruneCheckpoints(ckpt_dir, spec.checkpoint.keep)) {
           LOG(INFO) << who << " deleted old checkpoint " << CheckpointPath(ckpt_dir, old);
