@@ -4,6 +4,7 @@
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -79,7 +80,7 @@ std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), 
 // WaitForCheckpoint) waits for it. Without a tempdir the same work runs inline.
 absl::Status Varuna::checkpoint(const std::string& dir,
                                 const std::map<std::string, std::string>& info,
-                                const std::string& tempdir) {
+                                const std::string& tempdir, bool shard) {
   if (!optimizer_) return absl::FailedPreconditionError("checkpoint() before set_optimizer()");
   RETURN_IF_ERROR(WaitForCheckpoint());
   const std::string path = CheckpointPath(dir, iteration_);
@@ -90,11 +91,32 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     std::filesystem::create_directories(p + "/layers", ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
   }
-  const bool writer = replica() == 0;
+  // Note [Sharded writes]: with shard, the stage's layers are spread over its replicas by
+  // bytes (largest first, to the least-loaded replica, ties to the lower one). Every replica
+  // of the stage holds the same layers, so each computes the same assignment locally.
+  std::vector<bool> mine(layers_.size(), replica() == 0);
+  if (shard) {
+    std::vector<int64_t> bytes(layers_.size(), 0);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      for (const auto& p : layers_[i]->parameters()) bytes[i] += p.numel() * 4;
+    }
+    std::vector<size_t> order(layers_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+    std::vector<int64_t> load(map_.replicas(), 0);
+    for (size_t i : order) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += bytes[i];
+      mine[i] = r == replica();
+    }
+  }
+  const bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
   if (writer) {
     RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
       for (size_t i = 0; i < layers_.size(); ++i) {
+        if (!mine[i]) continue;
         c10::Dict<std::string, at::Tensor> d;
         for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
           d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
@@ -115,8 +137,15 @@ absl::Status Varuna::checkpoint(const std::string& dir,
         " \"clean_steps\": %d,\n \"writers\": [",
         iteration_, global_batch_, map_.stages(), map_.replicas(), chunk_size_, map_.ToString(),
         scaler_.scale(), scaler_.clean_steps());
+    // Writers: replica 0 of each stage, or with shard the first min(D, layers) replicas (the
+    // greedy assignment gives each of them at least one layer).
+    bool first = true;
     for (int s = 0; s < map_.stages(); ++s) {
-      absl::StrAppend(&json, s ? ", " : "", map_.RankOf(s, 0));
+      const int n = shard ? std::min(map_.replicas(), layers_per_stage_[s]) : 1;
+      for (int d = 0; d < n; ++d) {
+        absl::StrAppend(&json, first ? "" : ", ", map_.RankOf(s, d));
+        first = false;
+      }
     }
     json += "],\n \"layers\": [";
     for (size_t i = 0; i < model_.layers().size(); ++i) {

@@ -178,8 +178,12 @@ absl::Status Varuna::BuildLocal() {
   last_segment_ = bounds[stage_ + 1];
   // The stage owning each layer, and so each tied parameter "<layer name>.<param>".
   std::vector<int> stage_of_segment(segments.size());
+  layers_per_stage_.assign(map_.stages(), 0);
   for (int st = 0; st < map_.stages(); ++st) {
-    for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) stage_of_segment[sg] = st;
+    for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) {
+      stage_of_segment[sg] = st;
+      layers_per_stage_[st] += static_cast<int>(segments[sg].size());
+    }
   }
   auto owner = [&](const std::string& param) -> int {
     size_t best = 0;

@@ -101,9 +101,10 @@ class Varuna {
   // common.json, with `info` added as string fields (the worker records the job spec there).
   // With `tempdir`, files go to local disk first and a background thread uploads them to
   // `dir` (markers last); training continues. Call WaitForCheckpoint() before exiting.
+  // With `shard`, a stage's layer files are spread over its replicas, balanced by bytes.
   absl::Status checkpoint(const std::string& dir,
                           const std::map<std::string, std::string>& info = {},
-                          const std::string& tempdir = "");
+                          const std::string& tempdir = "", bool shard = false);
   // Waits for a background upload; returns its outcome (OK if none was running).
   absl::Status WaitForCheckpoint();
   // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,
@@ -156,6 +157,7 @@ class Varuna {
   std::chrono::milliseconds timeout_;
 
   int first_segment_ = 0, last_segment_ = 0;
+  std::vector<int> layers_per_stage_;  // number of model layers on each stage
   std::vector<std::string> layer_names_;
   std::vector<std::shared_ptr<Layer>> layers_;
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;

@@ -53,6 +53,8 @@ std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
 }
 
 absl::Status RunWorker(const std::vector<std::string>& argv) {
+  // Installed first: a SIGUSR1 during start-up must not kill the process (default action).
+  std::signal(SIGUSR1, OnSigusr1);
   ASSIGN_OR_RETURN(WorkerArgs args, ParseWorkerArgs(argv));
   if (args.help) {
     std::cout << WorkerUsage();
@@ -97,7 +99,6 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   opts.init_loss_scale = spec.train.init_loss_scale;
   opts.loss_scale_window = spec.train.loss_scale_window;
   opts.stop_flag = &g_stop_requested;
-  std::signal(SIGUSR1, OnSigusr1);
   ASSIGN_OR_RETURN(
       auto engine,
       Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups), data.Batch(0, 2),
@@ -174,7 +175,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
         spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
     if (!ckpt_dir.empty() && (periodic || r.stop)) {
       const auto c0 = Clock::now();
-      RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info, spec.checkpoint.tempdir));
+      RETURN_IF_ERROR(
+          engine->checkpoint(ckpt_dir, ckpt_info, spec.checkpoint.tempdir, spec.checkpoint.shard));
       LOG(INFO) << who << " checkpoint step=" << step << " blocked training for "
                 << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
                 << " s" << (spec.checkpoint.tempdir.empty() ? "" : " (upload continues)");

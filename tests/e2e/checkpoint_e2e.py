@@ -61,6 +61,20 @@ class ExactResumeTest(CheckpointFixture):
                               extra=["--resume_step", "latest"])
         self.assertClose(res.losses(), full[4:], 1e-4, "resume after background upload")
 
+    def test_sharded_writes_spread_over_replicas(self):
+        ck = os.path.join(self.tmp, "ck_shard")
+        job = self.job("shard", train={"steps": 6},
+                       extra=f"checkpoint: {{dir: {ck}, every_steps: 4, shard: true}}\n")
+        full = self.run_config(job, 2, 2).losses()
+        path = os.path.join(ck, "varuna_ckpt_4")
+        manifests = sorted(f for f in os.listdir(path) if f.startswith("manifest."))
+        # Both replicas of both stages write (ranks 0..3), each some of its stage's layers.
+        self.assertEqual(manifests, [f"manifest.rank{r}.json" for r in range(4)])
+        dst = self.copy_ckpt(ck, 4, "ck_shard_resume")
+        res = self.run_config(self.ckpt_job("shard_res", dst, 0, 6), 1, 1,
+                              extra=["--resume_step", "latest"])
+        self.assertClose(res.losses(), full[4:], 1e-4, "resume from a sharded checkpoint")
+
     def test_no_checkpoint_starts_fresh_and_changed_spec_is_refused(self):
         empty = os.path.join(self.tmp, "ck_empty")
         res = self.run_config(self.ckpt_job("fresh", empty, 0, 2), 1, 1,
