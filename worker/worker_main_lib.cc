@@ -67,6 +67,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(WorkerTopology topo, ResolveTopology(args, &spec, model.num_segments(), GetEnv));
   ASSIGN_OR_RETURN(SchedulePolicy policy, ParseSchedulePolicy(spec.parallel.schedule));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(spec.train.precision));
+  if (args.resume_step && spec.checkpoint.dir.empty()) {
+    return absl::InvalidArgumentError("--resume_step needs checkpoint.dir in the job spec");
+  }
   ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::Open(spec.data, spec.model.seq_len,
                                                          spec.model.vocab, spec.train.seed));
   const std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
@@ -119,9 +122,6 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   const std::string& ckpt_dir = spec.checkpoint.dir;
   int64_t first_step = 1;
   if (args.resume_step) {
-    if (ckpt_dir.empty()) {
-      return absl::InvalidArgumentError("--resume_step needs checkpoint.dir in the job spec");
-    }
     std::optional<int64_t> requested;
     if (*args.resume_step != "latest") requested = std::stoll(*args.resume_step);
     ASSIGN_OR_RETURN(std::optional<int64_t> resume, ResolveResumeStep(ckpt_dir, requested));

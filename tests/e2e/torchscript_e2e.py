@@ -16,6 +16,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
+from worker_e2e import Fixture  # noqa: E402
 
 PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch; not whatever is first on PATH
 EXPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
@@ -32,7 +33,7 @@ def torch_importable():
         return False
 
 
-class TorchScriptTest(unittest.TestCase):
+class TorchScriptTest(Fixture):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp(prefix="varuna-ts-test-")
@@ -65,19 +66,6 @@ class TorchScriptTest(unittest.TestCase):
                  "vocab": SHAPE["vocab"]}
         return harness.job_yaml(os.path.join(self.tmp, name + ".yaml"), self.data, model=model,
                                 **kw)
-
-    def run_config(self, job, stages, replicas):
-        res = harness.run_workers(stages * replicas,
-                                  ["--job", job, "--stage_to_rank_map",
-                                   harness.stage_map(stages, replicas)])
-        self.assertTrue(res.ok, f"P={stages} D={replicas} failed: {res.returncodes}\n" +
-                        "\n".join(o[-2000:] for o in res.outputs))
-        return res
-
-    def assertClose(self, got, want, rel, what):
-        self.assertEqual(len(got), len(want), what)
-        for i, (g, w) in enumerate(zip(got, want)):
-            self.assertLessEqual(abs(g - w), rel * abs(w), f"{what}: step {i + 1}: {g} vs {w}")
 
     def test_exported_model_trains(self):
         job = self.job("learn", self.export(), train={"steps": 30, "lr": 3e-3})

@@ -225,6 +225,7 @@ class BadInputTest(Fixture):
         nodata = harness.job_yaml(os.path.join(self.tmp, "nodata.yaml"), "/nonexistent/corpus")
         self.expect_error(["--job", nodata], "/nonexistent/corpus")
         self.expect_error(["--job", good, "--stage_to_rank_map", "0;1;", "--bogus"], "--bogus")
+        self.expect_error(["--job", good, "--resume_step", "latest"], "checkpoint.dir")
         mism = self.job("mism", parallel={"stages": 4})
         self.expect_error(["--job", mism, "--stage_to_rank_map", "0;1;"], "disagrees")
 
