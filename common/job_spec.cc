@@ -122,6 +122,7 @@ absl::Status JobSpec::Validate() const {
   if (train.loss_scale_window < 1) return Bad("train.loss_scale_window", "must be >= 1");
   if (parallel.stages < 0) return Bad("parallel.stages", "must be >= 1 or 'auto'");
   if (parallel.micro_batch < 0) return Bad("parallel.micro_batch", "must be >= 1 or 'auto'");
+  if (parallel.replicas < 0) return Bad("parallel.replicas", "must be >= 1 or 'auto'");
   RETURN_IF_ERROR(OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b"}));
   if (!(parallel.timeout_s > 0)) return Bad("parallel.timeout_s", "must be > 0");
   if (checkpoint.every_steps < 0) return Bad("checkpoint.every_steps", "must be >= 0");
@@ -136,6 +137,10 @@ absl::Status JobSpec::Validate() const {
 absl::Status JobSpec::ValidateFiles() const {
   std::ifstream f(data.path, std::ios::binary);
   if (!f) return absl::NotFoundError(absl::StrCat("data.path '", data.path, "' cannot be read"));
+  if (!env_file.empty()) {
+    std::ifstream e(env_file);
+    if (!e) return absl::NotFoundError(absl::StrCat("env_file '", env_file, "' cannot be read"));
+  }
   if (model.kind == "torchscript") {
     std::ifstream s(model.path + "/segment_0.pt", std::ios::binary);
     if (!s) {
@@ -223,14 +228,16 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
                                   .Field("loss_scale_window", &t.loss_scale_window)
                                   .Field("seed", &t.seed);
                             }))
-      .Sub("parallel", section("parallel",
-                               [&](MapReader& r) {
-                                 r.Sub("stages", AutoInt("parallel.stages", &spec.parallel.stages))
-                                     .Sub("micro_batch", AutoInt("parallel.micro_batch",
-                                                                 &spec.parallel.micro_batch))
-                                     .Field("schedule", &spec.parallel.schedule)
-                                     .Field("timeout_s", &spec.parallel.timeout_s);
-                               }))
+      .Sub("parallel",
+           section("parallel",
+                   [&](MapReader& r) {
+                     r.Sub("stages", AutoInt("parallel.stages", &spec.parallel.stages))
+                         .Sub("micro_batch",
+                              AutoInt("parallel.micro_batch", &spec.parallel.micro_batch))
+                         .Sub("replicas", AutoInt("parallel.replicas", &spec.parallel.replicas))
+                         .Field("schedule", &spec.parallel.schedule)
+                         .Field("timeout_s", &spec.parallel.timeout_s);
+                   }))
       .Sub("checkpoint", section("checkpoint",
                                  [&](MapReader& r) {
                                    r.Field("dir", &spec.checkpoint.dir)
@@ -245,7 +252,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
                                       .Field("max_slots", &spec.resources.max_slots);
                                 }))
       .Field("entrypoint", &spec.entrypoint)
-      .Field("env", &spec.env);
+      .Field("env", &spec.env)
+      .Field("env_file", &spec.env_file);
   RETURN_IF_ERROR(top.Read());
   RETURN_IF_ERROR(spec.Validate());
   return spec;

@@ -51,6 +51,7 @@ struct TrainSpec {
 struct ParallelSpec {
   int stages = 0;                   // 0 = auto
   int micro_batch = 0;              // 0 = auto
+  int replicas = 0;                 // data-parallel width; 0 = as many as the slots allow
   std::string schedule = "varuna";  // varuna | gpipe | 1f1b
   double timeout_s = 300;           // collective / p2p timeout
 };
@@ -78,6 +79,9 @@ struct JobSpec {
   ResourcesSpec resources;
   std::vector<std::string> entrypoint;
   std::map<std::string, std::string> env;
+  // KEY=VALUE lines added to env (env: entries win). varunactl reads it on the submitting
+  // machine and sends the merged env, so the manager normally sees this empty.
+  std::string env_file;
 
   // Cross-field rules (heads | d_model, text data needs vocab >= 256, ...). Does not touch
   // the filesystem; see ValidateFiles().

@@ -170,15 +170,7 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   }
   t.per_replica_batch = t.global_batch / replicas;
   if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
-  if (spec->parallel.micro_batch > 0) {
-    t.micro_batch =
-        static_cast<int>(std::min<int64_t>(spec->parallel.micro_batch, t.per_replica_batch));
-  } else {
-    // auto: about 4 micro-batches per stage keeps the bubble near (P-1)/(4P+P-1).
-    const int64_t target = 4 * t.map.stages();
-    t.micro_batch =
-        static_cast<int>(std::max<int64_t>(1, (t.per_replica_batch + target - 1) / target));
-  }
+  t.micro_batch = MicroBatchFor(spec->parallel.micro_batch, t.per_replica_batch, t.map.stages());
   if (args.steps) spec->train.steps = *args.steps;
   t.steps = spec->train.steps;
   if (auto a = env("MASTER_ADDR"); a && !a->empty()) t.master_addr = *a;
@@ -190,6 +182,13 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   t.store_is_external =
       agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
   return t;
+}
+
+int MicroBatchFor(int requested, int64_t per_replica_batch, int stages) {
+  if (requested > 0) return static_cast<int>(std::min<int64_t>(requested, per_replica_batch));
+  // auto: about 4 micro-batches per stage keeps the bubble near (P-1)/(4P+P-1).
+  const int64_t target = 4 * static_cast<int64_t>(stages);
+  return static_cast<int>(std::max<int64_t>(1, (per_replica_batch + target - 1) / target));
 }
 
 }  // namespace varuna

@@ -67,4 +67,8 @@ struct WorkerTopology {
 absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* spec,
                                                int num_segments, const EnvGetter& env);
 
+// The micro-batch size a rank uses: `requested` (spec or --chunk_size) capped at the
+// per-replica batch, or for requested == 0 (auto) about 4 micro-batches per stage.
+int MicroBatchFor(int requested, int64_t per_replica_batch, int stages);
+
 }  // namespace varuna

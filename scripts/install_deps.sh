@@ -5,10 +5,10 @@ set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ccache pkg-config git
-  libtorch-dev python3-torch
+  libtorch-dev libgloo-dev python3-torch
   libabsl-dev libyaml-cpp-dev libgoogle-glog-dev libgflags-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libgtest-dev libgmock-dev zlib1g-dev
+  libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   fortunes fortunes-min
   clang-format
 )

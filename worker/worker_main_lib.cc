@@ -144,6 +144,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                                                         {"job_name", spec.name}};
 
   const int64_t B = topo.global_batch;
+  const char* progress_env = std::getenv("VARUNA_PROGRESS_FILE");
+  const std::string progress_path = progress_env != nullptr ? progress_env : "";
   for (int64_t step = first_step; step <= topo.steps; ++step) {
     const auto t0 = Clock::now();
     TensorMap batch =
@@ -162,6 +164,17 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                      engine->loss_scale())
               << "\n";
       metrics.flush();
+    }
+    if (!progress_path.empty()) {
+      // Note [Progress]: the agent reads this file on every heartbeat; rename makes each
+      // update atomic, so it never sees a torn line.
+      std::ofstream p(progress_path + ".tmp", std::ios::trunc);
+      p << absl::StrFormat(
+          "{\"step\": %d, \"loss\": %.9g, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
+          "\"tokens_per_s\": %.1f}\n",
+          step, r.loss, dt, B / dt, B * spec.model.seq_len / dt);
+      p.close();
+      std::rename((progress_path + ".tmp").c_str(), progress_path.c_str());
     }
     if (topo.rank == 0 || metrics_rank) {
       if (step == 1 || step % 10 == 0 || step == topo.steps) {

@@ -1,0 +1,421 @@
+#include "agent/agent.h"
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <climits>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+extern char** environ;
+
+namespace varuna {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Asks the kernel for a free TCP port. Another process may take it before rank 0 binds it;
+// the window is a few milliseconds and the job then fails with a clear store error.
+absl::StatusOr<int> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return absl::InternalError("cannot find a free port");
+  }
+  const int port = ntohs(addr.sin_port);
+  close(fd);
+  return port;
+}
+
+std::map<std::string, std::string> AgentEnvironment() {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv(*e);
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string DescribeExit(int code, int sig) {
+  return sig != 0 ? absl::StrCat("signal ", sig) : absl::StrCat("code ", code);
+}
+
+}  // namespace
+
+absl::Status AgentConfig::Validate() const {
+  if (name.empty()) return absl::InvalidArgumentError("agent: --name must not be empty");
+  if (manager.empty()) return absl::InvalidArgumentError("agent: --manager HOST:PORT is required");
+  if (slots < 1) return absl::InvalidArgumentError("agent: --slots must be >= 1");
+  if (work_dir.empty()) return absl::InvalidArgumentError("agent: --work_dir is required");
+  if (heartbeat_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("agent: heartbeat period must be > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("agent config ", path, ": ", e.what()));
+  }
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat("agent config ", path, ": not a mapping"));
+  }
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    try {
+      if (key == "name") {
+        c->name = v.as<std::string>();
+      } else if (key == "manager") {
+        c->manager = v.as<std::string>();
+      } else if (key == "listen") {
+        c->listen = v.as<std::string>();
+      } else if (key == "advertise_host") {
+        c->advertise_host = v.as<std::string>();
+      } else if (key == "slots") {
+        c->slots = v.as<int>();
+      } else if (key == "work_dir") {
+        c->work_dir = v.as<std::string>();
+      } else if (key == "worker_binary") {
+        c->worker_binary = v.as<std::string>();
+      } else if (key == "labels") {
+        c->labels = v.as<std::map<std::string, std::string>>();
+      } else if (key == "heartbeat_period_s") {
+        c->heartbeat_period = absl::Seconds(v.as<double>());
+      } else if (key == "stop_grace_s") {
+        c->stop_grace = absl::Seconds(v.as<double>());
+      } else if (key == "rpc_timeout_s") {
+        c->rpc_timeout = absl::Seconds(v.as<double>());
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "agent config ", path, ": unknown key '", key,
+            "' (known: name, manager, listen, advertise_host, slots, work_dir, worker_binary, "
+            "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s)"));
+      }
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("agent config ", path, ": '", key, "' has an invalid value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Agent::Agent(AgentConfig config, Clock* clock, ProcessLauncher* launcher)
+    : config_(std::move(config)), clock_(clock), launcher_(launcher) {}
+
+std::string Agent::JobDir(const std::string& job_id) const {
+  return absl::StrCat(config_.work_dir, "/jobs/", job_id);
+}
+
+absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
+  const std::string who = absl::StrCat("job=", req.job_id(), " gen=", req.generation());
+  if (req.job_id().empty() || req.job_id().find('/') != std::string::npos ||
+      req.job_id().find("..") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("launch: bad job id '", req.job_id(), "'"));
+  }
+  if (req.generation() < 1) return absl::InvalidArgumentError("launch: generation must be >= 1");
+  if (req.ranks().empty()) return absl::InvalidArgumentError("launch: no ranks");
+  if (req.world_size() < 1) return absl::InvalidArgumentError("launch: world_size must be >= 1");
+  for (const auto& r : req.ranks()) {
+    if (r.rank() < 0 || r.rank() >= req.world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("launch: rank ", r.rank(), " outside world of ", req.world_size()));
+    }
+  }
+  if (req.spec_yaml().empty()) return absl::InvalidArgumentError("launch: empty job spec");
+  int& newest = newest_generation_[req.job_id()];
+  if (req.generation() < newest) {
+    return absl::FailedPreconditionError(absl::StrCat("launch ", who, " is stale: generation ",
+                                                      newest, " was already launched here"));
+  }
+  if (req.generation() > newest) {
+    // A new generation replaces whatever an older one left running.
+    SignalWorkers(req.job_id(), req.generation() - 1, SIGKILL, false, absl::ZeroDuration());
+    newest = req.generation();
+  }
+
+  v1::LaunchResponse resp;
+  const std::string port_key = absl::StrCat(req.job_id(), "/", req.generation());
+  int master_port = req.master_port();
+  if (master_port == 0) {
+    auto it = master_port_.find(port_key);
+    if (it != master_port_.end()) {
+      master_port = it->second;
+    } else {
+      ASSIGN_OR_RETURN(master_port, PickFreePort());
+      master_port_[port_key] = master_port;
+    }
+  }
+  resp.set_master_port(master_port);
+
+  const std::string job_dir = JobDir(req.job_id());
+  const std::string gen_dir = absl::StrCat(job_dir, "/gen", req.generation());
+  std::error_code ec;
+  fs::create_directories(gen_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("launch ", who, ": cannot create ", gen_dir, ": ", ec.message()));
+  }
+  const std::string spec_path = gen_dir + "/job.yaml";
+  {
+    std::ofstream f(spec_path, std::ios::trunc);
+    f << req.spec_yaml();
+    if (!f) return absl::InternalError(absl::StrCat("launch ", who, ": cannot write ", spec_path));
+  }
+
+  std::map<std::string, std::string> base_env = AgentEnvironment();
+  for (const auto& [k, v] : req.env()) base_env[k] = v;
+  if (!base_env.count("OMP_NUM_THREADS")) base_env["OMP_NUM_THREADS"] = "1";
+  base_env["WORLD_SIZE"] = absl::StrCat(req.world_size());
+  base_env["LOCAL_WORLD_SIZE"] = absl::StrCat(req.ranks_size());
+  base_env["MASTER_ADDR"] = req.master_addr();
+  base_env["MASTER_PORT"] = absl::StrCat(master_port);
+  base_env["TORCHELASTIC_RESTART_COUNT"] = absl::StrCat(req.generation() - 1);
+  base_env["VARUNA_JOB_ID"] = req.job_id();
+  base_env["VARUNA_JOB_NAME"] = req.job_name();
+  base_env["VARUNA_GENERATION"] = absl::StrCat(req.generation());
+  base_env["VARUNA_JOB_SPEC"] = spec_path;
+  base_env["VARUNA_NODE"] = config_.name;
+
+  int started = 0;
+  for (const auto& r : req.ranks()) {
+    const Key key{req.job_id(), r.rank()};
+    auto it = workers_.find(key);
+    if (it != workers_.end() && it->second.generation == req.generation()) continue;  // repeat
+
+    Worker w;
+    w.job_id = req.job_id();
+    w.generation = req.generation();
+    w.rank = r.rank();
+    w.log_path = absl::StrCat(job_dir, "/rank", r.rank(), ".log");
+    w.progress_path = absl::StrCat(gen_dir, "/progress.rank", r.rank());
+    fs::remove(w.progress_path, ec);
+
+    ProcessSpec spec;
+    spec.env = base_env;
+    spec.env["RANK"] = absl::StrCat(r.rank());
+    spec.env["LOCAL_RANK"] = absl::StrCat(r.local_rank());
+    spec.env["VARUNA_PROGRESS_FILE"] = w.progress_path;
+    if (req.entrypoint().empty()) {
+      spec.argv = {config_.worker_binary, "--job", spec_path};
+    } else {
+      spec.argv.assign(req.entrypoint().begin(), req.entrypoint().end());
+    }
+    // Varuna's launcher arguments (ARCHITECTURE "Job spec").
+    spec.argv.push_back(absl::StrCat("--rank=", r.rank()));
+    spec.argv.push_back(absl::StrCat("--local_rank=", r.local_rank()));
+    spec.argv.push_back(absl::StrCat("--stage_to_rank_map=", req.stage_to_rank_map()));
+    spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
+    spec.argv.push_back(absl::StrCat("--batch-size=", req.per_replica_batch()));
+    spec.log_path = w.log_path;
+    spec.cwd = gen_dir;
+    {
+      std::ofstream log(w.log_path, std::ios::app);
+      log << "==== varuna-agent " << config_.name << ": job " << req.job_id() << " generation "
+          << req.generation() << " rank " << r.rank() << " (local " << r.local_rank()
+          << "): " << absl::StrJoin(spec.argv, " ") << "\n";
+    }
+    auto pid = launcher_->Launch(spec);
+    if (!pid.ok()) {
+      return absl::Status(pid.status().code(),
+                          absl::StrCat("launch ", who, " rank ", r.rank(), " on node ",
+                                       config_.name, ": ", pid.status().message()));
+    }
+    w.pid = *pid;
+    w.running = true;
+    LOG(INFO) << who << " rank=" << r.rank() << " started pid=" << w.pid;
+    workers_[key] = std::move(w);
+    ++started;
+  }
+  if (started == 0) VLOG(1) << who << " repeated launch; nothing new";
+  return resp;
+}
+
+int Agent::SignalWorkers(const std::string& job_id, int max_generation, int sig, bool arm_kill,
+                         absl::Duration grace) {
+  int n = 0;
+  for (auto& [key, w] : workers_) {
+    if (key.first != job_id || !w.running || w.generation > max_generation) continue;
+    if (arm_kill && w.kill_at != absl::InfiniteFuture()) continue;  // already stopping
+    absl::Status s = launcher_->Signal(w.pid, sig);
+    if (!s.ok()) LOG(WARNING) << "job=" << job_id << " rank=" << w.rank << ": " << s.message();
+    if (arm_kill) w.kill_at = clock_->Now() + grace;
+    ++n;
+  }
+  return n;
+}
+
+v1::StopResponse Agent::Stop(const v1::StopRequest& req) {
+  const int max_gen = req.generation() == 0 ? INT_MAX : req.generation();
+  const absl::Duration grace =
+      req.grace_ms() > 0 ? absl::Milliseconds(req.grace_ms()) : config_.stop_grace;
+  v1::StopResponse resp;
+  resp.set_signalled(SignalWorkers(req.job_id(), max_gen, SIGTERM, true, grace));
+  if (resp.signalled() > 0) {
+    LOG(INFO) << "job=" << req.job_id() << " gen<=" << max_gen << " stopping " << resp.signalled()
+              << " workers (SIGKILL after " << grace << ")";
+  }
+  return resp;
+}
+
+v1::CheckpointResponse Agent::Checkpoint(const v1::CheckpointRequest& req) {
+  v1::CheckpointResponse resp;
+  int n = 0;
+  for (auto& [key, w] : workers_) {
+    if (key.first != req.job_id() || !w.running) continue;
+    if (req.generation() != 0 && w.generation != req.generation()) continue;
+    if (launcher_->Signal(w.pid, SIGUSR1).ok()) ++n;
+  }
+  LOG(INFO) << "job=" << req.job_id() << " gen=" << req.generation()
+            << " checkpoint requested from " << n << " workers (SIGUSR1)";
+  resp.set_signalled(n);
+  return resp;
+}
+
+absl::StatusOr<v1::FetchLogsResponse> Agent::FetchLogs(const v1::FetchLogsRequest& req) const {
+  if (req.job_id().empty() || req.job_id().find('/') != std::string::npos ||
+      req.job_id().find("..") != std::string::npos || req.rank() < 0) {
+    return absl::InvalidArgumentError("logs: bad job id or rank");
+  }
+  const std::string path = absl::StrCat(JobDir(req.job_id()), "/rank", req.rank(), ".log");
+  std::ifstream f(path, std::ios::binary);
+  if (!f) {
+    return absl::NotFoundError(absl::StrCat("no log for job ", req.job_id(), " rank ", req.rank(),
+                                            " on node ", config_.name));
+  }
+  f.seekg(0, std::ios::end);
+  const int64_t size = f.tellg();
+  const int64_t offset = std::clamp<int64_t>(req.offset(), 0, size);
+  const int64_t max = req.max_bytes() > 0 ? req.max_bytes() : (1 << 20);
+  const int64_t n = std::min<int64_t>(max, size - offset);
+  std::string data(n, '\0');
+  f.seekg(offset);
+  f.read(data.data(), n);
+  v1::FetchLogsResponse resp;
+  resp.set_data(std::move(data));
+  resp.set_next_offset(offset + n);
+  resp.set_size(size);
+  return resp;
+}
+
+void Agent::Reap() {
+  for (const ProcessExit& e : launcher_->Reap()) {
+    for (auto& [key, w] : workers_) {
+      if (w.pid != e.pid || !w.running) continue;
+      w.running = false;
+      w.exit_code = e.exit_code;
+      w.signal = e.signal;
+      LOG(INFO) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
+                << " exited with " << DescribeExit(e.exit_code, e.signal);
+      std::ofstream log(w.log_path, std::ios::app);
+      log << "==== varuna-agent " << config_.name << ": rank " << w.rank << " exited with "
+          << DescribeExit(e.exit_code, e.signal) << "\n";
+    }
+  }
+}
+
+void Agent::ReadProgress(const Worker& w, v1::StepMetrics* out) const {
+  std::ifstream f(w.progress_path);
+  if (!f) return;
+  std::string line;
+  std::getline(f, line);
+  if (line.empty()) return;
+  try {
+    YAML::Node n = YAML::Load(line);
+    if (n["step"]) out->set_step(n["step"].as<int64_t>());
+    if (n["loss"]) out->set_loss(n["loss"].as<double>());
+    if (n["step_time_s"]) out->set_step_time_s(n["step_time_s"].as<double>());
+    if (n["samples_per_s"]) out->set_samples_per_s(n["samples_per_s"].as<double>());
+    if (n["tokens_per_s"]) out->set_tokens_per_s(n["tokens_per_s"].as<double>());
+  } catch (const YAML::Exception&) {
+    // A torn read of a file being replaced: the next heartbeat has it.
+  }
+}
+
+v1::HeartbeatRequest Agent::BuildHeartbeat() {
+  Reap();
+  v1::HeartbeatRequest hb;
+  hb.set_name(config_.name);
+  for (const auto& [key, w] : workers_) {
+    v1::WorkerStatus* s = hb.add_workers();
+    s->set_job_id(w.job_id);
+    s->set_generation(w.generation);
+    s->set_rank(w.rank);
+    s->set_pid(w.pid);
+    s->set_state(w.running ? v1::WORKER_RUNNING : v1::WORKER_EXITED);
+    s->set_exit_code(w.exit_code);
+    s->set_signal(w.signal);
+    s->set_error(w.error);
+    ReadProgress(w, s->mutable_progress());
+  }
+  return hb;
+}
+
+void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
+  for (const v1::JobRef& ref : resp.stop()) {
+    v1::StopRequest stop;
+    stop.set_job_id(ref.job_id());
+    stop.set_generation(ref.generation());
+    Stop(stop);
+  }
+  for (const v1::JobRef& ref : resp.release()) {
+    const int max_gen = ref.generation() == 0 ? INT_MAX : ref.generation();
+    for (auto it = workers_.begin(); it != workers_.end();) {
+      const Worker& w = it->second;
+      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen) {
+        it = workers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+}
+
+void Agent::Tick() {
+  Reap();
+  const absl::Time now = clock_->Now();
+  for (auto& [key, w] : workers_) {
+    if (!w.running || w.kill_at > now) continue;
+    LOG(WARNING) << "job=" << w.job_id << " rank=" << w.rank << " pid=" << w.pid
+                 << " ignored SIGTERM for the grace period; SIGKILL";
+    launcher_->Signal(w.pid, SIGKILL).IgnoreError();
+    w.kill_at = now + absl::Seconds(5);
+  }
+}
+
+int Agent::StopAll() {
+  std::set<std::string> jobs;
+  for (const auto& [key, w] : workers_) jobs.insert(key.first);
+  int n = 0;
+  for (const auto& job : jobs) n += SignalWorkers(job, INT_MAX, SIGTERM, true, config_.stop_grace);
+  return n;
+}
+
+int Agent::running_workers() const {
+  int n = 0;
+  for (const auto& [key, w] : workers_) n += w.running ? 1 : 0;
+  return n;
+}
+
+}  // namespace varuna

@@ -1,0 +1,89 @@
+#pragma once
+
+// The agent's state machine: the workers of this machine. Runs on the agent's event loop
+// thread (every method), which the gRPC glue and the heartbeat thread post to.
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "agent/process_launcher.h"
+#include "common/clock.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+struct AgentConfig {
+  std::string name;     // node name; defaults to the hostname
+  std::string manager;  // host:port of varuna-manager
+  std::string listen = "0.0.0.0:0";
+  std::string advertise_host;  // host the manager and peers reach us at (wildcard listen)
+  int slots = 1;
+  std::string work_dir = "/var/lib/varuna-agent";
+  std::string worker_binary;  // default: varuna-worker next to varuna-agent
+  std::map<std::string, std::string> labels;
+  absl::Duration heartbeat_period = absl::Seconds(1);
+  absl::Duration stop_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
+  absl::Duration rpc_timeout = absl::Seconds(5);
+
+  absl::Status Validate() const;
+};
+
+// Reads an agent config file (YAML; keys as the fields above, durations in seconds as
+// *_s). Unknown keys are errors.
+absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* config);
+
+class Agent {
+ public:
+  Agent(AgentConfig config, Clock* clock, ProcessLauncher* launcher);
+
+  absl::StatusOr<v1::LaunchResponse> Launch(const v1::LaunchRequest& req);
+  v1::StopResponse Stop(const v1::StopRequest& req);
+  v1::CheckpointResponse Checkpoint(const v1::CheckpointRequest& req);
+  absl::StatusOr<v1::FetchLogsResponse> FetchLogs(const v1::FetchLogsRequest& req) const;
+
+  // Reaps, then describes every worker (running and exited-but-unreleased).
+  v1::HeartbeatRequest BuildHeartbeat();
+  void OnHeartbeatResponse(const v1::HeartbeatResponse& resp);
+  // Reaps exited workers and escalates overdue stops to SIGKILL.
+  void Tick();
+  // SIGTERM to every running worker (agent shutdown). Returns how many were signalled.
+  int StopAll();
+  int running_workers() const;
+
+  const AgentConfig& config() const { return config_; }
+
+ private:
+  struct Worker {
+    std::string job_id;
+    int generation = 0;
+    int rank = 0;
+    int pid = 0;
+    bool running = false;
+    int exit_code = 0;
+    int signal = 0;
+    std::string error;
+    std::string log_path;
+    std::string progress_path;
+    absl::Time kill_at = absl::InfiniteFuture();  // set once a stop was requested
+  };
+  using Key = std::pair<std::string, int>;  // job, rank
+
+  void Reap();
+  std::string JobDir(const std::string& job_id) const;
+  void ReadProgress(const Worker& w, v1::StepMetrics* out) const;
+  int SignalWorkers(const std::string& job_id, int max_generation, int sig, bool arm_kill,
+                    absl::Duration grace);
+
+  const AgentConfig config_;
+  Clock* const clock_;
+  ProcessLauncher* const launcher_;
+  std::map<Key, Worker> workers_;
+  std::map<std::string, int> newest_generation_;  // per job
+  std::map<std::string, int> master_port_;        // "job/gen" -> port chosen here
+};
+
+}  // namespace varuna

@@ -1,0 +1,193 @@
+#include "agent/agent_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+#include "glog/logging.h"
+
+namespace varuna {
+namespace {
+
+class GrpcManagerClient final : public ManagerClient {
+ public:
+  GrpcManagerClient(const std::string& address, absl::Duration timeout)
+      : address_(address),
+        timeout_(timeout),
+        stub_(v1::AgentRegistry::NewStub(MakeChannel(address))) {}
+
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, timeout_);
+    v1::RegisterResponse resp;
+    grpc::Status s = stub_->Register(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("manager ", address_));
+    return resp;
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, timeout_);
+    v1::HeartbeatResponse resp;
+    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("manager ", address_));
+    return resp;
+  }
+
+ private:
+  const std::string address_;
+  const absl::Duration timeout_;
+  std::unique_ptr<v1::AgentRegistry::Stub> stub_;
+};
+
+}  // namespace
+
+std::unique_ptr<ManagerClient> MakeGrpcManagerClient(const std::string& address,
+                                                     absl::Duration timeout) {
+  return std::make_unique<GrpcManagerClient>(address, timeout);
+}
+
+// AgentApi glue: each call runs on the agent's loop thread and finishes from there.
+class AgentServer::Service final : public v1::AgentApi::CallbackService {
+ public:
+  Service(EventLoop* loop, Agent* agent) : loop_(loop), agent_(agent) {}
+
+  grpc::ServerUnaryReactor* Launch(grpc::CallbackServerContext* ctx, const v1::LaunchRequest* req,
+                                   v1::LaunchResponse* resp) override {
+    return OnLoop(ctx, [=] {
+      auto r = agent_->Launch(*req);
+      if (r.ok()) *resp = *r;
+      return r.status();
+    });
+  }
+  grpc::ServerUnaryReactor* Stop(grpc::CallbackServerContext* ctx, const v1::StopRequest* req,
+                                 v1::StopResponse* resp) override {
+    return OnLoop(ctx, [=] {
+      *resp = agent_->Stop(*req);
+      return absl::OkStatus();
+    });
+  }
+  grpc::ServerUnaryReactor* Checkpoint(grpc::CallbackServerContext* ctx,
+                                       const v1::CheckpointRequest* req,
+                                       v1::CheckpointResponse* resp) override {
+    return OnLoop(ctx, [=] {
+      *resp = agent_->Checkpoint(*req);
+      return absl::OkStatus();
+    });
+  }
+  grpc::ServerUnaryReactor* FetchLogs(grpc::CallbackServerContext* ctx,
+                                      const v1::FetchLogsRequest* req,
+                                      v1::FetchLogsResponse* resp) override {
+    return OnLoop(ctx, [=] {
+      auto r = agent_->FetchLogs(*req);
+      if (r.ok()) *resp = *std::move(r);
+      return r.status();
+    });
+  }
+
+ private:
+  template <typename F>
+  grpc::ServerUnaryReactor* OnLoop(grpc::CallbackServerContext* ctx, F fn) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    loop_->Post([reactor, fn] { reactor->Finish(ToGrpcStatus(fn())); });
+    return reactor;
+  }
+
+  EventLoop* const loop_;
+  Agent* const agent_;
+};
+
+AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* launcher,
+                         std::unique_ptr<ManagerClient> manager, Options options)
+    : clock_(clock),
+      agent_(std::move(config), clock, launcher),
+      manager_(std::move(manager)),
+      options_(options),
+      loop_("agent", options.background_heartbeats ? options.tick_period : absl::ZeroDuration(),
+            [this] { agent_.Tick(); }) {}
+
+AgentServer::~AgentServer() { Shutdown(); }
+
+absl::Status AgentServer::Start() {
+  loop_.Start();
+  service_ = std::make_unique<Service>(&loop_, &agent_);
+  auto started =
+      StartServer(agent_.config().listen, {service_.get()}, agent_.config().advertise_host);
+  if (!started.ok()) return started.status();
+  server_ = std::move(started->server);
+  address_ = started->address;
+  LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
+            << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
+  if (options_.background_heartbeats) hb_thread_ = std::thread([this] { HeartbeatLoop(); });
+  return absl::OkStatus();
+}
+
+void AgentServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(hb_mu_);
+    if (hb_stop_) return;
+    hb_stop_ = true;
+  }
+  hb_cv_.notify_all();
+  if (hb_thread_.joinable()) hb_thread_.join();
+  if (server_ != nullptr) {
+    const int n = loop_.RunSync([this] { return agent_.StopAll(); });
+    if (n > 0) LOG(INFO) << "node=" << agent_.config().name << " stopping " << n << " workers";
+    const absl::Time deadline = absl::Now() + agent_.config().stop_grace + absl::Seconds(2);
+    while (loop_.RunSync([this] {
+      agent_.Tick();
+      return agent_.running_workers();
+    }) > 0 &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  }
+  loop_.Stop();
+}
+
+absl::Status AgentServer::HeartbeatOnce() {
+  const AgentConfig& c = agent_.config();
+  if (!registered_) {
+    v1::RegisterRequest reg;
+    reg.set_name(c.name);
+    reg.set_address(address_);
+    reg.set_slots(c.slots);
+    for (const auto& [k, v] : c.labels) (*reg.mutable_labels())[k] = v;
+    auto r = manager_->Register(reg);
+    if (!r.ok()) return r.status();
+    registered_ = true;
+    LOG(INFO) << "node=" << c.name << " registered with manager " << c.manager;
+  }
+  v1::HeartbeatRequest hb = loop_.RunSync([this] { return agent_.BuildHeartbeat(); });
+  auto resp = manager_->Heartbeat(hb);
+  if (!resp.ok()) {
+    if (resp.status().code() == absl::StatusCode::kNotFound) {
+      registered_ = false;  // the manager forgot us: register on the next beat
+    }
+    return resp.status();
+  }
+  loop_.Post([this, r = *std::move(resp)] { agent_.OnHeartbeatResponse(r); });
+  return absl::OkStatus();
+}
+
+void AgentServer::Tick() {
+  loop_.RunSync([this] { agent_.Tick(); });
+}
+
+void AgentServer::HeartbeatLoop() {
+  const absl::Duration period = agent_.config().heartbeat_period;
+  for (;;) {
+    absl::Status s = HeartbeatOnce();
+    if (!s.ok() && manager_reachable_) {
+      LOG(WARNING) << "node=" << agent_.config().name << " heartbeat failed (workers keep "
+                   << "running; retrying every " << period << "): " << s.message();
+    } else if (s.ok() && !manager_reachable_) {
+      LOG(INFO) << "node=" << agent_.config().name << " manager reachable again";
+    }
+    manager_reachable_ = s.ok();
+    std::unique_lock<std::mutex> lock(hb_mu_);
+    if (hb_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return hb_stop_; })) {
+      return;
+    }
+  }
+}
+
+}  // namespace varuna

@@ -1,0 +1,77 @@
+#pragma once
+
+// varuna-agent as a process: the Agent state machine on its event loop, the AgentApi gRPC
+// service, and the heartbeat thread that registers with the manager and reports workers.
+
+#include <atomic>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "agent/agent.h"
+#include "common/event_loop.h"
+#include "varuna/v1/control.grpc.pb.h"
+
+namespace varuna {
+
+// The manager as the agent sees it. Every call has a deadline.
+class ManagerClient {
+ public:
+  virtual ~ManagerClient() = default;
+  virtual absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req) = 0;
+  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
+};
+
+std::unique_ptr<ManagerClient> MakeGrpcManagerClient(const std::string& address,
+                                                     absl::Duration timeout);
+
+class AgentServer {
+ public:
+  struct Options {
+    // Tests drive heartbeats and ticks by hand (HeartbeatOnce, Tick) on a fake clock.
+    bool background_heartbeats = true;
+    absl::Duration tick_period = absl::Milliseconds(100);
+  };
+
+  AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* launcher,
+              std::unique_ptr<ManagerClient> manager, Options options);
+  ~AgentServer();
+
+  // Listens on config.listen, then starts heartbeating. The bound address is address().
+  absl::Status Start();
+  // Stops heartbeats, sends SIGTERM to the workers and waits up to the stop grace for them
+  // (SIGKILL after), then stops serving.
+  void Shutdown();
+
+  const std::string& address() const { return address_; }
+  // Registers if needed, then sends one heartbeat. Thread-safe.
+  absl::Status HeartbeatOnce();
+  void Tick();
+  Agent& agent() { return agent_; }
+  EventLoop& loop() { return loop_; }
+
+ private:
+  class Service;
+  void HeartbeatLoop();
+
+  Clock* const clock_;
+  Agent agent_;
+  std::unique_ptr<ManagerClient> manager_;
+  const Options options_;
+  EventLoop loop_;
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+
+  std::mutex hb_mu_;
+  std::condition_variable hb_cv_;
+  bool hb_stop_ = false;
+  std::thread hb_thread_;
+  std::atomic<bool> registered_{false};
+  bool manager_reachable_ = true;  // heartbeat thread only, for log de-duplication
+};
+
+}  // namespace varuna

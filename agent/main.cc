@@ -1,0 +1,106 @@
+// varuna-agent: one per machine. Registers with varuna-manager, heartbeats, and runs the
+// workers the manager places here. Usage: docs/operations.md.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "agent/agent_server.h"
+#include "common/logging.h"
+#include "glog/logging.h"
+
+ABSL_FLAG(std::string, manager, "", "varuna-manager address HOST:PORT");
+ABSL_FLAG(std::string, listen, "", "address to serve the agent API on (default 0.0.0.0:0)");
+ABSL_FLAG(std::string, advertise_host, "", "host the manager reaches this agent at");
+ABSL_FLAG(int, slots, 0, "worker slots (GPUs) on this machine (default 1)");
+ABSL_FLAG(std::string, name, "", "node name (default: hostname)");
+ABSL_FLAG(std::string, work_dir, "", "where job specs and worker logs go");
+ABSL_FLAG(std::string, worker_binary, "", "varuna-worker path (default: next to varuna-agent)");
+ABSL_FLAG(std::string, labels, "", "comma-separated key=value labels");
+ABSL_FLAG(std::string, config, "", "YAML config file; flags override it");
+
+namespace {
+
+std::string Hostname() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+int Run() {
+  varuna::AgentConfig config;
+  if (const std::string path = absl::GetFlag(FLAGS_config); !path.empty()) {
+    absl::Status s = varuna::LoadAgentConfigFile(path, &config);
+    if (!s.ok()) {
+      std::cerr << "varuna-agent: " << s.message() << "\n";
+      return 2;
+    }
+  }
+  if (auto v = absl::GetFlag(FLAGS_manager); !v.empty()) config.manager = v;
+  if (auto v = absl::GetFlag(FLAGS_listen); !v.empty()) config.listen = v;
+  if (auto v = absl::GetFlag(FLAGS_advertise_host); !v.empty()) config.advertise_host = v;
+  if (auto v = absl::GetFlag(FLAGS_slots); v != 0) config.slots = v;
+  if (auto v = absl::GetFlag(FLAGS_name); !v.empty()) config.name = v;
+  if (auto v = absl::GetFlag(FLAGS_work_dir); !v.empty()) config.work_dir = v;
+  if (auto v = absl::GetFlag(FLAGS_worker_binary); !v.empty()) config.worker_binary = v;
+  for (absl::string_view kv : absl::StrSplit(absl::GetFlag(FLAGS_labels), ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    config.labels[p.first] = p.second;
+  }
+  if (config.name.empty()) config.name = Hostname();
+  if (config.worker_binary.empty()) {
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    config.worker_binary = (self.parent_path() / "varuna-worker").string();
+  }
+  if (absl::Status s = config.Validate(); !s.ok()) {
+    std::cerr << "varuna-agent: " << s.message() << "\n";
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(config.work_dir, ec);
+  if (ec) {
+    std::cerr << "varuna-agent: cannot create --work_dir " << config.work_dir << ": "
+              << ec.message() << "\n";
+    return 2;
+  }
+
+  // SIGTERM/SIGINT are taken by sigwait below; every thread inherits the mask.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  varuna::RealProcessLauncher launcher;
+  auto manager = varuna::MakeGrpcManagerClient(config.manager, config.rpc_timeout);
+  varuna::AgentServer server(config, varuna::RealClock::Get(), &launcher, std::move(manager),
+                             varuna::AgentServer::Options{});
+  if (absl::Status s = server.Start(); !s.ok()) {
+    std::cerr << "varuna-agent: " << s.message() << "\n";
+    return 1;
+  }
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  LOG(INFO) << "node=" << config.name << " got signal " << sig << "; shutting down";
+  server.Shutdown();
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "varuna-agent --manager HOST:PORT --listen HOST:PORT --slots N --name NAME "
+      "--work_dir DIR [--config FILE]");
+  absl::ParseCommandLine(argc, argv);
+  varuna::InitLogging(argv[0]);
+  return Run();
+}

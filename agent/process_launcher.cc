@@ -1,0 +1,121 @@
+#include "agent/process_launcher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace varuna {
+namespace {
+
+// Resolves argv[0] against PATH in the parent: only async-signal-safe calls after fork.
+std::string ResolveProgram(const std::string& name, const std::map<std::string, std::string>& env) {
+  if (name.find('/') != std::string::npos) return name;
+  auto it = env.find("PATH");
+  const std::string path = it != env.end() ? it->second : "/usr/local/bin:/usr/bin:/bin";
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    if (dir.empty()) continue;
+    std::string candidate = absl::StrCat(dir, "/", name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+}  // namespace
+
+absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
+  if (spec.argv.empty()) return absl::InvalidArgumentError("empty command");
+  const std::string program = ResolveProgram(spec.argv[0], spec.env);
+  if (program.empty() || access(program.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(
+        absl::StrCat("program '", spec.argv[0], "' not found or not executable"));
+  }
+  const int log_fd = open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (log_fd < 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot open log ", spec.log_path, ": ", std::strerror(errno)));
+  }
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : spec.env) env_strings.push_back(absl::StrCat(k, "=", v));
+  std::vector<char*> argv, envp;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = getpid();
+
+  absl::MutexLock lock(&mu_);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(log_fd);
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the agent died before prctl
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    dup2(log_fd, STDOUT_FILENO);
+    dup2(log_fd, STDERR_FILENO);
+    const int devnull = open("/dev/null", O_RDONLY);
+    if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    if (!spec.cwd.empty() && chdir(spec.cwd.c_str()) != 0) _exit(126);
+    execve(program.c_str(), argv.data(), envp.data());
+    const char msg[] = "varuna-agent: exec failed\n";
+    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent, so a signal right away reaches the group
+  close(log_fd);
+  live_.push_back(pid);
+  return static_cast<int>(pid);
+}
+
+absl::Status RealProcessLauncher::Signal(int pid, int sig) {
+  if (kill(-pid, sig) != 0 && kill(pid, sig) != 0) {
+    if (errno == ESRCH) return absl::OkStatus();  // already gone; Reap() will report it
+    return absl::InternalError(absl::StrCat("kill(", pid, ", ", sig, "): ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<ProcessExit> RealProcessLauncher::Reap() {
+  std::vector<ProcessExit> exits;
+  absl::MutexLock lock(&mu_);
+  for (auto it = live_.begin(); it != live_.end();) {
+    int status = 0;
+    const pid_t r = waitpid(*it, &status, WNOHANG);
+    if (r == *it) {
+      ProcessExit e;
+      e.pid = r;
+      if (WIFSIGNALED(status)) {
+        e.signal = WTERMSIG(status);
+      } else {
+        e.exit_code = WEXITSTATUS(status);
+      }
+      exits.push_back(e);
+      // The worker's own children may outlive it; they share its process group.
+      kill(-r, SIGKILL);
+      it = live_.erase(it);
+    } else if (r < 0 && errno == ECHILD) {
+      exits.push_back(ProcessExit{*it, 0, SIGKILL});
+      it = live_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return exits;
+}
+
+}  // namespace varuna

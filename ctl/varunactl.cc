@@ -1,0 +1,547 @@
+#include "ctl/varunactl.h"
+
+#include <google/protobuf/util/json_util.h>
+#include <unistd.h>
+
+#include <iomanip>
+#include <map>
+#include <ostream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/rpc.h"
+#include "common/submission.h"
+#include "varuna/v1/control.grpc.pb.h"
+
+namespace varuna {
+namespace {
+
+constexpr char kUsage[] = R"(usage: varunactl [--manager HOST:PORT] [-o table|json] COMMAND ...
+
+commands:
+  submit FILE [--follow] [--set KEY=VALUE]... [--name N] [--stages P|auto]
+              [--replicas D|auto] [--micro_batch M|auto] [--global_batch B] [--steps S]
+              [--env KEY=VALUE]... [--env_file FILE] [--configs FILE] [--request_id ID]
+              [-- ENTRYPOINT ARGS...]
+  list                        jobs, oldest first
+  status ID                   one job
+  logs ID [--rank R] [-f]     a rank's output (rank 0 by default); -f follows it
+  cancel ID                   stop a job (CANCELLING -> CANCELLED)
+  nodes                       the agents and their state
+  drain NODE [--undo]         no new work on NODE (--undo: schedulable again)
+
+The manager address comes from --manager or $VARUNA_MANAGER.
+Exit codes: 0 ok, 1 job failed/cancelled or request refused, 2 bad usage or job spec,
+3 manager unreachable.
+)";
+
+struct UsageError {
+  std::string message;
+};
+
+class Ctl {
+ public:
+  Ctl(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
+
+  int Main(std::vector<std::string> args, const std::string& env_manager);
+
+ private:
+  int Submit();
+  int List();
+  int Status();
+  int Logs();
+  int Cancel();
+  int Nodes();
+  int Drain();
+
+  // Argument helpers over rest_.
+  bool TakeFlag(const std::string& name);
+  bool TakeValue(const std::string& name, std::string* value);
+  std::vector<std::string> TakeValues(const std::string& name);
+  std::string TakePositional(const std::string& what);
+  void NoMore();
+
+  int Fail(const absl::Status& s);
+  int FailGrpc(const grpc::Status& s, const std::string& call);
+  int Follow(const std::vector<std::string>& ids);
+  std::string Json(const google::protobuf::Message& m) const;
+  void PrintJobsTable(const std::vector<v1::JobInfo>& jobs);
+  void PrintJob(const v1::JobInfo& job);
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) const {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    SetDeadline(ctx.get(), timeout);
+    return ctx;
+  }
+
+  std::ostream& out_;
+  std::ostream& err_;
+  std::string manager_;
+  bool json_ = false;
+  std::vector<std::string> rest_;
+  std::unique_ptr<v1::JobApi::Stub> stub_;
+};
+
+bool Ctl::TakeFlag(const std::string& name) {
+  for (auto it = rest_.begin(); it != rest_.end(); ++it) {
+    if (*it == "--") break;
+    if (*it == name) {
+      rest_.erase(it);
+      return true;
+    }
+  }
+  return false;
+}
+
+bool Ctl::TakeValue(const std::string& name, std::string* value) {
+  for (size_t i = 0; i < rest_.size(); ++i) {
+    if (rest_[i] == "--") break;
+    if (rest_[i] == name) {
+      if (i + 1 >= rest_.size()) throw UsageError{absl::StrCat(name, " needs a value")};
+      *value = rest_[i + 1];
+      rest_.erase(rest_.begin() + i, rest_.begin() + i + 2);
+      return true;
+    }
+    if (rest_[i].rfind(name + "=", 0) == 0) {
+      *value = rest_[i].substr(name.size() + 1);
+      rest_.erase(rest_.begin() + i);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> Ctl::TakeValues(const std::string& name) {
+  std::vector<std::string> values;
+  std::string v;
+  while (TakeValue(name, &v)) values.push_back(v);
+  return values;
+}
+
+std::string Ctl::TakePositional(const std::string& what) {
+  for (auto it = rest_.begin(); it != rest_.end(); ++it) {
+    if (*it == "--") break;
+    if (it->rfind("-", 0) != 0) {
+      std::string v = *it;
+      rest_.erase(it);
+      return v;
+    }
+  }
+  throw UsageError{absl::StrCat("missing ", what)};
+}
+
+void Ctl::NoMore() {
+  if (!rest_.empty()) throw UsageError{absl::StrCat("unexpected argument '", rest_[0], "'")};
+}
+
+int Ctl::Fail(const absl::Status& s) {
+  err_ << "varunactl: " << s.message() << "\n";
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kDeadlineExceeded:
+      return kExitUnreachable;
+    case absl::StatusCode::kInvalidArgument:
+      return kExitUsage;
+    default:
+      return kExitFailed;
+  }
+}
+
+int Ctl::FailGrpc(const grpc::Status& s, const std::string& call) {
+  return Fail(FromGrpcStatus(s, absl::StrCat("manager ", manager_, " (", call, ")")));
+}
+
+std::string Ctl::Json(const google::protobuf::Message& m) const {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  std::string s;
+  (void)google::protobuf::util::MessageToJsonString(m, &s, opts);
+  return s;
+}
+
+std::string Config(const v1::JobInfo& j) {
+  if (j.stages() == 0) return "-";
+  return absl::StrFormat("%dx%d mb%d", j.stages(), j.replicas(), j.micro_batch());
+}
+
+void Ctl::PrintJobsTable(const std::vector<v1::JobInfo>& jobs) {
+  out_ << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4s %-20s %s\n", "ID", "NAME", "STATE",
+                          "STEP", "CONFIG", "GEN", "SUBMITTED", "REASON");
+  for (const auto& j : jobs) {
+    out_ << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4d %-20s %s\n", j.id(), j.name(),
+                            v1::JobState_Name(j.state()),
+                            absl::StrCat(j.step(), "/", j.total_steps()), Config(j), j.generation(),
+                            j.submitted_at(), j.reason());
+  }
+}
+
+void Ctl::PrintJob(const v1::JobInfo& j) {
+  auto line = [&](const std::string& k, const std::string& v) {
+    if (!v.empty()) out_ << absl::StrFormat("%-18s %s\n", k + ":", v);
+  };
+  line("id", j.id());
+  line("name", j.name());
+  line("state", v1::JobState_Name(j.state()));
+  line("reason", j.reason());
+  line("step", absl::StrCat(j.step(), "/", j.total_steps()));
+  if (j.step() > 0) {
+    line("loss", absl::StrFormat("%.4f", j.loss()));
+    line("samples/s", absl::StrFormat("%.1f", j.samples_per_s()));
+  }
+  line("generation", absl::StrCat(j.generation()));
+  if (j.stages() > 0) {
+    line("config", absl::StrFormat("%d stages x %d replicas, micro-batch %d", j.stages(),
+                                   j.replicas(), j.micro_batch()));
+    line("stage_to_rank_map", j.stage_to_rank_map());
+    line("master", j.master());
+    std::map<std::string, std::vector<int>> by_node;
+    for (const auto& p : j.placement()) by_node[p.node()].push_back(p.rank());
+    std::vector<std::string> parts;
+    for (const auto& [n, ranks] : by_node) {
+      parts.push_back(absl::StrCat(n, "[", absl::StrJoin(ranks, ","), "]"));
+    }
+    line("placement", absl::StrJoin(parts, " "));
+  }
+  line("submitted", j.submitted_at());
+  line("started", j.started_at());
+  line("finished", j.finished_at());
+}
+
+bool IsTerminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+int Ctl::Follow(const std::vector<std::string>& ids) {
+  std::map<std::string, v1::JobState> last_state;
+  std::map<std::string, int> last_step;
+  std::map<std::string, v1::JobInfo> final_info;
+  absl::Time last_print = absl::InfinitePast();
+  int unreachable_for = 0;
+  std::ostream& log = json_ ? err_ : out_;
+  while (final_info.size() < ids.size()) {
+    for (const std::string& id : ids) {
+      if (final_info.count(id)) continue;
+      v1::GetJobRequest req;
+      req.set_job_id(id);
+      v1::GetJobResponse resp;
+      grpc::Status s = stub_->GetJob(Context().get(), req, &resp);
+      if (!s.ok()) {
+        // A manager restart is survivable: keep following for a while.
+        if (s.error_code() == grpc::StatusCode::UNAVAILABLE && ++unreachable_for < 120) {
+          if (unreachable_for == 1) err_ << "varunactl: manager unreachable; retrying\n";
+          continue;
+        }
+        return FailGrpc(s, "GetJob");
+      }
+      unreachable_for = 0;
+      const v1::JobInfo& j = resp.job();
+      const std::string tag = ids.size() > 1 ? absl::StrCat("job ", id, ": ") : "";
+      if (!last_state.count(id) || last_state[id] != j.state()) {
+        last_state[id] = j.state();
+        log << tag << "job " << id << " " << v1::JobState_Name(j.state());
+        if (j.state() == v1::RUNNING || j.state() == v1::STARTING) {
+          log << " (" << j.stages() << " stages x " << j.replicas() << " replicas, micro-batch "
+              << j.micro_batch() << ", generation " << j.generation() << ")";
+        }
+        if (!j.reason().empty()) log << ": " << j.reason();
+        log << "\n";
+      }
+      const absl::Time now = absl::Now();
+      if (j.step() != last_step[id] &&
+          (now - last_print >= absl::Seconds(1) || j.step() == j.total_steps())) {
+        last_step[id] = j.step();
+        last_print = now;
+        log << tag
+            << absl::StrFormat("step %d/%d loss %.4f %.1f samples/s\n", j.step(), j.total_steps(),
+                               j.loss(), j.samples_per_s());
+      }
+      if (IsTerminal(j.state())) final_info[id] = j;
+    }
+    if (final_info.size() < ids.size()) absl::SleepFor(absl::Milliseconds(500));
+  }
+  bool all_ok = true;
+  if (json_) {
+    std::vector<std::string> parts;
+    for (const auto& id : ids) parts.push_back(Json(final_info[id]));
+    out_ << (ids.size() == 1 ? parts[0] : absl::StrCat("[", absl::StrJoin(parts, ","), "]"))
+         << "\n";
+  }
+  for (const auto& id : ids) all_ok = all_ok && final_info[id].state() == v1::SUCCEEDED;
+  return all_ok ? kExitOk : kExitFailed;
+}
+
+int Ctl::Submit() {
+  SubmitOptions opts;
+  const bool follow = TakeFlag("--follow");
+  opts.sets = TakeValues("--set");
+  opts.env = TakeValues("--env");
+  TakeValue("--env_file", &opts.env_file);
+  std::string v;
+  for (const char* key : {"name"}) {
+    if (TakeValue(absl::StrCat("--", key), &v)) opts.sets.push_back(absl::StrCat(key, "=", v));
+  }
+  for (const char* key : {"stages", "replicas", "micro_batch"}) {
+    if (TakeValue(absl::StrCat("--", key), &v)) {
+      opts.sets.push_back(absl::StrCat("parallel.", key, "=", v));
+    }
+  }
+  for (const char* key : {"global_batch", "steps"}) {
+    if (TakeValue(absl::StrCat("--", key), &v))
+      opts.sets.push_back(absl::StrCat("train.", key, "=", v));
+  }
+  std::string configs, request_id;
+  TakeValue("--configs", &configs);
+  TakeValue("--request_id", &request_id);
+  const std::string file = TakePositional("job FILE");
+  std::vector<std::string> entrypoint;
+  for (auto it = rest_.begin(); it != rest_.end(); ++it) {
+    if (*it == "--") {
+      entrypoint.assign(it + 1, rest_.end());
+      rest_.erase(it, rest_.end());
+      break;
+    }
+  }
+  NoMore();
+  std::vector<std::vector<std::string>> commands;
+  if (!configs.empty()) {
+    if (!entrypoint.empty()) throw UsageError{"--configs and '-- ENTRYPOINT' exclude each other"};
+    auto text = ReadTextFile(configs, "configs file");
+    if (!text.ok()) return Fail(absl::InvalidArgumentError(text.status().message()));
+    auto parsed = ParseExperimentFile(*text, configs);
+    if (!parsed.ok()) return Fail(parsed.status());
+    commands = *std::move(parsed);
+  } else {
+    commands.push_back(entrypoint);
+  }
+  // Validate everything before queueing anything.
+  std::vector<std::string> specs;
+  for (const auto& cmd : commands) {
+    SubmitOptions o = opts;
+    o.entrypoint = cmd;
+    auto yaml = PrepareSubmission(file, o);
+    if (!yaml.ok()) {
+      err_ << "varunactl: job refused, nothing queued: " << yaml.status().message() << "\n";
+      return kExitUsage;
+    }
+    specs.push_back(*yaml);
+  }
+  if (request_id.empty()) {
+    std::random_device rd;
+    request_id = absl::StrFormat("%08x%08x", rd(), rd());
+  }
+  std::vector<std::string> ids;
+  std::vector<std::string> json_parts;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    v1::SubmitRequest req;
+    req.set_spec_yaml(specs[i]);
+    req.set_request_id(specs.size() > 1 ? absl::StrCat(request_id, "-", i) : request_id);
+    v1::SubmitResponse resp;
+    // Safe to retry: the request id makes a repeat return the first job.
+    grpc::Status s;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      s = stub_->Submit(Context().get(), req, &resp);
+      if (s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+      absl::SleepFor(absl::Seconds(1));
+    }
+    if (!s.ok()) {
+      if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||
+          s.error_code() == grpc::StatusCode::NOT_FOUND) {
+        err_ << "varunactl: job refused, nothing queued: " << s.error_message() << "\n";
+        return kExitUsage;
+      }
+      return FailGrpc(s, "Submit");
+    }
+    ids.push_back(resp.job().id());
+    if (json_) {
+      json_parts.push_back(Json(resp.job()));
+    } else {
+      out_ << "submitted job " << resp.job().id() << " (" << resp.job().name() << ")";
+      if (commands.size() > 1) out_ << ": " << absl::StrJoin(commands[i], " ");
+      out_ << "\n";
+    }
+  }
+  if (follow) return Follow(ids);
+  if (json_) {
+    out_ << (ids.size() == 1 ? json_parts[0]
+                             : absl::StrCat("[", absl::StrJoin(json_parts, ","), "]"))
+         << "\n";
+  } else if (ids.size() == 1) {
+    out_ << "  status:  varunactl status " << ids[0] << "\n"
+         << "  logs:    varunactl logs " << ids[0] << " -f\n"
+         << "  cancel:  varunactl cancel " << ids[0] << "\n";
+  }
+  return kExitOk;
+}
+
+int Ctl::List() {
+  NoMore();
+  v1::ListJobsResponse resp;
+  grpc::Status s = stub_->ListJobs(Context().get(), v1::ListJobsRequest(), &resp);
+  if (!s.ok()) return FailGrpc(s, "ListJobs");
+  std::vector<v1::JobInfo> jobs(resp.jobs().begin(), resp.jobs().end());
+  if (json_) {
+    std::vector<std::string> parts;
+    for (const auto& j : jobs) parts.push_back(Json(j));
+    out_ << "[" << absl::StrJoin(parts, ",") << "]\n";
+  } else {
+    PrintJobsTable(jobs);
+  }
+  return kExitOk;
+}
+
+int Ctl::Status() {
+  v1::GetJobRequest req;
+  req.set_job_id(TakePositional("job ID"));
+  NoMore();
+  v1::GetJobResponse resp;
+  grpc::Status s = stub_->GetJob(Context().get(), req, &resp);
+  if (!s.ok()) return FailGrpc(s, "GetJob");
+  if (json_) {
+    out_ << Json(resp.job()) << "\n";
+  } else {
+    PrintJob(resp.job());
+  }
+  return kExitOk;
+}
+
+int Ctl::Logs() {
+  v1::GetLogsRequest req;
+  const bool follow = TakeFlag("-f") || TakeFlag("--follow");
+  std::string rank = "0";
+  TakeValue("--rank", &rank);
+  int r = 0;
+  if (!absl::SimpleAtoi(rank, &r) || r < 0) throw UsageError{"--rank needs a rank number"};
+  req.set_job_id(TakePositional("job ID"));
+  req.set_rank(r);
+  NoMore();
+  int waits = 0;
+  for (;;) {
+    v1::GetLogsResponse resp;
+    grpc::Status s = stub_->GetLogs(Context().get(), req, &resp);
+    if (!s.ok()) {
+      // While following, a log that does not exist yet (job still starting) is worth a wait.
+      const bool transient = s.error_code() == grpc::StatusCode::NOT_FOUND ||
+                             s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+                             s.error_code() == grpc::StatusCode::UNAVAILABLE;
+      if (follow && transient && ++waits < 600) {
+        v1::GetJobRequest jr;
+        jr.set_job_id(req.job_id());
+        v1::GetJobResponse jresp;
+        grpc::Status js = stub_->GetJob(Context().get(), jr, &jresp);
+        if (js.ok() && !IsTerminal(jresp.job().state())) {
+          absl::SleepFor(absl::Milliseconds(500));
+          continue;
+        }
+      }
+      return FailGrpc(s, "GetLogs");
+    }
+    out_ << resp.data();
+    out_.flush();
+    req.set_offset(resp.next_offset());
+    if (!resp.data().empty()) continue;
+    if (!follow || resp.job_finished()) return kExitOk;
+    absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
+int Ctl::Cancel() {
+  v1::CancelJobRequest req;
+  req.set_job_id(TakePositional("job ID"));
+  NoMore();
+  v1::CancelJobResponse resp;
+  grpc::Status s = stub_->CancelJob(Context().get(), req, &resp);
+  if (!s.ok()) return FailGrpc(s, "CancelJob");
+  if (json_) {
+    out_ << Json(resp.job()) << "\n";
+  } else {
+    out_ << "job " << resp.job().id() << " " << v1::JobState_Name(resp.job().state()) << "\n";
+  }
+  return kExitOk;
+}
+
+int Ctl::Nodes() {
+  NoMore();
+  v1::ListNodesResponse resp;
+  grpc::Status s = stub_->ListNodes(Context().get(), v1::ListNodesRequest(), &resp);
+  if (!s.ok()) return FailGrpc(s, "ListNodes");
+  if (json_) {
+    std::vector<std::string> parts;
+    for (const auto& n : resp.nodes()) parts.push_back(Json(n));
+    out_ << "[" << absl::StrJoin(parts, ",") << "]\n";
+    return kExitOk;
+  }
+  out_ << absl::StrFormat("%-16s %-22s %-5s %-4s %-9s %-9s %s\n", "NAME", "ADDRESS", "SLOTS",
+                          "USED", "STATE", "HEARTBEAT", "REASON");
+  for (const auto& n : resp.nodes()) {
+    out_ << absl::StrFormat("%-16s %-22s %-5d %-4d %-9s %-9s %s\n", n.name(), n.address(),
+                            n.slots(), n.used_slots(), v1::NodeState_Name(n.state()),
+                            absl::StrFormat("%.1fs", n.last_heartbeat_age_s()), n.reason());
+  }
+  return kExitOk;
+}
+
+int Ctl::Drain() {
+  v1::DrainNodeRequest req;
+  req.set_undo(TakeFlag("--undo"));
+  req.set_node(TakePositional("NODE"));
+  NoMore();
+  v1::DrainNodeResponse resp;
+  grpc::Status s = stub_->DrainNode(Context().get(), req, &resp);
+  if (!s.ok()) return FailGrpc(s, "DrainNode");
+  if (json_) {
+    out_ << Json(resp.node()) << "\n";
+  } else {
+    out_ << "node " << resp.node().name() << " " << v1::NodeState_Name(resp.node().state()) << "\n";
+  }
+  return kExitOk;
+}
+
+int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
+  rest_ = std::move(args);
+  try {
+    if (rest_.empty() || TakeFlag("-h") || TakeFlag("--help")) {
+      (rest_.empty() ? err_ : out_) << kUsage;
+      return rest_.empty() ? kExitUsage : kExitOk;
+    }
+    manager_ = env_manager;
+    TakeValue("--manager", &manager_);
+    std::string output = "table";
+    if (!TakeValue("-o", &output)) TakeValue("--output", &output);
+    if (output != "table" && output != "json") {
+      throw UsageError{absl::StrCat("-o must be table or json, not '", output, "'")};
+    }
+    json_ = output == "json";
+    if (manager_.empty())
+      throw UsageError{"no manager: pass --manager HOST:PORT or set VARUNA_MANAGER"};
+    if (auto hp = SplitHostPort(manager_); !hp.ok())
+      throw UsageError{std::string(hp.status().message())};
+    const std::string verb = TakePositional("COMMAND");
+    stub_ = v1::JobApi::NewStub(MakeChannel(manager_));
+    if (verb == "submit") return Submit();
+    if (verb == "list") return List();
+    if (verb == "status" || verb == "describe") return Status();
+    if (verb == "logs") return Logs();
+    if (verb == "cancel") return Cancel();
+    if (verb == "nodes") return Nodes();
+    if (verb == "drain") return Drain();
+    throw UsageError{absl::StrCat("unknown command '", verb, "'")};
+  } catch (const UsageError& e) {
+    err_ << "varunactl: " << e.message << "\n(varunactl --help for usage)\n";
+    return kExitUsage;
+  }
+}
+
+}  // namespace
+
+int RunVarunactl(const std::vector<std::string>& args, const std::string& env_manager,
+                 std::ostream& out, std::ostream& err) {
+  Ctl ctl(out, err);
+  return ctl.Main(args, env_manager);
+}
+
+}  // namespace varuna

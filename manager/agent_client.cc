@@ -1,0 +1,88 @@
+#include "manager/agent_client.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rpc.h"
+#include "varuna/v1/control.grpc.pb.h"
+
+namespace varuna {
+namespace {
+
+class GrpcAgentClient final : public AgentClient {
+ public:
+  GrpcAgentClient(const std::string& address, absl::Duration timeout)
+      : address_(address), timeout_(timeout), stub_(v1::AgentApi::NewStub(MakeChannel(address))) {}
+
+  void Launch(const v1::LaunchRequest& req, Done<v1::LaunchResponse> done) override {
+    Call(req, std::move(done), "Launch", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
+      stub_->async()->Launch(ctx, rq, rs, std::move(cb));
+    });
+  }
+  void Stop(const v1::StopRequest& req, Done<v1::StopResponse> done) override {
+    Call(req, std::move(done), "Stop", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
+      stub_->async()->Stop(ctx, rq, rs, std::move(cb));
+    });
+  }
+  void Checkpoint(const v1::CheckpointRequest& req, Done<v1::CheckpointResponse> done) override {
+    Call(req, std::move(done), "Checkpoint", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
+      stub_->async()->Checkpoint(ctx, rq, rs, std::move(cb));
+    });
+  }
+  void FetchLogs(const v1::FetchLogsRequest& req, Done<v1::FetchLogsResponse> done) override {
+    Call(req, std::move(done), "FetchLogs", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
+      stub_->async()->FetchLogs(ctx, rq, rs, std::move(cb));
+    });
+  }
+
+ private:
+  template <typename Req, typename Resp, typename Start>
+  void Call(const Req& req, Done<Resp> done, const char* method, Start start) {
+    struct State {
+      grpc::ClientContext ctx;
+      Req req;
+      Resp resp;
+    };
+    auto* st = new State;
+    st->req = req;
+    SetDeadline(&st->ctx, timeout_);
+    const std::string what = absl::StrCat("agent ", address_, " ", method);
+    start(&st->ctx, &st->req, &st->resp, [st, done = std::move(done), what](grpc::Status s) {
+      if (s.ok()) {
+        done(std::move(st->resp));
+      } else {
+        done(FromGrpcStatus(s, what));
+      }
+      delete st;
+    });
+  }
+
+  const std::string address_;
+  const absl::Duration timeout_;
+  std::unique_ptr<v1::AgentApi::Stub> stub_;
+};
+
+class GrpcAgentClientPool final : public AgentClientPool {
+ public:
+  explicit GrpcAgentClientPool(absl::Duration timeout) : timeout_(timeout) {}
+  std::shared_ptr<AgentClient> For(const std::string& address) override {
+    absl::MutexLock lock(&mu_);
+    auto& c = clients_[address];
+    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(address, timeout_);
+    return c;
+  }
+
+ private:
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  std::map<std::string, std::shared_ptr<AgentClient>> clients_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout) {
+  return std::make_unique<GrpcAgentClientPool>(timeout);
+}
+
+}  // namespace varuna

@@ -1,0 +1,36 @@
+#pragma once
+
+// The agents as the manager sees them: asynchronous calls whose callbacks run on a gRPC
+// thread (the manager re-posts them to its loop). Every call has a deadline.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class AgentClient {
+ public:
+  template <typename T>
+  using Done = std::function<void(absl::StatusOr<T>)>;
+  virtual ~AgentClient() = default;
+  virtual void Launch(const v1::LaunchRequest& req, Done<v1::LaunchResponse> done) = 0;
+  virtual void Stop(const v1::StopRequest& req, Done<v1::StopResponse> done) = 0;
+  virtual void Checkpoint(const v1::CheckpointRequest& req, Done<v1::CheckpointResponse> done) = 0;
+  virtual void FetchLogs(const v1::FetchLogsRequest& req, Done<v1::FetchLogsResponse> done) = 0;
+};
+
+// Hands out one client per agent address (channels are reused).
+class AgentClientPool {
+ public:
+  virtual ~AgentClientPool() = default;
+  virtual std::shared_ptr<AgentClient> For(const std::string& address) = 0;
+};
+
+std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout);
+
+}  // namespace varuna

@@ -1,0 +1,782 @@
+#include "manager/manager.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <fstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+
+namespace varuna {
+namespace {
+
+std::string JobWho(const v1::JobInfo& j) {
+  return absl::StrCat("job=", j.id(), " gen=", j.generation());
+}
+
+std::string SignalName(int sig) {
+  switch (sig) {
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGINT:
+      return "SIGINT";
+    case SIGBUS:
+      return "SIGBUS";
+    default:
+      return absl::StrCat("signal ", sig);
+  }
+}
+
+std::string HostOf(const std::string& address) {
+  auto hp = SplitHostPort(address);
+  return hp.ok() ? hp->first : address;
+}
+
+}  // namespace
+
+absl::Status ManagerConfig::Validate() const {
+  if (state_dir.empty()) return absl::InvalidArgumentError("manager: --state_dir is required");
+  if (heartbeat_period <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("manager: heartbeat_period_s must be > 0");
+  }
+  if (suspect_after_missed < 1 || dead_after_missed <= suspect_after_missed) {
+    return absl::InvalidArgumentError(
+        "manager: need 1 <= suspect_after_missed < dead_after_missed");
+  }
+  if (stop_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("manager: stop_grace_s must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
+  YAML::Node root;
+  try {
+    root = YAML::LoadFile(path);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("manager config ", path, ": ", e.what()));
+  }
+  if (root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError(absl::StrCat("manager config ", path, ": not a mapping"));
+  }
+  for (const auto& kv : root) {
+    const std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    try {
+      if (key == "listen") {
+        c->listen = v.as<std::string>();
+      } else if (key == "state_dir") {
+        c->state_dir = v.as<std::string>();
+      } else if (key == "heartbeat_period_s") {
+        c->heartbeat_period = absl::Seconds(v.as<double>());
+      } else if (key == "suspect_after_missed") {
+        c->suspect_after_missed = v.as<int>();
+      } else if (key == "dead_after_missed") {
+        c->dead_after_missed = v.as<int>();
+      } else if (key == "stop_grace_s") {
+        c->stop_grace = absl::Seconds(v.as<double>());
+      } else if (key == "start_timeout_s") {
+        c->start_timeout = absl::Seconds(v.as<double>());
+      } else if (key == "agent_rpc_timeout_s") {
+        c->agent_rpc_timeout = absl::Seconds(v.as<double>());
+      } else if (key == "machine_list") {
+        c->machine_list = v.as<std::string>();
+      } else if (key == "check_job_files") {
+        c->check_job_files = v.as<bool>();
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manager config ", path, ": unknown key '", key,
+                         "' (known: listen, state_dir, heartbeat_period_s, suspect_after_missed, "
+                         "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
+                         "machine_list, check_job_files)"));
+      }
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manager config ", path, ": '", key, "' has an invalid value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentClientPool* agents,
+                 Post post)
+    : config_(std::move(config)),
+      clock_(clock),
+      store_(store),
+      agents_(agents),
+      post_(std::move(post)),
+      last_flush_(clock->Now()) {}
+
+bool Manager::Active(v1::JobState s) {
+  return s == v1::STARTING || s == v1::RUNNING || s == v1::RECONFIGURING || s == v1::CANCELLING;
+}
+
+bool Manager::Terminal(v1::JobState s) {
+  return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;
+}
+
+std::string Manager::Now() const {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", clock_->Now(), absl::UTCTimeZone());
+}
+
+void Manager::Persist(Job& job) {
+  absl::Status s = store_->SaveJob(job.rec);
+  // Losing the state database is not something to run on through.
+  CHECK(s.ok()) << "cannot persist job " << job.info().id() << ": " << s.message();
+  job.progress_dirty = false;
+}
+
+void Manager::PersistNode(const Node& n) {
+  absl::Status s = store_->SaveNode(n.rec);
+  CHECK(s.ok()) << "cannot persist node " << n.rec.name() << ": " << s.message();
+}
+
+absl::Status Manager::Recover() {
+  ASSIGN_OR_RETURN(std::vector<v1::NodeRecord> nodes, store_->LoadNodes());
+  const absl::Time now = clock_->Now();
+  for (auto& rec : nodes) {
+    Node n;
+    n.rec = rec;
+    // Unconfirmed until it heartbeats; dead if it stays silent for the usual timeout.
+    n.last_seen = now - config_.suspect_after();
+    n.suspect = true;
+    nodes_[rec.name()] = std::move(n);
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, store_->LoadJobs());
+  for (auto& rec : jobs) {
+    Job job;
+    job.rec = rec;
+    auto spec = ParseJobSpec(rec.spec_yaml());
+    if (!spec.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("state database: job ", rec.info().id(),
+                       " has an unreadable spec: ", spec.status().message()));
+    }
+    job.spec = *spec;
+    job.starting_since = now;
+    job.last_stop_sent = absl::InfinitePast();
+    next_seq_ = std::max(next_seq_, rec.seq() + 1);
+    const std::string id = rec.info().id();
+    if (!rec.request_id().empty()) by_request_[rec.request_id()] = id;
+    order_.push_back(id);
+    jobs_[id] = std::move(job);
+  }
+  int active = 0;
+  for (auto& [id, job] : jobs_) {
+    if (!Active(job.info().state())) continue;
+    ++active;
+    LOG(INFO) << JobWho(job.info()) << " recovered in state "
+              << v1::JobState_Name(job.info().state());
+    if (job.info().state() == v1::STARTING) SendLaunches(job);
+    if (job.info().state() == v1::CANCELLING) SendStops(job);
+  }
+  LOG(INFO) << "recovered " << nodes_.size() << " nodes and " << jobs_.size() << " jobs (" << active
+            << " active) from " << config_.state_dir;
+  return absl::OkStatus();
+}
+
+// ---- nodes ------------------------------------------------------------------------------
+
+absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest& req) {
+  if (req.name().empty()) return absl::InvalidArgumentError("register: empty node name");
+  if (req.slots() < 1) return absl::InvalidArgumentError("register: slots must be >= 1");
+  RETURN_IF_ERROR(SplitHostPort(req.address()).status());
+  auto [it, inserted] = nodes_.try_emplace(req.name());
+  Node& n = it->second;
+  const bool changed = inserted || n.rec.address() != req.address() || n.rec.slots() != req.slots();
+  n.rec.set_name(req.name());
+  n.rec.set_address(req.address());
+  n.rec.set_slots(req.slots());
+  n.rec.mutable_labels()->clear();
+  for (const auto& [k, v] : req.labels()) (*n.rec.mutable_labels())[k] = v;
+  n.last_seen = clock_->Now();
+  if (n.dead || inserted || changed) {
+    LOG(INFO) << "node=" << req.name() << " registered address=" << req.address()
+              << " slots=" << req.slots() << (n.dead ? " (was DEAD)" : "");
+  }
+  n.dead = false;
+  n.suspect = false;
+  PersistNode(n);
+  post_([this] { Schedule(); });
+  v1::RegisterResponse resp;
+  resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
+  return resp;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequest& req) {
+  auto nit = nodes_.find(req.name());
+  if (nit == nodes_.end()) {
+    return absl::NotFoundError(absl::StrCat("node '", req.name(), "' is not registered"));
+  }
+  Node& node = nit->second;
+  node.last_seen = clock_->Now();
+  if (node.dead || node.suspect) {
+    LOG(INFO) << "node=" << node.rec.name() << " heartbeating again (was "
+              << (node.dead ? "DEAD" : "SUSPECT") << ")";
+    node.dead = node.suspect = false;
+    post_([this] { Schedule(); });
+  }
+  v1::HeartbeatResponse resp;
+  std::set<std::pair<std::string, int>> stop, release;
+  int other_running = 0;
+  for (const v1::WorkerStatus& w : req.workers()) {
+    const bool running = w.state() == v1::WORKER_RUNNING;
+    auto jit = jobs_.find(w.job_id());
+    const bool current = jit != jobs_.end() && w.generation() == jit->second.info().generation() &&
+                         Active(jit->second.info().state());
+    if (!current) {
+      // A stale generation, a finished job or one this manager never knew.
+      if (running) {
+        stop.insert({w.job_id(), w.generation()});
+        ++other_running;
+      } else {
+        release.insert({w.job_id(), w.generation()});
+      }
+      continue;
+    }
+    Job& job = jit->second;
+    const v1::StepMetrics& p = w.progress();
+    v1::JobInfo& info = job.info();
+    if (p.step() > info.step()) {
+      info.set_step(static_cast<int32_t>(p.step()));
+      info.set_loss(p.loss());
+      info.set_samples_per_s(p.samples_per_s());
+      info.set_step_time_s(p.step_time_s());
+      job.progress_dirty = true;
+    }
+    if (!running) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node.rec.name());
+  }
+  node.other_running = other_running;
+  for (const auto& [id, gen] : stop) {
+    v1::JobRef* r = resp.add_stop();
+    r->set_job_id(id);
+    r->set_generation(gen);
+  }
+  for (const auto& [id, gen] : release) {
+    v1::JobRef* r = resp.add_release();
+    r->set_job_id(id);
+    r->set_generation(gen);
+  }
+  return resp;
+}
+
+bool Manager::Schedulable(const Node& n) const {
+  return !n.dead && !n.suspect && DrainReason(n).empty();
+}
+
+std::string Manager::DrainReason(const Node& n) const {
+  if (n.rec.drained()) return "drained by request";
+  if (have_machine_list_ && !listed_.count(n.rec.name()) &&
+      !listed_.count(HostOf(n.rec.address()))) {
+    return absl::StrCat("not in machine_list ", config_.machine_list);
+  }
+  return "";
+}
+
+v1::NodeInfo Manager::Describe(const Node& n) const {
+  v1::NodeInfo info;
+  info.set_name(n.rec.name());
+  info.set_address(n.rec.address());
+  info.set_slots(n.rec.slots());
+  *info.mutable_labels() = n.rec.labels();
+  const auto used = UsedSlots();
+  auto it = used.find(n.rec.name());
+  info.set_used_slots(it == used.end() ? 0 : it->second);
+  info.set_last_heartbeat_age_s(absl::ToDoubleSeconds(clock_->Now() - n.last_seen));
+  const std::string drain = DrainReason(n);
+  if (n.dead) {
+    info.set_state(v1::DEAD);
+    info.set_reason("no heartbeat");
+  } else if (n.suspect) {
+    info.set_state(v1::SUSPECT);
+  } else if (!drain.empty()) {
+    info.set_state(v1::DRAINING);
+    info.set_reason(drain);
+  } else {
+    info.set_state(v1::ALIVE);
+  }
+  return info;
+}
+
+std::vector<v1::NodeInfo> Manager::ListNodes() const {
+  std::vector<v1::NodeInfo> out;
+  for (const auto& [name, n] : nodes_) out.push_back(Describe(n));
+  return out;
+}
+
+absl::StatusOr<v1::NodeInfo> Manager::Drain(const std::string& name, bool undo) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("no node named '", name, "'"));
+  Node& n = it->second;
+  if (n.rec.drained() != !undo) {
+    n.rec.set_drained(!undo);
+    PersistNode(n);
+    LOG(INFO) << "node=" << name << (undo ? " schedulable again" : " draining");
+    if (undo) post_([this] { Schedule(); });
+  }
+  return Describe(n);
+}
+
+void Manager::OnNodeDead(Node& node, absl::Duration silent) {
+  node.dead = true;
+  LOG(WARNING) << "node=" << node.rec.name() << " DEAD: no heartbeat for " << silent;
+  for (auto& [id, job] : jobs_) {
+    if (!Active(job.info().state())) continue;
+    std::vector<int> ranks;
+    for (const auto& p : job.info().placement()) {
+      if (p.node() == node.rec.name()) ranks.push_back(p.rank());
+    }
+    if (ranks.empty()) continue;
+    if (job.info().state() == v1::CANCELLING) {
+      for (int r : ranks) RecordExit(job, r, 0, SIGKILL, node.rec.name());
+      continue;
+    }
+    // Until morphing lands, losing a node fails the job (ARCHITECTURE "Morph" is next).
+    Fail(job,
+         absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
+                      absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))), "); it ran rank",
+                      ranks.size() > 1 ? "s " : " ", absl::StrJoin(ranks, ",")));
+  }
+}
+
+void Manager::ReloadMachineList() {
+  if (config_.machine_list.empty()) return;
+  struct stat st;
+  if (stat(config_.machine_list.c_str(), &st) != 0) {
+    if (have_machine_list_ || machine_list_mtime_ != -2) {
+      LOG(WARNING) << "machine_list " << config_.machine_list
+                   << " cannot be read; every node is treated as draining";
+    }
+    have_machine_list_ = true;
+    listed_.clear();
+    machine_list_mtime_ = -2;
+    return;
+  }
+  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+  if (mtime == machine_list_mtime_) return;
+  machine_list_mtime_ = mtime;
+  std::ifstream f(config_.machine_list);
+  std::set<std::string> listed;
+  std::string line;
+  while (std::getline(f, line)) {
+    std::string host(absl::StripAsciiWhitespace(line));
+    if (host.empty() || host[0] == '#') continue;
+    listed.insert(host);
+  }
+  have_machine_list_ = true;
+  if (listed != listed_) {
+    LOG(INFO) << "machine_list " << config_.machine_list << ": " << absl::StrJoin(listed, " ");
+    listed_ = std::move(listed);
+    post_([this] { Schedule(); });
+  }
+}
+
+void Manager::Tick() {
+  const absl::Time now = clock_->Now();
+  if (now - last_list_check_ >= absl::Seconds(2)) {
+    last_list_check_ = now;
+    ReloadMachineList();
+  }
+  for (auto& [name, n] : nodes_) {
+    if (n.dead) continue;
+    const absl::Duration silent = now - n.last_seen;
+    if (silent >= config_.dead_after()) {
+      OnNodeDead(n, silent);
+    } else if (silent >= config_.suspect_after() && !n.suspect) {
+      n.suspect = true;
+      LOG(WARNING) << "node=" << name << " SUSPECT: no heartbeat for " << silent;
+    }
+  }
+  for (auto& [id, job] : jobs_) {
+    const v1::JobState s = job.info().state();
+    if (s == v1::STARTING && now - job.starting_since > config_.start_timeout) {
+      Fail(job, absl::StrCat("workers did not start within ",
+                             absl::FormatDuration(config_.start_timeout), " (no answer from ",
+                             absl::StrJoin(job.launch_pending, ","), ")"));
+    } else if (s == v1::CANCELLING && now - job.last_stop_sent > absl::Seconds(5)) {
+      SendStops(job);  // in case a Stop was lost; agents ignore repeats
+    }
+  }
+  if (now - last_flush_ >= absl::Seconds(10)) {
+    last_flush_ = now;
+    for (auto& [id, job] : jobs_) {
+      if (job.progress_dirty) Persist(job);
+    }
+  }
+  Schedule();
+}
+
+// ---- jobs -------------------------------------------------------------------------------
+
+absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req) {
+  if (!req.request_id().empty()) {
+    auto it = by_request_.find(req.request_id());
+    if (it != by_request_.end()) return jobs_.at(it->second).info();  // a repeat
+  }
+  ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
+  if (config_.check_job_files) RETURN_IF_ERROR(spec.ValidateFiles());
+  if (!spec.env_file.empty()) {
+    return absl::InvalidArgumentError(
+        "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
+  }
+  Job job;
+  job.spec = spec;
+  job.rec.set_seq(next_seq_++);
+  job.rec.set_spec_yaml(req.spec_yaml());
+  job.rec.set_request_id(req.request_id());
+  v1::JobInfo& info = job.info();
+  info.set_id(absl::StrCat(job.rec.seq()));
+  info.set_name(spec.name);
+  info.set_state(v1::PENDING);
+  info.set_total_steps(static_cast<int32_t>(spec.train.steps));
+  info.set_submitted_at(Now());
+  info.set_reason("waiting for slots");
+  job.last_stop_sent = absl::InfinitePast();
+  Persist(job);
+  const std::string id = info.id();
+  LOG(INFO) << "job=" << id << " submitted name=" << spec.name;
+  if (!req.request_id().empty()) by_request_[req.request_id()] = id;
+  order_.push_back(id);
+  jobs_[id] = std::move(job);
+  post_([this] { Schedule(); });
+  return jobs_.at(id).info();
+}
+
+std::vector<v1::JobInfo> Manager::ListJobs() const {
+  std::vector<v1::JobInfo> out;
+  for (const auto& id : order_) out.push_back(jobs_.at(id).info());
+  return out;
+}
+
+absl::StatusOr<v1::JobInfo> Manager::GetJob(const std::string& id) const {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
+  return it->second.info();
+}
+
+absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
+  Job& job = it->second;
+  switch (job.info().state()) {
+    case v1::PENDING:
+      MarkCancelled(job, "cancelled before it started");
+      break;
+    case v1::STARTING:
+    case v1::RUNNING:
+    case v1::RECONFIGURING:
+      LOG(INFO) << JobWho(job.info()) << " CANCELLING";
+      job.info().set_state(v1::CANCELLING);
+      job.info().set_reason("cancel requested");
+      job.launch_pending.clear();
+      Persist(job);
+      SendStops(job);
+      CheckAllExited(job);
+      break;
+    default:
+      break;  // CANCELLING or finished: cancelling again changes nothing
+  }
+  return job.info();
+}
+
+std::map<std::string, int> Manager::UsedSlots() const {
+  std::map<std::string, int> used;
+  for (const auto& [id, job] : jobs_) {
+    if (!Active(job.info().state())) continue;
+    std::set<int> exited;
+    for (const auto& e : job.rec.exits()) exited.insert(e.rank());
+    for (const auto& p : job.info().placement()) {
+      if (!exited.count(p.rank())) ++used[p.node()];
+    }
+  }
+  for (const auto& [name, n] : nodes_) used[name] += n.other_running;
+  return used;
+}
+
+void Manager::Schedule() {
+  std::map<std::string, int> used = UsedSlots();
+  for (const std::string& id : order_) {
+    Job& job = jobs_.at(id);
+    if (job.info().state() != v1::PENDING) continue;
+    std::vector<FreeSlots> free;
+    for (const auto& [name, n] : nodes_) {
+      if (!Schedulable(n)) continue;
+      const int f = n.rec.slots() - used[name];
+      if (f > 0) free.push_back({name, f});
+    }
+    auto plan = PlanJob(job.spec, free);
+    if (!plan.ok()) {
+      const std::string reason = absl::StrCat("waiting for slots: ", plan.status().message());
+      if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
+        Fail(job, std::string(plan.status().message()));
+      } else if (job.info().reason() != reason) {
+        job.info().set_reason(reason);
+      }
+      continue;  // later, smaller jobs may still fit
+    }
+    for (const auto& p : plan->ranks) ++used[p.node()];
+    StartJob(job, *plan);
+  }
+}
+
+void Manager::StartJob(Job& job, const JobPlan& plan) {
+  CHECK_EQ(job.info().state(), v1::PENDING);
+  v1::JobInfo& info = job.info();
+  info.set_state(v1::STARTING);
+  info.set_generation(info.generation() + 1);
+  info.set_reason("");
+  info.set_stages(plan.stages);
+  info.set_replicas(plan.replicas);
+  info.set_micro_batch(plan.micro_batch);
+  info.set_slots(plan.stages * plan.replicas);
+  info.set_stage_to_rank_map(plan.stage_to_rank_map);
+  info.clear_placement();
+  for (const auto& p : plan.ranks) *info.add_placement() = p;
+  const Node& first = nodes_.at(plan.ranks[0].node());
+  info.set_master(absl::StrCat(HostOf(first.rec.address()), ":0"));
+  info.set_started_at(Now());
+  job.rec.clear_exits();
+  job.starting_since = clock_->Now();
+  Persist(job);
+  std::set<std::string> used_nodes;
+  for (const auto& p : plan.ranks) used_nodes.insert(p.node());
+  LOG(INFO) << JobWho(info) << " STARTING stages=" << plan.stages << " replicas=" << plan.replicas
+            << " micro_batch=" << plan.micro_batch << " map=" << plan.stage_to_rank_map
+            << " nodes=" << absl::StrJoin(used_nodes, ",");
+  SendLaunches(job);
+}
+
+v1::LaunchRequest Manager::MakeLaunch(const Job& job, const std::string& node) const {
+  const v1::JobInfo& info = job.info();
+  v1::LaunchRequest req;
+  req.set_job_id(info.id());
+  req.set_generation(info.generation());
+  req.set_job_name(info.name());
+  req.set_spec_yaml(job.rec.spec_yaml());
+  req.set_world_size(info.slots());
+  auto hp = SplitHostPort(info.master());
+  req.set_master_addr(hp.ok() ? hp->first : "");
+  req.set_master_port(hp.ok() ? hp->second : 0);
+  req.set_stage_to_rank_map(info.stage_to_rank_map());
+  req.set_micro_batch(info.micro_batch());
+  req.set_per_replica_batch(job.spec.train.global_batch / std::max(1, info.replicas()));
+  for (const auto& e : job.spec.entrypoint) req.add_entrypoint(e);
+  for (const auto& [k, v] : job.spec.env) (*req.mutable_env())[k] = v;
+  for (const auto& p : info.placement()) {
+    if (p.node() != node) continue;
+    v1::RankAssignment* a = req.add_ranks();
+    a->set_rank(p.rank());
+    a->set_local_rank(p.local_rank());
+  }
+  return req;
+}
+
+// Note [Launch order]: the node of rank 0 is launched first with master_port 0; its agent
+// picks a free port, which the other nodes then get. A repeat (after a manager restart)
+// gets the same port back, because the agent remembers what it picked per generation.
+void Manager::SendLaunches(Job& job) {
+  const v1::JobInfo& info = job.info();
+  const std::string rank0_node = info.placement(0).node();
+  auto hp = SplitHostPort(info.master());
+  const bool port_known = hp.ok() && hp->second != 0;
+  job.launch_pending.clear();
+  for (const auto& p : info.placement()) job.launch_pending.insert(p.node());
+  std::vector<std::string> targets;
+  if (!port_known) {
+    targets.push_back(rank0_node);
+  } else {
+    targets.assign(job.launch_pending.begin(), job.launch_pending.end());
+  }
+  for (const std::string& node_name : targets) {
+    auto nit = nodes_.find(node_name);
+    if (nit == nodes_.end()) continue;
+    auto client = agents_->For(nit->second.rec.address());
+    const std::string id = info.id();
+    const int gen = info.generation();
+    client->Launch(MakeLaunch(job, node_name),
+                   [this, id, gen, node_name](absl::StatusOr<v1::LaunchResponse> r) {
+                     post_([this, id, gen, node_name, r = std::move(r)]() mutable {
+                       OnLaunchDone(id, gen, node_name, std::move(r));
+                     });
+                   });
+  }
+}
+
+void Manager::OnLaunchDone(const std::string& job_id, int generation, const std::string& node,
+                           absl::StatusOr<v1::LaunchResponse> r) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  v1::JobInfo& info = job.info();
+  if (info.generation() != generation || info.state() != v1::STARTING) return;  // stale
+  if (!r.ok()) {
+    Fail(job, absl::StrCat("launch on node ", node, " failed: ", r.status().message()));
+    return;
+  }
+  const bool first = SplitHostPort(info.master()).value_or(std::make_pair("", 0)).second == 0;
+  job.launch_pending.erase(node);
+  if (first) {
+    info.set_master(absl::StrCat(HostOf(info.master()), ":", r->master_port()));
+    Persist(job);
+    SendLaunches(job);  // the rest, now that the port is known (a repeat here is harmless)
+  }
+  if (job.launch_pending.empty()) MarkRunning(job);
+}
+
+void Manager::MarkRunning(Job& job) {
+  if (job.info().state() != v1::STARTING) return;
+  job.info().set_state(v1::RUNNING);
+  LOG(INFO) << JobWho(job.info()) << " RUNNING master=" << job.info().master();
+  Persist(job);
+  CheckAllExited(job);  // a job can finish before its last launch was acknowledged
+}
+
+void Manager::SendStops(Job& job) {
+  job.last_stop_sent = clock_->Now();
+  std::set<std::string> nodes;
+  for (const auto& p : job.info().placement()) nodes.insert(p.node());
+  for (const std::string& name : nodes) {
+    auto nit = nodes_.find(name);
+    if (nit == nodes_.end() || nit->second.dead) continue;
+    v1::StopRequest req;
+    req.set_job_id(job.info().id());
+    req.set_generation(job.info().generation());
+    req.set_grace_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(config_.stop_grace)));
+    const std::string who = JobWho(job.info());
+    agents_->For(nit->second.rec.address())
+        ->Stop(req, [who, name](absl::StatusOr<v1::StopResponse> r) {
+          if (!r.ok()) LOG(WARNING) << who << " stop on node " << name << ": " << r.status();
+        });
+  }
+}
+
+void Manager::RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node) {
+  for (const auto& e : job.rec.exits()) {
+    if (e.rank() == rank) return;  // already known
+  }
+  v1::RankExit* e = job.rec.add_exits();
+  e->set_rank(rank);
+  e->set_exit_code(exit_code);
+  e->set_signal(signal);
+  const v1::JobState s = job.info().state();
+  if ((s == v1::STARTING || s == v1::RUNNING) && (exit_code != 0 || signal != 0)) {
+    Fail(job, absl::StrCat("rank ", rank, " on node ", node, " ",
+                           signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
+                                       : absl::StrCat("exited with code ", exit_code)));
+    return;
+  }
+  Persist(job);
+  CheckAllExited(job);
+}
+
+void Manager::CheckAllExited(Job& job) {
+  if (job.rec.exits_size() < job.info().placement_size()) return;
+  const v1::JobState s = job.info().state();
+  if (s == v1::RUNNING) {
+    Succeed(job);
+  } else if (s == v1::CANCELLING) {
+    MarkCancelled(job, "cancelled by request");
+  }
+}
+
+void Manager::Succeed(Job& job) {
+  if (job.info().state() != v1::RUNNING) return;
+  job.info().set_state(v1::SUCCEEDED);
+  job.info().set_reason("");
+  job.info().set_finished_at(Now());
+  LOG(INFO) << JobWho(job.info()) << " SUCCEEDED at step " << job.info().step();
+  Persist(job);
+  post_([this] { Schedule(); });
+}
+
+void Manager::Fail(Job& job, const std::string& reason) {
+  if (Terminal(job.info().state())) return;
+  const bool had_workers = Active(job.info().state());
+  job.info().set_state(v1::FAILED);
+  job.info().set_reason(reason);
+  job.info().set_finished_at(Now());
+  job.launch_pending.clear();
+  LOG(WARNING) << JobWho(job.info()) << " FAILED: " << reason;
+  Persist(job);
+  if (had_workers) SendStops(job);
+  post_([this] { Schedule(); });
+}
+
+void Manager::MarkCancelled(Job& job, const std::string& reason) {
+  const v1::JobState s = job.info().state();
+  if (s != v1::PENDING && s != v1::CANCELLING) return;
+  job.info().set_state(v1::CANCELLED);
+  job.info().set_reason(reason);
+  job.info().set_finished_at(Now());
+  LOG(INFO) << JobWho(job.info()) << " CANCELLED";
+  Persist(job);
+  post_([this] { Schedule(); });
+}
+
+void Manager::GetLogs(const v1::GetLogsRequest& req,
+                      std::function<void(absl::StatusOr<v1::GetLogsResponse>)> done) {
+  auto it = jobs_.find(req.job_id());
+  if (it == jobs_.end()) {
+    done(absl::NotFoundError(absl::StrCat("no job with id '", req.job_id(), "'")));
+    return;
+  }
+  const Job& job = it->second;
+  std::string node_name;
+  for (const auto& p : job.info().placement()) {
+    if (p.rank() == req.rank()) node_name = p.node();
+  }
+  if (node_name.empty()) {
+    if (job.info().placement_size() == 0) {
+      done(absl::FailedPreconditionError(absl::StrCat("job ", req.job_id(), " is ",
+                                                      v1::JobState_Name(job.info().state()),
+                                                      " and has never run: no logs")));
+    } else {
+      done(absl::NotFoundError(absl::StrCat("job ", req.job_id(), " has no rank ", req.rank(),
+                                            " (ranks 0..", job.info().placement_size() - 1, ")")));
+    }
+    return;
+  }
+  auto nit = nodes_.find(node_name);
+  if (nit == nodes_.end()) {
+    done(absl::UnavailableError(absl::StrCat("node ", node_name, " is unknown")));
+    return;
+  }
+  v1::FetchLogsRequest fetch;
+  fetch.set_job_id(req.job_id());
+  fetch.set_rank(req.rank());
+  fetch.set_offset(req.offset());
+  fetch.set_max_bytes(req.max_bytes());
+  const bool finished = Terminal(job.info().state());
+  agents_->For(nit->second.rec.address())
+      ->FetchLogs(fetch, [done = std::move(done), node_name,
+                          finished](absl::StatusOr<v1::FetchLogsResponse> r) {
+        if (!r.ok()) {
+          done(absl::Status(r.status().code(), absl::StrCat("logs from node ", node_name, ": ",
+                                                            r.status().message())));
+          return;
+        }
+        v1::GetLogsResponse resp;
+        resp.set_data(r->data());
+        resp.set_next_offset(r->next_offset());
+        resp.set_node(node_name);
+        resp.set_job_finished(finished);
+        done(std::move(resp));
+      });
+}
+
+}  // namespace varuna

@@ -1,0 +1,140 @@
+#pragma once
+
+// The manager's state machines: the node table (ALIVE -> SUSPECT -> DEAD by missed
+// heartbeats; DRAINING by request or machine_list) and the job controller (PENDING ->
+// STARTING -> RUNNING -> SUCCEEDED | FAILED(reason), CANCELLING -> CANCELLED). Every method
+// runs on the manager's loop thread; answers that need an agent come back through `post`.
+// docs/architecture.md "Control plane" draws both machines.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/job_spec.h"
+#include "manager/agent_client.h"
+#include "manager/placement.h"
+#include "manager/state_store.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+struct ManagerConfig {
+  std::string listen = "127.0.0.1:7070";
+  std::string state_dir;
+  absl::Duration heartbeat_period = absl::Seconds(1);  // what agents are told to use
+  int suspect_after_missed = 3;                        // heartbeats missed before SUSPECT
+  int dead_after_missed = 10;                          // heartbeats missed before DEAD
+  absl::Duration stop_grace = absl::Seconds(10);       // SIGTERM -> SIGKILL on cancel/failure
+  absl::Duration start_timeout = absl::Seconds(120);   // STARTING longer than this fails
+  absl::Duration agent_rpc_timeout = absl::Seconds(5);
+  std::string machine_list;     // optional: only nodes (name or host) listed here get work
+  bool check_job_files = true;  // data.path etc. must be readable by the manager at submit
+
+  absl::Status Validate() const;
+  absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }
+  absl::Duration dead_after() const { return heartbeat_period * dead_after_missed; }
+};
+
+// Reads a manager config file (YAML; durations as *_s in seconds). Unknown keys are errors.
+absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* config);
+
+class Manager {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentClientPool* agents,
+          Post post);
+
+  // Loads jobs and nodes from the store; resumes launches and stops that were in flight.
+  absl::Status Recover();
+
+  // AgentRegistry.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
+
+  // JobApi.
+  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req);
+  std::vector<v1::JobInfo> ListJobs() const;
+  absl::StatusOr<v1::JobInfo> GetJob(const std::string& id) const;
+  absl::StatusOr<v1::JobInfo> Cancel(const std::string& id);
+  void GetLogs(const v1::GetLogsRequest& req,
+               std::function<void(absl::StatusOr<v1::GetLogsResponse>)> done);
+  std::vector<v1::NodeInfo> ListNodes() const;
+  absl::StatusOr<v1::NodeInfo> Drain(const std::string& node, bool undo);
+
+  // Node timeouts, launch timeouts, machine_list reload, scheduling, progress flush.
+  void Tick();
+
+  const ManagerConfig& config() const { return config_; }
+
+ private:
+  struct Node {
+    v1::NodeRecord rec;
+    absl::Time last_seen;
+    bool dead = false;
+    bool suspect = false;
+    int other_running = 0;  // running workers of no active launch, from the last heartbeat
+  };
+  struct Job {
+    v1::JobRecord rec;
+    JobSpec spec;
+    std::set<std::string> launch_pending;  // nodes whose Launch has not been acked
+    absl::Time starting_since;
+    absl::Time last_stop_sent;
+    bool progress_dirty = false;
+    v1::JobInfo& info() { return *rec.mutable_info(); }
+    const v1::JobInfo& info() const { return rec.info(); }
+  };
+
+  // Transitions: each checks the from-state, logs, persists, then acts.
+  void StartJob(Job& job, const JobPlan& plan);
+  void MarkRunning(Job& job);
+  void Succeed(Job& job);
+  void Fail(Job& job, const std::string& reason);
+  void MarkCancelled(Job& job, const std::string& reason);
+
+  void Schedule();
+  void SendLaunches(Job& job);
+  void OnLaunchDone(const std::string& job_id, int generation, const std::string& node,
+                    absl::StatusOr<v1::LaunchResponse> r);
+  void SendStops(Job& job);
+  void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node);
+  void CheckAllExited(Job& job);
+  void OnNodeDead(Node& node, absl::Duration silent);
+  void ReloadMachineList();
+
+  v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
+  std::map<std::string, int> UsedSlots() const;
+  bool Schedulable(const Node& n) const;
+  std::string DrainReason(const Node& n) const;
+  v1::NodeInfo Describe(const Node& n) const;
+  void Persist(Job& job);
+  void PersistNode(const Node& n);
+  std::string Now() const;
+  static bool Active(v1::JobState s);
+  static bool Terminal(v1::JobState s);
+
+  const ManagerConfig config_;
+  Clock* const clock_;
+  StateStore* const store_;
+  AgentClientPool* const agents_;
+  const Post post_;
+  std::map<std::string, Node> nodes_;
+  std::map<std::string, Job> jobs_;  // by id
+  std::vector<std::string> order_;   // ids in submission order
+  std::map<std::string, std::string> by_request_;
+  int64_t next_seq_ = 1;
+  absl::Time last_flush_;
+  // machine_list
+  bool have_machine_list_ = false;
+  std::set<std::string> listed_;
+  int64_t machine_list_mtime_ = -1;
+  absl::Time last_list_check_ = absl::InfinitePast();
+};
+
+}  // namespace varuna

@@ -1,0 +1,57 @@
+#pragma once
+
+// varuna-manager as a process: the Manager state machines on one event loop thread, the
+// JobApi and AgentRegistry gRPC services posting to it, and the SQLite store.
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/event_loop.h"
+#include "manager/agent_client.h"
+#include "manager/manager.h"
+#include "manager/state_store.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace varuna {
+
+class ManagerServer {
+ public:
+  struct Options {
+    // Zero: no background ticks; tests call Tick() after moving a fake clock.
+    absl::Duration tick_period = absl::Milliseconds(200);
+  };
+  ManagerServer(ManagerConfig config, Clock* clock, std::unique_ptr<AgentClientPool> agents,
+                Options options);
+  ~ManagerServer();
+
+  // Opens the state, recovers jobs and nodes, and starts serving on config.listen.
+  absl::Status Start();
+  void Shutdown();
+
+  const std::string& address() const { return address_; }
+  void Tick();
+  EventLoop& loop() { return loop_; }
+  Manager& manager() { return *manager_; }
+
+ private:
+  class JobService;
+  class RegistryService;
+
+  ManagerConfig config_;
+  Clock* const clock_;
+  std::unique_ptr<AgentClientPool> agents_;
+  EventLoop loop_;
+  std::unique_ptr<StateStore> store_;
+  std::unique_ptr<Manager> manager_;
+  std::unique_ptr<JobService> job_service_;
+  std::unique_ptr<RegistryService> registry_service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  bool stopped_ = false;
+};
+
+}  // namespace varuna

@@ -1,0 +1,38 @@
+#pragma once
+
+// Placement: how many stages and replicas a job gets from the free slots, and which node
+// runs which rank. Pure functions; no RPC, no clock.
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/job_spec.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+struct FreeSlots {
+  std::string node;
+  int free = 0;
+};
+
+struct JobPlan {
+  int stages = 0;
+  int replicas = 0;
+  int micro_batch = 0;
+  int64_t per_replica_batch = 0;
+  std::string stage_to_rank_map;
+  std::vector<v1::RankPlacement> ranks;  // index = rank
+};
+
+// Chooses (P, D) and places ranks. Rank r runs stage r mod P of replica r div P (Varuna's
+// map), and ranks are packed onto nodes in order, fullest-free node first, so the stages of
+// one pipeline share a node where they fit. parallel.stages: auto takes P = the most free
+// slots on one node, capped at model.layers and at a divisor of the usable slots (a
+// stand-in until AutoConfig). Replicas: parallel.replicas, or as many as the slots allow
+// (at most resources.max_slots in all), reduced until they divide train.global_batch.
+// ResourceExhausted (naming what is missing) when the job does not fit now.
+absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes);
+
+}  // namespace varuna

@@ -1,0 +1,118 @@
+#include "manager/state_store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+
+namespace varuna {
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--state_dir ", dir, " cannot be created: ", ec.message()));
+  }
+  const std::string path = dir + "/manager.db";
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
+      SQLITE_OK) {
+    std::string msg = db != nullptr ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::UnavailableError(absl::StrCat("cannot open state database ", path, ": ", msg));
+  }
+  std::unique_ptr<StateStore> store(new StateStore(db, path));
+  for (const char* sql : {
+           "PRAGMA journal_mode=WAL",
+           "PRAGMA synchronous=FULL",
+           "PRAGMA busy_timeout=5000",
+           "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, seq INTEGER, record BLOB)",
+           "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, seq INTEGER, record BLOB)",
+       }) {
+    absl::Status s = store->Exec(sql);
+    if (!s.ok()) return s;
+  }
+  return store;
+}
+
+StateStore::~StateStore() { sqlite3_close(db_); }
+
+absl::Status StateStore::Exec(const std::string& sql) {
+  char* err = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
+    std::string msg = err != nullptr ? err : "unknown error";
+    sqlite3_free(err);
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", msg, " in: ", sql));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateStore::Put(const char* sql, const std::string& key, int64_t seq,
+                             const std::string& blob) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_int64(stmt, 2, seq);
+  sqlite3_bind_blob(stmt, 3, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::InternalError(
+        absl::StrCat("state database ", path_, ": write failed: ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateStore::SaveJob(const v1::JobRecord& job) {
+  return Put("INSERT OR REPLACE INTO jobs (id, seq, record) VALUES (?, ?, ?)", job.info().id(),
+             job.seq(), job.SerializeAsString());
+}
+
+absl::Status StateStore::SaveNode(const v1::NodeRecord& node) {
+  return Put("INSERT OR REPLACE INTO nodes (name, seq, record) VALUES (?, ?, ?)", node.name(), 0,
+             node.SerializeAsString());
+}
+
+namespace {
+
+template <typename T>
+absl::StatusOr<std::vector<T>> LoadAll(sqlite3* db, const char* sql, const std::string& path) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path, ": ", sqlite3_errmsg(db)));
+  }
+  std::vector<T> out;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    T rec;
+    const void* blob = sqlite3_column_blob(stmt, 0);
+    const int n = sqlite3_column_bytes(stmt, 0);
+    if (!rec.ParseFromArray(blob, n)) {
+      sqlite3_finalize(stmt);
+      return absl::DataLossError(
+          absl::StrCat("state database ", path, ": a corrupt ", T::descriptor()->name(), " row"));
+    }
+    out.push_back(std::move(rec));
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::InternalError(absl::StrCat("state database ", path, ": ", sqlite3_errmsg(db)));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<v1::JobRecord>> StateStore::LoadJobs() {
+  return LoadAll<v1::JobRecord>(db_, "SELECT record FROM jobs ORDER BY seq", path_);
+}
+
+absl::StatusOr<std::vector<v1::NodeRecord>> StateStore::LoadNodes() {
+  return LoadAll<v1::NodeRecord>(db_, "SELECT record FROM nodes ORDER BY name", path_);
+}
+
+}  // namespace varuna

@@ -1,0 +1,39 @@
+#pragma once
+
+// The manager's durable state: one SQLite database under --state_dir holding every job and
+// node record (protobuf rows). Writes are synchronous and durable before they return, so a
+// manager killed at any moment restarts with everything it acknowledged.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "varuna/v1/control.pb.h"
+
+struct sqlite3;
+
+namespace varuna {
+
+class StateStore {
+ public:
+  // Opens (creating if needed) `dir`/manager.db. Errors name the path.
+  static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir);
+  ~StateStore();
+
+  absl::Status SaveJob(const v1::JobRecord& job);
+  absl::Status SaveNode(const v1::NodeRecord& node);
+  // All jobs, in submission order.
+  absl::StatusOr<std::vector<v1::JobRecord>> LoadJobs();
+  absl::StatusOr<std::vector<v1::NodeRecord>> LoadNodes();
+
+ private:
+  explicit StateStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  absl::Status Exec(const std::string& sql);
+  absl::Status Put(const char* sql, const std::string& key, int64_t seq, const std::string& blob);
+
+  sqlite3* db_;
+  const std::string path_;
+};
+
+}  // namespace varuna
