@@ -6,9 +6,11 @@
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -410,6 +412,12 @@ int Agent::StopAll() {
   int n = 0;
   for (const auto& job : jobs) n += SignalWorkers(job, INT_MAX, SIGTERM, true, config_.stop_grace);
   return n;
+}
+
+void Agent::KillAll() {
+  for (auto& [key, w] : workers_) {
+    if (w.running) launcher_->Signal(w.pid, SIGKILL).IgnoreError();
+  }
 }
 
 int Agent::running_workers() const {

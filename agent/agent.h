@@ -52,6 +52,8 @@ class Agent {
   void Tick();
   // SIGTERM to every running worker (agent shutdown). Returns how many were signalled.
   int StopAll();
+  // SIGKILL to every running worker (end of the agent's shutdown grace).
+  void KillAll();
   int running_workers() const;
 
   const AgentConfig& config() const { return config_; }

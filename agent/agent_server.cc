@@ -138,6 +138,7 @@ void AgentServer::Shutdown() {
            absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(50));
     }
+    loop_.RunSync([this] { agent_.KillAll(); });
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
   loop_.Stop();

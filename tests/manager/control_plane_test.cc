@@ -1,0 +1,536 @@
+// The control plane in one process: a real manager and real agents talking gRPC on
+// 127.0.0.1:0, with a fake clock (heartbeats and ticks are driven by the test) and fake
+// launchers (no processes; the test decides when workers exit).
+
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "agent/agent_server.h"
+#include "common/rpc.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "manager/manager_server.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_launcher.h"
+#include "tests/testing/status_matchers.h"
+#include "varuna/v1/control.grpc.pb.h"
+
+namespace varuna {
+namespace {
+
+using ::testing::HasSubstr;
+using ::varuna::testing::FakeClock;
+using ::varuna::testing::FakeLauncher;
+using ::varuna::testing::IsOk;
+using ::varuna::testing::StatusIs;
+
+std::string MakeTempDir() {
+  std::string tmpl = ::testing::TempDir() + "/cp_XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+  return tmpl;
+}
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Polls `pred` (real time) until it holds or 10 s pass: RPCs between the daemons are
+// asynchronous, so the test waits for their effect rather than sleeping a guessed time.
+template <typename P>
+bool Eventually(P pred) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return pred();
+}
+
+class ControlPlaneTest : public ::testing::Test {
+ protected:
+  struct AgentUnderTest {
+    FakeLauncher launcher;
+    std::unique_ptr<AgentServer> server;
+  };
+
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    data_ = dir_ + "/corpus.txt";
+    std::ofstream(data_) << std::string(4096, 'x');
+    // A fixed port so agents find a restarted manager.
+    manager_address_ = absl::StrCat("127.0.0.1:", FreePort());
+    StartManager();
+  }
+
+  void TearDown() override {
+    agents_.clear();
+    if (manager_) manager_->Shutdown();
+    std::filesystem::remove_all(dir_);
+  }
+
+  void StartManager() {
+    ManagerConfig config;
+    config.listen = manager_address_;
+    config.state_dir = dir_ + "/state";
+    config.heartbeat_period = absl::Seconds(1);
+    config.suspect_after_missed = 3;
+    config.dead_after_missed = 10;
+    config.stop_grace = absl::Seconds(5);
+    manager_ =
+        std::make_unique<ManagerServer>(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5)),
+                                        ManagerServer::Options{absl::ZeroDuration()});
+    ASSERT_THAT(manager_->Start(), IsOk());
+    jobs_ = v1::JobApi::NewStub(MakeChannel(manager_address_));
+    registry_ = v1::AgentRegistry::NewStub(MakeChannel(manager_address_));
+  }
+
+  AgentUnderTest& AddAgent(const std::string& name, int slots) {
+    auto a = std::make_unique<AgentUnderTest>();
+    AgentConfig config;
+    config.name = name;
+    config.manager = manager_address_;
+    config.listen = "127.0.0.1:0";
+    config.slots = slots;
+    config.work_dir = dir_ + "/" + name;
+    config.worker_binary = "/bin/true";
+    config.stop_grace = absl::Seconds(5);
+    a->server = std::make_unique<AgentServer>(
+        config, &clock_, &a->launcher, MakeGrpcManagerClient(manager_address_, absl::Seconds(5)),
+        AgentServer::Options{false, absl::ZeroDuration()});
+    EXPECT_THAT(a->server->Start(), IsOk());
+    EXPECT_THAT(a->server->HeartbeatOnce(), IsOk());
+    agents_.push_back(std::move(a));
+    return *agents_.back();
+  }
+
+  void BeatAll() {
+    for (auto& a : agents_) EXPECT_THAT(a->server->HeartbeatOnce(), IsOk());
+  }
+  void Tick() { manager_->Tick(); }
+
+  std::string Spec(const std::string& extra = "parallel: {stages: 2}") const {
+    return absl::StrCat(
+        "name: t\nmodel: {kind: gpt, layers: 4, d_model: 32, heads: 2, "
+        "seq_len: 8, vocab: 256}\ndata: {kind: text, path: ",
+        data_, "}\ntrain: {global_batch: 8, steps: 20}\n", extra, "\n");
+  }
+
+  absl::StatusOr<v1::JobInfo> Submit(const std::string& yaml, const std::string& request_id = "") {
+    grpc::ClientContext ctx;
+    v1::SubmitRequest req;
+    req.set_spec_yaml(yaml);
+    req.set_request_id(request_id);
+    v1::SubmitResponse resp;
+    grpc::Status s = jobs_->Submit(&ctx, req, &resp);
+    if (!s.ok()) return FromGrpcStatus(s);
+    return resp.job();
+  }
+  v1::JobInfo Get(const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::GetJobRequest req;
+    req.set_job_id(id);
+    v1::GetJobResponse resp;
+    EXPECT_TRUE(jobs_->GetJob(&ctx, req, &resp).ok());
+    return resp.job();
+  }
+  v1::JobInfo Cancel(const std::string& id) {
+    grpc::ClientContext ctx;
+    v1::CancelJobRequest req;
+    req.set_job_id(id);
+    v1::CancelJobResponse resp;
+    EXPECT_TRUE(jobs_->CancelJob(&ctx, req, &resp).ok());
+    return resp.job();
+  }
+  std::map<std::string, v1::NodeState> NodeStates() {
+    grpc::ClientContext ctx;
+    v1::ListNodesResponse resp;
+    EXPECT_TRUE(jobs_->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok());
+    std::map<std::string, v1::NodeState> out;
+    for (const auto& n : resp.nodes()) out[n.name()] = n.state();
+    return out;
+  }
+  bool WaitState(const std::string& id, v1::JobState state) {
+    return Eventually([&] { return Get(id).state() == state; });
+  }
+  int TotalAlive() {
+    int n = 0;
+    for (auto& a : agents_) n += a->launcher.alive();
+    return n;
+  }
+  // Submits a 2-stage job on two 2-slot agents and waits until it runs.
+  std::string RunningJob() {
+    if (agents_.empty()) {
+      AddAgent("a1", 2);
+      AddAgent("a2", 2);
+    }
+    auto job = Submit(Spec());
+    EXPECT_THAT(job.status(), IsOk());
+    EXPECT_TRUE(WaitState(job->id(), v1::RUNNING)) << Get(job->id()).DebugString();
+    return job->id();
+  }
+
+  FakeClock clock_;
+  std::string dir_, data_, manager_address_;
+  std::unique_ptr<ManagerServer> manager_;
+  std::vector<std::unique_ptr<AgentUnderTest>> agents_;
+  std::unique_ptr<v1::JobApi::Stub> jobs_;
+  std::unique_ptr<v1::AgentRegistry::Stub> registry_;
+};
+
+TEST_F(ControlPlaneTest, NodesGoSuspectThenDeadByMissedHeartbeatsAndComeBack) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  EXPECT_EQ(NodeStates()["a1"], v1::ALIVE);
+  clock_.Advance(absl::Milliseconds(3500));
+  agents_[1]->server->HeartbeatOnce().IgnoreError();
+  Tick();
+  EXPECT_EQ(NodeStates()["a1"], v1::SUSPECT);
+  EXPECT_EQ(NodeStates()["a2"], v1::ALIVE);
+  clock_.Advance(absl::Seconds(7));
+  Tick();
+  EXPECT_EQ(NodeStates()["a1"], v1::DEAD);
+  EXPECT_EQ(NodeStates()["a2"], v1::SUSPECT);
+  BeatAll();
+  EXPECT_EQ(NodeStates()["a1"], v1::ALIVE);
+  EXPECT_EQ(NodeStates()["a2"], v1::ALIVE);
+}
+
+TEST_F(ControlPlaneTest, DrainStopsNewPlacementsAndUndoRestoresThem) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  grpc::ClientContext ctx;
+  v1::DrainNodeRequest req;
+  req.set_node("a2");
+  v1::DrainNodeResponse resp;
+  ASSERT_TRUE(jobs_->DrainNode(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.node().state(), v1::DRAINING);
+  auto job = Submit(Spec());  // 2 stages: fits on a1 alone as 2x1
+  ASSERT_THAT(job.status(), IsOk());
+  ASSERT_TRUE(WaitState(job->id(), v1::RUNNING));
+  const v1::JobInfo info = Get(job->id());
+  EXPECT_EQ(info.replicas(), 1);
+  for (const auto& p : info.placement()) EXPECT_EQ(p.node(), "a1");
+  grpc::ClientContext ctx2;
+  req.set_undo(true);
+  ASSERT_TRUE(jobs_->DrainNode(&ctx2, req, &resp).ok());
+  EXPECT_EQ(resp.node().state(), v1::ALIVE);
+  grpc::ClientContext ctx3;
+  req.set_node("nope");
+  EXPECT_EQ(jobs_->DrainNode(&ctx3, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ControlPlaneTest, JobRunsToSucceededWithVarunaLaunchArgumentsAndProgress) {
+  const std::string id = RunningJob();
+  v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.stages(), 2);
+  EXPECT_EQ(info.replicas(), 2);
+  EXPECT_EQ(info.stage_to_rank_map(), "0,2;1,3;");
+  EXPECT_EQ(info.generation(), 1);
+  // Pipeline neighbours 0-1 and 2-3 share a node.
+  ASSERT_EQ(info.placement_size(), 4);
+  EXPECT_EQ(info.placement(0).node(), info.placement(1).node());
+  EXPECT_EQ(info.placement(2).node(), info.placement(3).node());
+  EXPECT_NE(info.placement(0).node(), info.placement(2).node());
+
+  std::set<std::string> ports;
+  for (auto& a : agents_) {
+    auto procs = a->launcher.procs();
+    ASSERT_EQ(procs.size(), 2u);
+    for (const auto& p : procs) {
+      const auto& env = p.spec.env;
+      ports.insert(env.at("MASTER_PORT"));
+      EXPECT_EQ(env.at("WORLD_SIZE"), "4");
+      EXPECT_EQ(env.at("VARUNA_GENERATION"), "1");
+      EXPECT_THAT(p.spec.argv, ::testing::Contains("--stage_to_rank_map=0,2;1,3;"));
+      EXPECT_THAT(p.spec.argv, ::testing::Contains("--batch-size=4"));
+      EXPECT_THAT(p.spec.argv, ::testing::Contains(absl::StrCat("--rank=", env.at("RANK"))));
+      EXPECT_EQ(p.spec.argv[0], "/bin/true");
+    }
+  }
+  EXPECT_EQ(ports.size(), 1u) << "every rank must rendezvous on the same port";
+  EXPECT_NE(*ports.begin(), "0");
+
+  // Progress: a worker writes its progress file; the next heartbeat carries it.
+  const auto procs = agents_[0]->launcher.procs();
+  std::ofstream(procs[0].spec.env.at("VARUNA_PROGRESS_FILE"))
+      << R"({"step": 7, "loss": 2.5, "step_time_s": 0.1, "samples_per_s": 80})"
+      << "\n";
+  BeatAll();
+  info = Get(id);
+  EXPECT_EQ(info.step(), 7);
+  EXPECT_DOUBLE_EQ(info.loss(), 2.5);
+  EXPECT_DOUBLE_EQ(info.samples_per_s(), 80);
+
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) a->launcher.Exit(p.pid, 0);
+  }
+  BeatAll();
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+  // The manager released the exited workers; agents forget them.
+  BeatAll();
+  for (auto& a : agents_) {
+    EXPECT_EQ(a->server->loop()
+                  .RunSync([&] { return a->server->agent().BuildHeartbeat(); })
+                  .workers_size(),
+              0);
+  }
+}
+
+TEST_F(ControlPlaneTest, WorkerFailureFailsTheJobNamingRankNodeAndCodeAndStopsTheRest) {
+  const std::string id = RunningJob();
+  const v1::JobInfo info = Get(id);
+  const std::string node_of_2 = info.placement(2).node();
+  AgentUnderTest* owner = nullptr;
+  int pid = 0;
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) {
+      if (p.spec.env.at("RANK") == "2") {
+        owner = a.get();
+        pid = p.pid;
+      }
+    }
+  }
+  ASSERT_NE(owner, nullptr);
+  owner->launcher.Exit(pid, 3);
+  BeatAll();
+  const v1::JobInfo failed = Get(id);
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_THAT(failed.reason(), HasSubstr("rank 2 on node " + node_of_2));
+  EXPECT_THAT(failed.reason(), HasSubstr("exited with code 3"));
+  EXPECT_TRUE(Eventually([&] { return TotalAlive() == 0; })) << "survivors must be stopped";
+}
+
+TEST_F(ControlPlaneTest, CancelStopsWorkersAndEndsCancelledAndIsSafeToRepeat) {
+  const std::string id = RunningJob();
+  for (auto& a : agents_) a->launcher.set_exit_on_sigterm(false);  // stubborn workers
+  EXPECT_EQ(Cancel(id).state(), v1::CANCELLING);
+  EXPECT_EQ(Cancel(id).state(), v1::CANCELLING);  // a repeat changes nothing
+  ASSERT_TRUE(Eventually([&] {
+    for (auto& a : agents_) {
+      for (const auto& p : a->launcher.procs()) {
+        if (p.signals.empty()) return false;
+      }
+    }
+    return true;
+  }));
+  // A repeated stop did not restart the grace period: one SIGTERM per worker.
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) EXPECT_EQ(p.signals, std::vector<int>{SIGTERM});
+  }
+  clock_.Advance(absl::Seconds(6));  // past the 5 s grace
+  for (auto& a : agents_) a->server->Tick();
+  EXPECT_EQ(TotalAlive(), 0);
+  BeatAll();
+  EXPECT_EQ(Get(id).state(), v1::CANCELLED);
+  EXPECT_EQ(Cancel(id).state(), v1::CANCELLED);
+
+  // Cancelling a job that never started ends it at once.
+  auto big = Submit(Spec("parallel: {stages: 8}"));  // more slots than exist: PENDING
+  ASSERT_THAT(big.status(), IsOk());
+  Tick();
+  EXPECT_EQ(Get(big->id()).state(), v1::PENDING);
+  EXPECT_THAT(Get(big->id()).reason(), HasSubstr("needs 8 slots"));
+  EXPECT_EQ(Cancel(big->id()).state(), v1::CANCELLED);
+}
+
+TEST_F(ControlPlaneTest, LostNodeFailsItsJobWithinTheHeartbeatTimeout) {
+  const std::string id = RunningJob();
+  const std::string lost = agents_[1]->server->agent().config().name;
+  for (int i = 0; i < 10; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    agents_[0]->server->HeartbeatOnce().IgnoreError();
+    Tick();
+  }
+  EXPECT_EQ(NodeStates()[lost], v1::DEAD);
+  const v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.reason(), HasSubstr("node " + lost + " lost"));
+}
+
+TEST_F(ControlPlaneTest, RepeatedRpcsAreSafe) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  // Submit with one request id twice: one job.
+  auto first = Submit(Spec(), "req-1");
+  auto second = Submit(Spec(), "req-1");
+  ASSERT_THAT(first.status(), IsOk());
+  ASSERT_THAT(second.status(), IsOk());
+  EXPECT_EQ(first->id(), second->id());
+  ASSERT_TRUE(WaitState(first->id(), v1::RUNNING));
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 1);
+
+  // Launch repeated straight at an agent: no second process per rank.
+  auto agent_api = v1::AgentApi::NewStub(MakeChannel(agents_[0]->server->address()));
+  v1::LaunchRequest launch;
+  launch.set_job_id("77");
+  launch.set_generation(1);
+  launch.set_spec_yaml(Spec());
+  launch.set_world_size(1);
+  launch.set_master_addr("127.0.0.1");
+  launch.add_ranks()->set_rank(0);
+  v1::LaunchResponse lr1, lr2;
+  grpc::ClientContext c1, c2;
+  ASSERT_TRUE(agent_api->Launch(&c1, launch, &lr1).ok());
+  ASSERT_TRUE(agent_api->Launch(&c2, launch, &lr2).ok());
+  EXPECT_EQ(lr1.master_port(), lr2.master_port());
+  int procs_of_77 = 0;
+  for (const auto& p : agents_[0]->launcher.procs()) {
+    procs_of_77 += p.spec.env.at("VARUNA_JOB_ID") == "77" ? 1 : 0;
+  }
+  EXPECT_EQ(procs_of_77, 1);
+
+  // Stop repeated: the second signals nobody.
+  v1::StopRequest stop;
+  stop.set_job_id("77");
+  v1::StopResponse s1, s2;
+  grpc::ClientContext c3, c4;
+  agents_[0]->launcher.set_exit_on_sigterm(false);
+  ASSERT_TRUE(agent_api->Stop(&c3, stop, &s1).ok());
+  ASSERT_TRUE(agent_api->Stop(&c4, stop, &s2).ok());
+  EXPECT_EQ(s1.signalled(), 1);
+  EXPECT_EQ(s2.signalled(), 0);
+
+  // A heartbeat repeated with the same exit does not count it twice.
+  const v1::JobInfo info = Get(first->id());
+  v1::HeartbeatRequest hb;
+  hb.set_name(info.placement(0).node());
+  v1::WorkerStatus* w = hb.add_workers();
+  w->set_job_id(first->id());
+  w->set_generation(1);
+  w->set_rank(info.placement(0).rank());
+  w->set_state(v1::WORKER_EXITED);
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext c;
+    v1::HeartbeatResponse r;
+    ASSERT_TRUE(registry_->Heartbeat(&c, hb, &r).ok());
+  }
+  EXPECT_EQ(Get(first->id()).state(), v1::RUNNING);
+  clock_.Advance(absl::Seconds(6));  // let the stubborn worker of job 77 be killed
+  agents_[0]->server->Tick();
+  EXPECT_EQ(agents_[0]->launcher.alive(), 2);
+  agents_[0]->launcher.set_exit_on_sigterm(true);
+}
+
+TEST_F(ControlPlaneTest, StaleGenerationsAreRefusedAndStopped) {
+  const std::string id = RunningJob();
+  auto agent_api = v1::AgentApi::NewStub(MakeChannel(agents_[0]->server->address()));
+  // The agent has generation 1 of the job; a delayed generation-0 launch is refused.
+  v1::LaunchRequest launch;
+  launch.set_job_id(id);
+  launch.set_generation(1);
+  launch.set_spec_yaml(Spec());
+  launch.set_world_size(4);
+  launch.add_ranks()->set_rank(0);
+  v1::LaunchRequest newer = launch;
+  newer.set_job_id("88");
+  newer.set_generation(3);
+  v1::LaunchResponse lr;
+  grpc::ClientContext c0;
+  ASSERT_TRUE(agent_api->Launch(&c0, newer, &lr).ok());
+  v1::LaunchRequest older = newer;
+  older.set_generation(2);
+  grpc::ClientContext c1;
+  grpc::Status s = agent_api->Launch(&c1, older, &lr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("stale"));
+
+  // The manager tells agents to stop workers of a generation it is not running, and of
+  // jobs it does not know ("88" above).
+  v1::HeartbeatRequest hb;
+  hb.set_name("a1");
+  v1::WorkerStatus* w = hb.add_workers();
+  w->set_job_id(id);
+  w->set_generation(0);
+  w->set_rank(0);
+  w->set_state(v1::WORKER_RUNNING);
+  v1::WorkerStatus* x = hb.add_workers();
+  x->set_job_id(id);
+  x->set_generation(0);
+  x->set_rank(1);
+  x->set_state(v1::WORKER_EXITED);
+  x->set_exit_code(1);
+  grpc::ClientContext c2;
+  v1::HeartbeatResponse r;
+  ASSERT_TRUE(registry_->Heartbeat(&c2, hb, &r).ok());
+  ASSERT_EQ(r.stop_size(), 1);
+  EXPECT_EQ(r.stop(0).generation(), 0);
+  ASSERT_EQ(r.release_size(), 1);
+  EXPECT_EQ(Get(id).state(), v1::RUNNING) << "an old generation's exit must not fail the job";
+
+  BeatAll();  // the agent reports job 88's worker; the manager answers "stop"
+  EXPECT_TRUE(Eventually([&] {
+    agents_[0]->server->Tick();
+    for (const auto& p : agents_[0]->launcher.procs()) {
+      if (p.spec.env.at("VARUNA_JOB_ID") == "88") return !p.alive;
+    }
+    return false;
+  }));
+}
+
+TEST_F(ControlPlaneTest, RestartedManagerKnowsTheJobAndSeesItSucceed) {
+  const std::string id = RunningJob();
+  manager_->Shutdown();
+  manager_.reset();
+  // Workers keep running while the manager is away; heartbeats fail.
+  for (auto& a : agents_) EXPECT_FALSE(a->server->HeartbeatOnce().ok());
+  EXPECT_EQ(TotalAlive(), 4);
+  StartManager();
+  v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::RUNNING);
+  EXPECT_EQ(info.placement_size(), 4);
+  EXPECT_EQ(NodeStates()["a1"], v1::SUSPECT);  // unconfirmed until it heartbeats
+  BeatAll();
+  EXPECT_EQ(NodeStates()["a1"], v1::ALIVE);
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) a->launcher.Exit(p.pid, 0);
+  }
+  BeatAll();
+  EXPECT_EQ(Get(id).state(), v1::SUCCEEDED);
+}
+
+TEST_F(ControlPlaneTest, BadSpecsAreRefusedAtSubmitAndNothingIsQueued) {
+  AddAgent("a1", 2);
+  EXPECT_THAT(Submit(Spec("parallel: {stagez: 2}")),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'parallel.stagez'"));
+  EXPECT_THAT(Submit("name: [unclosed"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "malformed YAML"));
+  EXPECT_THAT(Submit(absl::StrReplaceAll(Spec(), {{"steps: 20", "steps: 20, lr: -1"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "train.lr"));
+  EXPECT_THAT(Submit(absl::StrReplaceAll(Spec(), {{data_, dir_ + "/missing.txt"}})),
+              StatusIs(absl::StatusCode::kNotFound, "missing.txt"));
+  grpc::ClientContext ctx;
+  v1::ListJobsResponse list;
+  ASSERT_TRUE(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
+  EXPECT_EQ(list.jobs_size(), 0);
+}
+
+TEST_F(ControlPlaneTest, UnregisteredHeartbeatIsToldToRegister) {
+  v1::HeartbeatRequest hb;
+  hb.set_name("ghost");
+  grpc::ClientContext ctx;
+  v1::HeartbeatResponse r;
+  EXPECT_EQ(registry_->Heartbeat(&ctx, hb, &r).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+}  // namespace
+}  // namespace varuna
