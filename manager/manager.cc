@@ -182,6 +182,14 @@ absl::Status Manager::Recover() {
     ++active;
     LOG(INFO) << JobWho(job.info()) << " recovered in state "
               << v1::JobState_Name(job.info().state());
+    for (const auto& e : job.rec.exits()) {
+      if ((e.exit_code() != 0 || e.signal() != 0) && job.pending_failure.empty()) {
+        job.pending_failure = absl::StrCat(
+            "rank ", e.rank(), " exited with ",
+            e.signal() != 0 ? SignalName(e.signal()) : absl::StrCat("code ", e.exit_code()));
+        job.fail_at = now;
+      }
+    }
     if (job.info().state() == v1::STARTING) SendLaunches(job);
     if (job.info().state() == v1::CANCELLING) SendStops(job);
   }
@@ -347,10 +355,10 @@ void Manager::OnNodeDead(Node& node, absl::Duration silent) {
       continue;
     }
     // Until morphing lands, losing a node fails the job (ARCHITECTURE "Morph" is next).
-    Fail(job,
-         absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
-                      absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))), "); it ran rank",
-                      ranks.size() > 1 ? "s " : " ", absl::StrJoin(ranks, ",")));
+    Fail(job, absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
+                           absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))), "; it ran ",
+                           RanksOn(job, node.rec.name()), ")",
+                           job.pending_failure.empty() ? "" : "; then ", job.pending_failure));
   }
 }
 
@@ -408,6 +416,9 @@ void Manager::Tick() {
       Fail(job, absl::StrCat("workers did not start within ",
                              absl::FormatDuration(config_.start_timeout), " (no answer from ",
                              absl::StrJoin(job.launch_pending, ","), ")"));
+    } else if ((s == v1::STARTING || s == v1::RUNNING) && !job.pending_failure.empty() &&
+               now >= job.fail_at) {
+      SettleFailure(job);
     } else if (s == v1::CANCELLING && now - job.last_stop_sent > absl::Seconds(5)) {
       SendStops(job);  // in case a Stop was lost; agents ignore repeats
     }
@@ -675,13 +686,44 @@ void Manager::RecordExit(Job& job, int rank, int exit_code, int signal, const st
   e->set_signal(signal);
   const v1::JobState s = job.info().state();
   if ((s == v1::STARTING || s == v1::RUNNING) && (exit_code != 0 || signal != 0)) {
-    Fail(job, absl::StrCat("rank ", rank, " on node ", node, " ",
-                           signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
-                                       : absl::StrCat("exited with code ", exit_code)));
+    if (job.pending_failure.empty()) {
+      job.pending_failure =
+          absl::StrCat("rank ", rank, " on node ", node, " ",
+                       signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
+                                   : absl::StrCat("exited with code ", exit_code));
+      job.fail_at = clock_->Now() + 2 * config_.heartbeat_period;
+    }
+    Persist(job);
     return;
   }
   Persist(job);
   CheckAllExited(job);
+}
+
+std::string Manager::RanksOn(const Job& job, const std::string& node) const {
+  std::vector<int> ranks;
+  for (const auto& p : job.info().placement()) {
+    if (p.node() == node) ranks.push_back(p.rank());
+  }
+  return absl::StrCat("rank", ranks.size() > 1 ? "s " : " ", absl::StrJoin(ranks, ","));
+}
+
+void Manager::SettleFailure(Job& job) {
+  const absl::Time now = clock_->Now();
+  std::set<std::string> job_nodes;
+  for (const auto& p : job.info().placement()) job_nodes.insert(p.node());
+  for (const std::string& name : job_nodes) {
+    auto it = nodes_.find(name);
+    if (it == nodes_.end()) continue;
+    const absl::Duration silent = now - it->second.last_seen;
+    if (it->second.dead || silent >= 1.5 * config_.heartbeat_period) {
+      Fail(job, absl::StrCat("node ", name, " lost (no heartbeat for ",
+                             absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
+                             "; it ran ", RanksOn(job, name), "); then ", job.pending_failure));
+      return;
+    }
+  }
+  Fail(job, job.pending_failure);
 }
 
 void Manager::CheckAllExited(Job& job) {

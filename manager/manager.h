@@ -87,6 +87,11 @@ class Manager {
     absl::Time starting_since;
     absl::Time last_stop_sent;
     bool progress_dirty = false;
+    // Note [Failure attribution]: a rank's non-zero exit is held for two heartbeat periods
+    // before the job fails, so that when a whole node died (and its peers' collectives
+    // failed first) the reason names the lost node rather than a healthy rank.
+    std::string pending_failure;
+    absl::Time fail_at = absl::InfiniteFuture();
     v1::JobInfo& info() { return *rec.mutable_info(); }
     const v1::JobInfo& info() const { return rec.info(); }
   };
@@ -106,6 +111,8 @@ class Manager {
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node);
   void CheckAllExited(Job& job);
   void OnNodeDead(Node& node, absl::Duration silent);
+  void SettleFailure(Job& job);
+  std::string RanksOn(const Job& job, const std::string& node) const;
   void ReloadMachineList();
 
   v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;

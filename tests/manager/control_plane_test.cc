@@ -310,6 +310,12 @@ TEST_F(ControlPlaneTest, WorkerFailureFailsTheJobNamingRankNodeAndCodeAndStopsTh
   ASSERT_NE(owner, nullptr);
   owner->launcher.Exit(pid, 3);
   BeatAll();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING) << "held briefly to attribute the failure";
+  clock_.Advance(absl::Seconds(1));
+  BeatAll();
+  clock_.Advance(absl::Seconds(1));
+  BeatAll();
+  Tick();
   const v1::JobInfo failed = Get(id);
   EXPECT_EQ(failed.state(), v1::FAILED);
   EXPECT_THAT(failed.reason(), HasSubstr("rank 2 on node " + node_of_2));
@@ -353,15 +359,19 @@ TEST_F(ControlPlaneTest, CancelStopsWorkersAndEndsCancelledAndIsSafeToRepeat) {
 TEST_F(ControlPlaneTest, LostNodeFailsItsJobWithinTheHeartbeatTimeout) {
   const std::string id = RunningJob();
   const std::string lost = agents_[1]->server->agent().config().name;
+  // The lost node's workers died with it; a surviving rank fails first (a gloo error).
+  const auto survivor = agents_[0]->launcher.procs()[0];
+  agents_[0]->launcher.Exit(survivor.pid, 1);
   for (int i = 0; i < 10; ++i) {
     clock_.Advance(absl::Seconds(1));
     agents_[0]->server->HeartbeatOnce().IgnoreError();
     Tick();
   }
-  EXPECT_EQ(NodeStates()[lost], v1::DEAD);
   const v1::JobInfo info = Get(id);
   EXPECT_EQ(info.state(), v1::FAILED);
   EXPECT_THAT(info.reason(), HasSubstr("node " + lost + " lost"));
+  EXPECT_THAT(info.reason(), HasSubstr("exited with code 1"));
+  EXPECT_EQ(NodeStates()[lost], v1::DEAD);
 }
 
 TEST_F(ControlPlaneTest, RepeatedRpcsAreSafe) {

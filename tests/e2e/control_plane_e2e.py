@@ -1,0 +1,273 @@
+"""The control plane with real binaries on loopback: varuna-manager, two varuna-agents with
+two slots each, varunactl, and real varuna-worker processes."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import BIN_DIR, free_port, job_yaml, write_text_corpus  # noqa: E402
+
+MANAGER = os.path.join(BIN_DIR, "varuna-manager")
+AGENT = os.path.join(BIN_DIR, "varuna-agent")
+CTL = os.path.join(BIN_DIR, "varunactl")
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+class Cluster:
+    """A manager and agents as separate processes; logs under one temp dir."""
+
+    def __init__(self, agents=2, slots=2):
+        self.dir = tempfile.mkdtemp(prefix="varuna-cp-")
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.config = os.path.join(self.dir, "manager.yaml")
+        with open(self.config, "w") as f:
+            f.write("heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_missed: 4\n"
+                    "stop_grace_s: 3\n")
+        self.manager = None
+        self.agents = {}
+        self.start_manager()
+        for i in range(agents):
+            self.start_agent(f"node{i}", slots)
+        wait_for(lambda: len([n for n in self.nodes() if n["state"] == "ALIVE"]) == agents,
+                 20, "agents to register")
+
+    def start_manager(self):
+        log = open(os.path.join(self.dir, "manager.log"), "a")
+        self.manager = subprocess.Popen(
+            [MANAGER, "--listen", self.address, "--state_dir", os.path.join(self.dir, "state"),
+             "--config", self.config], stdout=log, stderr=subprocess.STDOUT)
+
+    def start_agent(self, name, slots):
+        log = open(os.path.join(self.dir, f"{name}.log"), "a")
+        self.agents[name] = subprocess.Popen(
+            [AGENT, "--manager", self.address, "--listen", "127.0.0.1:0", "--slots", str(slots),
+             "--name", name, "--work_dir", os.path.join(self.dir, name)],
+            stdout=log, stderr=subprocess.STDOUT)
+
+    def ctl(self, *args, check=None, timeout=300):
+        try:
+            r = subprocess.run([CTL, "--manager", self.address, *args], capture_output=True,
+                               text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            raise AssertionError(f"varunactl {' '.join(args)} timed out:\n{e.stdout}\n"
+                                 f"{e.stderr}\n{self.tail()}")
+        if check is not None and r.returncode != check:
+            raise AssertionError(f"varunactl {' '.join(args)} exited {r.returncode}:\n"
+                                 f"{r.stdout}\n{r.stderr}\n{self.tail()}")
+        return r
+
+    def status(self, job_id):
+        return json.loads(self.ctl("-o", "json", "status", job_id, check=0).stdout)
+
+    def nodes(self):
+        r = self.ctl("-o", "json", "nodes")
+        return json.loads(r.stdout) if r.returncode == 0 else []
+
+    def workers(self):
+        """pids of worker processes this cluster started (their argv names our work dirs)."""
+        r = subprocess.run(["pgrep", "-f", self.dir + r"/node[0-9]+/jobs/"], capture_output=True,
+                           text=True)
+        return [int(p) for p in r.stdout.split()]
+
+    def tail(self):
+        out = []
+        for name in ["manager"] + list(self.agents):
+            path = os.path.join(self.dir, f"{name}.log")
+            if os.path.exists(path):
+                with open(path) as f:
+                    out.append(f"--- {name}.log\n" + "".join(f.readlines()[-15:]))
+        return "\n".join(out)
+
+    def close(self):
+        for p in list(self.agents.values()) + [self.manager]:
+            if p is not None and p.poll() is None:
+                p.terminate()
+        for p in list(self.agents.values()) + [self.manager]:
+            if p is not None:
+                try:
+                    p.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def write_job(cluster, name="job.yaml", steps=6, extra="", parallel=None):
+    data = os.path.join(cluster.dir, "corpus.txt")
+    if not os.path.exists(data):
+        write_text_corpus(data)
+    return job_yaml(os.path.join(cluster.dir, name), data, train={"steps": steps},
+                    parallel={"stages": 2, **(parallel or {})}, extra=extra)
+
+
+class ControlPlaneTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.c = Cluster()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+
+    def test_1_submit_follow_runs_2x2_job_to_succeeded(self):
+        c = self.c
+        job = write_job(c)
+        r = c.ctl("submit", job, "--follow", check=0)
+        self.assertIn("SUCCEEDED", r.stdout)
+        self.assertIn("step 6/6", r.stdout)
+        jobs = json.loads(c.ctl("-o", "json", "list", check=0).stdout)
+        st = c.status(jobs[-1]["id"])
+        self.assertEqual(st["state"], "SUCCEEDED")
+        self.assertEqual((st["stages"], st["replicas"]), (2, 2))
+        self.assertEqual(st["stage_to_rank_map"], "0,2;1,3;")
+        self.assertEqual(st["step"], 6)
+        self.assertEqual({p["node"] for p in st["placement"]}, {"node0", "node1"})
+        logs = c.ctl("logs", st["id"], "--rank", "0", check=0).stdout
+        self.assertIn("varuna-agent", logs)
+        self.assertIn("rank=0", logs)
+        self.assertIn("exited with code 0", logs)
+        self.assertEqual(c.workers(), [], "no worker may outlive its job")
+        nodes = c.nodes()
+        self.assertEqual(sorted(n["state"] for n in nodes), ["ALIVE", "ALIVE"])
+        self.assertEqual({n["slots"] for n in nodes}, {2})
+
+    def test_2_cancel_stops_a_running_job(self):
+        c = self.c
+        job = write_job(c, "long.yaml", steps=100000)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 1, 120, "the job to make progress")
+        self.assertEqual(len(c.workers()), 4)
+        t0 = time.time()
+        c.ctl("cancel", job_id, check=0)
+        wait_for(lambda: c.status(job_id)["state"] == "CANCELLED", 15, "CANCELLED")
+        self.assertLess(time.time() - t0, 15)
+        wait_for(lambda: c.workers() == [], 5, "workers to be gone")
+        self.assertEqual(c.ctl("cancel", job_id).returncode, 0)  # repeat is harmless
+        # --follow on a cancelled job reports the outcome with exit code 1.
+        r = c.ctl("logs", job_id, "--rank", "3", check=0)
+        self.assertIn("signal 15", r.stdout)
+
+    def test_3_bad_specs_are_refused_and_nothing_is_queued(self):
+        c = self.c
+        before = len(json.loads(c.ctl("-o", "json", "list", check=0).stdout))
+        good = write_job(c, "good.yaml")
+        cases = {
+            "unknown key": ("train.lrr=1", "unknown key 'train.lrr'"),
+            "negative lr": ("train.lr=-0.1", "train.lr"),
+            "missing file": ("data.path=/nonexistent/corpus.txt", "/nonexistent/corpus.txt"),
+        }
+        for what, (override, needle) in cases.items():
+            r = c.ctl("submit", good, "--set", override)
+            self.assertEqual(r.returncode, 2, what)
+            self.assertIn(needle, r.stderr, what)
+            self.assertIn("nothing queued", r.stderr, what)
+        broken = os.path.join(c.dir, "broken.yaml")
+        with open(broken, "w") as f:
+            f.write("name: [unclosed\n")
+        r = c.ctl("submit", broken)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("malformed YAML", r.stderr)
+        r = c.ctl("submit", os.path.join(c.dir, "absent.yaml"))
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("absent.yaml", r.stderr)
+        after = len(json.loads(c.ctl("-o", "json", "list", check=0).stdout))
+        self.assertEqual(before, after)
+        r = c.ctl("status", "999")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("no job with id '999'", r.stderr)
+        r = subprocess.run([CTL, "--manager", f"127.0.0.1:{free_port()}", "list"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 3)
+        self.assertIn("cannot reach manager", r.stderr)
+
+    def test_4_configs_file_and_env_file_reach_every_worker(self):
+        c = self.c
+        env_file = os.path.join(c.dir, "cluster.env")
+        with open(env_file, "w") as f:
+            f.write("# cluster\nFIRST_LINE=one\nexport SECOND_LINE=two\n")
+        configs = os.path.join(c.dir, "experiments.txt")
+        with open(configs, "w") as f:
+            f.write("# one job per command\n"
+                    "/bin/sh -c 'echo run=A first=$FIRST_LINE second=$SECOND_LINE "
+                    "spec=$SPEC_VAR rank=$RANK world=$WORLD_SIZE args=\"$*\"' sh\n"
+                    "/bin/sh -c \\\n  'echo run=B rank=$RANK' sh\n")
+        job = write_job(c, "tiny.yaml", extra="env: {SPEC_VAR: from_spec}\n")
+        r = c.ctl("-o", "json", "submit", job, "--configs", configs, "--env_file", env_file,
+                  "--stages", "1", "--replicas", "2", "--follow", timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr + c.ctl("list").stdout + c.tail())
+        results = json.loads(r.stdout)
+        self.assertEqual(len(results), 2)
+        self.assertEqual({j["state"] for j in results}, {"SUCCEEDED"})
+        log_a = c.ctl("logs", results[0]["id"], "--rank", "1", check=0).stdout
+        self.assertIn("run=A first=one second=two spec=from_spec rank=1 world=2", log_a)
+        self.assertIn("--stage_to_rank_map=0,1;", log_a)
+        self.assertIn("--batch-size=4", log_a)
+        log_b = c.ctl("logs", results[1]["id"], "--rank", "0", check=0).stdout
+        self.assertIn("run=B rank=0", log_b)
+
+
+class FailureTest(unittest.TestCase):
+    def setUp(self):
+        self.c = Cluster()
+
+    def tearDown(self):
+        self.c.close()
+
+    def test_manager_killed_mid_job_restarts_and_job_succeeds(self):
+        c = self.c
+        job = write_job(c, steps=80)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 2, 120, "progress")
+        c.manager.send_signal(signal.SIGKILL)
+        c.manager.wait()
+        self.assertEqual(len(c.workers()), 4, "workers keep running without the manager")
+        c.start_manager()
+        st = wait_for(lambda: c.ctl("-o", "json", "status", job_id).returncode == 0 and
+                      c.status(job_id), 30, "the restarted manager")
+        self.assertIn(st["state"], ("RUNNING", "SUCCEEDED"))
+        self.assertEqual(st["generation"], 1)
+        r = c.ctl("submit", "--follow", job, "--request_id", "x")  # a new job also runs
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        wait_for(lambda: c.status(job_id)["state"] == "SUCCEEDED", 120, "the job to succeed")
+        self.assertEqual(c.status(job_id)["step"], 80)
+        self.assertEqual(c.workers(), [])
+
+    def test_agent_killed_is_no_longer_alive_within_the_timeout(self):
+        c = self.c
+        job = write_job(c, "long.yaml", steps=100000)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 1, 120, "progress")
+        t0 = time.time()
+        c.agents["node1"].send_signal(signal.SIGKILL)
+        c.agents["node1"].wait()
+
+        def node1_state():
+            return {n["name"]: n["state"] for n in c.nodes()}["node1"]
+
+        wait_for(lambda: node1_state() != "ALIVE", 5, "node1 to leave ALIVE")
+        wait_for(lambda: node1_state() == "DEAD", 10, "node1 DEAD")
+        self.assertLess(time.time() - t0, 10)
+        st = wait_for(lambda: c.status(job_id)["state"] == "FAILED" and c.status(job_id), 15,
+                      "the job to fail")
+        self.assertIn("node node1 lost", st["reason"])  # not the survivor whose gloo call failed
+        wait_for(lambda: c.workers() == [], 15, "every worker to be gone")
+
+
+if __name__ == "__main__":
+    unittest.main()
