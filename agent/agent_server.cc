@@ -101,7 +101,8 @@ AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* laun
       manager_(std::move(manager)),
       options_(options),
       loop_("agent", options.background_heartbeats ? options.tick_period : absl::ZeroDuration(),
-            [this] { agent_.Tick(); }) {}
+            [this] { agent_.Tick(); }),
+      heartbeat_period_ms_(absl::ToInt64Milliseconds(agent_.config().heartbeat_period)) {}
 
 AgentServer::~AgentServer() { Shutdown(); }
 
@@ -156,6 +157,11 @@ absl::Status AgentServer::HeartbeatOnce() {
     if (!r.ok()) return r.status();
     registered_ = true;
     LOG(INFO) << "node=" << c.name << " registered with manager " << c.manager;
+    const int64_t period_ms = r->heartbeat_period_ms();
+    if (period_ms > 0 && period_ms != heartbeat_period_ms_.exchange(period_ms)) {
+      LOG(INFO) << "node=" << c.name << " heartbeat period " << period_ms
+                << "ms, as the manager asks";
+    }
   }
   v1::HeartbeatRequest hb = loop_.RunSync([this] { return agent_.BuildHeartbeat(); });
   auto resp = manager_->Heartbeat(hb);
@@ -174,9 +180,9 @@ void AgentServer::Tick() {
 }
 
 void AgentServer::HeartbeatLoop() {
-  const absl::Duration period = agent_.config().heartbeat_period;
   for (;;) {
     absl::Status s = HeartbeatOnce();
+    const absl::Duration period = absl::Milliseconds(heartbeat_period_ms_.load());
     if (!s.ok() && manager_reachable_) {
       LOG(WARNING) << "node=" << agent_.config().name << " heartbeat failed (workers keep "
                    << "running; retrying every " << period << "): " << s.message();

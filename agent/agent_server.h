@@ -72,6 +72,9 @@ class AgentServer {
   std::thread hb_thread_;
   std::atomic<bool> registered_{false};
   bool manager_reachable_ = true;  // heartbeat thread only, for log de-duplication
+  // The manager's heartbeat period from its Register reply (its SUSPECT/DEAD timeouts are
+  // counted in it); the agent's own setting until then.
+  std::atomic<int64_t> heartbeat_period_ms_;
 };
 
 }  // namespace varuna

@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -130,6 +131,20 @@ absl::Status JobSpec::Validate() const {
   if (resources.min_slots < 1) return Bad("resources.min_slots", "must be >= 1");
   if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
     return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
+  }
+  // Shapes that no cluster could ever run are refused here rather than left PENDING forever.
+  if (parallel.replicas > 0 && train.global_batch % parallel.replicas != 0) {
+    return Bad("train.global_batch",
+               absl::StrCat("(", train.global_batch, ") is not divisible by parallel.replicas (",
+                            parallel.replicas, ")"));
+  }
+  const int64_t fixed_world =
+      static_cast<int64_t>(std::max(parallel.stages, 1)) * std::max(parallel.replicas, 1);
+  if (resources.max_slots > 0 && fixed_world > resources.max_slots) {
+    return Bad(
+        "resources.max_slots",
+        absl::StrCat("is ", resources.max_slots, " but parallel.stages x replicas needs at least ",
+                     fixed_world, " slots"));
   }
   return absl::OkStatus();
 }

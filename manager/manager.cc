@@ -169,6 +169,7 @@ absl::Status Manager::Recover() {
     }
     job.spec = *spec;
     job.starting_since = now;
+    job.running_since = now;
     job.last_stop_sent = absl::InfinitePast();
     next_seq_ = std::max(next_seq_, rec.seq() + 1);
     const std::string id = rec.info().id();
@@ -241,6 +242,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
   }
   v1::HeartbeatResponse resp;
   std::set<std::pair<std::string, int>> stop, release;
+  std::set<std::pair<std::string, int>> reported;  // (job, rank) of current generations
   int other_running = 0;
   for (const v1::WorkerStatus& w : req.workers()) {
     const bool running = w.state() == v1::WORKER_RUNNING;
@@ -258,6 +260,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       continue;
     }
     Job& job = jit->second;
+    reported.insert({w.job_id(), w.rank()});
     const v1::StepMetrics& p = w.progress();
     v1::JobInfo& info = job.info();
     if (p.step() > info.step()) {
@@ -270,6 +273,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
     if (!running) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node.rec.name());
   }
   node.other_running = other_running;
+  CheckUnreported(node, reported);
   for (const auto& [id, gen] : stop) {
     v1::JobRef* r = resp.add_stop();
     r->set_job_id(id);
@@ -652,6 +656,7 @@ void Manager::OnLaunchDone(const std::string& job_id, int generation, const std:
 void Manager::MarkRunning(Job& job) {
   if (job.info().state() != v1::STARTING) return;
   job.info().set_state(v1::RUNNING);
+  job.running_since = clock_->Now();
   LOG(INFO) << JobWho(job.info()) << " RUNNING master=" << job.info().master();
   Persist(job);
   CheckAllExited(job);  // a job can finish before its last launch was acknowledged
@@ -700,6 +705,35 @@ void Manager::RecordExit(Job& job, int rank, int exit_code, int signal, const st
   CheckAllExited(job);
 }
 
+// A rank the job placed on this node that its agent no longer reports, neither running nor
+// exited: the agent restarted (its workers died with it) or lost track of them. Without
+// this the job would wait for that rank forever. Launches are acknowledged only after the
+// workers exist, so a RUNNING job's ranks are in every heartbeat built after the ack; the
+// two-period allowance covers a heartbeat that was already in flight.
+void Manager::CheckUnreported(const Node& node,
+                              const std::set<std::pair<std::string, int>>& reported) {
+  const absl::Time now = clock_->Now();
+  for (auto& [id, job] : jobs_) {
+    if (job.info().state() != v1::RUNNING || !job.unreported.empty()) continue;
+    if (now - job.running_since < 2 * config_.heartbeat_period) continue;
+    std::set<int> exited;
+    for (const auto& e : job.rec.exits()) exited.insert(e.rank());
+    for (const auto& p : job.info().placement()) {
+      if (p.node() != node.rec.name() || exited.count(p.rank()) || reported.count({id, p.rank()})) {
+        continue;
+      }
+      job.unreported = absl::StrCat("rank ", p.rank(), " on node ", node.rec.name(),
+                                    " is no longer known to its agent (agent restarted?)");
+      LOG(WARNING) << JobWho(job.info()) << " " << job.unreported;
+      if (job.pending_failure.empty()) {
+        job.pending_failure = job.unreported;
+        job.fail_at = now + 2 * config_.heartbeat_period;
+      }
+      break;
+    }
+  }
+}
+
 std::string Manager::RanksOn(const Job& job, const std::string& node) const {
   std::vector<int> ranks;
   for (const auto& p : job.info().placement()) {
@@ -722,6 +756,11 @@ void Manager::SettleFailure(Job& job) {
                              "; it ran ", RanksOn(job, name), "); then ", job.pending_failure));
       return;
     }
+  }
+  if (!job.unreported.empty() && job.unreported != job.pending_failure) {
+    // Its peers' exits were the consequence (their collectives lost the rank).
+    Fail(job, absl::StrCat(job.unreported, "; then ", job.pending_failure));
+    return;
   }
   Fail(job, job.pending_failure);
 }

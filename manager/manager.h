@@ -85,12 +85,15 @@ class Manager {
     JobSpec spec;
     std::set<std::string> launch_pending;  // nodes whose Launch has not been acked
     absl::Time starting_since;
+    absl::Time running_since;  // since RUNNING, or since this manager recovered the job
     absl::Time last_stop_sent;
     bool progress_dirty = false;
     // Note [Failure attribution]: a rank's non-zero exit is held for two heartbeat periods
     // before the job fails, so that when a whole node died (and its peers' collectives
     // failed first) the reason names the lost node rather than a healthy rank.
     std::string pending_failure;
+    // A rank its node's agent stopped reporting (CheckUnreported); preferred as the cause.
+    std::string unreported;
     absl::Time fail_at = absl::InfiniteFuture();
     v1::JobInfo& info() { return *rec.mutable_info(); }
     const v1::JobInfo& info() const { return rec.info(); }
@@ -109,6 +112,7 @@ class Manager {
                     absl::StatusOr<v1::LaunchResponse> r);
   void SendStops(Job& job);
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node);
+  void CheckUnreported(const Node& node, const std::set<std::pair<std::string, int>>& reported);
   void CheckAllExited(Job& job);
   void OnNodeDead(Node& node, absl::Duration silent);
   void SettleFailure(Job& job);

@@ -1,23 +1,49 @@
 #!/usr/bin/env bash
 # The main job on its built-in default: installs what is missing, builds, prepares the
-# fortunes corpus and trains a small GPT as a 2-stage x 2-replica pipeline (4 local ranks).
-# Logs every 10th step; the loss falls from ~5.5 (uniform over bytes) to well below 3.
+# fortunes corpus, starts a local varuna-manager and two varuna-agents (2 slots each),
+# submits the small GPT job (2 pipeline stages x 2 data-parallel replicas) with
+# `varunactl submit --follow`, and shuts everything down when it ends. Extra arguments go
+# to `varunactl submit` (e.g. --steps 50, --set train.lr=1e-3).
+# The loss falls from ~5.5 (uniform over bytes) to well below 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 BUILD_DIR=${VARUNA_BUILD_DIR:-build}
 [[ $BUILD_DIR == /* ]] || BUILD_DIR=$PWD/$BUILD_DIR
-mkdir -p "$BUILD_DIR/demo"
-scripts/prepare_corpus.sh "$BUILD_DIR/demo/fortunes.txt"
-sed "s|@CORPUS@|$BUILD_DIR/demo/fortunes.txt|" examples/jobs/gpt_fortunes.yaml > "$BUILD_DIR/demo/job.yaml"
-metrics="$BUILD_DIR/demo/metrics.jsonl"
-scripts/run_local.sh 4 "$BUILD_DIR/bin/varuna-worker" --job "$BUILD_DIR/demo/job.yaml" \
-  --stage_to_rank_map "0,2;1,3;" --metrics_out "$metrics" "$@"
-python3 - "$metrics" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])]
-first, last = rows[0], rows[-1]
-print(f"steps={last['step']} loss {first['loss']:.3f} -> {last['loss']:.3f} "
-      f"({last['samples_per_s']:.1f} samples/s, {last['tokens_per_s']:.0f} tokens/s)")
-PY
+BIN=$BUILD_DIR/bin
+DEMO=$BUILD_DIR/demo
+rm -rf "$DEMO/cluster"
+mkdir -p "$DEMO/cluster"
+scripts/prepare_corpus.sh "$DEMO/fortunes.txt"
+sed "s|@CORPUS@|$DEMO/fortunes.txt|" examples/jobs/gpt_fortunes.yaml > "$DEMO/job.yaml"
+
+port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+export VARUNA_MANAGER=127.0.0.1:$port
+pids=()
+cleanup() {
+  # Agents first (they stop their workers), then the manager.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[i]}" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+}
+trap cleanup EXIT
+
+"$BIN/varuna-manager" --listen "$VARUNA_MANAGER" --state_dir "$DEMO/cluster/manager" \
+  2> "$DEMO/cluster/manager.log" &
+pids+=($!)
+for n in 0 1; do
+  "$BIN/varuna-agent" --manager "$VARUNA_MANAGER" --listen 127.0.0.1:0 --slots 2 \
+    --name "agent$n" --work_dir "$DEMO/cluster/agent$n" 2> "$DEMO/cluster/agent$n.log" &
+  pids+=($!)
+done
+for _ in $(seq 100); do
+  alive=$("$BIN/varunactl" nodes 2>/dev/null | grep -c ALIVE || true)
+  [[ $alive == 2 ]] && break
+  sleep 0.2
+done
+"$BIN/varunactl" nodes
+rc=0
+"$BIN/varunactl" submit "$DEMO/job.yaml" --follow "$@" || rc=$?
+"$BIN/varunactl" list
+echo "logs: $DEMO/cluster (varunactl logs ID --rank R while the cluster runs)"
+exit $rc

@@ -64,6 +64,19 @@ TEST(JobSpecTest, BadValuesAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, "parallel.stages"));
 }
 
+TEST(JobSpecTest, ShapesNoClusterCanRunAreRefused) {
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: 3}\nresources: {max_slots: 2}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 3 slots"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: 2, replicas: 3}\n"
+                           "train: {global_batch: 12}\nresources: {max_slots: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 6 slots"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {replicas: 3}\ntrain: {global_batch: 8}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not divisible by parallel.replicas"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: 2, replicas: 2}\n"
+                           "train: {global_batch: 8}\nresources: {max_slots: 4}\n"),
+              IsOk());
+}
+
 TEST(JobSpecTest, MalformedYaml) {
   EXPECT_THAT(ParseJobSpec("model: {kind: gpt"),
               StatusIs(absl::StatusCode::kInvalidArgument, "malformed YAML"));

@@ -49,17 +49,18 @@ class Cluster:
                  20, "agents to register")
 
     def start_manager(self):
-        log = open(os.path.join(self.dir, "manager.log"), "a")
-        self.manager = subprocess.Popen(
-            [MANAGER, "--listen", self.address, "--state_dir", os.path.join(self.dir, "state"),
-             "--config", self.config], stdout=log, stderr=subprocess.STDOUT)
+        with open(os.path.join(self.dir, "manager.log"), "a") as log:  # the child keeps it
+            self.manager = subprocess.Popen(
+                [MANAGER, "--listen", self.address, "--state_dir",
+                 os.path.join(self.dir, "state"), "--config", self.config],
+                stdout=log, stderr=subprocess.STDOUT)
 
     def start_agent(self, name, slots):
-        log = open(os.path.join(self.dir, f"{name}.log"), "a")
-        self.agents[name] = subprocess.Popen(
-            [AGENT, "--manager", self.address, "--listen", "127.0.0.1:0", "--slots", str(slots),
-             "--name", name, "--work_dir", os.path.join(self.dir, name)],
-            stdout=log, stderr=subprocess.STDOUT)
+        with open(os.path.join(self.dir, f"{name}.log"), "a") as log:
+            self.agents[name] = subprocess.Popen(
+                [AGENT, "--manager", self.address, "--listen", "127.0.0.1:0", "--slots",
+                 str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)],
+                stdout=log, stderr=subprocess.STDOUT)
 
     def ctl(self, *args, check=None, timeout=300):
         try:
@@ -267,6 +268,22 @@ class FailureTest(unittest.TestCase):
                       "the job to fail")
         self.assertIn("node node1 lost", st["reason"])  # not the survivor whose gloo call failed
         wait_for(lambda: c.workers() == [], 15, "every worker to be gone")
+
+    def test_agent_restarted_at_once_fails_the_job_naming_the_lost_rank(self):
+        # The agent comes back before its node could be declared dead; its workers died
+        # with it (PR_SET_PDEATHSIG), so the job must not wait for them forever.
+        c = self.c
+        job = write_job(c, "long.yaml", steps=100000)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 1, 120, "progress")
+        c.agents["node1"].send_signal(signal.SIGKILL)
+        c.agents["node1"].wait()
+        c.start_agent("node1", 2)
+        st = wait_for(lambda: c.status(job_id)["state"] == "FAILED" and c.status(job_id), 20,
+                      "the job to fail")
+        self.assertIn("on node node1 is no longer known to its agent", st["reason"])
+        wait_for(lambda: c.workers() == [], 15, "every worker to be gone")
+        self.assertEqual({n["name"]: n["state"] for n in c.nodes()}["node1"], "ALIVE")
 
 
 if __name__ == "__main__":

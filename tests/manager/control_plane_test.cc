@@ -374,6 +374,25 @@ TEST_F(ControlPlaneTest, LostNodeFailsItsJobWithinTheHeartbeatTimeout) {
   EXPECT_EQ(NodeStates()[lost], v1::DEAD);
 }
 
+TEST_F(ControlPlaneTest, AgentRestartedWithoutItsWorkersFailsTheJob) {
+  const std::string id = RunningJob();
+  const std::string name = agents_[1]->server->agent().config().name;
+  // The agent process goes away and its workers with it; it comes back at once, well
+  // before the node could be declared dead, and reports no workers.
+  agents_.erase(agents_.begin() + 1);
+  AddAgent(name, 2);
+  clock_.Advance(absl::Seconds(2));
+  BeatAll();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING) << "held briefly to attribute the failure";
+  clock_.Advance(absl::Seconds(2));
+  BeatAll();
+  Tick();
+  const v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.reason(), HasSubstr("on node " + name + " is no longer known to its agent"));
+  EXPECT_TRUE(Eventually([&] { return TotalAlive() == 0; })) << "survivors must be stopped";
+}
+
 TEST_F(ControlPlaneTest, RepeatedRpcsAreSafe) {
   AddAgent("a1", 2);
   AddAgent("a2", 2);

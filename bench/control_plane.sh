@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Control-plane benchmark: one real varuna-manager, AGENTS simulated agents (bench/
+# control_plane_load.cc, one gRPC connection each) heartbeating every PERIOD seconds for
+# DURATION seconds. For each configuration in CONFIGS ("agents:workers_per_agent") it
+# reports heartbeat latency percentiles as the agents see them, the manager's CPU (user +
+# system from /proc/PID/stat over the counted window, as % of one core), its peak RSS, and
+# how long `varunactl nodes -o json` takes with that many nodes. Each configuration gets a
+# fresh manager and state dir. Prints a markdown table for docs/benchmarks.md.
+# Builds nothing: run after scripts/build.sh. About 40 s per configuration.
+# Usage: BUILD_DIR=/work/build bench/control_plane.sh
+# Knobs: BUILD_DIR (default build), CONFIGS="100:0 1000:0 1000:8", PERIOD=1, DURATION=35,
+#   WARMUP=5, KEEP_TMP=0.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${BUILD_DIR:-${VARUNA_BUILD_DIR:-build}}
+[[ $BUILD_DIR == /* ]] || BUILD_DIR=$PWD/$BUILD_DIR
+BIN=$BUILD_DIR/bin
+CONFIGS=${CONFIGS:-"100:0 1000:0 1000:8"}
+PERIOD=${PERIOD:-1} DURATION=${DURATION:-35} WARMUP=${WARMUP:-5}
+for b in varuna-manager varunactl control_plane_load; do
+  [[ -x $BIN/$b ]] || { echo "control_plane.sh: $BIN/$b not built (run scripts/build.sh)" >&2; exit 2; }
+done
+ulimit -n 65536 2>/dev/null || ulimit -n 4096
+tmp=$(mktemp -d /tmp/varuna_cp_bench.XXXXXX)
+mgr_pid=
+cleanup() {
+  [[ -n $mgr_pid ]] && kill -TERM "$mgr_pid" 2>/dev/null && wait "$mgr_pid" 2>/dev/null || true
+  [[ ${KEEP_TMP:-0} == 1 ]] || rm -rf "$tmp"
+}
+trap cleanup EXIT
+hz=$(getconf CLK_TCK)
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+
+rows=()
+for cfg in $CONFIGS; do
+  agents=${cfg%%:*} workers=${cfg##*:}
+  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  addr=127.0.0.1:$port
+  state=$tmp/state_${agents}_$workers
+  "$BIN/varuna-manager" --listen "$addr" --state_dir "$state" 2> "$tmp/manager_${agents}_$workers.log" &
+  mgr_pid=$!
+  for _ in $(seq 100); do
+    "$BIN/varunactl" --manager "$addr" nodes -o json > /dev/null 2>&1 && break
+    sleep 0.1
+  done
+  "$BIN/control_plane_load" --manager "$addr" --agents "$agents" --workers "$workers" \
+    --period_s "$PERIOD" --duration_s "$DURATION" --warmup_s "$WARMUP" > "$tmp/load.json" &
+  load_pid=$!
+  # Registration takes a moment; the load tool's window starts after it plus WARMUP.
+  until [[ $("$BIN/varunactl" --manager "$addr" nodes -o json 2>/dev/null |
+             /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null) == "$agents" ]]; do
+    sleep 0.2
+  done
+  sleep "$WARMUP"
+  c0=$(cpu_ticks "$mgr_pid") t0=$(date +%s.%N)
+  sleep $((DURATION - WARMUP - 2))
+  c1=$(cpu_ticks "$mgr_pid") t1=$(date +%s.%N)
+  t_nodes=$(date +%s.%N)
+  "$BIN/varunactl" --manager "$addr" nodes -o json > /dev/null
+  nodes_s=$(/usr/bin/python3 -c "print($(date +%s.%N) - $t_nodes)")
+  wait "$load_pid" || { echo "control_plane.sh: load tool failed: $(cat "$tmp/load.json")" >&2; exit 1; }
+  rss_kb=$(awk '/VmHWM/{print $2}' "/proc/$mgr_pid/status")
+  kill -TERM "$mgr_pid"; wait "$mgr_pid" 2>/dev/null || true; mgr_pid=
+  cpu=$(/usr/bin/python3 -c "print(f'{100 * ($c1 - $c0) / $hz / ($t1 - $t0):.1f}')")
+  echo "config $cfg: $(cat "$tmp/load.json") manager_cpu_pct=$cpu rss_mb=$((rss_kb / 1024)) nodes_cmd_s=$nodes_s"
+  rows+=("$(/usr/bin/python3 - "$tmp/load.json" "$cpu" "$rss_kb" "$nodes_s" <<'EOF'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print(f"| {r['agents']} | {r['workers_per_agent']} | {r['heartbeats_per_s']:.0f} | {r['errors']} "
+      f"| {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | {sys.argv[2]}% "
+      f"| {int(sys.argv[3]) // 1024} | {float(sys.argv[4]):.2f} |")
+EOF
+)")
+done
+echo
+echo "| agents | workers/agent | heartbeats/s | errors | p50 ms | p99 ms | max ms | manager CPU (1 core) | manager peak RSS MiB | \`varunactl nodes\` s |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
+printf '%s\n' "${rows[@]}"
