@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "glog/logging.h"
 
@@ -199,6 +200,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   base_env["VARUNA_GENERATION"] = absl::StrCat(req.generation());
   base_env["VARUNA_JOB_SPEC"] = spec_path;
   base_env["VARUNA_NODE"] = config_.name;
+  if (auto hp = SplitHostPort(address_); hp.ok()) base_env["VARUNA_NODE_ADDR"] = hp->first;
 
   int started = 0;
   for (const auto& r : req.ranks()) {

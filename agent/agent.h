@@ -57,6 +57,9 @@ class Agent {
   int running_workers() const;
 
   const AgentConfig& config() const { return config_; }
+  // The address the manager and peers reach this agent at ("host:port"); its host is the
+  // workers' VARUNA_NODE_ADDR, which they bind their gloo transport to.
+  void set_address(std::string address) { address_ = std::move(address); }
 
  private:
   struct Worker {
@@ -81,6 +84,7 @@ class Agent {
                     absl::Duration grace);
 
   const AgentConfig config_;
+  std::string address_;
   Clock* const clock_;
   ProcessLauncher* const launcher_;
   std::map<Key, Worker> workers_;

@@ -114,6 +114,7 @@ absl::Status AgentServer::Start() {
   if (!started.ok()) return started.status();
   server_ = std::move(started->server);
   address_ = started->address;
+  loop_.RunSync([this] { agent_.set_address(address_); });
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
             << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
   if (options_.background_heartbeats) hb_thread_ = std::thread([this] { HeartbeatLoop(); });

@@ -19,6 +19,12 @@ std::shared_ptr<::gloo::transport::Device> MakeDevice(const std::string& master_
   if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
     return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
   }
+  // Under varuna-agent: the address this machine is known by. The hostname may resolve to
+  // another interface (or to nothing) on multi-homed VMs.
+  if (const char* addr = std::getenv("VARUNA_NODE_ADDR");
+      addr != nullptr && *addr && std::string(addr) != "0.0.0.0" && std::string(addr) != "::") {
+    return c10d::ProcessGroupGloo::createDeviceForHostname(addr);
+  }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }
 

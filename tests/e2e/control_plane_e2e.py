@@ -32,10 +32,12 @@ def wait_for(pred, timeout, what):
 class Cluster:
     """A manager and agents as separate processes; logs under one temp dir."""
 
-    def __init__(self, agents=2, slots=2):
+    def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None):
+        """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest)."""
         self.dir = tempfile.mkdtemp(prefix="varuna-cp-")
         self.port = free_port()
-        self.address = f"127.0.0.1:{self.port}"
+        self.address = f"{manager_host}:{self.port}"
+        self.agent_host = agent_host or (lambda name: ([], "127.0.0.1"))
         self.config = os.path.join(self.dir, "manager.yaml")
         with open(self.config, "w") as f:
             f.write("heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_missed: 4\n"
@@ -56,10 +58,11 @@ class Cluster:
                 stdout=log, stderr=subprocess.STDOUT)
 
     def start_agent(self, name, slots):
+        prefix, host = self.agent_host(name)
         with open(os.path.join(self.dir, f"{name}.log"), "a") as log:
             self.agents[name] = subprocess.Popen(
-                [AGENT, "--manager", self.address, "--listen", "127.0.0.1:0", "--slots",
-                 str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)],
+                prefix + [AGENT, "--manager", self.address, "--listen", f"{host}:0", "--slots",
+                          str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)],
                 stdout=log, stderr=subprocess.STDOUT)
 
     def ctl(self, *args, check=None, timeout=300):
@@ -284,6 +287,104 @@ class FailureTest(unittest.TestCase):
         self.assertIn("on node node1 is no longer known to its agent", st["reason"])
         wait_for(lambda: c.workers() == [], 15, "every worker to be gone")
         self.assertEqual({n["name"]: n["state"] for n in c.nodes()}["node1"], "ALIVE")
+
+
+class Hosts:
+    """Separate 'machines' on this one: one network namespace per host, each with its own
+    eth0 on a bridge in the root namespace, where the manager listens on the bridge address.
+    Hosts reach each other only over that bridge, so nothing works by way of loopback."""
+
+    def __init__(self, names):
+        tag = os.getpid() % 100000
+        self.subnet = f"10.213.{os.getpid() % 250}"
+        self.bridge = f"vbr{tag}"
+        self.ns, self.veth, self.ip = {}, {}, {}
+        try:
+            self._ip("link", "add", self.bridge, "type", "bridge")
+            self._ip("addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
+            self._ip("link", "set", self.bridge, "up")
+            for i, name in enumerate(names, start=1):
+                ns, veth = f"vns{tag}_{i}", f"vh{tag}_{i}"
+                self._ip("netns", "add", ns)
+                self.ns[name], self.veth[name], self.ip[name] = ns, veth, f"{self.subnet}.{10 + i}"
+                self._ip("link", "add", veth, "type", "veth", "peer", "name", f"vn{tag}_{i}")
+                self._ip("link", "set", f"vn{tag}_{i}", "netns", ns)
+                self._ip("-n", ns, "link", "set", f"vn{tag}_{i}", "name", "eth0")
+                self._ip("-n", ns, "addr", "add", f"{self.ip[name]}/24", "dev", "eth0")
+                self._ip("-n", ns, "link", "set", "eth0", "up")
+                self._ip("-n", ns, "link", "set", "lo", "up")
+                self._ip("link", "set", veth, "master", self.bridge)
+                self._ip("link", "set", veth, "up")
+        except Exception:
+            self.close()
+            raise
+
+    @staticmethod
+    def _ip(*args):
+        r = subprocess.run(["ip", *args], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise OSError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+
+    def agent_host(self, name):
+        return ["ip", "netns", "exec", self.ns[name]], self.ip[name]
+
+    def cut(self, name, up=False):
+        """Pulls (or plugs back) the host's cable: its processes live on, unreachable."""
+        self._ip("link", "set", self.veth[name], "up" if up else "down")
+
+    def close(self):
+        for ns in self.ns.values():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+
+class NetnsTest(unittest.TestCase):
+    """Two hosts in their own network namespaces (needs root and iproute2)."""
+
+    def setUp(self):
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            self.skipTest("network namespaces need root and iproute2")
+        try:
+            self.hosts = Hosts(["node0", "node1"])
+        except OSError as e:
+            self.skipTest(f"network namespaces unavailable here: {e}")
+        self.addCleanup(self.hosts.close)
+        self.c = Cluster(manager_host=f"{self.hosts.subnet}.1",
+                         agent_host=self.hosts.agent_host)
+        self.addCleanup(self.c.close)
+
+    def test_2x2_job_across_two_hosts_succeeds(self):
+        c, h = self.c, self.hosts
+        nodes = {n["name"]: n["address"] for n in c.nodes()}
+        self.assertTrue(nodes["node0"].startswith(h.ip["node0"] + ":"), nodes)
+        self.assertTrue(nodes["node1"].startswith(h.ip["node1"] + ":"), nodes)
+        r = c.ctl("submit", write_job(c), "--follow", check=0)
+        self.assertIn("SUCCEEDED", r.stdout)
+        st = c.status(json.loads(c.ctl("-o", "json", "list", check=0).stdout)[-1]["id"])
+        # Each replica's pipeline is on one host; the gradient all-reduce crosses hosts.
+        self.assertEqual({p["node"] for p in st["placement"]}, {"node0", "node1"})
+        self.assertTrue(st["master"].startswith(h.ip["node0"] + ":"), st["master"])
+        self.assertEqual(c.workers(), [])
+
+    def test_partitioned_host_goes_dead_and_its_orphans_stop_when_it_returns(self):
+        c, h = self.c, self.hosts
+        job = write_job(c, "long.yaml", steps=100000)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 1, 120, "progress")
+        h.cut("node1")
+
+        def state(name):
+            return {n["name"]: n["state"] for n in c.nodes()}[name]
+
+        wait_for(lambda: state("node1") == "DEAD", 10, "node1 DEAD")
+        st = wait_for(lambda: c.status(job_id)["state"] == "FAILED" and c.status(job_id), 10,
+                      "the job to fail")
+        self.assertIn("node node1 lost", st["reason"])
+        self.assertEqual(c.agents["node1"].poll(), None, "the agent itself is alive, only cut off")
+        h.cut("node1", up=True)
+        wait_for(lambda: state("node1") == "ALIVE", 15, "node1 back")
+        # Its workers ran on without the manager; the manager now tells the agent to stop them.
+        wait_for(lambda: c.workers() == [], 20, "every worker to be gone")
 
 
 if __name__ == "__main__":
