@@ -241,7 +241,8 @@ int Ctl::Follow(const std::vector<std::string>& ids) {
       unreachable_for = 0;
       const v1::JobInfo& j = resp.job();
       const std::string tag = ids.size() > 1 ? absl::StrCat("job ", id, ": ") : "";
-      if (!last_state.count(id) || last_state[id] != j.state()) {
+      auto print_state = [&] {
+        if (last_state.count(id) && last_state[id] == j.state()) return;
         last_state[id] = j.state();
         log << tag << "job " << id << " " << v1::JobState_Name(j.state());
         if (j.state() == v1::RUNNING || j.state() == v1::STARTING) {
@@ -250,15 +251,25 @@ int Ctl::Follow(const std::vector<std::string>& ids) {
         }
         if (!j.reason().empty()) log << ": " << j.reason();
         log << "\n";
-      }
-      const absl::Time now = absl::Now();
-      if (j.step() != last_step[id] &&
-          (now - last_print >= absl::Seconds(1) || j.step() == j.total_steps())) {
+      };
+      auto print_progress = [&] {
+        const absl::Time now = absl::Now();
+        if (j.step() == last_step[id] ||
+            (now - last_print < absl::Seconds(1) && j.step() != j.total_steps())) {
+          return;
+        }
         last_step[id] = j.step();
         last_print = now;
         log << tag
             << absl::StrFormat("step %d/%d loss %.4f %.1f samples/s\n", j.step(), j.total_steps(),
                                j.loss(), j.samples_per_s());
+      };
+      if (IsTerminal(j.state())) {
+        print_progress();  // the last step, then the outcome
+        print_state();
+      } else {
+        print_state();
+        print_progress();
       }
       if (IsTerminal(j.state())) final_info[id] = j;
     }
