@@ -158,11 +158,7 @@ absl::Status AgentServer::HeartbeatOnce() {
     if (!r.ok()) return r.status();
     registered_ = true;
     LOG(INFO) << "node=" << c.name << " registered with manager " << c.manager;
-    const int64_t period_ms = r->heartbeat_period_ms();
-    if (period_ms > 0 && period_ms != heartbeat_period_ms_.exchange(period_ms)) {
-      LOG(INFO) << "node=" << c.name << " heartbeat period " << period_ms
-                << "ms, as the manager asks";
-    }
+    AdoptHeartbeatPeriod(r->heartbeat_period_ms());
   }
   v1::HeartbeatRequest hb = loop_.RunSync([this] { return agent_.BuildHeartbeat(); });
   auto resp = manager_->Heartbeat(hb);
@@ -172,8 +168,16 @@ absl::Status AgentServer::HeartbeatOnce() {
     }
     return resp.status();
   }
+  AdoptHeartbeatPeriod(resp->heartbeat_period_ms());
   loop_.Post([this, r = *std::move(resp)] { agent_.OnHeartbeatResponse(r); });
   return absl::OkStatus();
+}
+
+void AgentServer::AdoptHeartbeatPeriod(int64_t period_ms) {
+  if (period_ms > 0 && period_ms != heartbeat_period_ms_.exchange(period_ms)) {
+    LOG(INFO) << "node=" << agent_.config().name << " heartbeat period " << period_ms
+              << "ms, as the manager asks";
+  }
 }
 
 void AgentServer::Tick() {

@@ -56,6 +56,7 @@ class AgentServer {
  private:
   class Service;
   void HeartbeatLoop();
+  void AdoptHeartbeatPeriod(int64_t period_ms);
 
   Clock* const clock_;
   Agent agent_;

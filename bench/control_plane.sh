@@ -22,8 +22,9 @@ for b in varuna-manager varunactl control_plane_load; do
 done
 ulimit -n 65536 2>/dev/null || ulimit -n 4096
 tmp=$(mktemp -d /tmp/varuna_cp_bench.XXXXXX)
-mgr_pid=
+mgr_pid= load_pid=
 cleanup() {
+  [[ -n $load_pid ]] && kill -TERM "$load_pid" 2>/dev/null || true
   [[ -n $mgr_pid ]] && kill -TERM "$mgr_pid" 2>/dev/null && wait "$mgr_pid" 2>/dev/null || true
   [[ ${KEEP_TMP:-0} == 1 ]] || rm -rf "$tmp"
 }
@@ -47,18 +48,33 @@ for cfg in $CONFIGS; do
     --period_s "$PERIOD" --duration_s "$DURATION" --warmup_s "$WARMUP" > "$tmp/load.json" &
   load_pid=$!
   # Registration takes a moment; the load tool's window starts after it plus WARMUP.
+  reg_deadline=$((SECONDS + 120))
   until [[ $("$BIN/varunactl" --manager "$addr" nodes -o json 2>/dev/null |
              /usr/bin/python3 -c 'import json,sys; print(len(json.load(sys.stdin)))' 2>/dev/null) == "$agents" ]]; do
+    kill -0 "$load_pid" 2>/dev/null ||
+      { echo "control_plane.sh: load tool exited during registration: $(cat "$tmp/load.json")" >&2; exit 1; }
+    ((SECONDS < reg_deadline)) ||
+      { echo "control_plane.sh: $agents agents not registered within 120 s" >&2; exit 1; }
     sleep 0.2
   done
   sleep "$WARMUP"
   c0=$(cpu_ticks "$mgr_pid") t0=$(date +%s.%N)
-  sleep $((DURATION - WARMUP - 2))
+  window=$((DURATION - WARMUP - 2))
+  ((window >= 1)) || window=1
+  sleep "$window"
   c1=$(cpu_ticks "$mgr_pid") t1=$(date +%s.%N)
   t_nodes=$(date +%s.%N)
   "$BIN/varunactl" --manager "$addr" nodes -o json > /dev/null
   nodes_s=$(/usr/bin/python3 -c "print($(date +%s.%N) - $t_nodes)")
-  wait "$load_pid" || { echo "control_plane.sh: load tool failed: $(cat "$tmp/load.json")" >&2; exit 1; }
+  # Exit 1 with a report means some heartbeats failed: the table shows the error count.
+  load_rc=0
+  wait "$load_pid" || load_rc=$?
+  load_pid=
+  if ! /usr/bin/python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$tmp/load.json" 2>/dev/null ||
+     ((load_rc > 1)); then
+    echo "control_plane.sh: load tool failed (exit $load_rc): $(cat "$tmp/load.json")" >&2
+    exit 1
+  fi
   rss_kb=$(awk '/VmHWM/{print $2}' "/proc/$mgr_pid/status")
   kill -TERM "$mgr_pid"; wait "$mgr_pid" 2>/dev/null || true; mgr_pid=
   cpu=$(/usr/bin/python3 -c "print(f'{100 * ($c1 - $c0) / $hz / ($t1 - $t0):.1f}')")

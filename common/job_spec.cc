@@ -132,11 +132,22 @@ absl::Status JobSpec::Validate() const {
   if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
     return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
   }
-  // Shapes that no cluster could ever run are refused here rather than left PENDING forever.
+  return absl::OkStatus();
+}
+
+absl::Status JobSpec::ValidateShape() const {
   if (parallel.replicas > 0 && train.global_batch % parallel.replicas != 0) {
     return Bad("train.global_batch",
                absl::StrCat("(", train.global_batch, ") is not divisible by parallel.replicas (",
                             parallel.replicas, ")"));
+  }
+  if (parallel.stages > 0 && parallel.replicas > 0) {
+    const int64_t world = static_cast<int64_t>(parallel.stages) * parallel.replicas;
+    if (world < resources.min_slots) {
+      return Bad("resources.min_slots",
+                 absl::StrCat("is ", resources.min_slots, " but parallel.stages x replicas uses ",
+                              world, " slots"));
+    }
   }
   const int64_t fixed_world =
       static_cast<int64_t>(std::max(parallel.stages, 1)) * std::max(parallel.replicas, 1);

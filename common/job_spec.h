@@ -86,6 +86,10 @@ struct JobSpec {
   // Cross-field rules (heads | d_model, text data needs vocab >= 256, ...). Does not touch
   // the filesystem; see ValidateFiles().
   absl::Status Validate() const;
+  // Shapes no cluster could ever run (fixed stages x replicas outside [min_slots, max_slots],
+  // global_batch not divisible by fixed replicas). Checked at submit only, so a manager that
+  // recovers jobs stored before a rule was added still starts.
+  absl::Status ValidateShape() const;
   // Checks that referenced files exist and are readable.
   absl::Status ValidateFiles() const;
 };

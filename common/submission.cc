@@ -263,6 +263,7 @@ absl::StatusOr<std::string> PrepareSubmission(const std::string& path, const Sub
   const std::string yaml = out.c_str();
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return fail(spec.status());
+  if (absl::Status s = spec->ValidateShape(); !s.ok()) return fail(s);
   if (opts.check_files) {
     absl::Status s = spec->ValidateFiles();
     if (!s.ok()) return fail(s);

@@ -252,10 +252,10 @@ int Ctl::Follow(const std::vector<std::string>& ids) {
         if (!j.reason().empty()) log << ": " << j.reason();
         log << "\n";
       };
-      auto print_progress = [&] {
+      // At most one line a second while running; the final step always.
+      auto print_progress = [&](bool final) {
         const absl::Time now = absl::Now();
-        if (j.step() == last_step[id] ||
-            (now - last_print < absl::Seconds(1) && j.step() != j.total_steps())) {
+        if (j.step() == last_step[id] || (now - last_print < absl::Seconds(1) && !final)) {
           return;
         }
         last_step[id] = j.step();
@@ -265,11 +265,11 @@ int Ctl::Follow(const std::vector<std::string>& ids) {
                                j.loss(), j.samples_per_s());
       };
       if (IsTerminal(j.state())) {
-        print_progress();  // the last step, then the outcome
+        print_progress(true);  // the last step, then the outcome
         print_state();
       } else {
         print_state();
-        print_progress();
+        print_progress(j.step() == j.total_steps());
       }
       if (IsTerminal(j.state())) final_info[id] = j;
     }

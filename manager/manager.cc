@@ -46,12 +46,17 @@ std::string HostOf(const std::string& address) {
   return hp.ok() ? hp->first : address;
 }
 
+std::string UnreportedReason(const std::pair<std::string, int>& node_rank) {
+  return absl::StrCat("rank ", node_rank.second, " on node ", node_rank.first,
+                      " is no longer known to its agent (agent restarted?)");
+}
+
 }  // namespace
 
 absl::Status ManagerConfig::Validate() const {
   if (state_dir.empty()) return absl::InvalidArgumentError("manager: --state_dir is required");
-  if (heartbeat_period <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError("manager: heartbeat_period_s must be > 0");
+  if (heartbeat_period < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError("manager: heartbeat_period_s must be >= 0.001");
   }
   if (suspect_after_missed < 1 || dead_after_missed <= suspect_after_missed) {
     return absl::InvalidArgumentError(
@@ -170,6 +175,7 @@ absl::Status Manager::Recover() {
     job.spec = *spec;
     job.starting_since = now;
     job.running_since = now;
+    job.cancelling_since = now;
     job.last_stop_sent = absl::InfinitePast();
     next_seq_ = std::max(next_seq_, rec.seq() + 1);
     const std::string id = rec.info().id();
@@ -241,6 +247,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
     post_([this] { Schedule(); });
   }
   v1::HeartbeatResponse resp;
+  resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
   std::set<std::pair<std::string, int>> stop, release;
   std::set<std::pair<std::string, int>> reported;  // (job, rank) of current generations
   int other_running = 0;
@@ -444,6 +451,7 @@ absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req) {
     if (it != by_request_.end()) return jobs_.at(it->second).info();  // a repeat
   }
   ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
+  RETURN_IF_ERROR(spec.ValidateShape());
   if (config_.check_job_files) RETURN_IF_ERROR(spec.ValidateFiles());
   if (!spec.env_file.empty()) {
     return absl::InvalidArgumentError(
@@ -498,6 +506,7 @@ absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id) {
       LOG(INFO) << JobWho(job.info()) << " CANCELLING";
       job.info().set_state(v1::CANCELLING);
       job.info().set_reason("cancel requested");
+      job.cancelling_since = clock_->Now();
       job.launch_pending.clear();
       Persist(job);
       SendStops(job);
@@ -709,27 +718,53 @@ void Manager::RecordExit(Job& job, int rank, int exit_code, int signal, const st
 // exited: the agent restarted (its workers died with it) or lost track of them. Without
 // this the job would wait for that rank forever. Launches are acknowledged only after the
 // workers exist, so a RUNNING job's ranks are in every heartbeat built after the ack; the
-// two-period allowance covers a heartbeat that was already in flight.
+// two-period allowance covers a heartbeat that was already in flight, and a rank reported
+// again later (a heartbeat slower than that) withdraws the charge. A CANCELLING job only
+// waits for its ranks to be gone, so an unreported rank counts as killed.
 void Manager::CheckUnreported(const Node& node,
                               const std::set<std::pair<std::string, int>>& reported) {
   const absl::Time now = clock_->Now();
+  const std::string& name = node.rec.name();
   for (auto& [id, job] : jobs_) {
-    if (job.info().state() != v1::RUNNING || !job.unreported.empty()) continue;
-    if (now - job.running_since < 2 * config_.heartbeat_period) continue;
-    std::set<int> exited;
-    for (const auto& e : job.rec.exits()) exited.insert(e.rank());
+    const v1::JobState state = job.info().state();
+    if (state == v1::RUNNING && job.unreported) {
+      const auto& [node_name, rank] = *job.unreported;
+      if (node_name == name && reported.count({id, rank})) {
+        LOG(INFO) << JobWho(job.info()) << " rank " << rank << " on node " << name
+                  << " is reported again";
+        if (job.pending_failure == UnreportedReason(*job.unreported)) {
+          job.pending_failure.clear();
+          job.fail_at = absl::InfiniteFuture();
+        }
+        job.unreported.reset();
+      }
+      continue;
+    }
+    const bool cancelling = state == v1::CANCELLING;
+    if (!cancelling && state != v1::RUNNING) continue;
+    const absl::Time since = cancelling ? job.cancelling_since : job.running_since;
+    if (now - since < 2 * config_.heartbeat_period) continue;
+    std::vector<int> missing;
     for (const auto& p : job.info().placement()) {
-      if (p.node() != node.rec.name() || exited.count(p.rank()) || reported.count({id, p.rank()})) {
-        continue;
-      }
-      job.unreported = absl::StrCat("rank ", p.rank(), " on node ", node.rec.name(),
-                                    " is no longer known to its agent (agent restarted?)");
-      LOG(WARNING) << JobWho(job.info()) << " " << job.unreported;
-      if (job.pending_failure.empty()) {
-        job.pending_failure = job.unreported;
-        job.fail_at = now + 2 * config_.heartbeat_period;
-      }
-      break;
+      if (p.node() == name && !reported.count({id, p.rank()})) missing.push_back(p.rank());
+    }
+    if (missing.empty()) continue;  // the common case: no exit list to look at
+    for (const auto& e : job.rec.exits()) {
+      missing.erase(std::remove(missing.begin(), missing.end(), e.rank()), missing.end());
+    }
+    if (missing.empty()) continue;
+    if (cancelling) {
+      LOG(WARNING) << JobWho(job.info()) << " ranks " << absl::StrJoin(missing, ",") << " on node "
+                   << name << " are no longer known to its agent; counted as gone";
+      for (int r : missing) RecordExit(job, r, 0, SIGKILL, name);
+      continue;
+    }
+    job.unreported = {name, missing.front()};
+    const std::string reason = UnreportedReason(*job.unreported);
+    LOG(WARNING) << JobWho(job.info()) << " " << reason;
+    if (job.pending_failure.empty()) {
+      job.pending_failure = reason;
+      job.fail_at = now + 2 * config_.heartbeat_period;
     }
   }
 }
@@ -757,9 +792,9 @@ void Manager::SettleFailure(Job& job) {
       return;
     }
   }
-  if (!job.unreported.empty() && job.unreported != job.pending_failure) {
+  if (job.unreported && UnreportedReason(*job.unreported) != job.pending_failure) {
     // Its peers' exits were the consequence (their collectives lost the rank).
-    Fail(job, absl::StrCat(job.unreported, "; then ", job.pending_failure));
+    Fail(job, absl::StrCat(UnreportedReason(*job.unreported), "; then ", job.pending_failure));
     return;
   }
   Fail(job, job.pending_failure);

@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -87,13 +88,14 @@ class Manager {
     absl::Time starting_since;
     absl::Time running_since;  // since RUNNING, or since this manager recovered the job
     absl::Time last_stop_sent;
+    absl::Time cancelling_since;  // since CANCELLING, or since this manager recovered the job
     bool progress_dirty = false;
     // Note [Failure attribution]: a rank's non-zero exit is held for two heartbeat periods
     // before the job fails, so that when a whole node died (and its peers' collectives
     // failed first) the reason names the lost node rather than a healthy rank.
     std::string pending_failure;
     // A rank its node's agent stopped reporting (CheckUnreported); preferred as the cause.
-    std::string unreported;
+    std::optional<std::pair<std::string, int>> unreported;  // (node, rank)
     absl::Time fail_at = absl::InfiniteFuture();
     v1::JobInfo& info() { return *rec.mutable_info(); }
     const v1::JobInfo& info() const { return rec.info(); }

@@ -23,7 +23,13 @@ std::shared_ptr<::gloo::transport::Device> MakeDevice(const std::string& master_
   // another interface (or to nothing) on multi-homed VMs.
   if (const char* addr = std::getenv("VARUNA_NODE_ADDR");
       addr != nullptr && *addr && std::string(addr) != "0.0.0.0" && std::string(addr) != "::") {
-    return c10d::ProcessGroupGloo::createDeviceForHostname(addr);
+    std::shared_ptr<::gloo::transport::Device> device;
+    const absl::Status s = TorchCall("gloo device for VARUNA_NODE_ADDR", [&] {
+      device = c10d::ProcessGroupGloo::createDeviceForHostname(addr);
+    });
+    if (s.ok()) return device;
+    // E.g. a NAT'd advertise_host that is not an address of this machine.
+    LOG(WARNING) << s.message() << "; using the hostname's address instead";
   }
   return c10d::ProcessGroupGloo::createDefaultDevice();
 }

@@ -64,17 +64,31 @@ TEST(JobSpecTest, BadValuesAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, "parallel.stages"));
 }
 
+absl::Status Shape(const std::string& yaml) {
+  auto spec = ParseJobSpec(yaml);
+  if (!spec.ok()) return spec.status();
+  return spec->ValidateShape();
+}
+
 TEST(JobSpecTest, ShapesNoClusterCanRunAreRefused) {
+  // Parsing accepts them (a recovering manager must load old rows); ValidateShape refuses.
   EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: 3}\nresources: {max_slots: 2}\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 3 slots"));
-  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: 2, replicas: 3}\n"
-                           "train: {global_batch: 12}\nresources: {max_slots: 4}\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 6 slots"));
-  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {replicas: 3}\ntrain: {global_batch: 8}\n"),
-              StatusIs(absl::StatusCode::kInvalidArgument, "not divisible by parallel.replicas"));
-  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: 2, replicas: 2}\n"
-                           "train: {global_batch: 8}\nresources: {max_slots: 4}\n"),
               IsOk());
+  EXPECT_THAT(Shape("data: {path: /x}\nparallel: {stages: 3}\nresources: {max_slots: 2}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 3 slots"));
+  EXPECT_THAT(Shape("data: {path: /x}\nparallel: {stages: 2, replicas: 3}\n"
+                    "train: {global_batch: 12}\nresources: {max_slots: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs at least 6 slots"));
+  EXPECT_THAT(Shape("data: {path: /x}\nparallel: {replicas: 3}\ntrain: {global_batch: 8}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not divisible by parallel.replicas"));
+  EXPECT_THAT(Shape("data: {path: /x}\nparallel: {stages: 2, replicas: 1}\n"
+                    "resources: {min_slots: 4}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "resources.min_slots"));
+  EXPECT_THAT(Shape("data: {path: /x}\nparallel: {stages: 2, replicas: 2}\n"
+                    "train: {global_batch: 8}\nresources: {min_slots: 4, max_slots: 4}\n"),
+              IsOk());
+  EXPECT_THAT(Shape("data: {path: /x}\nparallel: {stages: 2}\nresources: {min_slots: 4}\n"),
+              IsOk());  // replicas auto can grow to min_slots
 }
 
 TEST(JobSpecTest, MalformedYaml) {

@@ -393,6 +393,49 @@ TEST_F(ControlPlaneTest, AgentRestartedWithoutItsWorkersFailsTheJob) {
   EXPECT_TRUE(Eventually([&] { return TotalAlive() == 0; })) << "survivors must be stopped";
 }
 
+TEST_F(ControlPlaneTest, CancelEndsWhenAnAgentRestartedAndLostItsWorkers) {
+  const std::string id = RunningJob();
+  const std::string name = agents_[1]->server->agent().config().name;
+  agents_.erase(agents_.begin() + 1);  // its workers are gone with it
+  EXPECT_EQ(Cancel(id).state(), v1::CANCELLING);
+  AddAgent(name, 2);  // back at once, reporting no workers
+  ASSERT_TRUE(Eventually([&] { return TotalAlive() == 0; })) << "the other agent stops its ranks";
+  clock_.Advance(absl::Seconds(2));
+  BeatAll();
+  Tick();
+  const v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::CANCELLED) << info.DebugString();
+}
+
+TEST_F(ControlPlaneTest, ALateHeartbeatWithoutTheRanksDoesNotFailTheJob) {
+  const std::string id = RunningJob();
+  const std::string name = agents_[1]->server->agent().config().name;
+  clock_.Advance(absl::Seconds(2));
+  {
+    // A heartbeat the agent built before its workers existed, delivered late.
+    grpc::ClientContext ctx;
+    v1::HeartbeatRequest req;
+    req.set_name(name);
+    v1::HeartbeatResponse resp;
+    ASSERT_TRUE(registry_->Heartbeat(&ctx, req, &resp).ok());
+  }
+  BeatAll();  // the current heartbeat reports them again
+  clock_.Advance(absl::Seconds(3));
+  BeatAll();
+  Tick();
+  EXPECT_EQ(Get(id).state(), v1::RUNNING) << Get(id).reason();
+}
+
+TEST_F(ControlPlaneTest, HeartbeatRepliesCarryThePeriod) {
+  AddAgent("a1", 2);
+  grpc::ClientContext ctx;
+  v1::HeartbeatRequest req;
+  req.set_name("a1");
+  v1::HeartbeatResponse resp;
+  ASSERT_TRUE(registry_->Heartbeat(&ctx, req, &resp).ok());
+  EXPECT_GT(resp.heartbeat_period_ms(), 0);
+}
+
 TEST_F(ControlPlaneTest, RepeatedRpcsAreSafe) {
   AddAgent("a1", 2);
   AddAgent("a2", 2);
