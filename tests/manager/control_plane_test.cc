@@ -93,6 +93,7 @@ class ControlPlaneTest : public ::testing::Test {
     config.suspect_after_missed = 3;
     config.dead_after_missed = 10;
     config.stop_grace = absl::Seconds(5);
+    config.machine_list = machine_list_;
     manager_ =
         std::make_unique<ManagerServer>(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5)),
                                         ManagerServer::Options{absl::ZeroDuration()});
@@ -187,7 +188,7 @@ class ControlPlaneTest : public ::testing::Test {
   }
 
   FakeClock clock_;
-  std::string dir_, data_, manager_address_;
+  std::string dir_, data_, manager_address_, machine_list_;
   std::unique_ptr<ManagerServer> manager_;
   std::vector<std::unique_ptr<AgentUnderTest>> agents_;
   std::unique_ptr<v1::JobApi::Stub> jobs_;
@@ -594,6 +595,88 @@ TEST_F(ControlPlaneTest, BadSpecsAreRefusedAtSubmitAndNothingIsQueued) {
   v1::ListJobsResponse list;
   ASSERT_TRUE(jobs_->ListJobs(&ctx, v1::ListJobsRequest(), &list).ok());
   EXPECT_EQ(list.jobs_size(), 0);
+}
+
+TEST_F(ControlPlaneTest, CheckpointSignalsTheJobsCurrentWorkersOnlyAndIsSafeToRepeat) {
+  const std::string id = RunningJob();
+  auto& a = *agents_[0];
+  // A second job's worker on the same agent must not be signalled.
+  v1::LaunchRequest other;
+  other.set_job_id("77");
+  other.set_generation(1);
+  other.set_spec_yaml(Spec());
+  other.set_world_size(1);
+  other.add_ranks()->set_rank(0);
+  auto agent_api = v1::AgentApi::NewStub(MakeChannel(a.server->address()));
+  v1::LaunchResponse lr;
+  grpc::ClientContext c0;
+  ASSERT_TRUE(agent_api->Launch(&c0, other, &lr).ok());
+
+  auto checkpoint = [&](int generation) {
+    v1::CheckpointRequest req;
+    req.set_job_id(id);
+    req.set_generation(generation);
+    v1::CheckpointResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(agent_api->Checkpoint(&ctx, req, &resp).ok());
+    return resp.signalled();
+  };
+  EXPECT_EQ(checkpoint(2), 0) << "a generation the agent does not run";
+  EXPECT_EQ(checkpoint(1), 2);
+  EXPECT_EQ(checkpoint(1), 2) << "a repeat asks again; the worker's flag is idempotent";
+  for (const auto& p : a.launcher.procs()) {
+    if (p.spec.env.at("VARUNA_JOB_ID") == id) {
+      EXPECT_THAT(p.signals, ::testing::ElementsAre(SIGUSR1, SIGUSR1));
+      EXPECT_TRUE(p.alive) << "SIGUSR1 asks; the worker decides when to exit";
+    } else {
+      EXPECT_THAT(p.signals, ::testing::IsEmpty());
+    }
+  }
+  EXPECT_EQ(Get(id).state(), v1::RUNNING);
+}
+
+TEST_F(ControlPlaneTest, MachineListGivesWorkOnlyToListedHostsAndIsReReadWhenItChanges) {
+  manager_->Shutdown();
+  manager_.reset();
+  machine_list_ = dir_ + "/machine_list";
+  std::ofstream(machine_list_) << "# hosts that may run work\na1\n\n";
+  StartManager();
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  Tick();
+  EXPECT_EQ(NodeStates()["a1"], v1::ALIVE);
+  EXPECT_EQ(NodeStates()["a2"], v1::DRAINING);
+  {
+    grpc::ClientContext ctx;
+    v1::ListNodesResponse resp;
+    ASSERT_TRUE(jobs_->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok());
+    for (const auto& n : resp.nodes()) {
+      if (n.name() == "a2") EXPECT_THAT(n.reason(), HasSubstr("not in machine_list"));
+    }
+  }
+  auto job = Submit(Spec());  // fits on a1 alone as 2x1
+  ASSERT_THAT(job.status(), IsOk());
+  ASSERT_TRUE(WaitState(job->id(), v1::RUNNING));
+  const v1::JobInfo info = Get(job->id());
+  for (const auto& p : info.placement()) EXPECT_EQ(p.node(), "a1");
+
+  // Edited (by name or by host address): a2 becomes schedulable once the manager looks again.
+  std::ofstream(machine_list_) << "a1\n127.0.0.1\n";
+  std::filesystem::last_write_time(
+      machine_list_, std::filesystem::last_write_time(machine_list_) + std::chrono::seconds(5));
+  clock_.Advance(absl::Seconds(2));
+  BeatAll();
+  Tick();
+  EXPECT_EQ(NodeStates()["a2"], v1::ALIVE);
+
+  // Gone: nothing is schedulable; running work is left alone.
+  std::filesystem::remove(machine_list_);
+  clock_.Advance(absl::Seconds(2));
+  BeatAll();
+  Tick();
+  EXPECT_EQ(NodeStates()["a1"], v1::DRAINING);
+  EXPECT_EQ(NodeStates()["a2"], v1::DRAINING);
+  EXPECT_EQ(Get(job->id()).state(), v1::RUNNING);
 }
 
 TEST_F(ControlPlaneTest, UnregisteredHeartbeatIsToldToRegister) {
