@@ -352,6 +352,7 @@ void Agent::ReadProgress(const Worker& w, v1::StepMetrics* out) const {
     if (n["step_time_s"]) out->set_step_time_s(n["step_time_s"].as<double>());
     if (n["samples_per_s"]) out->set_samples_per_s(n["samples_per_s"].as<double>());
     if (n["tokens_per_s"]) out->set_tokens_per_s(n["tokens_per_s"].as<double>());
+    if (n["stopped"]) out->set_stopped(n["stopped"].as<bool>());
   } catch (const YAML::Exception&) {
     // A torn read of a file being replaced: the next heartbeat has it.
   }

@@ -277,6 +277,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       info.set_step_time_s(p.step_time_s());
       job.progress_dirty = true;
     }
+    if (p.stopped()) job.stopped_after = std::max(job.stopped_after, p.step());
     if (!running) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node.rec.name());
   }
   node.other_running = other_running;
@@ -804,6 +805,19 @@ void Manager::CheckAllExited(Job& job) {
   if (job.rec.exits_size() < job.info().placement_size()) return;
   const v1::JobState s = job.info().state();
   if (s == v1::RUNNING) {
+    // Note [Stopped on request]: exit 0 after a stop request (SIGUSR1: a preemption notice,
+    // an operator) is not the end of training. Until morphing relaunches such a job, it
+    // ends FAILED with a reason that says where its progress is.
+    const int64_t steps = job.spec.train.steps;
+    if (job.stopped_after > 0 && job.stopped_after < steps) {
+      const std::string& dir = job.spec.checkpoint.dir;
+      Fail(job, absl::StrCat("workers stopped on request (SIGUSR1) after step ", job.stopped_after,
+                             " of ", steps, "; ",
+                             dir.empty() ? "the job has no checkpoint.dir, so nothing was saved"
+                                         : absl::StrCat("checkpoint of step ", job.stopped_after,
+                                                        " in ", dir)));
+      return;
+    }
     Succeed(job);
   } else if (s == v1::CANCELLING) {
     MarkCancelled(job, "cancelled by request");

@@ -97,6 +97,8 @@ class Manager {
     // A rank its node's agent stopped reporting (CheckUnreported); preferred as the cause.
     std::optional<std::pair<std::string, int>> unreported;  // (node, rank)
     absl::Time fail_at = absl::InfiniteFuture();
+    // The step after which a rank reported stopping on request (SIGUSR1); 0 if none did.
+    int64_t stopped_after = 0;
     v1::JobInfo& info() { return *rec.mutable_info(); }
     const v1::JobInfo& info() const { return rec.info(); }
   };

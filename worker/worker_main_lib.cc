@@ -165,17 +165,21 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
               << "\n";
       metrics.flush();
     }
-    if (!progress_path.empty()) {
-      // Note [Progress]: the agent reads this file on every heartbeat; rename makes each
-      // update atomic, so it never sees a torn line.
+    // Note [Progress]: the agent reads this file on every heartbeat; rename makes each
+    // update atomic, so it never sees a torn line. `stopped` tells the manager that an exit
+    // 0 after this step is a stop on request, not the end of training.
+    auto write_progress = [&](bool stopped) {
+      if (progress_path.empty()) return;
       std::ofstream p(progress_path + ".tmp", std::ios::trunc);
       p << absl::StrFormat(
           "{\"step\": %d, \"loss\": %.9g, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
-          "\"tokens_per_s\": %.1f}\n",
-          step, r.loss, dt, B / dt, B * spec.model.seq_len / dt);
+          "\"tokens_per_s\": %.1f%s}\n",
+          step, r.loss, dt, B / dt, B * spec.model.seq_len / dt,
+          stopped ? ", \"stopped\": true" : "");
       p.close();
       std::rename((progress_path + ".tmp").c_str(), progress_path.c_str());
-    }
+    };
+    write_progress(false);
     if (topo.rank == 0 || metrics_rank) {
       if (step == 1 || step % 10 == 0 || step == topo.steps) {
         LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
@@ -201,6 +205,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     if (r.stop) {
       RETURN_IF_ERROR(engine->WaitForCheckpoint());
+      write_progress(true);
       LOG(INFO) << who << " stop requested: "
                 << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
                 << " step=" << step << "; exiting";

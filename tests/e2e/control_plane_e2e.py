@@ -229,6 +229,24 @@ class ControlPlaneTest(unittest.TestCase):
         log_b = c.ctl("logs", results[1]["id"], "--rank", "0", check=0).stdout
         self.assertIn("run=B rank=0", log_b)
 
+    def test_5_workers_stopped_by_sigusr1_checkpoint_and_the_job_says_so(self):
+        # A preemption notice (or an operator) sends SIGUSR1: every rank finishes its step,
+        # checkpoints and exits 0. That is not success: the job ends FAILED, naming the step
+        # and where its checkpoint is.
+        c = self.c
+        ck = os.path.join(c.dir, "ck_sig")
+        job = write_job(c, "sig.yaml", steps=100000, extra=f"checkpoint: {{dir: {ck}}}\n")
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 2, 120, "the job to make progress")
+        for pid in c.workers():
+            os.kill(pid, signal.SIGUSR1)
+        st = wait_for(lambda: c.status(job_id)["state"] == "FAILED" and c.status(job_id), 60,
+                      "the job to stop")
+        self.assertIn("stopped on request (SIGUSR1) after step", st["reason"])
+        self.assertIn(f"of 100000; checkpoint of step {st['step']} in {ck}", st["reason"])
+        self.assertEqual(os.listdir(ck), [f"varuna_ckpt_{st['step']}"])
+        wait_for(lambda: c.workers() == [], 10, "workers to be gone")
+
 
 class FailureTest(unittest.TestCase):
     def setUp(self):

@@ -294,6 +294,39 @@ TEST_F(ControlPlaneTest, JobRunsToSucceededWithVarunaLaunchArgumentsAndProgress)
   }
 }
 
+TEST_F(ControlPlaneTest, WorkersStoppedOnRequestBeforeTheLastStepFailTheJobSayingSo) {
+  const std::string id = RunningJob();
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) {
+      std::ofstream(p.spec.env.at("VARUNA_PROGRESS_FILE"))
+          << R"({"step": 7, "loss": 2.5, "stopped": true})"
+          << "\n";
+      a->launcher.Exit(p.pid, 0);
+    }
+  }
+  BeatAll();
+  const v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_EQ(info.step(), 7);
+  EXPECT_THAT(info.reason(),
+              HasSubstr("stopped on request (SIGUSR1) after step 7 of 20; the job has no "
+                        "checkpoint.dir, so nothing was saved"));
+
+  // Stopped at the last step: training is complete.
+  const std::string done = Submit(Spec()).value().id();
+  ASSERT_TRUE(WaitState(done, v1::RUNNING));
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) {
+      if (p.spec.env.at("VARUNA_JOB_ID") != done) continue;
+      std::ofstream(p.spec.env.at("VARUNA_PROGRESS_FILE")) << R"({"step": 20, "stopped": true})"
+                                                           << "\n";
+      a->launcher.Exit(p.pid, 0);
+    }
+  }
+  BeatAll();
+  EXPECT_EQ(Get(done).state(), v1::SUCCEEDED);
+}
+
 TEST_F(ControlPlaneTest, WorkerFailureFailsTheJobNamingRankNodeAndCodeAndStopsTheRest) {
   const std::string id = RunningJob();
   const v1::JobInfo info = Get(id);
