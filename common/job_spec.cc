@@ -8,6 +8,7 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -128,6 +129,15 @@ absl::Status JobSpec::Validate() const {
   if (!(parallel.timeout_s > 0)) return Bad("parallel.timeout_s", "must be > 0");
   if (checkpoint.every_steps < 0) return Bad("checkpoint.every_steps", "must be >= 0");
   if (checkpoint.keep < 0) return Bad("checkpoint.keep", "must be >= 0");
+  if (!checkpoint.resume.empty()) {
+    int64_t step = 0;
+    if (checkpoint.resume != "latest" &&
+        (!absl::SimpleAtoi(checkpoint.resume, &step) || step < 1)) {
+      return Bad("checkpoint.resume", absl::StrCat("must be 'latest' or a step number >= 1, got '",
+                                                   checkpoint.resume, "'"));
+    }
+    if (checkpoint.dir.empty()) return Bad("checkpoint.resume", "needs checkpoint.dir");
+  }
   if (resources.min_slots < 1) return Bad("resources.min_slots", "must be >= 1");
   if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
     return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
@@ -270,7 +280,8 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
                                        .Field("every_steps", &spec.checkpoint.every_steps)
                                        .Field("keep", &spec.checkpoint.keep)
                                        .Field("tempdir", &spec.checkpoint.tempdir)
-                                       .Field("shard", &spec.checkpoint.shard);
+                                       .Field("shard", &spec.checkpoint.shard)
+                                       .Field("resume", &spec.checkpoint.resume);
                                  }))
       .Sub("resources", section("resources",
                                 [&](MapReader& r) {

@@ -62,6 +62,9 @@ struct CheckpointSpec {
   int keep = 0;
   std::string tempdir;
   bool shard = false;
+  // Where a run starts: "" = fresh, "latest" = the newest complete checkpoint in dir (fresh
+  // if there is none), or a step number. varuna-worker's --resume_step overrides it.
+  std::string resume;
 };
 
 struct ResourcesSpec {

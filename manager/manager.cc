@@ -815,7 +815,9 @@ void Manager::CheckAllExited(Job& job) {
                              " of ", steps, "; ",
                              dir.empty() ? "the job has no checkpoint.dir, so nothing was saved"
                                          : absl::StrCat("checkpoint of step ", job.stopped_after,
-                                                        " in ", dir)));
+                                                        " in ", dir,
+                                                        "; resubmit with --set "
+                                                        "checkpoint.resume=latest to continue")));
       return;
     }
     Succeed(job);

@@ -67,6 +67,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   ASSIGN_OR_RETURN(WorkerTopology topo, ResolveTopology(args, &spec, model.num_segments(), GetEnv));
   ASSIGN_OR_RETURN(SchedulePolicy policy, ParseSchedulePolicy(spec.parallel.schedule));
   ASSIGN_OR_RETURN(Precision precision, ParsePrecision(spec.train.precision));
+  if (!args.resume_step && !spec.checkpoint.resume.empty()) {
+    args.resume_step = spec.checkpoint.resume;
+  }
   if (args.resume_step && spec.checkpoint.dir.empty()) {
     return absl::InvalidArgumentError("--resume_step needs checkpoint.dir in the job spec");
   }

@@ -56,6 +56,13 @@ TEST(JobSpecTest, BadValuesAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, "model.layers"));
   EXPECT_THAT(ParseJobSpec("data: {path: /x}\nmodel: {d_model: 30, heads: 4}\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, "must divide model.d_model"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ncheckpoint: {dir: /c, resume: newest}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "checkpoint.resume"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ncheckpoint: {dir: /c, resume: 0}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "step number >= 1, got '0'"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ncheckpoint: {resume: latest}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs checkpoint.dir"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ncheckpoint: {dir: /c, resume: 40}\n"), IsOk());
   EXPECT_THAT(ParseJobSpec("data: {path: /x}\nmodel: {vocab: 100}\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, "text data is bytes"));
   EXPECT_THAT(ParseJobSpec("model: {kind: gpt}\n"),

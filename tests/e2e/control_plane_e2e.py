@@ -243,9 +243,20 @@ class ControlPlaneTest(unittest.TestCase):
         st = wait_for(lambda: c.status(job_id)["state"] == "FAILED" and c.status(job_id), 60,
                       "the job to stop")
         self.assertIn("stopped on request (SIGUSR1) after step", st["reason"])
-        self.assertIn(f"of 100000; checkpoint of step {st['step']} in {ck}", st["reason"])
-        self.assertEqual(os.listdir(ck), [f"varuna_ckpt_{st['step']}"])
+        stopped = st["step"]
+        self.assertIn(f"of 100000; checkpoint of step {stopped} in {ck}", st["reason"])
+        self.assertIn("--set checkpoint.resume=latest", st["reason"])
+        self.assertEqual(os.listdir(ck), [f"varuna_ckpt_{stopped}"])
         wait_for(lambda: c.workers() == [], 10, "workers to be gone")
+        # Resubmitted as the reason says, it goes on from that step.
+        r = c.ctl("-o", "json", "submit", job, "--set", "checkpoint.resume=latest", "--set",
+                  f"train.steps={stopped + 2}", "--follow", timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr + c.tail())
+        again = json.loads(r.stdout)
+        self.assertEqual(c.status(again["id"])["step"], stopped + 2)
+        log = c.ctl("logs", again["id"], "--rank", "0", check=0).stdout
+        self.assertIn(f"loaded {os.path.join(ck, f'varuna_ckpt_{stopped}')}", log)
+        self.assertNotIn(" step=1 ", log)
 
 
 class FailureTest(unittest.TestCase):
