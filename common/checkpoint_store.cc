@@ -190,6 +190,16 @@ std::vector<int64_t> PruneCheckpoints(const std::string& dir, int keep) {
   return deleted;
 }
 
+absl::StatusOr<std::optional<int64_t>> ParseResumeStep(const std::string& value) {
+  if (value == "latest") return std::optional<int64_t>();
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(value, &step) || step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("needs 'latest' or a step number >= 1, got '", value, "'"));
+  }
+  return std::optional<int64_t>(step);
+}
+
 absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(const std::string& dir,
                                                          std::optional<int64_t> requested) {
   if (requested) {

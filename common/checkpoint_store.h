@@ -54,6 +54,10 @@ std::vector<int64_t> PruneCheckpoints(const std::string& dir, int keep);
 // Steps of all varuna_ckpt_<step> directories under `dir`, newest first.
 std::vector<int64_t> ListCheckpointSteps(const std::string& dir);
 
+// Parses a resume point as written by a user (--resume_step, checkpoint.resume): "latest"
+// gives nullopt (the newest complete checkpoint), a number >= 1 that step.
+absl::StatusOr<std::optional<int64_t>> ParseResumeStep(const std::string& value);
+
 // Resolves a resume request: `requested` is a step or nullopt for "latest". Returns nullopt if
 // `dir` holds no checkpoint at all (start fresh), the newest complete step otherwise (each
 // skipped one is logged with the reason), or an error if checkpoints exist but none is

@@ -8,9 +8,9 @@
 #include <set>
 #include <sstream>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint_store.h"
 #include "common/status_macros.h"
 
 namespace varuna {
@@ -130,11 +130,8 @@ absl::Status JobSpec::Validate() const {
   if (checkpoint.every_steps < 0) return Bad("checkpoint.every_steps", "must be >= 0");
   if (checkpoint.keep < 0) return Bad("checkpoint.keep", "must be >= 0");
   if (!checkpoint.resume.empty()) {
-    int64_t step = 0;
-    if (checkpoint.resume != "latest" &&
-        (!absl::SimpleAtoi(checkpoint.resume, &step) || step < 1)) {
-      return Bad("checkpoint.resume", absl::StrCat("must be 'latest' or a step number >= 1, got '",
-                                                   checkpoint.resume, "'"));
+    if (auto step = ParseResumeStep(checkpoint.resume); !step.ok()) {
+      return Bad("checkpoint.resume", std::string(step.status().message()));
     }
     if (checkpoint.dir.empty()) return Bad("checkpoint.resume", "needs checkpoint.dir");
   }

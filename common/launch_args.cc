@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/checkpoint_store.h"
 #include "common/status_macros.h"
 
 namespace varuna {
@@ -81,10 +82,9 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       ASSIGN_OR_RETURN(args.stage_to_rank_map, take());
     } else if (flag == "resume_step") {
       ASSIGN_OR_RETURN(std::string v, take());
-      int64_t n = 0;
-      if (v != "latest" && (!absl::SimpleAtoi(v, &n) || n < 0)) {
+      if (auto step = ParseResumeStep(v); !step.ok()) {
         return absl::InvalidArgumentError(
-            absl::StrCat("flag --resume_step needs 'latest' or a step number, got '", v, "'"));
+            absl::StrCat("flag --resume_step ", step.status().message()));
       }
       args.resume_step = v;
     } else if (flag == "metrics_out") {

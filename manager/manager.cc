@@ -51,6 +51,18 @@ std::string UnreportedReason(const std::pair<std::string, int>& node_rank) {
                       " is no longer known to its agent (agent restarted?)");
 }
 
+// Note [Stopped on request]: exit 0 after a stop request (SIGUSR1: a preemption notice, an
+// operator) is not the end of training. Until morphing relaunches such a job, it ends
+// FAILED with a reason that says where its progress is.
+std::string StoppedOnRequestReason(int64_t step, int64_t steps, const std::string& ckpt_dir) {
+  const std::string saved =
+      ckpt_dir.empty() ? "the job has no checkpoint.dir, so nothing was saved"
+                       : absl::StrCat("checkpoint of step ", step, " in ", ckpt_dir,
+                                      "; resubmit with --set checkpoint.resume=latest to continue");
+  return absl::StrCat("workers stopped on request (SIGUSR1) after step ", step, " of ", steps, "; ",
+                      saved);
+}
+
 }  // namespace
 
 absl::Status ManagerConfig::Validate() const {
@@ -805,19 +817,9 @@ void Manager::CheckAllExited(Job& job) {
   if (job.rec.exits_size() < job.info().placement_size()) return;
   const v1::JobState s = job.info().state();
   if (s == v1::RUNNING) {
-    // Note [Stopped on request]: exit 0 after a stop request (SIGUSR1: a preemption notice,
-    // an operator) is not the end of training. Until morphing relaunches such a job, it
-    // ends FAILED with a reason that says where its progress is.
     const int64_t steps = job.spec.train.steps;
-    if (job.stopped_after > 0 && job.stopped_after < steps) {
-      const std::string& dir = job.spec.checkpoint.dir;
-      Fail(job, absl::StrCat("workers stopped on request (SIGUSR1) after step ", job.stopped_after,
-                             " of ", steps, "; ",
-                             dir.empty() ? "the job has no checkpoint.dir, so nothing was saved"
-                                         : absl::StrCat("checkpoint of step ", job.stopped_after,
-                                                        " in ", dir,
-                                                        "; resubmit with --set "
-                                                        "checkpoint.resume=latest to continue")));
+    if (job.stopped_after > 0 && job.stopped_after < steps) {  // Note [Stopped on request]
+      Fail(job, StoppedOnRequestReason(job.stopped_after, steps, job.spec.checkpoint.dir));
       return;
     }
     Succeed(job);

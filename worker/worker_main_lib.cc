@@ -125,8 +125,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   const std::string& ckpt_dir = spec.checkpoint.dir;
   int64_t first_step = 1;
   if (args.resume_step) {
-    std::optional<int64_t> requested;
-    if (*args.resume_step != "latest") requested = std::stoll(*args.resume_step);
+    ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(*args.resume_step));
     ASSIGN_OR_RETURN(std::optional<int64_t> resume, ResolveResumeStep(ckpt_dir, requested));
     if (resume) {
       const std::string path = CheckpointPath(ckpt_dir, *resume);
