@@ -15,8 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/checkpoint_store.h"
 #include "common/rpc.h"
+#include "common/safe_file.h"
 #include "common/status_macros.h"
+#include "common/yaml_util.h"
 #include "glog/logging.h"
 
 extern char** environ;
@@ -65,7 +68,9 @@ std::string DescribeExit(int code, int sig) {
 absl::Status AgentConfig::Validate() const {
   if (name.empty()) return absl::InvalidArgumentError("agent: --name must not be empty");
   if (manager.empty()) return absl::InvalidArgumentError("agent: --manager HOST:PORT is required");
-  if (slots < 1) return absl::InvalidArgumentError("agent: --slots must be >= 1");
+  if (name.size() > 63) return absl::InvalidArgumentError("agent: --name is longer than 63");
+  if (slots < 1 || slots > 1024)
+    return absl::InvalidArgumentError("agent: --slots must be in [1, 1024]");
   if (work_dir.empty()) return absl::InvalidArgumentError("agent: --work_dir is required");
   if (heartbeat_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("agent: heartbeat period must be > 0");
@@ -74,54 +79,40 @@ absl::Status AgentConfig::Validate() const {
 }
 
 absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("agent config ", path, ": ", e.what()));
-  }
-  if (root.IsNull()) return absl::OkStatus();
-  if (!root.IsMap()) {
-    return absl::InvalidArgumentError(absl::StrCat("agent config ", path, ": not a mapping"));
-  }
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    const YAML::Node& v = kv.second;
-    try {
-      if (key == "name") {
-        c->name = v.as<std::string>();
-      } else if (key == "manager") {
-        c->manager = v.as<std::string>();
-      } else if (key == "listen") {
-        c->listen = v.as<std::string>();
-      } else if (key == "advertise_host") {
-        c->advertise_host = v.as<std::string>();
-      } else if (key == "slots") {
-        c->slots = v.as<int>();
-      } else if (key == "work_dir") {
-        c->work_dir = v.as<std::string>();
-      } else if (key == "worker_binary") {
-        c->worker_binary = v.as<std::string>();
-      } else if (key == "labels") {
-        c->labels = v.as<std::map<std::string, std::string>>();
-      } else if (key == "heartbeat_period_s") {
-        c->heartbeat_period = absl::Seconds(v.as<double>());
-      } else if (key == "stop_grace_s") {
-        c->stop_grace = absl::Seconds(v.as<double>());
-      } else if (key == "rpc_timeout_s") {
-        c->rpc_timeout = absl::Seconds(v.as<double>());
-      } else {
+  auto text = ReadRegularFile(path, 1 << 20, "agent config");
+  if (!text.ok()) return text.status();
+  const std::string what = absl::StrCat("agent config ", path);
+  auto loaded = ParseYaml(*text, what);
+  if (!loaded.ok()) return loaded.status();
+  const YAML::Node root = *loaded;
+  if (!root || root.IsNull()) return absl::OkStatus();
+  // Note [Parser boundary] (common/submission.cc): every value is read with YamlAs.
+  return ForEachEntry(
+      root, what, "", [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+        auto str = [&](std::string* out) { return ReadInto(v, what, key, out); };
+        auto seconds = [&](absl::Duration* out) { return ReadSeconds(v, what, key, out); };
+        if (key == "name") return str(&c->name);
+        if (key == "manager") return str(&c->manager);
+        if (key == "listen") return str(&c->listen);
+        if (key == "advertise_host") return str(&c->advertise_host);
+        if (key == "slots") return ReadInto(v, what, key, &c->slots);
+        if (key == "work_dir") return str(&c->work_dir);
+        if (key == "worker_binary") return str(&c->worker_binary);
+        if (key == "labels") return ReadInto(v, what, key, &c->labels);
+        if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
+        if (key == "stop_grace_s") return seconds(&c->stop_grace);
+        if (key == "rpc_timeout_s") return seconds(&c->rpc_timeout);
+        if (key == "tls_ca") return str(&c->tls.ca);
+        if (key == "tls_cert") return str(&c->tls.cert);
+        if (key == "tls_key") return str(&c->tls.key);
+        if (key == "tls_manager_name") return str(&c->tls_manager_name);
+        if (key == "allow_insecure") return ReadInto(v, what, key, &c->allow_insecure);
         return absl::InvalidArgumentError(absl::StrCat(
-            "agent config ", path, ": unknown key '", key,
+            what, ": unknown key '", key,
             "' (known: name, manager, listen, advertise_host, slots, work_dir, worker_binary, "
-            "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s)"));
-      }
-    } catch (const YAML::Exception&) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("agent config ", path, ": '", key, "' has an invalid value"));
-    }
-  }
-  return absl::OkStatus();
+            "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
+            "tls_manager_name, allow_insecure)"));
+      });
 }
 
 Agent::Agent(AgentConfig config, Clock* clock, ProcessLauncher* launcher)
@@ -133,9 +124,14 @@ std::string Agent::JobDir(const std::string& job_id) const {
 
 absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   const std::string who = absl::StrCat("job=", req.job_id(), " gen=", req.generation());
-  if (req.job_id().empty() || req.job_id().find('/') != std::string::npos ||
-      req.job_id().find("..") != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("launch: bad job id '", req.job_id(), "'"));
+  if (req.job_id().empty() || req.job_id().size() > 64 ||
+      req.job_id().find('/') != std::string::npos || req.job_id().find("..") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: bad job id '", req.job_id().substr(0, 64), "'"));
+  }
+  if (req.ranks_size() > config_.slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "launch: ", req.ranks_size(), " ranks for a node of ", config_.slots, " slots"));
   }
   if (req.generation() < 1) return absl::InvalidArgumentError("launch: generation must be >= 1");
   if (req.ranks().empty()) return absl::InvalidArgumentError("launch: no ranks");
@@ -181,10 +177,10 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
         absl::StrCat("launch ", who, ": cannot create ", gen_dir, ": ", ec.message()));
   }
   const std::string spec_path = gen_dir + "/job.yaml";
-  {
-    std::ofstream f(spec_path, std::ios::trunc);
-    f << req.spec_yaml();
-    if (!f) return absl::InternalError(absl::StrCat("launch ", who, ": cannot write ", spec_path));
+  // Written beside and renamed over: a running worker of this generation may have put
+  // anything at spec_path, and opening that for writing could block (a FIFO).
+  if (absl::Status s = WriteFileAtomic(spec_path, req.spec_yaml(), 0); !s.ok()) {
+    return absl::InternalError(absl::StrCat("launch ", who, ": ", s.message()));
   }
 
   std::map<std::string, std::string> base_env = AgentEnvironment();
@@ -234,12 +230,11 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     spec.argv.push_back(absl::StrCat("--batch-size=", req.per_replica_batch()));
     spec.log_path = w.log_path;
     spec.cwd = gen_dir;
-    {
-      std::ofstream log(w.log_path, std::ios::app);
-      log << "==== varuna-agent " << config_.name << ": job " << req.job_id() << " generation "
-          << req.generation() << " rank " << r.rank() << " (local " << r.local_rank()
-          << "): " << absl::StrJoin(spec.argv, " ") << "\n";
-    }
+    AppendToRegularFile(
+        w.log_path, absl::StrCat("==== varuna-agent ", config_.name, ": job ", req.job_id(),
+                                 " generation ", req.generation(), " rank ", r.rank(), " (local ",
+                                 r.local_rank(), "): ", absl::StrJoin(spec.argv, " "), "\n"))
+        .IgnoreError();
     auto pid = launcher_->Launch(spec);
     if (!pid.ok()) {
       return absl::Status(pid.status().code(),
@@ -303,23 +298,17 @@ absl::StatusOr<v1::FetchLogsResponse> Agent::FetchLogs(const v1::FetchLogsReques
     return absl::InvalidArgumentError("logs: bad job id or rank");
   }
   const std::string path = absl::StrCat(JobDir(req.job_id()), "/rank", req.rank(), ".log");
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  const int64_t max =
+      std::clamp<int64_t>(req.max_bytes() > 0 ? req.max_bytes() : (1 << 20), 1, 1 << 20);
+  auto slice = ReadRegularFileSlice(path, req.offset(), max, "log");
+  if (!slice.ok()) {
     return absl::NotFoundError(absl::StrCat("no log for job ", req.job_id(), " rank ", req.rank(),
                                             " on node ", config_.name));
   }
-  f.seekg(0, std::ios::end);
-  const int64_t size = f.tellg();
-  const int64_t offset = std::clamp<int64_t>(req.offset(), 0, size);
-  const int64_t max = req.max_bytes() > 0 ? req.max_bytes() : (1 << 20);
-  const int64_t n = std::min<int64_t>(max, size - offset);
-  std::string data(n, '\0');
-  f.seekg(offset);
-  f.read(data.data(), n);
   v1::FetchLogsResponse resp;
-  resp.set_data(std::move(data));
-  resp.set_next_offset(offset + n);
-  resp.set_size(size);
+  resp.set_next_offset(slice->offset + static_cast<int64_t>(slice->data.size()));
+  resp.set_size(slice->size);
+  resp.set_data(std::move(slice->data));
   return resp;
 }
 
@@ -332,30 +321,37 @@ void Agent::Reap() {
       w.signal = e.signal;
       LOG(INFO) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
                 << " exited with " << DescribeExit(e.exit_code, e.signal);
-      std::ofstream log(w.log_path, std::ios::app);
-      log << "==== varuna-agent " << config_.name << ": rank " << w.rank << " exited with "
-          << DescribeExit(e.exit_code, e.signal) << "\n";
+      AppendToRegularFile(w.log_path,
+                          absl::StrCat("==== varuna-agent ", config_.name, ": rank ", w.rank,
+                                       " exited with ", DescribeExit(e.exit_code, e.signal), "\n"))
+          .IgnoreError();
     }
   }
 }
 
+// Note [Progress file]: the worker (the job's code) owns this file, so it is read like any
+// outside input: a non-blocking open of a regular file only (a FIFO put there cannot freeze
+// the agent), at most 4 KiB, and fields of the wrong type are ignored.
 void Agent::ReadProgress(const Worker& w, v1::StepMetrics* out) const {
-  std::ifstream f(w.progress_path);
-  if (!f) return;
-  std::string line;
-  std::getline(f, line);
+  auto text = ReadRegularFile(w.progress_path, 4096, "progress file");
+  if (!text.ok()) return;
+  const std::string line = text->substr(0, text->find('\n'));
   if (line.empty()) return;
-  try {
-    YAML::Node n = YAML::Load(line);
-    if (n["step"]) out->set_step(n["step"].as<int64_t>());
-    if (n["loss"]) out->set_loss(n["loss"].as<double>());
-    if (n["step_time_s"]) out->set_step_time_s(n["step_time_s"].as<double>());
-    if (n["samples_per_s"]) out->set_samples_per_s(n["samples_per_s"].as<double>());
-    if (n["tokens_per_s"]) out->set_tokens_per_s(n["tokens_per_s"].as<double>());
-    if (n["stopped"]) out->set_stopped(n["stopped"].as<bool>());
-  } catch (const YAML::Exception&) {
-    // A torn read of a file being replaced: the next heartbeat has it.
+  auto n = ParseYaml(line, "progress file");
+  if (!n.ok() || !n->IsMap()) return;  // a torn read: the next heartbeat has it
+  const YAML::Node& p = *n;
+  if (auto v = YamlAs<int64_t>(p["step"], "progress", "step"); v.ok()) out->set_step(*v);
+  if (auto v = YamlAs<double>(p["loss"], "progress", "loss"); v.ok()) out->set_loss(*v);
+  if (auto v = YamlAs<double>(p["step_time_s"], "progress", "step_time_s"); v.ok()) {
+    out->set_step_time_s(*v);
   }
+  if (auto v = YamlAs<double>(p["samples_per_s"], "progress", "samples_per_s"); v.ok()) {
+    out->set_samples_per_s(*v);
+  }
+  if (auto v = YamlAs<double>(p["tokens_per_s"], "progress", "tokens_per_s"); v.ok()) {
+    out->set_tokens_per_s(*v);
+  }
+  if (auto v = YamlAs<bool>(p["stopped"], "progress", "stopped"); v.ok()) out->set_stopped(*v);
 }
 
 v1::HeartbeatRequest Agent::BuildHeartbeat() {

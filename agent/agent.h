@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "agent/process_launcher.h"
 #include "common/clock.h"
+#include "common/rpc.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {
@@ -28,6 +29,11 @@ struct AgentConfig {
   absl::Duration heartbeat_period = absl::Seconds(1);
   absl::Duration stop_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
   absl::Duration rpc_timeout = absl::Seconds(5);
+  // Security (docs/operations.md "Security"): with TLS, only a peer whose certificate (from
+  // the cluster CA) has this common name may call the agent.
+  TlsFiles tls;
+  std::string tls_manager_name = "varuna-manager";
+  bool allow_insecure = false;
 
   absl::Status Validate() const;
 };

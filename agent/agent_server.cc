@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
 
 namespace varuna {
@@ -9,10 +10,10 @@ namespace {
 
 class GrpcManagerClient final : public ManagerClient {
  public:
-  GrpcManagerClient(const std::string& address, absl::Duration timeout)
+  GrpcManagerClient(const std::string& address, absl::Duration timeout, const TlsConfig& tls)
       : address_(address),
         timeout_(timeout),
-        stub_(v1::AgentRegistry::NewStub(MakeChannel(address))) {}
+        stub_(v1::AgentRegistry::NewStub(MakeChannel(address, tls))) {}
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req) override {
     grpc::ClientContext ctx;
@@ -40,14 +41,18 @@ class GrpcManagerClient final : public ManagerClient {
 }  // namespace
 
 std::unique_ptr<ManagerClient> MakeGrpcManagerClient(const std::string& address,
-                                                     absl::Duration timeout) {
-  return std::make_unique<GrpcManagerClient>(address, timeout);
+                                                     absl::Duration timeout, const TlsConfig& tls) {
+  return std::make_unique<GrpcManagerClient>(address, timeout, tls);
 }
 
 // AgentApi glue: each call runs on the agent's loop thread and finishes from there.
+// Note [Only the manager]: with TLS the handshake already requires a certificate from the
+// cluster CA; every call then also needs its common name to be the manager's, so another
+// agent's certificate (same CA) cannot launch anything here.
 class AgentServer::Service final : public v1::AgentApi::CallbackService {
  public:
-  Service(EventLoop* loop, Agent* agent) : loop_(loop), agent_(agent) {}
+  Service(EventLoop* loop, Agent* agent, bool tls, std::string manager_name)
+      : loop_(loop), agent_(agent), tls_(tls), manager_name_(std::move(manager_name)) {}
 
   grpc::ServerUnaryReactor* Launch(grpc::CallbackServerContext* ctx, const v1::LaunchRequest* req,
                                    v1::LaunchResponse* resp) override {
@@ -86,12 +91,26 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
   template <typename F>
   grpc::ServerUnaryReactor* OnLoop(grpc::CallbackServerContext* ctx, F fn) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (tls_) {
+      const std::string peer = PeerCommonName(*ctx);
+      if (peer != manager_name_) {
+        LOG(WARNING) << "refused an agent API call from '" << peer << "' at " << ctx->peer();
+        reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                                     absl::StrCat("only the manager ('", manager_name_,
+                                                  "') may call this agent; the "
+                                                  "caller's certificate names '",
+                                                  peer, "'")));
+        return reactor;
+      }
+    }
     loop_->Post([reactor, fn] { reactor->Finish(ToGrpcStatus(fn())); });
     return reactor;
   }
 
   EventLoop* const loop_;
   Agent* const agent_;
+  const bool tls_;
+  const std::string manager_name_;
 };
 
 AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* launcher,
@@ -107,10 +126,13 @@ AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* laun
 AgentServer::~AgentServer() { Shutdown(); }
 
 absl::Status AgentServer::Start() {
+  const AgentConfig& c = agent_.config();
+  RETURN_IF_ERROR(CheckListenSecurity("varuna-agent", c.listen, c.tls.enabled(), c.allow_insecure));
+  ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(c.tls, /*need_cert=*/true, "varuna-agent"));
   loop_.Start();
-  service_ = std::make_unique<Service>(&loop_, &agent_);
+  service_ = std::make_unique<Service>(&loop_, &agent_, tls.enabled, c.tls_manager_name);
   auto started =
-      StartServer(agent_.config().listen, {service_.get()}, agent_.config().advertise_host);
+      StartServer(c.listen, {service_.get()}, c.advertise_host, tls, ClientCerts::kRequired);
   if (!started.ok()) return started.status();
   server_ = std::move(started->server);
   address_ = started->address;

@@ -26,7 +26,8 @@ class ManagerClient {
 };
 
 std::unique_ptr<ManagerClient> MakeGrpcManagerClient(const std::string& address,
-                                                     absl::Duration timeout);
+                                                     absl::Duration timeout,
+                                                     const TlsConfig& tls = {});
 
 class AgentServer {
  public:

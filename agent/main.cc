@@ -25,6 +25,12 @@ ABSL_FLAG(std::string, work_dir, "", "where job specs and worker logs go");
 ABSL_FLAG(std::string, worker_binary, "", "varuna-worker path (default: next to varuna-agent)");
 ABSL_FLAG(std::string, labels, "", "comma-separated key=value labels");
 ABSL_FLAG(std::string, config, "", "YAML config file; flags override it");
+ABSL_FLAG(std::string, tls_ca, "", "cluster CA (PEM): the manager's certificate must chain to it");
+ABSL_FLAG(std::string, tls_cert, "", "this agent's certificate (PEM)");
+ABSL_FLAG(std::string, tls_key, "", "this agent's private key (PEM)");
+ABSL_FLAG(std::string, tls_manager_name, "",
+          "common name of the manager's certificate (default varuna-manager)");
+ABSL_FLAG(bool, allow_insecure, false, "allow a non-loopback --listen without TLS");
 
 namespace {
 
@@ -50,8 +56,17 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_name); !v.empty()) config.name = v;
   if (auto v = absl::GetFlag(FLAGS_work_dir); !v.empty()) config.work_dir = v;
   if (auto v = absl::GetFlag(FLAGS_worker_binary); !v.empty()) config.worker_binary = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_ca); !v.empty()) config.tls.ca = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_cert); !v.empty()) config.tls.cert = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_key); !v.empty()) config.tls.key = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_manager_name); !v.empty()) config.tls_manager_name = v;
+  if (absl::GetFlag(FLAGS_allow_insecure)) config.allow_insecure = true;
   for (absl::string_view kv : absl::StrSplit(absl::GetFlag(FLAGS_labels), ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    if (p.first.empty() || kv.find('=') == absl::string_view::npos) {
+      std::cerr << "varuna-agent: --labels entry '" << kv << "' is not key=value\n";
+      return 2;
+    }
     config.labels[p.first] = p.second;
   }
   if (config.name.empty()) config.name = Hostname();
@@ -79,13 +94,18 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  auto tls = varuna::LoadTls(config.tls, /*need_cert=*/true, "varuna-agent");
+  if (!tls.ok()) {
+    std::cerr << "varuna-agent: " << tls.status().message() << "\n";
+    return 2;
+  }
   varuna::RealProcessLauncher launcher;
-  auto manager = varuna::MakeGrpcManagerClient(config.manager, config.rpc_timeout);
+  auto manager = varuna::MakeGrpcManagerClient(config.manager, config.rpc_timeout, *tls);
   varuna::AgentServer server(config, varuna::RealClock::Get(), &launcher, std::move(manager),
                              varuna::AgentServer::Options{});
   if (absl::Status s = server.Start(); !s.ok()) {
     std::cerr << "varuna-agent: " << s.message() << "\n";
-    return 1;
+    return s.code() == absl::StatusCode::kUnavailable ? 1 : 2;
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);

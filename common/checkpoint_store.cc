@@ -1,21 +1,26 @@
 #include "common/checkpoint_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 #include <zlib.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "common/safe_file.h"
 #include "common/status_macros.h"
+#include "common/yaml_util.h"
 
 namespace varuna {
 namespace fs = std::filesystem;
@@ -24,21 +29,39 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
   return absl::StrCat(dir, "/varuna_ckpt_", step);
 }
 
-absl::StatusOr<FileDigest> DigestFile(const std::string& root, const std::string& relative) {
+absl::StatusOr<FileDigest> DigestFile(const std::string& root, const std::string& relative,
+                                      int64_t expected_size) {
+  RETURN_IF_ERROR(CheckRelativePathInside(relative, "checkpoint file"));
   const std::string path = absl::StrCat(root, "/", relative);
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("missing file ", path));
+  auto fd = OpenRegularFile(path, "checkpoint file");
+  if (!fd.ok()) {
+    if (fd.status().code() == absl::StatusCode::kNotFound) {
+      return absl::NotFoundError(absl::StrCat("missing file ", path));
+    }
+    return absl::DataLossError(std::string(fd.status().message()));
+  }
+  struct stat st;
+  if (::fstat(*fd, &st) != 0 || (expected_size >= 0 && st.st_size != expected_size)) {
+    ::close(*fd);
+    return absl::DataLossError(
+        absl::StrCat(relative, " has ", st.st_size, " bytes, manifest says ", expected_size));
+  }
   FileDigest d;
   d.path = relative;
   uLong crc = crc32(0L, Z_NULL, 0);
   std::vector<char> buf(1 << 20);
-  while (f) {
-    f.read(buf.data(), static_cast<std::streamsize>(buf.size()));
-    const std::streamsize n = f.gcount();
-    if (n <= 0) break;
+  for (;;) {
+    const ssize_t n = ::read(*fd, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      ::close(*fd);
+      return absl::DataLossError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+    }
+    if (n == 0) break;
     crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
     d.size += static_cast<uint64_t>(n);
   }
+  ::close(*fd);
   d.crc32 = static_cast<uint32_t>(crc);
   return d;
 }
@@ -93,64 +116,167 @@ absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
   return WriteFileAtomic(absl::StrCat(ckpt_path, "/complete.rank", writer), "", writer);
 }
 
-absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums) {
-  YAML::Node common;
-  try {
-    common = YAML::LoadFile(ckpt_path + "/common.json");
-  } catch (const YAML::Exception& e) {
-    return absl::DataLossError(absl::StrCat(ckpt_path, "/common.json is missing or unreadable"));
+namespace {
+
+absl::Status Damaged(const std::string& what) { return absl::DataLossError(what); }
+
+absl::StatusOr<YAML::Node> LoadMetadata(const std::string& path, const std::string& what) {
+  auto text = ReadRegularFile(path, kMaxCheckpointMetadataBytes, what);
+  if (!text.ok()) return Damaged(std::string(text.status().message()));
+  auto node = ParseYaml(*text, what);
+  if (!node.ok()) return Damaged(std::string(node.status().message()));
+  if (!node->IsMap()) return Damaged(absl::StrCat(what, " is not a JSON object"));
+  return node;
+}
+
+// Reads common.json[key] as T; DataLoss naming the key if it is missing or of the wrong type.
+template <typename T>
+absl::StatusOr<T> Get(const YAML::Node& n, const std::string& key, const std::string& what) {
+  auto v = YamlAs<T>(n[key], what, key);
+  if (!v.ok()) return Damaged(std::string(v.status().message()));
+  return v;
+}
+
+// The step in a varuna_ckpt_<step> directory name; -1 if the name is not of that form.
+int64_t StepOfPath(const std::string& ckpt_path) {
+  const std::string name = fs::path(ckpt_path).filename().string();
+  int64_t step = -1;
+  if (name.rfind("varuna_ckpt_", 0) != 0 || !absl::SimpleAtoi(name.substr(12), &step)) return -1;
+  return step;
+}
+
+absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_path) {
+  const std::string what = absl::StrCat(ckpt_path, "/common.json");
+  ASSIGN_OR_RETURN(YAML::Node n, LoadMetadata(what, what));
+  CheckpointCommon c;
+  ASSIGN_OR_RETURN(c.step, Get<int64_t>(n, "step", what));
+  ASSIGN_OR_RETURN(c.global_batch, Get<int64_t>(n, "global_batch", what));
+  ASSIGN_OR_RETURN(c.stages, Get<int>(n, "stages", what));
+  ASSIGN_OR_RETURN(c.replicas, Get<int>(n, "replicas", what));
+  ASSIGN_OR_RETURN(c.loss_scale, Get<double>(n, "loss_scale", what));
+  ASSIGN_OR_RETURN(c.clean_steps, Get<int64_t>(n, "clean_steps", what));
+  ASSIGN_OR_RETURN(c.writers, Get<std::vector<int>>(n, "writers", what));
+  ASSIGN_OR_RETURN(c.layers, Get<std::vector<std::string>>(n, "layers", what));
+  if (n["model_spec"]) {
+    ASSIGN_OR_RETURN(c.model_spec, Get<std::string>(n, "model_spec", what));
   }
-  std::vector<int> writers;
-  std::vector<std::string> layers;
-  try {
-    writers = common["writers"].as<std::vector<int>>();
-    layers = common["layers"].as<std::vector<std::string>>();
-  } catch (const YAML::Exception& e) {
-    return absl::DataLossError(absl::StrCat(ckpt_path, "/common.json lacks writers/layers"));
+  if (c.step < 1 || c.step > (int64_t{1} << 40))
+    return Damaged(absl::StrCat(what, ": bad step ", c.step));
+  if (const int64_t named = StepOfPath(ckpt_path); named >= 0 && named != c.step) {
+    return Damaged(absl::StrCat(what, " says step ", c.step, " but the directory is step ", named));
   }
-  std::vector<std::string> covered;
-  for (int w : writers) {
+  if (c.global_batch < 1) return Damaged(absl::StrCat(what, ": bad global_batch"));
+  if (c.stages < 1 || c.replicas < 1 || c.stages > 1 << 20 || c.replicas > 1 << 20) {
+    return Damaged(absl::StrCat(what, ": bad stages/replicas"));
+  }
+  if (!std::isfinite(c.loss_scale) || c.loss_scale <= 0 || c.clean_steps < 0) {
+    return Damaged(absl::StrCat(what, ": bad loss_scale/clean_steps"));
+  }
+  const int64_t world = static_cast<int64_t>(c.stages) * c.replicas;
+  if (c.writers.empty()) return Damaged(absl::StrCat(what, " lists no writers"));
+  if (c.layers.empty()) return Damaged(absl::StrCat(what, " lists no layers"));
+  std::set<int> writers;
+  for (int w : c.writers) {
+    if (w < 0 || w >= world || !writers.insert(w).second) {
+      return Damaged(absl::StrCat(what, ": writer rank ", w, " is out of range or repeated"));
+    }
+  }
+  std::set<std::string> layers;
+  for (const std::string& l : c.layers) {
+    if (l.find('/') != std::string::npos || !CheckRelativePathInside(l, "layer").ok() ||
+        !layers.insert(l).second) {
+      return Damaged(absl::StrCat(what, ": layer name '", l, "' is invalid or repeated"));
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_path) {
+  try {  // Note [Parser boundary] (common/submission.cc).
+    return ReadCommonUnguarded(ckpt_path);
+  } catch (const std::exception& e) {
+    return Damaged(absl::StrCat(ckpt_path, "/common.json cannot be read: ", e.what()));
+  }
+}
+
+namespace {
+
+absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
+                             const std::vector<std::string>* expected_layers) {
+  ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
+  if (expected_layers != nullptr) {
+    const std::set<std::string> have(common.layers.begin(), common.layers.end());
+    for (const std::string& l : *expected_layers) {
+      if (!have.count(l)) {
+        return Damaged(absl::StrCat("has no layer '", l, "' of this model (it holds ",
+                                    common.layers.size(), " layers)"));
+      }
+    }
+    if (have.size() != expected_layers->size()) {
+      return Damaged(
+          absl::StrCat("holds ", have.size(), " layers; this model has ", expected_layers->size()));
+    }
+  }
+  std::set<std::string> covered;
+  for (int w : common.writers) {
     const std::string marker = absl::StrCat(ckpt_path, "/complete.rank", w);
     if (!fs::exists(marker)) {
-      return absl::DataLossError(
-          absl::StrCat("writer rank ", w, " never finished (no ", marker, ")"));
+      return Damaged(absl::StrCat("writer rank ", w, " never finished (no ", marker, ")"));
     }
-    YAML::Node manifest;
-    try {
-      manifest = YAML::LoadFile(absl::StrCat(ckpt_path, "/manifest.rank", w, ".json"));
-    } catch (const YAML::Exception&) {
-      return absl::DataLossError(absl::StrCat("manifest of writer rank ", w, " is unreadable"));
-    }
-    for (const auto& f : manifest["files"]) {
-      const std::string rel = f["path"].as<std::string>();
+    const std::string what = absl::StrCat("manifest of writer rank ", w);
+    ASSIGN_OR_RETURN(YAML::Node manifest,
+                     LoadMetadata(absl::StrCat(ckpt_path, "/manifest.rank", w, ".json"), what));
+    const YAML::Node files = manifest["files"];
+    if (!files.IsSequence()) return Damaged(absl::StrCat(what, " has no files list"));
+    for (const auto& f : files) {
+      if (!f.IsMap()) return Damaged(absl::StrCat(what, " has an entry that is not an object"));
+      ASSIGN_OR_RETURN(std::string rel, Get<std::string>(f, "path", what));
+      ASSIGN_OR_RETURN(uint64_t size, Get<uint64_t>(f, "size", what));
+      ASSIGN_OR_RETURN(uint32_t crc, Get<uint32_t>(f, "crc32", what));
+      if (absl::Status s = CheckRelativePathInside(rel, what); !s.ok()) {
+        return Damaged(std::string(s.message()));
+      }
+      if (size > kMaxCheckpointFileBytes) {
+        return Damaged(absl::StrCat(what, ": ", rel, " claims ", size, " bytes"));
+      }
       if (!checksums) {
-        std::error_code ec;
-        const auto size = fs::file_size(absl::StrCat(ckpt_path, "/", rel), ec);
-        if (ec || size != f["size"].as<uint64_t>()) {
-          return absl::DataLossError(absl::StrCat(rel, " is missing or has the wrong size"));
+        const std::string path = absl::StrCat(ckpt_path, "/", rel);
+        auto fd = OpenRegularFile(path, "checkpoint file");
+        if (!fd.ok()) return Damaged(absl::StrCat(rel, " is missing or not a regular file"));
+        struct stat st;
+        const bool same = ::fstat(*fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size;
+        ::close(*fd);
+        if (!same) return Damaged(absl::StrCat(rel, " has the wrong size"));
+      } else {
+        auto d = DigestFile(ckpt_path, rel, static_cast<int64_t>(size));
+        if (!d.ok()) return Damaged(std::string(d.status().message()));
+        if (d->size != size) {
+          return Damaged(absl::StrCat(rel, " has ", d->size, " bytes, manifest says ", size));
         }
-        covered.push_back(rel);
-        continue;
+        if (d->crc32 != crc) return Damaged(absl::StrCat(rel, " fails its checksum"));
       }
-      auto d = DigestFile(ckpt_path, rel);
-      if (!d.ok()) return absl::DataLossError(std::string(d.status().message()));
-      if (d->size != f["size"].as<uint64_t>()) {
-        return absl::DataLossError(absl::StrCat(rel, " has ", d->size, " bytes, manifest says ",
-                                                f["size"].as<uint64_t>()));
-      }
-      if (d->crc32 != f["crc32"].as<uint32_t>()) {
-        return absl::DataLossError(absl::StrCat(rel, " fails its checksum"));
-      }
-      covered.push_back(rel);
+      covered.insert(rel);
     }
   }
-  for (const auto& l : layers) {
+  if (!covered.count("common.json")) return Damaged("no writer recorded common.json");
+  for (const auto& l : common.layers) {
     const std::string rel = absl::StrCat("layers/", l, ".pt");
-    if (std::find(covered.begin(), covered.end(), rel) == covered.end()) {
-      return absl::DataLossError(absl::StrCat("no writer recorded ", rel));
-    }
+    if (!covered.count(rel)) return Damaged(absl::StrCat("no writer recorded ", rel));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums,
+                              const std::vector<std::string>* expected_layers) {
+  try {  // Note [Parser boundary] (common/submission.cc).
+    return VerifyUnguarded(ckpt_path, checksums, expected_layers);
+  } catch (const std::exception& e) {
+    return Damaged(absl::StrCat(ckpt_path, " cannot be verified: ", e.what()));
+  }
 }
 
 std::vector<int64_t> ListCheckpointSteps(const std::string& dir) {
@@ -200,11 +326,12 @@ absl::StatusOr<std::optional<int64_t>> ParseResumeStep(const std::string& value)
   return std::optional<int64_t>(step);
 }
 
-absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(const std::string& dir,
-                                                         std::optional<int64_t> requested) {
+absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(
+    const std::string& dir, std::optional<int64_t> requested,
+    const std::vector<std::string>* expected_layers) {
   if (requested) {
     const std::string path = CheckpointPath(dir, *requested);
-    absl::Status st = VerifyCheckpoint(path);
+    absl::Status st = VerifyCheckpoint(path, true, expected_layers);
     if (!st.ok()) {
       return absl::FailedPreconditionError(
           absl::StrCat("checkpoint ", path, " cannot be used: ", st.message()));
@@ -213,14 +340,16 @@ absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(const std::string& dir,
   }
   const auto steps = ListCheckpointSteps(dir);
   if (steps.empty()) return std::optional<int64_t>();
+  std::string newest_reason;
   for (int64_t step : steps) {
-    absl::Status st = VerifyCheckpoint(CheckpointPath(dir, step));
+    absl::Status st = VerifyCheckpoint(CheckpointPath(dir, step), true, expected_layers);
     if (st.ok()) return std::optional<int64_t>(step);
+    if (newest_reason.empty()) newest_reason = absl::StrCat("step ", step, ": ", st.message());
     LOG(WARNING) << "skipping checkpoint " << CheckpointPath(dir, step) << ": " << st.message();
   }
-  return absl::FailedPreconditionError(absl::StrCat(
-      dir, " holds ", steps.size(),
-      " checkpoint(s) but none is complete; refusing to start over (remove them to start fresh)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat(dir, " holds ", steps.size(), " checkpoint(s) but none is complete (newest, ",
+                   newest_reason, "); refusing to start over (remove them to start fresh)"));
 }
 
 }  // namespace varuna

@@ -28,7 +28,10 @@ struct FileDigest {
   uint64_t size = 0;
   uint32_t crc32 = 0;
 };
-absl::StatusOr<FileDigest> DigestFile(const std::string& root, const std::string& relative);
+// `relative` must stay inside `root`; only a regular file is read, and with expected_size >= 0
+// a file of another size is refused before any byte is read.
+absl::StatusOr<FileDigest> DigestFile(const std::string& root, const std::string& relative,
+                                      int64_t expected_size = -1);
 FileDigest DigestBytes(const std::string& relative, const std::string& bytes);
 
 // Writes `bytes` to `path` via a temporary name unique to `writer`, fsyncs, renames.
@@ -40,10 +43,34 @@ absl::Status SyncFile(const std::string& path);
 absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
                                     const std::vector<FileDigest>& files);
 
+// Limits on what a checkpoint's metadata may claim (a manifest is data, not trusted).
+inline constexpr int64_t kMaxCheckpointMetadataBytes = 16 << 20;
+inline constexpr uint64_t kMaxCheckpointFileBytes = uint64_t{1} << 40;
+
+// common.json, read and checked: step >= 1 and equal to the directory's, writers and layers
+// non-empty, unique and in range, layer names plain. DataLoss naming the problem otherwise.
+struct CheckpointCommon {
+  int64_t step = 0;
+  int64_t global_batch = 0;
+  int stages = 0;
+  int replicas = 0;
+  double loss_scale = 1;
+  int64_t clean_steps = 0;
+  std::vector<int> writers;
+  std::vector<std::string> layers;
+  std::string model_spec;
+};
+absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_path);
+
 // Returns OK if the checkpoint at `ckpt_path` is complete and undamaged; otherwise a status
 // whose message names the first problem (missing marker, missing file, size, checksum, ...).
-// With checksums=false only presence and sizes are checked (cheap; for retention).
-absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums = true);
+// Complete means: common.json is valid, every writer it lists has a marker and a manifest,
+// every manifest path stays inside the checkpoint and names a regular file of the recorded
+// size (and checksum), and every layer in common.json (and, when `expected_layers` is given,
+// exactly the model's layers) is covered. With checksums=false only presence and sizes are
+// checked (cheap; for retention). Never blocks on a FIFO and never throws.
+absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums = true,
+                              const std::vector<std::string>* expected_layers = nullptr);
 
 // Retention: keeps the newest `keep` complete checkpoints under `dir` and deletes every
 // checkpoint older than the oldest one kept. Newer incomplete ones (maybe still being
@@ -62,7 +89,10 @@ absl::StatusOr<std::optional<int64_t>> ParseResumeStep(const std::string& value)
 // `dir` holds no checkpoint at all (start fresh), the newest complete step otherwise (each
 // skipped one is logged with the reason), or an error if checkpoints exist but none is
 // complete, or the requested one is not complete.
-absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(const std::string& dir,
-                                                         std::optional<int64_t> requested);
+// With `expected_layers`, a checkpoint that does not hold exactly these layers is skipped
+// (latest) or refused (a requested step).
+absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(
+    const std::string& dir, std::optional<int64_t> requested,
+    const std::vector<std::string>* expected_layers = nullptr);
 
 }  // namespace varuna

@@ -3,15 +3,19 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint_store.h"
+#include "common/safe_file.h"
 #include "common/status_macros.h"
+#include "common/yaml_util.h"
 
 namespace varuna {
 namespace {
@@ -20,7 +24,8 @@ absl::Status Bad(const std::string& key, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("job spec: '", key, "' ", what));
 }
 
-// Walks one YAML mapping, dispatching each key to a field reader; unknown keys are errors.
+// Walks one YAML mapping, dispatching each key to a field reader; unknown keys, keys that
+// are not plain names and keys given twice are errors (ForEachEntry).
 class MapReader {
  public:
   MapReader(const YAML::Node& node, std::string prefix) : node_(node), prefix_(std::move(prefix)) {}
@@ -28,10 +33,14 @@ class MapReader {
   template <typename T>
   MapReader& Field(const std::string& key, T* out) {
     readers_[key] = [this, key, out](const YAML::Node& v) -> absl::Status {
-      try {
-        *out = v.as<T>();
-      } catch (const YAML::Exception&) {
-        return Bad(Path(key), absl::StrCat("has an invalid value '", Scalar(v), "'"));
+      if constexpr (std::is_same_v<T, std::string>) {
+        auto s = YamlScalar(v, "job spec", Path(key));
+        if (!s.ok()) return s.status();
+        *out = *std::move(s);
+      } else {
+        auto r = YamlAs<T>(v, "job spec", Path(key));
+        if (!r.ok()) return r.status();
+        *out = *std::move(r);
       }
       return absl::OkStatus();
     };
@@ -44,19 +53,18 @@ class MapReader {
 
   absl::Status Read() {
     if (!node_ || node_.IsNull()) return absl::OkStatus();
-    if (!node_.IsMap()) return Bad(prefix_.empty() ? "<root>" : prefix_, "must be a mapping");
-    for (const auto& kv : node_) {
-      const std::string key = kv.first.as<std::string>();
-      auto it = readers_.find(key);
-      if (it == readers_.end()) {
-        std::vector<std::string> known;
-        for (const auto& [k, _] : readers_) known.push_back(k);
-        return absl::InvalidArgumentError(absl::StrCat(
-            "job spec: unknown key '", Path(key), "' (known: ", absl::StrJoin(known, ", "), ")"));
-      }
-      RETURN_IF_ERROR(it->second(kv.second));
-    }
-    return absl::OkStatus();
+    return ForEachEntry(node_, "job spec", prefix_,
+                        [&](const std::string& key, const YAML::Node& value) -> absl::Status {
+                          auto it = readers_.find(key);
+                          if (it == readers_.end()) {
+                            std::vector<std::string> known;
+                            for (const auto& [k, _] : readers_) known.push_back(k);
+                            return absl::InvalidArgumentError(
+                                absl::StrCat("job spec: unknown key '", Path(key),
+                                             "' (known: ", absl::StrJoin(known, ", "), ")"));
+                          }
+                          return it->second(value);
+                        });
   }
 
   std::string Path(const std::string& key) const {
@@ -64,12 +72,6 @@ class MapReader {
   }
 
  private:
-  static std::string Scalar(const YAML::Node& v) {
-    if (v.IsScalar()) return v.Scalar();
-    std::stringstream ss;
-    ss << v;
-    return ss.str();
-  }
   const YAML::Node& node_;
   std::string prefix_;
   std::map<std::string, std::function<absl::Status(const YAML::Node&)>> readers_;
@@ -82,21 +84,64 @@ absl::Status OneOf(const std::string& key, const std::string& value,
              absl::StrCat("is '", value, "'; expected one of: ", absl::StrJoin(allowed, ", ")));
 }
 
+template <typename T>
+absl::Status InRange(const std::string& key, T value, int64_t lo, int64_t hi) {
+  if (static_cast<int64_t>(value) >= lo && static_cast<int64_t>(value) <= hi) {
+    return absl::OkStatus();
+  }
+  return Bad(key, absl::StrCat("is ", value, "; must be in [", lo, ", ", hi, "]"));
+}
+
+absl::Status Finite(const std::string& key, double value, double lo, double hi,
+                    bool open_low = false) {
+  const bool ok = std::isfinite(value) && (open_low ? value > lo : value >= lo) && value <= hi;
+  if (ok) return absl::OkStatus();
+  return Bad(key, absl::StrCat("is ", value, "; must be a finite number in ", open_low ? "(" : "[",
+                               lo, ", ", hi, "]"));
+}
+
+// env: KEY: VALUE, every value a single scalar, every key a shell variable name.
+absl::Status ReadEnv(const YAML::Node& node, std::map<std::string, std::string>* env) {
+  if (!node || node.IsNull()) return absl::OkStatus();
+  return ForEachEntry(
+      node, "job spec", "env", [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+        if (!IsValidEnvKey(key)) {
+          return Bad(absl::StrCat("env.", key),
+                     "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)");
+        }
+        ASSIGN_OR_RETURN(std::string value, YamlScalar(v, "job spec", absl::StrCat("env.", key)));
+        (*env)[key] = std::move(value);
+        return absl::OkStatus();
+      });
+}
+
 }  // namespace
 
+bool IsValidEnvKey(absl::string_view key) {
+  if (key.empty() || key.size() > 256 || absl::ascii_isdigit(key[0])) return false;
+  for (char c : key) {
+    if (!absl::ascii_isalnum(c) && c != '_') return false;
+  }
+  return true;
+}
+
+// Note [Limits]: every number has a range a real job could use (docs/job_spec.md "Limits"),
+// so a typo or a hostile spec is refused at submit instead of exhausting memory, overflowing
+// an int32 on the wire, or running with an infinite timeout.
 absl::Status JobSpec::Validate() const {
   if (name.empty()) return Bad("name", "must not be empty");
+  if (name.size() > 128) return Bad("name", "must be at most 128 characters");
   RETURN_IF_ERROR(OneOf("model.kind", model.kind, {"gpt", "mlp", "torchscript"}));
-  if (model.layers < 1) return Bad("model.layers", "must be >= 1");
-  if (model.d_model < 1) return Bad("model.d_model", "must be >= 1");
-  if (model.heads < 1) return Bad("model.heads", "must be >= 1");
+  RETURN_IF_ERROR(InRange("model.layers", model.layers, 1, kMaxLayers));
+  RETURN_IF_ERROR(InRange("model.d_model", model.d_model, 1, 65536));
+  RETURN_IF_ERROR(InRange("model.heads", model.heads, 1, 1024));
   if (model.kind == "gpt" && model.d_model % model.heads != 0) {
     return Bad("model.heads",
                absl::StrCat("(", model.heads, ") must divide model.d_model (", model.d_model, ")"));
   }
-  if (model.seq_len < 1) return Bad("model.seq_len", "must be >= 1");
-  if (model.vocab < 2) return Bad("model.vocab", "must be >= 2");
-  if (model.dropout < 0 || model.dropout >= 1) return Bad("model.dropout", "must be in [0, 1)");
+  RETURN_IF_ERROR(InRange("model.seq_len", model.seq_len, 1, 1 << 17));
+  RETURN_IF_ERROR(InRange("model.vocab", model.vocab, 2, 1 << 22));
+  if (!(model.dropout >= 0 && model.dropout < 1)) return Bad("model.dropout", "must be in [0, 1)");
   if (model.kind == "torchscript" && model.path.empty()) {
     return Bad("model.path", "is required for model.kind torchscript");
   }
@@ -107,37 +152,66 @@ absl::Status JobSpec::Validate() const {
     return Bad("model.vocab",
                absl::StrCat("is ", model.vocab, " but text data is bytes and needs vocab >= 256"));
   }
-  if (train.global_batch < 1) return Bad("train.global_batch", "must be >= 1");
-  if (train.steps < 0) return Bad("train.steps", "must be >= 0");
+  RETURN_IF_ERROR(InRange("train.global_batch", train.global_batch, 1, kMaxGlobalBatch));
+  RETURN_IF_ERROR(InRange("train.steps", train.steps, 0, kMaxSteps));
   RETURN_IF_ERROR(OneOf("train.optimizer", train.optimizer, {"adamw", "sgd"}));
-  if (!(train.lr > 0)) return Bad("train.lr", "must be > 0");
-  if (train.min_lr < 0 || train.min_lr > train.lr) return Bad("train.min_lr", "must be in [0, lr]");
-  if (train.warmup < 0) return Bad("train.warmup", "must be >= 0");
+  RETURN_IF_ERROR(Finite("train.lr", train.lr, 0, 100, /*open_low=*/true));
+  if (!(train.min_lr >= 0 && train.min_lr <= train.lr)) {
+    return Bad("train.min_lr", "must be in [0, lr]");
+  }
+  RETURN_IF_ERROR(InRange("train.warmup", train.warmup, 0, kMaxSteps));
   RETURN_IF_ERROR(OneOf("train.schedule", train.schedule, {"cosine", "linear", "constant"}));
-  if (train.clip_grad_norm < 0) return Bad("train.clip_grad_norm", "must be >= 0 (0 = off)");
-  if (train.weight_decay < 0) return Bad("train.weight_decay", "must be >= 0");
-  if (train.beta1 < 0 || train.beta1 >= 1) return Bad("train.beta1", "must be in [0, 1)");
-  if (train.beta2 < 0 || train.beta2 >= 1) return Bad("train.beta2", "must be in [0, 1)");
-  if (train.momentum < 0 || train.momentum >= 1) return Bad("train.momentum", "must be in [0, 1)");
+  RETURN_IF_ERROR(Finite("train.clip_grad_norm", train.clip_grad_norm, 0, 1e6));
+  RETURN_IF_ERROR(Finite("train.weight_decay", train.weight_decay, 0, 100));
+  if (!(train.beta1 >= 0 && train.beta1 < 1)) return Bad("train.beta1", "must be in [0, 1)");
+  if (!(train.beta2 >= 0 && train.beta2 < 1)) return Bad("train.beta2", "must be in [0, 1)");
+  if (!(train.momentum >= 0 && train.momentum < 1)) {
+    return Bad("train.momentum", "must be in [0, 1)");
+  }
   RETURN_IF_ERROR(OneOf("train.precision", train.precision, {"fp32", "bf16", "fp16"}));
-  if (!(train.init_loss_scale >= 1)) return Bad("train.init_loss_scale", "must be >= 1");
-  if (train.loss_scale_window < 1) return Bad("train.loss_scale_window", "must be >= 1");
-  if (parallel.stages < 0) return Bad("parallel.stages", "must be >= 1 or 'auto'");
-  if (parallel.micro_batch < 0) return Bad("parallel.micro_batch", "must be >= 1 or 'auto'");
-  if (parallel.replicas < 0) return Bad("parallel.replicas", "must be >= 1 or 'auto'");
+  RETURN_IF_ERROR(Finite("train.init_loss_scale", train.init_loss_scale, 1, 3.4e38));  // FLT_MAX
+  RETURN_IF_ERROR(InRange("train.loss_scale_window", train.loss_scale_window, 1, kMaxSteps));
+  if (parallel.stages != 0)
+    RETURN_IF_ERROR(InRange("parallel.stages", parallel.stages, 1, kMaxLayers));
+  if (parallel.micro_batch != 0) {
+    RETURN_IF_ERROR(InRange("parallel.micro_batch", parallel.micro_batch, 1, kMaxGlobalBatch));
+    if (parallel.micro_batch > train.global_batch) {
+      return Bad("parallel.micro_batch",
+                 absl::StrCat("(", parallel.micro_batch, ") is larger than train.global_batch (",
+                              train.global_batch, ")"));
+    }
+  }
+  if (parallel.replicas != 0) {
+    RETURN_IF_ERROR(InRange("parallel.replicas", parallel.replicas, 1, kMaxSlots));
+  }
   RETURN_IF_ERROR(OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b"}));
-  if (!(parallel.timeout_s > 0)) return Bad("parallel.timeout_s", "must be > 0");
-  if (checkpoint.every_steps < 0) return Bad("checkpoint.every_steps", "must be >= 0");
-  if (checkpoint.keep < 0) return Bad("checkpoint.keep", "must be >= 0");
+  RETURN_IF_ERROR(Finite("parallel.timeout_s", parallel.timeout_s, 0, 86400, /*open_low=*/true));
+  RETURN_IF_ERROR(InRange("checkpoint.every_steps", checkpoint.every_steps, 0, kMaxSteps));
+  RETURN_IF_ERROR(InRange("checkpoint.keep", checkpoint.keep, 0, 100000));
   if (!checkpoint.resume.empty()) {
     if (auto step = ParseResumeStep(checkpoint.resume); !step.ok()) {
       return Bad("checkpoint.resume", std::string(step.status().message()));
     }
     if (checkpoint.dir.empty()) return Bad("checkpoint.resume", "needs checkpoint.dir");
   }
-  if (resources.min_slots < 1) return Bad("resources.min_slots", "must be >= 1");
+  RETURN_IF_ERROR(InRange("resources.min_slots", resources.min_slots, 1, kMaxSlots));
+  RETURN_IF_ERROR(InRange("resources.max_slots", resources.max_slots, 0, kMaxSlots));
   if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
     return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
+  }
+  for (size_t i = 0; i < entrypoint.size(); ++i) {
+    if (entrypoint[i].find('\0') != std::string::npos || (i == 0 && entrypoint[i].empty())) {
+      return Bad(absl::StrCat("entrypoint[", i, "]"), "must be a non-empty word without NUL");
+    }
+  }
+  if (env.size() > kMaxEnvEntries) {
+    return Bad("env", absl::StrCat("has ", env.size(), " entries; the limit is ", kMaxEnvEntries));
+  }
+  for (const auto& [k, v] : env) {
+    if (!IsValidEnvKey(k)) {
+      return Bad(absl::StrCat("env.", k), "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    if (v.find('\0') != std::string::npos) return Bad(absl::StrCat("env.", k), "contains NUL");
   }
   return absl::OkStatus();
 }
@@ -147,6 +221,12 @@ absl::Status JobSpec::ValidateShape() const {
     return Bad("train.global_batch",
                absl::StrCat("(", train.global_batch, ") is not divisible by parallel.replicas (",
                             parallel.replicas, ")"));
+  }
+  if (parallel.replicas > 0 && parallel.micro_batch > train.global_batch / parallel.replicas) {
+    return Bad("parallel.micro_batch",
+               absl::StrCat("(", parallel.micro_batch, ") is larger than the per-replica batch (",
+                            train.global_batch / parallel.replicas,
+                            " = train.global_batch / parallel.replicas)"));
   }
   if (parallel.stages > 0 && parallel.replicas > 0) {
     const int64_t world = static_cast<int64_t>(parallel.stages) * parallel.replicas;
@@ -168,18 +248,10 @@ absl::Status JobSpec::ValidateShape() const {
 }
 
 absl::Status JobSpec::ValidateFiles() const {
-  std::ifstream f(data.path, std::ios::binary);
-  if (!f) return absl::NotFoundError(absl::StrCat("data.path '", data.path, "' cannot be read"));
-  if (!env_file.empty()) {
-    std::ifstream e(env_file);
-    if (!e) return absl::NotFoundError(absl::StrCat("env_file '", env_file, "' cannot be read"));
-  }
+  RETURN_IF_ERROR(CheckRegularFile(data.path, "data.path"));
+  if (!env_file.empty()) RETURN_IF_ERROR(CheckRegularFile(env_file, "env_file"));
   if (model.kind == "torchscript") {
-    std::ifstream s(model.path + "/segment_0.pt", std::ios::binary);
-    if (!s) {
-      return absl::NotFoundError(
-          absl::StrCat("model.path '", model.path, "' has no readable segment_0.pt"));
-    }
+    RETURN_IF_ERROR(CheckRegularFile(model.path + "/segment_0.pt", "model.path segment_0.pt"));
   }
   return absl::OkStatus();
 }
@@ -193,12 +265,11 @@ std::function<absl::Status(const YAML::Node&)> AutoInt(const std::string& key, i
       *out = 0;
       return absl::OkStatus();
     }
-    try {
-      *out = v.as<int>();
-    } catch (const YAML::Exception&) {
-      return Bad(key, absl::StrCat("must be an integer or 'auto', got '",
-                                   v.IsScalar() ? v.Scalar() : "<non-scalar>", "'"));
+    auto n = YamlAs<int>(v, "job spec", key);
+    if (!n.ok()) {
+      return Bad(key, absl::StrCat("must be an integer or 'auto', got '", Describe(v), "'"));
     }
+    *out = *n;
     if (*out < 1) return Bad(key, "must be >= 1 or 'auto'");
     return absl::OkStatus();
   };
@@ -206,13 +277,13 @@ std::function<absl::Status(const YAML::Node&)> AutoInt(const std::string& key, i
 
 }  // namespace
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("job spec: malformed YAML: ", e.what()));
+namespace {
+absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
+  if (yaml_text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ", yaml_text.size(), " bytes; the limit is ", kMaxJobSpecBytes));
   }
+  ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml_text, "job spec"));
   if (!root || root.IsNull()) return absl::InvalidArgumentError("job spec: empty document");
   JobSpec spec;
   auto section = [](const std::string& name, auto fill) {
@@ -286,19 +357,26 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
                                       .Field("max_slots", &spec.resources.max_slots);
                                 }))
       .Field("entrypoint", &spec.entrypoint)
-      .Field("env", &spec.env)
+      .Sub("env", [&](const YAML::Node& v) { return ReadEnv(v, &spec.env); })
       .Field("env_file", &spec.env_file);
   RETURN_IF_ERROR(top.Read());
   RETURN_IF_ERROR(spec.Validate());
   return spec;
 }
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
+  // Note [Parser boundary] (common/submission.cc): the backstop for anything yaml-cpp throws.
+  try {
+    return ParseJobSpecUnguarded(yaml_text);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: cannot be read: ", e.what()));
+  }
+}
 
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("job file '", path, "' cannot be read"));
-  std::stringstream ss;
-  ss << f.rdbuf();
-  auto spec = ParseJobSpec(ss.str());
+  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, kMaxJobSpecBytes, "job file"));
+  auto spec = ParseJobSpec(text);
   if (!spec.ok()) {
     return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
   }

@@ -9,8 +9,21 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace varuna {
+
+// Limits on what a job spec may ask for (docs/job_spec.md "Limits").
+inline constexpr size_t kMaxJobSpecBytes = 1 << 20;
+inline constexpr int64_t kMaxEnvFileBytes = 1 << 20;
+inline constexpr size_t kMaxEnvEntries = 4096;
+inline constexpr int kMaxLayers = 4096;
+inline constexpr int64_t kMaxGlobalBatch = 1 << 24;
+inline constexpr int64_t kMaxSteps = 1000000000;
+inline constexpr int kMaxSlots = 1 << 20;
+
+// A shell variable name: [A-Za-z_][A-Za-z0-9_]*, at most 256 characters.
+bool IsValidEnvKey(absl::string_view key);
 
 struct ModelSpec {
   std::string kind = "gpt";  // gpt | mlp | torchscript
@@ -93,7 +106,8 @@ struct JobSpec {
   // global_batch not divisible by fixed replicas). Checked at submit only, so a manager that
   // recovers jobs stored before a rule was added still starts.
   absl::Status ValidateShape() const;
-  // Checks that referenced files exist and are readable.
+  // Checks that referenced files are readable regular files. Opens never block (a FIFO is
+  // refused, not waited on); still, callers on an event loop run it elsewhere.
   absl::Status ValidateFiles() const;
 };
 

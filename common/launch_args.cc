@@ -93,7 +93,10 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       ASSIGN_OR_RETURN(std::string v, take());
       int64_t n = 0;
       RETURN_IF_ERROR(ParseInt(flag, v, &n));
-      if (n < 0) return absl::InvalidArgumentError("flag --steps must be >= 0");
+      if (n < 0 || n > kMaxSteps) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --steps must be in [0, ", kMaxSteps, "]"));
+      }
       args.steps = n;
     } else if (flag == "rank" || flag == "local_rank" || flag == "chunk_size") {
       ASSIGN_OR_RETURN(std::string v, take());
@@ -107,7 +110,10 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       ASSIGN_OR_RETURN(std::string v, take());
       int64_t n = 0;
       RETURN_IF_ERROR(ParseInt(flag, v, &n));
-      if (n < 1) return absl::InvalidArgumentError("flag --batch-size must be >= 1");
+      if (n < 1 || n > kMaxGlobalBatch) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --batch-size must be in [1, ", kMaxGlobalBatch, "]"));
+      }
       args.per_replica_batch = n;
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", flag));
@@ -123,6 +129,10 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
                                                int num_segments, const EnvGetter& env) {
   WorkerTopology t;
   ASSIGN_OR_RETURN(int env_world, EnvInt(env, "WORLD_SIZE", -1));
+  if (auto w = env("WORLD_SIZE"); w && !w->empty() && (env_world < 1 || env_world > kMaxSlots)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
+  }
   ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
   if (args.stage_to_rank_map) {
     ASSIGN_OR_RETURN(t.map, StageMap::Parse(*args.stage_to_rank_map));
@@ -170,7 +180,8 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   }
   t.per_replica_batch = t.global_batch / replicas;
   if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
-  t.micro_batch = MicroBatchFor(spec->parallel.micro_batch, t.per_replica_batch, t.map.stages());
+  ASSIGN_OR_RETURN(t.micro_batch,
+                   MicroBatchFor(spec->parallel.micro_batch, t.per_replica_batch, t.map.stages()));
   if (args.steps) spec->train.steps = *args.steps;
   t.steps = spec->train.steps;
   if (auto a = env("MASTER_ADDR"); a && !a->empty()) t.master_addr = *a;
@@ -184,8 +195,13 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   return t;
 }
 
-int MicroBatchFor(int requested, int64_t per_replica_batch, int stages) {
-  if (requested > 0) return static_cast<int>(std::min<int64_t>(requested, per_replica_batch));
+absl::StatusOr<int> MicroBatchFor(int requested, int64_t per_replica_batch, int stages) {
+  if (requested > per_replica_batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.micro_batch (", requested, ") is larger than the per-replica batch (",
+        per_replica_batch, " = train.global_batch / replicas)"));
+  }
+  if (requested > 0) return requested;
   // auto: about 4 micro-batches per stage keeps the bubble near (P-1)/(4P+P-1).
   const int64_t target = 4 * static_cast<int64_t>(stages);
   return static_cast<int>(std::max<int64_t>(1, (per_replica_batch + target - 1) / target));

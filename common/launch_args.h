@@ -69,6 +69,6 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
 
 // The micro-batch size a rank uses: `requested` (spec or --chunk_size) capped at the
 // per-replica batch, or for requested == 0 (auto) about 4 micro-batches per stage.
-int MicroBatchFor(int requested, int64_t per_replica_batch, int stages);
+absl::StatusOr<int> MicroBatchFor(int requested, int64_t per_replica_batch, int stages);
 
 }  // namespace varuna

@@ -4,6 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/safe_file.h"
+#include "common/status_macros.h"
 
 namespace varuna {
 
@@ -23,7 +25,54 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), msg);
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files, bool need_cert, const std::string& who) {
+  TlsConfig tls;
+  if (!files.enabled()) return tls;
+  auto read = [&](const std::string& path, const char* flag, std::string* out) -> absl::Status {
+    if (path.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": TLS needs ", flag, " (set --tls_ca, --tls_cert and --tls_key)"));
+    }
+    auto pem = ReadRegularFile(path, 1 << 20, absl::StrCat(who, " ", flag));
+    if (!pem.ok()) return pem.status();
+    if (pem->find("-----BEGIN") == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(who, " ", flag, " ", path, " is not PEM"));
+    }
+    *out = *std::move(pem);
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(read(files.ca, "--tls_ca", &tls.ca_pem));
+  if (need_cert || !files.cert.empty() || !files.key.empty()) {
+    RETURN_IF_ERROR(read(files.cert, "--tls_cert", &tls.cert_pem));
+    RETURN_IF_ERROR(read(files.key, "--tls_key", &tls.key_pem));
+  }
+  tls.enabled = true;
+  return tls;
+}
+
+absl::Status CheckListenSecurity(const std::string& who, const std::string& listen, bool tls,
+                                 bool allow_insecure) {
+  if (tls || allow_insecure) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto hp, SplitHostPort(listen));
+  const std::string& host = hp.first;
+  const bool loopback = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  if (loopback) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      who, ": refusing to listen on ", listen,
+      " without TLS: anyone who reaches it could use it. Give --tls_ca, --tls_cert and "
+      "--tls_key (scripts/make_certs.sh makes them), or --allow_insecure on a trusted network"));
+}
+
+std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
+  auto auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  for (const auto& v : auth->FindPropertyValues("x509_common_name")) {
+    return std::string(v.data(), v.size());
+  }
+  return "";
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
@@ -31,7 +80,16 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  args.SetMaxReceiveMessageSize(kMaxRpcBytes * 4);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (tls.enabled) {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = tls.ca_pem;
+    o.pem_private_key = tls.key_pem;
+    o.pem_cert_chain = tls.cert_pem;
+    creds = grpc::SslCredentials(o);
+  }
+  return grpc::CreateCustomChannel(address, creds, args);
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {
@@ -55,12 +113,24 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
 
 absl::StatusOr<StartedServer> StartServer(const std::string& listen,
                                           const std::vector<grpc::Service*>& services,
-                                          const std::string& advertise_host) {
+                                          const std::string& advertise_host, const TlsConfig& tls,
+                                          ClientCerts client_certs) {
   auto hp = SplitHostPort(listen);
   if (!hp.ok()) return hp.status();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &port);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::InsecureServerCredentials();
+  if (tls.enabled) {
+    grpc::SslServerCredentialsOptions o(
+        client_certs == ClientCerts::kRequired
+            ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+            : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+    o.pem_root_certs = tls.ca_pem;
+    o.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+    creds = grpc::SslServerCredentials(o);
+  }
+  builder.AddListeningPort(listen, creds, &port);
+  builder.SetMaxReceiveMessageSize(kMaxRpcBytes);
   for (grpc::Service* s : services) builder.RegisterService(s);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {

@@ -15,13 +15,41 @@
 
 namespace varuna {
 
+// TLS material (PEM files). All empty = plaintext. docs/operations.md "Security".
+struct TlsFiles {
+  std::string ca;    // the cluster CA: peers' certificates must chain to it
+  std::string cert;  // this process's certificate
+  std::string key;   // and its private key
+  bool enabled() const { return !ca.empty() || !cert.empty() || !key.empty(); }
+};
+// The files' contents, read once at start-up.
+struct TlsConfig {
+  bool enabled = false;
+  std::string ca_pem;
+  std::string cert_pem;
+  std::string key_pem;
+};
+// Reads the files; `need_cert`: cert and key are required (daemons), else only the CA
+// (varunactl). Errors name `who` and the missing or unreadable file.
+absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files, bool need_cert, const std::string& who);
+
+// OK unless `listen` is a non-loopback address and neither TLS nor `allow_insecure` is set.
+absl::Status CheckListenSecurity(const std::string& who, const std::string& listen, bool tls,
+                                 bool allow_insecure);
+
+// The common name of the peer's verified client certificate; empty if it presented none
+// (or the connection is plaintext).
+std::string PeerCommonName(const grpc::ServerContextBase& ctx);
+
 grpc::Status ToGrpcStatus(const absl::Status& s);
 // `what` names the call for the message, e.g. "manager 127.0.0.1:7000 Submit".
 absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& what = "");
 
-// An insecure channel to `address` (host:port) with keepalive and reconnect backoff suited
-// to a LAN control plane.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address);
+// A channel to `address` (host:port) with keepalive and reconnect backoff suited to a LAN
+// control plane: TLS when `tls.enabled` (the server's certificate is verified against the CA
+// and must name the host; a client certificate is presented when one is loaded), else
+// plaintext.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls = {});
 
 // Sets a deadline of `timeout` from now on a fresh context.
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout);
@@ -32,12 +60,19 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
 // Starts a server on `listen` (port 0 picks one) with `services`; returns the server and
 // the address it is reachable at ("host:actual_port"). `advertise_host` replaces a wildcard
 // listen host (0.0.0.0, [::]) in the returned address; empty = this machine's hostname.
+// With TLS, `client_certs` says what the server asks of clients: kOptional verifies a
+// certificate when one is presented (the handlers decide who needs one), kRequired refuses
+// the handshake without one. Requests are capped at kMaxRpcBytes.
 struct StartedServer {
   std::unique_ptr<grpc::Server> server;
   std::string address;
 };
+enum class ClientCerts { kOptional, kRequired };
+inline constexpr int kMaxRpcBytes = 4 << 20;
 absl::StatusOr<StartedServer> StartServer(const std::string& listen,
                                           const std::vector<grpc::Service*>& services,
-                                          const std::string& advertise_host = "");
+                                          const std::string& advertise_host = "",
+                                          const TlsConfig& tls = {},
+                                          ClientCerts client_certs = ClientCerts::kOptional);
 
 }  // namespace varuna

@@ -3,6 +3,7 @@
 #include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iomanip>
 #include <map>
 #include <ostream>
@@ -21,7 +22,9 @@
 namespace varuna {
 namespace {
 
-constexpr char kUsage[] = R"(usage: varunactl [--manager HOST:PORT] [-o table|json] COMMAND ...
+constexpr char kUsage[] =
+    R"(usage: varunactl [--manager HOST:PORT] [--tls_ca FILE] [--token T] [-o table|json]
+                 COMMAND ...
 
 commands:
   submit FILE [--follow] [--set KEY=VALUE]... [--name N] [--stages P|auto]
@@ -35,7 +38,8 @@ commands:
   nodes                       the agents and their state
   drain NODE [--undo]         no new work on NODE (--undo: schedulable again)
 
-The manager address comes from --manager or $VARUNA_MANAGER.
+The manager address comes from --manager or $VARUNA_MANAGER; the cluster CA (to talk TLS)
+from --tls_ca or $VARUNA_TLS_CA; the token from --token or $VARUNA_TOKEN.
 Exit codes: 0 ok, 1 job failed/cancelled or request refused, 2 bad usage or job spec,
 3 manager unreachable.
 )";
@@ -75,12 +79,15 @@ class Ctl {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) const {
     auto ctx = std::make_unique<grpc::ClientContext>();
     SetDeadline(ctx.get(), timeout);
+    if (!token_.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
     return ctx;
   }
 
   std::ostream& out_;
   std::ostream& err_;
   std::string manager_;
+  std::string token_;
+  bool tls_ = false;
   bool json_ = false;
   std::vector<std::string> rest_;
   std::unique_ptr<v1::JobApi::Stub> stub_;
@@ -152,7 +159,18 @@ int Ctl::Fail(const absl::Status& s) {
 }
 
 int Ctl::FailGrpc(const grpc::Status& s, const std::string& call) {
-  return Fail(FromGrpcStatus(s, absl::StrCat("manager ", manager_, " (", call, ")")));
+  absl::Status st = FromGrpcStatus(s, absl::StrCat("manager ", manager_, " (", call, ")"));
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    st = absl::UnauthenticatedError(
+        absl::StrCat("manager ", manager_, " refused ", call, ": ", s.error_message()));
+  } else if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    // A TLS manager and a plaintext client (or the reverse) look like an unreachable peer.
+    st = absl::UnavailableError(absl::StrCat(
+        st.message(),
+        tls_ ? " (TLS handshake: is the manager using TLS with a certificate from this CA?)"
+             : " (if the manager uses TLS, pass --tls_ca or set VARUNA_TLS_CA)"));
+  }
+  return Fail(st);
 }
 
 std::string Ctl::Json(const google::protobuf::Message& m) const {
@@ -207,7 +225,10 @@ void Ctl::PrintJob(const v1::JobInfo& j) {
     }
     line("placement", absl::StrJoin(parts, " "));
   }
-  line("submitted", j.submitted_at());
+  line("submitted", j.submitted_by().empty()
+                        ? j.submitted_at()
+                        : absl::StrCat(j.submitted_at(), " by ", j.submitted_by()));
+  if (!j.cancelled_by().empty()) line("cancelled by", j.cancelled_by());
   line("started", j.started_at());
   line("finished", j.finished_at());
 }
@@ -521,6 +542,13 @@ int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
     }
     manager_ = env_manager;
     TakeValue("--manager", &manager_);
+    const char* env_token = std::getenv("VARUNA_TOKEN");
+    const char* env_ca = std::getenv("VARUNA_TLS_CA");
+    token_ = env_token != nullptr ? env_token : "";
+    TakeValue("--token", &token_);
+    TlsFiles tls_files;
+    tls_files.ca = env_ca != nullptr ? env_ca : "";
+    TakeValue("--tls_ca", &tls_files.ca);
     std::string output = "table";
     if (!TakeValue("-o", &output)) TakeValue("--output", &output);
     if (output != "table" && output != "json") {
@@ -532,7 +560,10 @@ int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
     if (auto hp = SplitHostPort(manager_); !hp.ok())
       throw UsageError{std::string(hp.status().message())};
     const std::string verb = TakePositional("COMMAND");
-    stub_ = v1::JobApi::NewStub(MakeChannel(manager_));
+    auto tls = LoadTls(tls_files, /*need_cert=*/false, "varunactl");
+    if (!tls.ok()) throw UsageError{std::string(tls.status().message())};
+    tls_ = tls->enabled;
+    stub_ = v1::JobApi::NewStub(MakeChannel(manager_, *tls));
     if (verb == "submit") return Submit();
     if (verb == "list") return List();
     if (verb == "status" || verb == "describe") return Status();

@@ -12,8 +12,10 @@ namespace {
 
 class GrpcAgentClient final : public AgentClient {
  public:
-  GrpcAgentClient(const std::string& address, absl::Duration timeout)
-      : address_(address), timeout_(timeout), stub_(v1::AgentApi::NewStub(MakeChannel(address))) {}
+  GrpcAgentClient(const std::string& address, absl::Duration timeout, const TlsConfig& tls)
+      : address_(address),
+        timeout_(timeout),
+        stub_(v1::AgentApi::NewStub(MakeChannel(address, tls))) {}
 
   void Launch(const v1::LaunchRequest& req, Done<v1::LaunchResponse> done) override {
     Call(req, std::move(done), "Launch", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
@@ -65,24 +67,27 @@ class GrpcAgentClient final : public AgentClient {
 
 class GrpcAgentClientPool final : public AgentClientPool {
  public:
-  explicit GrpcAgentClientPool(absl::Duration timeout) : timeout_(timeout) {}
+  GrpcAgentClientPool(absl::Duration timeout, TlsConfig tls)
+      : timeout_(timeout), tls_(std::move(tls)) {}
   std::shared_ptr<AgentClient> For(const std::string& address) override {
     absl::MutexLock lock(&mu_);
     auto& c = clients_[address];
-    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(address, timeout_);
+    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(address, timeout_, tls_);
     return c;
   }
 
  private:
   const absl::Duration timeout_;
+  const TlsConfig tls_;
   absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<AgentClient>> clients_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
 
-std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout) {
-  return std::make_unique<GrpcAgentClientPool>(timeout);
+std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout,
+                                                         const TlsConfig& tls) {
+  return std::make_unique<GrpcAgentClientPool>(timeout, tls);
 }
 
 }  // namespace varuna

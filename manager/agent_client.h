@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {
@@ -31,6 +32,8 @@ class AgentClientPool {
   virtual std::shared_ptr<AgentClient> For(const std::string& address) = 0;
 };
 
-std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout);
+// With `tls` enabled, calls present the manager's certificate (agents accept no one else).
+std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout,
+                                                         const TlsConfig& tls = {});
 
 }  // namespace varuna

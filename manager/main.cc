@@ -15,6 +15,11 @@ ABSL_FLAG(std::string, listen, "", "address to serve on, HOST:PORT (default 127.
 ABSL_FLAG(std::string, state_dir, "", "directory for the state database (required)");
 ABSL_FLAG(std::string, config, "", "YAML config file; flags override it");
 ABSL_FLAG(std::string, machine_list, "", "optional file of hosts allowed to get work");
+ABSL_FLAG(std::string, tls_ca, "", "cluster CA (PEM): agents' certificates must chain to it");
+ABSL_FLAG(std::string, tls_cert, "", "the manager's certificate (PEM, common name varuna-manager)");
+ABSL_FLAG(std::string, tls_key, "", "the manager's private key (PEM)");
+ABSL_FLAG(std::string, tokens_file, "", "file of 'NAME TOKEN' lines; varunactl must send one");
+ABSL_FLAG(bool, allow_insecure, false, "allow a non-loopback --listen without TLS");
 
 namespace {
 
@@ -29,6 +34,11 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_listen); !v.empty()) config.listen = v;
   if (auto v = absl::GetFlag(FLAGS_state_dir); !v.empty()) config.state_dir = v;
   if (auto v = absl::GetFlag(FLAGS_machine_list); !v.empty()) config.machine_list = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_ca); !v.empty()) config.tls.ca = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_cert); !v.empty()) config.tls.cert = v;
+  if (auto v = absl::GetFlag(FLAGS_tls_key); !v.empty()) config.tls.key = v;
+  if (auto v = absl::GetFlag(FLAGS_tokens_file); !v.empty()) config.tokens_file = v;
+  if (absl::GetFlag(FLAGS_allow_insecure)) config.allow_insecure = true;
   if (absl::Status s = config.Validate(); !s.ok()) {
     std::cerr << "varuna-manager: " << s.message() << "\n";
     return 2;
@@ -39,12 +49,17 @@ int Run() {
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  auto tls = varuna::LoadTls(config.tls, /*need_cert=*/true, "varuna-manager");
+  if (!tls.ok()) {
+    std::cerr << "varuna-manager: " << tls.status().message() << "\n";
+    return 2;
+  }
   varuna::ManagerServer server(config, varuna::RealClock::Get(),
-                               varuna::MakeGrpcAgentClientPool(config.agent_rpc_timeout),
+                               varuna::MakeGrpcAgentClientPool(config.agent_rpc_timeout, *tls),
                                varuna::ManagerServer::Options{});
   if (absl::Status s = server.Start(); !s.ok()) {
     std::cerr << "varuna-manager: " << s.message() << "\n";
-    return 1;
+    return s.code() == absl::StatusCode::kUnavailable ? 1 : 2;
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);

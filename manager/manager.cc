@@ -11,8 +11,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/rpc.h"
+#include "common/safe_file.h"
 #include "common/status_macros.h"
+#include "common/yaml_util.h"
 #include "glog/logging.h"
 
 namespace varuna {
@@ -46,6 +49,14 @@ std::string HostOf(const std::string& address) {
   return hp.ok() ? hp->first : address;
 }
 
+bool ValidNodeName(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  for (char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '-') return false;
+  }
+  return true;
+}
+
 std::string UnreportedReason(const std::pair<std::string, int>& node_rank) {
   return absl::StrCat("rank ", node_rank.second, " on node ", node_rank.first,
                       " is no longer known to its agent (agent restarted?)");
@@ -77,57 +88,56 @@ absl::Status ManagerConfig::Validate() const {
   if (stop_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("manager: stop_grace_s must be >= 0");
   }
+  if (max_nodes < 1 || max_slots_per_node < 1) {
+    return absl::InvalidArgumentError("manager: max_nodes and max_slots_per_node must be >= 1");
+  }
+  if (forget_dead_after < dead_after()) {
+    return absl::InvalidArgumentError(
+        "manager: forget_dead_after_s must be at least the time to DEAD");
+  }
+  RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", listen, tls.enabled(), allow_insecure));
   return absl::OkStatus();
 }
 
 absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
-  YAML::Node root;
-  try {
-    root = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("manager config ", path, ": ", e.what()));
-  }
-  if (root.IsNull()) return absl::OkStatus();
-  if (!root.IsMap()) {
-    return absl::InvalidArgumentError(absl::StrCat("manager config ", path, ": not a mapping"));
-  }
-  for (const auto& kv : root) {
-    const std::string key = kv.first.as<std::string>();
-    const YAML::Node& v = kv.second;
-    try {
-      if (key == "listen") {
-        c->listen = v.as<std::string>();
-      } else if (key == "state_dir") {
-        c->state_dir = v.as<std::string>();
-      } else if (key == "heartbeat_period_s") {
-        c->heartbeat_period = absl::Seconds(v.as<double>());
-      } else if (key == "suspect_after_missed") {
-        c->suspect_after_missed = v.as<int>();
-      } else if (key == "dead_after_missed") {
-        c->dead_after_missed = v.as<int>();
-      } else if (key == "stop_grace_s") {
-        c->stop_grace = absl::Seconds(v.as<double>());
-      } else if (key == "start_timeout_s") {
-        c->start_timeout = absl::Seconds(v.as<double>());
-      } else if (key == "agent_rpc_timeout_s") {
-        c->agent_rpc_timeout = absl::Seconds(v.as<double>());
-      } else if (key == "machine_list") {
-        c->machine_list = v.as<std::string>();
-      } else if (key == "check_job_files") {
-        c->check_job_files = v.as<bool>();
-      } else {
-        return absl::InvalidArgumentError(
-            absl::StrCat("manager config ", path, ": unknown key '", key,
-                         "' (known: listen, state_dir, heartbeat_period_s, suspect_after_missed, "
-                         "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
-                         "machine_list, check_job_files)"));
-      }
-    } catch (const YAML::Exception&) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("manager config ", path, ": '", key, "' has an invalid value"));
-    }
-  }
-  return absl::OkStatus();
+  auto text = ReadRegularFile(path, 1 << 20, "manager config");
+  if (!text.ok()) return text.status();
+  const std::string what = absl::StrCat("manager config ", path);
+  auto loaded = ParseYaml(*text, what);
+  if (!loaded.ok()) return loaded.status();
+  const YAML::Node root = *loaded;
+  if (!root || root.IsNull()) return absl::OkStatus();
+  // Note [Parser boundary] (common/submission.cc): every value is read with YamlAs.
+  return ForEachEntry(
+      root, what, "", [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+        auto str = [&](std::string* out) { return ReadInto(v, what, key, out); };
+        auto num = [&](auto* out) { return ReadInto(v, what, key, out); };
+        auto seconds = [&](absl::Duration* out) { return ReadSeconds(v, what, key, out); };
+        if (key == "listen") return str(&c->listen);
+        if (key == "state_dir") return str(&c->state_dir);
+        if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
+        if (key == "suspect_after_missed") return num(&c->suspect_after_missed);
+        if (key == "dead_after_missed") return num(&c->dead_after_missed);
+        if (key == "stop_grace_s") return seconds(&c->stop_grace);
+        if (key == "start_timeout_s") return seconds(&c->start_timeout);
+        if (key == "agent_rpc_timeout_s") return seconds(&c->agent_rpc_timeout);
+        if (key == "forget_dead_after_s") return seconds(&c->forget_dead_after);
+        if (key == "max_nodes") return num(&c->max_nodes);
+        if (key == "max_slots_per_node") return num(&c->max_slots_per_node);
+        if (key == "machine_list") return str(&c->machine_list);
+        if (key == "check_job_files") return num(&c->check_job_files);
+        if (key == "tls_ca") return str(&c->tls.ca);
+        if (key == "tls_cert") return str(&c->tls.cert);
+        if (key == "tls_key") return str(&c->tls.key);
+        if (key == "tokens_file") return str(&c->tokens_file);
+        if (key == "allow_insecure") return num(&c->allow_insecure);
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": unknown key '", key,
+            "' (known: listen, state_dir, heartbeat_period_s, suspect_after_missed, "
+            "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
+            "forget_dead_after_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
+            "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure)"));
+      });
 }
 
 Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentClientPool* agents,
@@ -219,10 +229,40 @@ absl::Status Manager::Recover() {
 
 // ---- nodes ------------------------------------------------------------------------------
 
-absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest& req) {
-  if (req.name().empty()) return absl::InvalidArgumentError("register: empty node name");
-  if (req.slots() < 1) return absl::InvalidArgumentError("register: slots must be >= 1");
+// Note [Peer limits]: a registering agent decides what the manager stores (its name, labels,
+// slots), so each has a bound; a node that stays DEAD and idle is forgotten after
+// forget_dead_after (ForgetDeadNodes), and new names are refused past max_nodes.
+absl::Status ValidateRegistration(const v1::RegisterRequest& req, int max_slots) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("register: ", what));
+  };
+  if (!ValidNodeName(req.name())) {
+    return bad("node name must be 1-63 characters of [A-Za-z0-9._-]");
+  }
+  if (req.slots() < 1 || req.slots() > max_slots) {
+    return bad(absl::StrCat("slots is ", req.slots(), "; must be in [1, ", max_slots, "]"));
+  }
+  if (req.address().size() > 255) return bad("address is longer than 255 characters");
   RETURN_IF_ERROR(SplitHostPort(req.address()).status());
+  if (req.labels_size() > 32) return bad("more than 32 labels");
+  for (const auto& [k, v] : req.labels()) {
+    if (!ValidNodeName(k) || v.size() > 256) {
+      return bad(absl::StrCat("label '", k.substr(0, 64),
+                              "': keys are 1-63 characters of [A-Za-z0-9._-], values at most 256"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest& req) {
+  RETURN_IF_ERROR(ValidateRegistration(req, config_.max_slots_per_node));
+  if (!nodes_.count(req.name()) && static_cast<int>(nodes_.size()) >= config_.max_nodes) {
+    ForgetDeadNodes();
+    if (static_cast<int>(nodes_.size()) >= config_.max_nodes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "register: the manager already knows max_nodes=", config_.max_nodes, " nodes"));
+    }
+  }
   auto [it, inserted] = nodes_.try_emplace(req.name());
   Node& n = it->second;
   const bool changed = inserted || n.rec.address() != req.address() || n.rec.slots() != req.slots();
@@ -402,10 +442,14 @@ void Manager::ReloadMachineList() {
   const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   if (mtime == machine_list_mtime_) return;
   machine_list_mtime_ = mtime;
-  std::ifstream f(config_.machine_list);
+  // Non-blocking, bounded, regular files only (common/safe_file.h): the loop never waits.
+  auto text = ReadRegularFile(config_.machine_list, 1 << 20, "machine_list");
+  if (!text.ok()) {
+    LOG(WARNING) << text.status().message() << "; every node is treated as draining";
+    machine_list_mtime_ = -2;
+  }
   std::set<std::string> listed;
-  std::string line;
-  while (std::getline(f, line)) {
+  for (absl::string_view line : absl::StrSplit(text.ok() ? *text : "", '\n')) {
     std::string host(absl::StripAsciiWhitespace(line));
     if (host.empty() || host[0] == '#') continue;
     listed.insert(host);
@@ -418,8 +462,28 @@ void Manager::ReloadMachineList() {
   }
 }
 
+void Manager::ForgetDeadNodes() {
+  const absl::Time now = clock_->Now();
+  const auto used = UsedSlots();
+  for (auto it = nodes_.begin(); it != nodes_.end();) {
+    const Node& n = it->second;
+    const auto u = used.find(n.rec.name());
+    if (n.dead && now - n.last_seen >= config_.forget_dead_after &&
+        (u == used.end() || u->second == 0)) {
+      LOG(INFO) << "node=" << n.rec.name() << " forgotten (DEAD for "
+                << absl::FormatDuration(now - n.last_seen) << ")";
+      absl::Status s = store_->DeleteNode(n.rec.name());
+      if (!s.ok()) LOG(WARNING) << "cannot delete node " << n.rec.name() << ": " << s.message();
+      it = nodes_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
 void Manager::Tick() {
   const absl::Time now = clock_->Now();
+  ForgetDeadNodes();
   if (now - last_list_check_ >= absl::Seconds(2)) {
     last_list_check_ = now;
     ReloadMachineList();
@@ -458,14 +522,16 @@ void Manager::Tick() {
 
 // ---- jobs -------------------------------------------------------------------------------
 
-absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req) {
+absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, const std::string& user) {
+  if (req.request_id().size() > 128) {
+    return absl::InvalidArgumentError("submit: request_id is longer than 128 characters");
+  }
   if (!req.request_id().empty()) {
     auto it = by_request_.find(req.request_id());
     if (it != by_request_.end()) return jobs_.at(it->second).info();  // a repeat
   }
   ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
   RETURN_IF_ERROR(spec.ValidateShape());
-  if (config_.check_job_files) RETURN_IF_ERROR(spec.ValidateFiles());
   if (!spec.env_file.empty()) {
     return absl::InvalidArgumentError(
         "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
@@ -482,10 +548,12 @@ absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req) {
   info.set_total_steps(static_cast<int32_t>(spec.train.steps));
   info.set_submitted_at(Now());
   info.set_reason("waiting for slots");
+  info.set_submitted_by(user);
   job.last_stop_sent = absl::InfinitePast();
   Persist(job);
   const std::string id = info.id();
-  LOG(INFO) << "job=" << id << " submitted name=" << spec.name;
+  LOG(INFO) << "job=" << id << " submitted name=" << spec.name
+            << (user.empty() ? "" : absl::StrCat(" by=", user));
   if (!req.request_id().empty()) by_request_[req.request_id()] = id;
   order_.push_back(id);
   jobs_[id] = std::move(job);
@@ -505,10 +573,13 @@ absl::StatusOr<v1::JobInfo> Manager::GetJob(const std::string& id) const {
   return it->second.info();
 }
 
-absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id) {
+absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id, const std::string& user) {
   auto it = jobs_.find(id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
   Job& job = it->second;
+  if (!Terminal(job.info().state()) && job.info().state() != v1::CANCELLING) {
+    job.info().set_cancelled_by(user);
+  }
   switch (job.info().state()) {
     case v1::PENDING:
       MarkCancelled(job, "cancelled before it started");

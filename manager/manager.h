@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/job_spec.h"
+#include "common/rpc.h"
 #include "manager/agent_client.h"
 #include "manager/placement.h"
 #include "manager/state_store.h"
@@ -36,6 +37,15 @@ struct ManagerConfig {
   absl::Duration agent_rpc_timeout = absl::Seconds(5);
   std::string machine_list;     // optional: only nodes (name or host) listed here get work
   bool check_job_files = true;  // data.path etc. must be readable by the manager at submit
+  // What a peer can make the manager keep (Note [Peer limits] in manager.cc).
+  int max_nodes = 10000;
+  int max_slots_per_node = 1024;
+  absl::Duration forget_dead_after = absl::Hours(24);  // DEAD this long and idle: forgotten
+  // Security (docs/operations.md "Security"): mutual TLS with agents, bearer tokens for
+  // varunactl. Empty = plaintext / no tokens, allowed only on loopback or with allow_insecure.
+  TlsFiles tls;
+  std::string tokens_file;  // lines "NAME TOKEN"
+  bool allow_insecure = false;
 
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }
@@ -59,10 +69,12 @@ class Manager {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
 
   // JobApi.
-  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req);
+  // `user` is the token's name ("" without tokens), recorded on the job. Submit never
+  // touches the filesystem: the server checks files off the loop first.
+  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, const std::string& user = "");
   std::vector<v1::JobInfo> ListJobs() const;
   absl::StatusOr<v1::JobInfo> GetJob(const std::string& id) const;
-  absl::StatusOr<v1::JobInfo> Cancel(const std::string& id);
+  absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user = "");
   void GetLogs(const v1::GetLogsRequest& req,
                std::function<void(absl::StatusOr<v1::GetLogsResponse>)> done);
   std::vector<v1::NodeInfo> ListNodes() const;
@@ -122,6 +134,7 @@ class Manager {
   void SettleFailure(Job& job);
   std::string RanksOn(const Job& job, const std::string& node) const;
   void ReloadMachineList();
+  void ForgetDeadNodes();
 
   v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
   std::map<std::string, int> UsedSlots() const;

@@ -1,7 +1,10 @@
 #include "manager/manager_server.h"
 
 #include "common/rpc.h"
+#include "common/safe_file.h"
+#include "common/status_macros.h"
 #include "glog/logging.h"
+#include "manager/tokens.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {
@@ -16,14 +19,30 @@ grpc::ServerUnaryReactor* OnLoop(EventLoop* loop, grpc::CallbackServerContext* c
   return reactor;
 }
 
+// Note [Who may call]: agents prove themselves with a client certificate from the cluster CA
+// (gRPC verifies it; kOptional lets varunactl connect without one), varunactl with a bearer
+// token from the tokens file. Without TLS / tokens (loopback only) everyone may.
+absl::Status CheckAgentPeer(const grpc::CallbackServerContext& ctx, bool tls) {
+  if (!tls || !PeerCommonName(ctx).empty()) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      "agent registry: a client certificate from the cluster CA is required");
+}
+
+grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(s));
+  return reactor;
+}
+
 }  // namespace
 
 class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackService {
  public:
-  RegistryService(EventLoop* loop, Manager* m) : loop_(loop), m_(m) {}
+  RegistryService(EventLoop* loop, Manager* m, bool tls) : loop_(loop), m_(m), tls_(tls) {}
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
                                      v1::RegisterResponse* resp) override {
+    if (absl::Status s = CheckAgentPeer(*ctx, tls_); !s.ok()) return Refuse(ctx, s);
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Register(*req);
       if (r.ok()) *resp = *r;
@@ -33,6 +52,7 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
+    if (absl::Status s = CheckAgentPeer(*ctx, tls_); !s.ok()) return Refuse(ctx, s);
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Heartbeat(*req);
       if (r.ok()) *resp = *std::move(r);
@@ -43,23 +63,50 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
  private:
   EventLoop* const loop_;
   Manager* const m_;
+  const bool tls_;
 };
 
 class ManagerServer::JobService final : public v1::JobApi::CallbackService {
  public:
-  JobService(EventLoop* loop, Manager* m) : loop_(loop), m_(m) {}
+  JobService(EventLoop* loop, EventLoop* files, Manager* m, std::optional<TokenTable> tokens,
+             bool check_files)
+      : loop_(loop), files_(files), m_(m), tokens_(std::move(tokens)), check_files_(check_files) {}
 
+  // Note [Off the loop]: the spec's files are checked on the files thread (non-blocking
+  // opens, regular files only), then the submission goes to the loop, which never touches
+  // the filesystem for a request.
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
                                    v1::SubmitResponse* resp) override {
-    return OnLoop(loop_, ctx, [=] {
-      auto r = m_->Submit(*req);
-      if (r.ok()) *resp->mutable_job() = *r;
-      return r.status();
+    auto user = Authenticate(*ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    auto submit = [this, reactor, req, resp, user = *user] {
+      loop_->Post([this, reactor, req, resp, user] {
+        auto r = m_->Submit(*req, user);
+        if (r.ok()) *resp->mutable_job() = *r;
+        reactor->Finish(ToGrpcStatus(r.status()));
+      });
+    };
+    if (!check_files_) {
+      submit();
+      return reactor;
+    }
+    files_->Post([reactor, req, submit] {
+      auto spec = ParseJobSpec(req->spec_yaml());
+      if (spec.ok()) {
+        if (absl::Status s = spec->ValidateFiles(); !s.ok()) {
+          reactor->Finish(ToGrpcStatus(s));
+          return;
+        }
+      }
+      submit();  // a spec that does not parse is refused, with its reason, by Manager::Submit
     });
+    return reactor;
   }
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       for (auto& j : m_->ListJobs()) *resp->add_jobs() = std::move(j);
       return absl::OkStatus();
@@ -67,6 +114,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                    v1::GetJobResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->GetJob(req->job_id());
       if (r.ok()) *resp->mutable_job() = *r;
@@ -76,14 +124,17 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse* resp) override {
-    return OnLoop(loop_, ctx, [=] {
-      auto r = m_->Cancel(req->job_id());
+    auto user = Authenticate(*ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=, user = *user] {
+      auto r = m_->Cancel(req->job_id(), user);
       if (r.ok()) *resp->mutable_job() = *r;
       return r.status();
     });
   }
   grpc::ServerUnaryReactor* GetLogs(grpc::CallbackServerContext* ctx, const v1::GetLogsRequest* req,
                                     v1::GetLogsResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     loop_->Post([=] {
       m_->GetLogs(*req, [reactor, resp](absl::StatusOr<v1::GetLogsResponse> r) {
@@ -96,6 +147,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest* req,
                                       v1::ListNodesResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       for (auto& n : m_->ListNodes()) *resp->add_nodes() = std::move(n);
       return absl::OkStatus();
@@ -104,6 +156,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* ctx,
                                       const v1::DrainNodeRequest* req,
                                       v1::DrainNodeResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Drain(req->node(), req->undo());
       if (r.ok()) *resp->mutable_node() = *r;
@@ -112,8 +165,26 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
 
  private:
+  // The caller's token name ("" without a tokens file), or UNAUTHENTICATED naming why.
+  absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& ctx) const {
+    if (!tokens_) return std::string();
+    const auto& md = ctx.client_metadata();
+    auto it = md.find("authorization");
+    if (it == md.end()) {
+      return absl::UnauthenticatedError(
+          "no token: this manager requires one (varunactl --token or $VARUNA_TOKEN)");
+    }
+    const std::string token = BearerToken(std::string(it->second.data(), it->second.size()));
+    auto name = tokens_->Lookup(token);
+    if (!name) return absl::UnauthenticatedError("the token is not in the manager's tokens file");
+    return *name;
+  }
+
   EventLoop* const loop_;
+  EventLoop* const files_;
   Manager* const m_;
+  const std::optional<TokenTable> tokens_;
+  const bool check_files_;
 };
 
 ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
@@ -121,11 +192,20 @@ ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
     : config_(std::move(config)),
       clock_(clock),
       agents_(std::move(agents)),
-      loop_("manager", options.tick_period, [this] { manager_->Tick(); }) {}
+      loop_("manager", options.tick_period, [this] { manager_->Tick(); }),
+      files_("manager-files", absl::ZeroDuration(), [] {}) {}
 
 ManagerServer::~ManagerServer() { Shutdown(); }
 
 absl::Status ManagerServer::Start() {
+  RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", config_.listen, config_.tls.enabled(),
+                                      config_.allow_insecure));
+  ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(config_.tls, /*need_cert=*/true, "varuna-manager"));
+  std::optional<TokenTable> tokens;
+  if (!config_.tokens_file.empty()) {
+    ASSIGN_OR_RETURN(tokens, TokenTable::Load(config_.tokens_file));
+    LOG(INFO) << "manager: " << tokens->size() << " tokens from " << config_.tokens_file;
+  }
   auto store = StateStore::Open(config_.state_dir);
   if (!store.ok()) return store.status();
   store_ = *std::move(store);
@@ -133,13 +213,18 @@ absl::Status ManagerServer::Start() {
                                        [this](std::function<void()> fn) { loop_.Post(fn); });
   if (absl::Status s = manager_->Recover(); !s.ok()) return s;
   loop_.Start();
-  job_service_ = std::make_unique<JobService>(&loop_, manager_.get());
-  registry_service_ = std::make_unique<RegistryService>(&loop_, manager_.get());
-  auto started = StartServer(config_.listen, {job_service_.get(), registry_service_.get()});
+  files_.Start();
+  job_service_ = std::make_unique<JobService>(&loop_, &files_, manager_.get(), std::move(tokens),
+                                              config_.check_job_files);
+  registry_service_ = std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled);
+  auto started = StartServer(config_.listen, {job_service_.get(), registry_service_.get()}, "", tls,
+                             ClientCerts::kOptional);
   if (!started.ok()) return started.status();
   server_ = std::move(started->server);
   address_ = started->address;
-  LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir;
+  LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir
+            << (tls.enabled ? " tls=mutual" : " tls=off")
+            << (config_.tokens_file.empty() ? " tokens=off" : " tokens=on");
   return absl::OkStatus();
 }
 
@@ -150,6 +235,7 @@ void ManagerServer::Shutdown() {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
   loop_.Stop();
+  files_.Stop();
 }
 
 void ManagerServer::Tick() {

@@ -45,6 +45,7 @@ class ManagerServer {
   Clock* const clock_;
   std::unique_ptr<AgentClientPool> agents_;
   EventLoop loop_;
+  EventLoop files_;  // file checks for submissions (Note [Off the loop])
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Manager> manager_;
   std::unique_ptr<JobService> job_service_;

@@ -33,7 +33,8 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
   int D = spec.parallel.replicas;
   if (D == 0) {
     D = cap / P;
-    while (D > 1 && spec.train.global_batch % D != 0) --D;
+    const int64_t mb = spec.parallel.micro_batch;
+    while (D > 1 && (spec.train.global_batch % D != 0 || spec.train.global_batch / D < mb)) --D;
   }
   const int world = P * D;
   if (D < 1 || world > cap || world < spec.resources.min_slots) {
@@ -48,7 +49,9 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
   plan.stages = P;
   plan.replicas = D;
   plan.per_replica_batch = spec.train.global_batch / D;
-  plan.micro_batch = MicroBatchFor(spec.parallel.micro_batch, plan.per_replica_batch, P);
+  auto micro_batch = MicroBatchFor(spec.parallel.micro_batch, plan.per_replica_batch, P);
+  if (!micro_batch.ok()) return micro_batch.status();
+  plan.micro_batch = *micro_batch;
   plan.stage_to_rank_map = StageMap::Make(P, D).ToString();
   int rank = 0;
   for (const auto& n : nodes) {

@@ -77,6 +77,22 @@ absl::Status StateStore::SaveNode(const v1::NodeRecord& node) {
              node.SerializeAsString());
 }
 
+absl::Status StateStore::DeleteNode(const std::string& name) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, "DELETE FROM nodes WHERE name = ?", -1, &stmt, nullptr) !=
+      SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, name.data(), static_cast<int>(name.size()), SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(stmt);
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::InternalError(
+        absl::StrCat("state database ", path_, ": delete failed: ", sqlite3_errmsg(db_)));
+  }
+  return absl::OkStatus();
+}
+
 namespace {
 
 template <typename T>

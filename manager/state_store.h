@@ -23,6 +23,7 @@ class StateStore {
 
   absl::Status SaveJob(const v1::JobRecord& job);
   absl::Status SaveNode(const v1::NodeRecord& node);
+  absl::Status DeleteNode(const std::string& name);
   // All jobs, in submission order.
   absl::StatusOr<std::vector<v1::JobRecord>> LoadJobs();
   absl::StatusOr<std::vector<v1::NodeRecord>> LoadNodes();

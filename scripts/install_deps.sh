@@ -10,7 +10,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   fortunes fortunes-min
-  iproute2 procps
+  iproute2 procps openssl
   clang-format
 )
 

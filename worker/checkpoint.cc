@@ -13,6 +13,7 @@
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_store.h"
 #include "common/logging.h"
+#include "common/safe_file.h"
 #include "common/status_macros.h"
 #include "worker/torch_status.h"
 #include "worker/varuna.h"
@@ -214,14 +215,9 @@ absl::Status Varuna::WaitForCheckpoint() {
 
 absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   if (!optimizer_) return absl::FailedPreconditionError("load_checkpoint() before set_optimizer()");
-  YAML::Node common;
-  try {
-    common = YAML::LoadFile(ckpt_path + "/common.json");
-  } catch (const YAML::Exception& e) {
-    return absl::DataLossError(absl::StrCat(ckpt_path, "/common.json: ", e.what()));
-  }
-  const int64_t step = common["step"].as<int64_t>();
-  const int64_t batch = common["global_batch"].as<int64_t>();
+  ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
+  const int64_t step = common.step;
+  const int64_t batch = common.global_batch;
   if (batch != global_batch_) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", ckpt_path, " was written with global batch ", batch,
@@ -229,9 +225,10 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string file = absl::StrCat(ckpt_path, "/layers/", layer_names_[i], ".pt");
-    std::ifstream f(file, std::ios::binary);
-    if (!f) return absl::DataLossError(absl::StrCat("missing ", file));
-    std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    auto data = ReadRegularFile(file, kMaxCheckpointFileBytes, "checkpoint layer");
+    if (!data.ok()) return absl::DataLossError(std::string(data.status().message()));
+    std::vector<char> bytes(data->begin(), data->end());
+    data->clear();
     RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", file), [&]() -> absl::Status {
       auto d = torch::pickle_load(bytes).toGenericDict();
       c10::Dict<std::string, at::Tensor> in;
@@ -254,12 +251,21 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
       return absl::OkStatus();
     }));
   }
-  scaler_.Restore(common["loss_scale"].as<double>(), common["clean_steps"].as<int64_t>());
+  scaler_.Restore(common.loss_scale, common.clean_steps);
   iteration_ = step;
-  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
-            << common["stages"].as<int>() << "x" << common["replicas"].as<int>() << ", step "
-            << step << ")";
+  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by " << common.stages
+            << "x" << common.replicas << ", step " << step << ")";
   return step;
+}
+
+}  // namespace varuna
+
+namespace varuna {
+
+std::vector<std::string> Varuna::model_layer_names() const {
+  std::vector<std::string> names;
+  for (const auto& def : model_.layers()) names.push_back(def.name);
+  return names;
 }
 
 }  // namespace varuna

@@ -111,6 +111,8 @@ class Varuna {
   // whatever configuration wrote it: parameters, buffers, optimizer state, loss scaler, step.
   // Call after set_optimizer(). Returns the step it resumes after.
   absl::StatusOr<int64_t> load_checkpoint(const std::string& ckpt_path);
+  // Names of every layer of the whole model (all stages), as a checkpoint records them.
+  std::vector<std::string> model_layer_names() const;
 
   // Asks every rank to stop after the step in progress (or the next one): StepResult::stop.
   // Async-signal-safe; callable from any thread.

@@ -126,12 +126,13 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   int64_t first_step = 1;
   if (args.resume_step) {
     ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(*args.resume_step));
-    ASSIGN_OR_RETURN(std::optional<int64_t> resume, ResolveResumeStep(ckpt_dir, requested));
+    const std::vector<std::string> model_layers = engine->model_layer_names();
+    ASSIGN_OR_RETURN(std::optional<int64_t> resume,
+                     ResolveResumeStep(ckpt_dir, requested, &model_layers));
     if (resume) {
       const std::string path = CheckpointPath(ckpt_dir, *resume);
-      YAML::Node common = YAML::LoadFile(path + "/common.json");
-      const std::string written =
-          common["model_spec"] ? common["model_spec"].as<std::string>() : "";
+      ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(path));
+      const std::string& written = common.model_spec;
       if (written != model_spec) {
         return absl::FailedPreconditionError(absl::StrCat(
             "checkpoint ", path, " has model '", written, "' but the job has '", model_spec, "'"));

@@ -2,10 +2,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varuna {
@@ -27,11 +30,10 @@ class CheckpointStoreTest : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // A two-writer checkpoint with one layer file each, complete unless told otherwise.
-  void Write(int64_t step, bool complete = true) {
+  void Write(int64_t step, bool complete = true, std::string common = "") {
     const std::string path = CheckpointPath(dir_.string(), step);
     fs::create_directories(path + "/layers");
-    const std::string common =
-        "{\"step\": " + std::to_string(step) + ", \"writers\": [0, 1], \"layers\": [\"a\", \"b\"]}";
+    if (common.empty()) common = Common(step, "[0, 1]", "[\"a\", \"b\"]");
     ASSERT_THAT(WriteFileAtomic(path + "/common.json", common, 0), IsOk());
     ASSERT_THAT(WriteFileAtomic(path + "/layers/a.pt", std::string(1000, 'a'), 0), IsOk());
     ASSERT_THAT(WriteFileAtomic(path + "/layers/b.pt", std::string(500, 'b'), 1), IsOk());
@@ -46,6 +48,15 @@ class CheckpointStoreTest : public ::testing::Test {
     }
   }
   std::string Path(int64_t step) { return CheckpointPath(dir_.string(), step); }
+  static std::string Common(int64_t step, const std::string& writers, const std::string& layers) {
+    return absl::StrCat("{\"step\": ", step,
+                        ", \"global_batch\": 8, \"stages\": 2, \"replicas\": 1, \"loss_scale\": 1, "
+                        "\"clean_steps\": 0, \"writers\": ",
+                        writers, ", \"layers\": ", layers, "}");
+  }
+  void Manifest(int64_t step, const std::string& json) {
+    ASSERT_THAT(WriteFileAtomic(Path(step) + "/manifest.rank0.json", json, 0), IsOk());
+  }
 
   fs::path dir_;
 };
@@ -102,6 +113,65 @@ TEST_F(CheckpointStoreTest, RetentionKeepsNewestCompleteAndInProgress) {
   EXPECT_EQ(PruneCheckpoints(dir_.string(), 1), std::vector<int64_t>{4});
   EXPECT_EQ(ListCheckpointSteps(dir_.string()), (std::vector<int64_t>{8, 6}));
   EXPECT_TRUE(PruneCheckpoints(dir_.string(), 0).empty());
+}
+
+// Note [Parser boundary]: what a checkpoint's metadata says is data, not trusted.
+TEST_F(CheckpointStoreTest, EmptyWritersOrLayersAreNotComplete) {
+  Write(1, true, Common(1, "[]", "[]"));
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "no writers"));
+  Write(2, true, Common(2, "[0, 1]", "[]"));
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "no layers"));
+  // A layer of the model missing from the checkpoint: not complete for that model.
+  Write(3);
+  const std::vector<std::string> model = {"a", "b", "c"};
+  EXPECT_THAT(VerifyCheckpoint(Path(3), true, &model),
+              StatusIs(absl::StatusCode::kDataLoss, "no layer 'c'"));
+  auto latest = ResolveResumeStep(dir_.string(), std::nullopt, &model);
+  EXPECT_THAT(latest, StatusIs(absl::StatusCode::kFailedPrecondition, "no layer 'c'"));
+}
+
+TEST_F(CheckpointStoreTest, WrongTypesAndMissingFieldsAreDamageNotCrashes) {
+  Write(1, true, "{\"writers\": [0, 1], \"layers\": [\"a\", \"b\"]}");  // no step
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "'step'"));
+  EXPECT_THAT(ReadCheckpointCommon(Path(1)).status(),
+              StatusIs(absl::StatusCode::kDataLoss, "'step' is missing"));
+  Write(2);
+  Manifest(2, "{\"files\": [{\"path\": \"layers/a.pt\", \"size\": \"big\", \"crc32\": 1}]}");
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "'size'"));
+  EXPECT_THAT(VerifyCheckpoint(Path(2), false), StatusIs(absl::StatusCode::kDataLoss, "'size'"));
+  Manifest(2, "{\"files\": {\"a\": 1}}");
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "no files list"));
+  Write(3, true, Common(9, "[0, 1]", "[\"a\", \"b\"]"));  // step disagrees with the directory
+  EXPECT_THAT(VerifyCheckpoint(Path(3)), StatusIs(absl::StatusCode::kDataLoss, "directory"));
+  Write(4, true, Common(4, "[0, 5]", "[\"a\"]"));  // writer 5 outside 2 stages x 1 replica
+  EXPECT_THAT(VerifyCheckpoint(Path(4)), StatusIs(absl::StatusCode::kDataLoss, "writer rank 5"));
+  // The tool's and the resume's view: all damaged, none used, no crash.
+  EXPECT_THAT(ResolveResumeStep(dir_.string(), std::nullopt),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "none is complete"));
+}
+
+TEST_F(CheckpointStoreTest, PathsStayInsideAndOnlyRegularFilesAreRead) {
+  Write(1);
+  Manifest(1, "{\"files\": [{\"path\": \"../../../../dev/zero\", \"size\": 1, \"crc32\": 0}]}");
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "'..'"));
+  Manifest(1, "{\"files\": [{\"path\": \"/etc/passwd\", \"size\": 1, \"crc32\": 0}]}");
+  EXPECT_THAT(VerifyCheckpoint(Path(1), false), StatusIs(absl::StatusCode::kDataLoss, "absolute"));
+  // A FIFO (or a link to a device) in place of a layer file: refused at once, not read.
+  Write(2);
+  fs::remove(Path(2) + "/layers/b.pt");
+  ASSERT_EQ(mkfifo((Path(2) + "/layers/b.pt").c_str(), 0600), 0);
+  const absl::Time t0 = absl::Now();
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
+  EXPECT_THAT(VerifyCheckpoint(Path(2), false), StatusIs(absl::StatusCode::kDataLoss, "b.pt"));
+  Write(3);
+  fs::remove(Path(3) + "/layers/a.pt");
+  fs::create_symlink("/dev/zero", Path(3) + "/layers/a.pt");
+  EXPECT_THAT(VerifyCheckpoint(Path(3)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
+  Write(4);
+  fs::remove(Path(4) + "/common.json");
+  ASSERT_EQ(mkfifo((Path(4) + "/common.json").c_str(), 0600), 0);
+  EXPECT_THAT(VerifyCheckpoint(Path(4)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
 }
 
 }  // namespace

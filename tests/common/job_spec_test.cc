@@ -1,6 +1,13 @@
 #include "common/job_spec.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "tests/testing/status_matchers.h"
 
@@ -113,6 +120,85 @@ TEST(JobSpecTest, MissingFiles) {
   ASSERT_THAT(spec, IsOk());
   EXPECT_THAT(spec->ValidateFiles(),
               StatusIs(absl::StatusCode::kNotFound, "/nonexistent/data.txt"));
+}
+
+// Issue "Hardening", classes 1, 4 and 5: every member is an error naming the key.
+TEST(JobSpecTest, NonScalarAndDuplicateKeysAreErrorsNotCrashes) {
+  EXPECT_THAT(ParseJobSpec("? [a, b]\n: 1\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a plain name"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nmodel:\n  ? {k: v}\n  : 3\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "a key in 'model'"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ntrain: {lr: 0.1, lr: 0.2}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'train.lr' is given twice"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ndata: {path: /y}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'data' is given twice"));
+  EXPECT_THAT(ParseJobSpec("data: {path: [a]}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "data.path"));
+}
+
+TEST(JobSpecTest, EnvValuesAndKeysAreCheckedNotCoerced) {
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nenv: {A: [1, 2, 3]}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'env.A' must be a single value"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nenv: {'': 1}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "env."));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nenv: {'A=B': 1}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "env.A=B"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nenv: {A: 1, A: 2}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "given twice"));
+  auto ok = ParseJobSpec("data: {path: /x}\nenv: {A: 1, B_2: '', C: x=y}\n");
+  ASSERT_THAT(ok, IsOk());
+  EXPECT_EQ(ok->env.at("B_2"), "");
+  EXPECT_EQ(ok->env.at("C"), "x=y");
+}
+
+TEST(JobSpecTest, EveryNumberHasARange) {
+  const std::string base = "data: {path: /x}\n";
+  for (const auto& [yaml, key] : std::vector<std::pair<std::string, std::string>>{
+           {"model: {seq_len: 2147483647}", "model.seq_len"},
+           {"train: {global_batch: 2147483647}", "train.global_batch"},
+           {"model: {layers: 100000}", "model.layers"},
+           {"train: {lr: .inf}", "train.lr"},
+           {"train: {lr: .nan}", "train.lr"},
+           {"parallel: {timeout_s: .inf}", "parallel.timeout_s"},
+           {"train: {steps: 99999999999}", "train.steps"},
+           {"train: {clip_grad_norm: .inf}", "train.clip_grad_norm"},
+           {"model: {dropout: .nan}", "model.dropout"},
+           {"train: {init_loss_scale: .inf}", "train.init_loss_scale"},
+           {"resources: {min_slots: 99999999}", "resources.min_slots"},
+           {"checkpoint: {every_steps: -1}", "checkpoint.every_steps"},
+       }) {
+    EXPECT_THAT(ParseJobSpec(base + yaml + "\n"), StatusIs(absl::StatusCode::kInvalidArgument, key))
+        << yaml;
+  }
+}
+
+TEST(JobSpecTest, MicroBatchLargerThanTheReplicaBatchIsAnError) {
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\ntrain: {global_batch: 8}\n"
+                           "parallel: {micro_batch: 16}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "parallel.micro_batch"));
+  auto spec = ParseJobSpec(
+      "data: {path: /x}\ntrain: {global_batch: 8}\n"
+      "parallel: {micro_batch: 8, replicas: 2}\n");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_THAT(spec->ValidateShape(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "per-replica batch (4"));
+}
+
+TEST(JobSpecTest, FilesMustBeRegularAndChecksNeverBlock) {
+  const std::string dir = ::testing::TempDir() + "/spec_fifo_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  auto spec = ParseJobSpec("data: {path: " + fifo + "}\n");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_THAT(spec->ValidateFiles(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a regular file"));
+  auto dev = ParseJobSpec("data: {path: /dev/zero}\n");
+  EXPECT_THAT(dev->ValidateFiles(), StatusIs(absl::StatusCode::kInvalidArgument, "data.path"));
+  EXPECT_THAT(LoadJobSpec(fifo), StatusIs(absl::StatusCode::kInvalidArgument, "regular file"));
+  EXPECT_THAT(ParseJobSpec(std::string(2 << 20, '#')),
+              StatusIs(absl::StatusCode::kInvalidArgument, "limit"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

@@ -108,5 +108,22 @@ TEST(LaunchArgsTest, AgentStoreFlag) {
   EXPECT_TRUE(t->store_is_external);
 }
 
+TEST(LaunchArgsTest, WorldSizeZeroAndOversizedMicroBatchAreErrors) {
+  auto args = ParseWorkerArgs({"w", "--job", "j.yaml"});
+  ASSERT_THAT(args, IsOk());
+  JobSpec spec = Spec(1, 8);
+  EXPECT_THAT(ResolveTopology(*args, &spec, 4, Env({{"WORLD_SIZE", "0"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "WORLD_SIZE=0"));
+  EXPECT_THAT(ResolveTopology(*args, &spec, 4, Env({{"WORLD_SIZE", "-3"}, {"RANK", "0"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "WORLD_SIZE=-3"));
+  auto chunk = ParseWorkerArgs({"w", "--job", "j.yaml", "--chunk_size=16"});
+  ASSERT_THAT(chunk, IsOk());
+  JobSpec spec2 = Spec(1, 8);
+  EXPECT_THAT(ResolveTopology(*chunk, &spec2, 4, Env({})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "parallel.micro_batch (16)"));
+  EXPECT_THAT(ParseWorkerArgs({"w", "--job", "j", "--steps", "99999999999"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--steps"));
+}
+
 }  // namespace
 }  // namespace varuna

@@ -107,5 +107,29 @@ TEST_F(PrepareSubmissionTest, RefusesBadSpecsNamingTheProblem) {
   EXPECT_THAT(PrepareSubmission(job, {}), StatusIs(absl::StatusCode::kNotFound, "gone.env"));
 }
 
+TEST_F(PrepareSubmissionTest, HostileInputsAreRefusedNotCrashedOn) {
+  const std::string job = dir_ + "/job.yaml";
+  SubmitOptions dev_zero;
+  dev_zero.env_file = "/dev/zero";  // would read until out of memory
+  EXPECT_THAT(PrepareSubmission(job, dev_zero),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a regular file"));
+  Write("? [a, b]\n: 1\n");
+  EXPECT_THAT(PrepareSubmission(job, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a plain name"));
+  Write("data: 5\nmodel: [1]\n");  // sections that are not mappings
+  EXPECT_THAT(PrepareSubmission(job, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be a mapping"));
+  Write("data: {path: corpus.txt}\nenv: {A: [1, 2, 3]}\n");
+  EXPECT_THAT(PrepareSubmission(job, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'env.A' must be a single value"));
+  Write("data: {path: corpus.txt}\nenv: {'A=B': 1}\n");
+  EXPECT_THAT(PrepareSubmission(job, {}), StatusIs(absl::StatusCode::kInvalidArgument, "env.A=B"));
+  Write("data: {path: corpus.txt}\n");
+  SubmitOptions empty_key;
+  empty_key.sets = {"train..lr=1"};
+  EXPECT_THAT(PrepareSubmission(job, empty_key),
+              StatusIs(absl::StatusCode::kInvalidArgument, "empty key"));
+}
+
 }  // namespace
 }  // namespace varuna

@@ -58,7 +58,8 @@ class Cluster:
         with open(os.path.join(self.dir, "manager.log"), "a") as log:  # the child keeps it
             self.manager = subprocess.Popen(
                 [MANAGER, "--listen", self.address, "--state_dir",
-                 os.path.join(self.dir, "state"), "--config", self.config],
+                 os.path.join(self.dir, "state"), "--config", self.config]
+                + self.insecure(self.address.rsplit(":", 1)[0]),
                 stdout=log, stderr=subprocess.STDOUT)
 
     def start_agent(self, name, slots):
@@ -66,8 +67,14 @@ class Cluster:
         with open(os.path.join(self.dir, f"{name}.log"), "a") as log:
             self.agents[name] = subprocess.Popen(
                 prefix + [AGENT, "--manager", self.address, "--listen", f"{host}:0", "--slots",
-                          str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)],
+                          str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)]
+                + self.insecure(host),
                 stdout=log, stderr=subprocess.STDOUT)
+
+    @staticmethod
+    def insecure(host):
+        """Plaintext beyond loopback (the network-namespace hosts) must be asked for."""
+        return [] if host.startswith("127.") else ["--allow_insecure"]
 
     def ctl(self, *args, check=None, timeout=300):
         try:

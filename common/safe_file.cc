@@ -1,0 +1,144 @@
+#include "common/safe_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace varuna {
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+// Reads exactly up to `n` bytes at `offset`; fewer only at end of file.
+absl::StatusOr<std::string> ReadAt(int fd, int64_t offset, int64_t n, const std::string& what) {
+  std::string out(static_cast<size_t>(n), '\0');
+  int64_t got = 0;
+  while (got < n) {
+    const ssize_t r = ::pread(fd, out.data() + got, static_cast<size_t>(n - got), offset + got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return absl::DataLossError(absl::StrCat(what, ": read failed: ", Errno()));
+    if (r == 0) break;
+    got += r;
+  }
+  out.resize(static_cast<size_t>(got));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<int> OpenRegularFile(const std::string& path, const std::string& what) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": empty path"));
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": path contains a NUL byte"));
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(what, " '", path, "' cannot be read: ", Errno()));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' is not a regular file (a FIFO, device or directory?)"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,
+                                            const std::string& what) {
+  auto fd = OpenRegularFile(path, what);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(*fd, &st) != 0) {
+    ::close(*fd);
+    return absl::DataLossError(absl::StrCat(what, " '", path, "': stat failed"));
+  }
+  if (st.st_size > max_bytes) {
+    ::close(*fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' has ", st.st_size, " bytes; the limit is ", max_bytes));
+  }
+  // Reads one byte past the size seen, so a file growing under us is noticed, not truncated.
+  auto data = ReadAt(*fd, 0, std::min<int64_t>(st.st_size + 1, max_bytes + 1), what);
+  ::close(*fd);
+  if (!data.ok()) return data.status();
+  if (static_cast<int64_t>(data->size()) > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' is larger than the limit of ", max_bytes, " bytes"));
+  }
+  return data;
+}
+
+absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,
+                                               int64_t max_bytes, const std::string& what) {
+  auto fd = OpenRegularFile(path, what);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(*fd, &st) != 0) {
+    ::close(*fd);
+    return absl::DataLossError(absl::StrCat(what, " '", path, "': stat failed"));
+  }
+  FileSlice slice;
+  slice.size = st.st_size;
+  slice.offset = std::clamp<int64_t>(offset, 0, slice.size);
+  const int64_t n =
+      std::clamp<int64_t>(slice.size - slice.offset, 0, std::max<int64_t>(max_bytes, 0));
+  auto data = ReadAt(*fd, slice.offset, n, what);
+  ::close(*fd);
+  if (!data.ok()) return data.status();
+  slice.data = *std::move(data);
+  return slice;
+}
+
+absl::Status CheckRegularFile(const std::string& path, const std::string& what) {
+  auto fd = OpenRegularFile(path, what);
+  if (!fd.ok()) return fd.status();
+  ::close(*fd);
+  return absl::OkStatus();
+}
+
+absl::Status AppendToRegularFile(const std::string& path, const std::string& text) {
+  const int fd = ::open(path.c_str(),
+                        O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", Errno()));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(path, " is not a regular file"));
+  }
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t w = ::write(fd, text.data() + done, text.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += static_cast<size_t>(w);
+  }
+  ::close(fd);
+  if (done != text.size()) return absl::InternalError(absl::StrCat("short write to ", path));
+  return absl::OkStatus();
+}
+
+absl::Status CheckRelativePathInside(const std::string& relative, const std::string& what) {
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " path '", relative, "' ", why));
+  };
+  if (relative.empty()) return bad("is empty");
+  if (relative.size() > 4096) return bad("is too long");
+  if (relative.find('\0') != std::string::npos) return bad("contains a NUL byte");
+  if (relative.front() == '/') return bad("is absolute");
+  for (absl::string_view part : absl::StrSplit(relative, '/')) {
+    if (part == "..") return bad("leaves its directory ('..')");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace varuna

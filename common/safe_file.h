@@ -1,0 +1,43 @@
+#pragma once
+
+// Reads of files that someone else controls (a job's data, a checkpoint, a worker's progress
+// file, a log): the open never blocks (O_NONBLOCK, so a FIFO or a device cannot stall the
+// caller), only regular files are read, and every read is bounded. Everything that reads
+// outside data goes through here; docs/architecture.md "Hardening".
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace varuna {
+
+// Opens `path` for reading without blocking and checks it is a regular file. Returns the
+// fd (O_CLOEXEC, blocking mode restored); the caller closes it. `what` names the file in
+// errors, e.g. "data.path".
+absl::StatusOr<int> OpenRegularFile(const std::string& path, const std::string& what);
+
+// The whole file, refused (naming `what` and the limit) if it is larger than `max_bytes`.
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,
+                                            const std::string& what);
+
+// Up to `max_bytes` from `offset` (clamped to the file), and the file's size.
+struct FileSlice {
+  std::string data;
+  int64_t offset = 0;
+  int64_t size = 0;
+};
+absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,
+                                               int64_t max_bytes, const std::string& what);
+
+// OK if `path` is a readable regular file (nothing is read).
+absl::Status CheckRegularFile(const std::string& path, const std::string& what);
+
+// Appends `text` to `path` (created if missing) unless it exists as something other than a
+// regular file; never blocks on a FIFO and never follows a symlink at the last component.
+absl::Status AppendToRegularFile(const std::string& path, const std::string& text);
+
+// Rejects relative paths that could leave their root: absolute, empty, "..", NUL bytes.
+absl::Status CheckRelativePathInside(const std::string& relative, const std::string& what);
+
+}  // namespace varuna

@@ -1,0 +1,16 @@
+// The job spec parser: any bytes give a spec or an error, never a crash or an exception.
+
+#include <cstdint>
+#include <string>
+
+#include "common/job_spec.h"
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  auto spec = varuna::ParseJobSpec(text);
+  if (spec.ok()) {
+    (void)spec->ValidateShape();
+    (void)spec->Validate();
+  }
+  return 0;
+}

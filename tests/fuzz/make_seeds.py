@@ -1,0 +1,132 @@
+#!/usr/bin/python3
+"""Writes the seed corpora in tests/fuzz/corpus/<target>/ (run from the repository root).
+
+Each seed is a valid input or one of the hostile inputs found by hand (issue "Hardening"):
+non-scalar keys, duplicate keys, unbounded numbers, FIFOs and '..' in checkpoint paths, wrong
+types in metadata. RPC seeds are protobuf messages encoded with protoc from text format.
+"""
+import os
+import struct
+import subprocess
+
+ROOT = os.path.join("tests", "fuzz", "corpus")
+SEP = "\n--8<--\n"
+
+JOB = open(os.path.join("examples", "jobs", "gpt_fortunes.yaml")).read().replace("@CORPUS@",
+                                                                                 "/tmp/x")
+
+
+def put(target, name, data):
+    d = os.path.join(ROOT, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+
+
+HOSTILE_SPECS = {
+    "valid": JOB,
+    "nonscalar_key": "? [a, b]\n: 1\n",
+    "nonscalar_key_nested": "data: {path: /x}\nmodel:\n  ? {k: v}\n  : 3\n",
+    "duplicate_key": "data: {path: /x}\ntrain: {lr: 0.1, lr: 0.2}\n",
+    "env_list": "data: {path: /x}\nenv: {A: [1, 2, 3]}\n",
+    "env_bad_keys": "data: {path: /x}\nenv: {'': 1, 'A=B': 2}\n",
+    "huge_numbers": "data: {path: /x}\nmodel: {seq_len: 2147483647, layers: 100000}\n"
+                    "train: {global_batch: 2147483647, steps: 99999999999}\n",
+    "inf": "data: {path: /x}\ntrain: {lr: .inf}\nparallel: {timeout_s: .inf}\n",
+    "nan": "data: {path: /x}\ntrain: {lr: .nan, min_lr: .nan}\n",
+    "micro_batch_too_big": "data: {path: /x}\ntrain: {global_batch: 8}\n"
+                           "parallel: {micro_batch: 16, replicas: 2}\n",
+    "deep": "a: " + "[" * 200 + "]" * 200 + "\n",
+    "anchors": "x: &a {path: /x}\ndata: *a\nmodel: {kind: gpt}\n",
+    "tags": "data: !!map {path: !!binary aGVsbG8=}\n",
+    "not_a_map": "- 1\n- 2\n",
+    "scalar_sections": "data: 5\nmodel: x\ntrain: [1]\n",
+    "resume": "data: {path: /x}\ncheckpoint: {dir: /c, resume: '-1'}\n",
+    "entrypoint": "data: {path: /x}\nentrypoint: ['', 'a']\n",
+}
+for name, text in HOSTILE_SPECS.items():
+    put("job_spec_fuzz", name, text)
+
+put("submission_fuzz", "valid", JOB + SEP + "train.lr=0.01\nparallel.stages=auto\nenv:A=1" +
+    SEP + "export A=1\nB='two'\n# c\n" + SEP + "--set train.lr=0.1 \\\n  --stages 2\n")
+put("submission_fuzz", "nonscalar_key", "? [a, b]\n: 1\n" + SEP + "" + SEP + "" + SEP + "")
+put("submission_fuzz", "set_into_scalar", "data: 5\n" + SEP + "data.path.x=1\n..=3\n.a=1\n" +
+    SEP + SEP)
+put("submission_fuzz", "env_list", "data: {path: x}\nenv: {A: [1, 2]}\n" + SEP + SEP + SEP)
+put("submission_fuzz", "env_file_bad", "data: {path: x}\n" + SEP + "env:=x\nenv:1A=2\n" + SEP +
+    "=\nexport\nA B\n'\n" + SEP + "'unterminated\n\\")
+put("submission_fuzz", "section_not_map", "model: [1]\ncheckpoint: 3\n" + SEP +
+    "model.path=x\n" + SEP + SEP)
+
+for name, text in {
+    "2x2": "0,2;1,3;", "1x1": "0;", "holes": "0,5;1;", "dup": "0,0;1,1;", "neg": "-1;0;",
+    "big": "0," + ",".join(str(i) for i in range(1, 300)) + ";", "empty": "", "junk": ";;,;a;",
+}.items():
+    put("stage_map_fuzz", name, text + SEP + "--job\nj.yaml\n--rank=1\n--chunk_size=999999\n"
+        "--batch-size=0\n--steps=99999999999" + SEP + "WORLD_SIZE=0\nRANK=1\nMASTER_PORT=99999"
+        + SEP + "data: {path: /x}\nparallel: {micro_batch: 64}\n")
+put("stage_map_fuzz", "world_ok", "0,2;1,3;" + SEP + "--job\nj.yaml\n" + SEP +
+    "WORLD_SIZE=4\nRANK=3\n" + SEP + "data: {path: /x}\ntrain: {global_batch: 8}\n")
+
+COMMON = ('{"format": 1, "step": 1, "global_batch": 8, "stages": 1, "replicas": 1, '
+          '"micro_batch": 1, "stage_to_rank_map": "0;", "loss_scale": 1, "clean_steps": 0, '
+          '"writers": [0], "layers": ["head"], "model_spec": "kind=gpt"}')
+MANIFEST = '{"files": [{"path": "layers/head.pt", "size": 5, "crc32": 907060870}]}'
+for name, (common, manifest, layer, lname) in {
+    "plausible": (COMMON, MANIFEST, "hello", "head"),
+    "empty_lists": (COMMON.replace('[0]', '[]').replace('["head"]', '[]'), '{"files": []}',
+                    "x", "head"),
+    "dotdot": (COMMON, '{"files": [{"path": "../../../../dev/zero", "size": 1, "crc32": 0}]}',
+               "", "head"),
+    "abs_path": (COMMON, '{"files": [{"path": "/etc/passwd", "size": 1, "crc32": 0}]}', "",
+                 "head"),
+    "size_not_number": (COMMON, '{"files": [{"path": "layers/head.pt", "size": "big", '
+                        '"crc32": []}]}', "hello", "head"),
+    "no_step": (COMMON.replace('"step": 1, ', ''), MANIFEST, "hello", "head"),
+    "wrong_types": ('{"step": "x", "writers": "y", "layers": {"a": 1}}', '[1, 2]', "", "head"),
+    "huge_size": (COMMON, '{"files": [{"path": "layers/head.pt", "size": 1e30, "crc32": 1}]}',
+                  "hello", "head"),
+    "writer_range": (COMMON.replace('[0]', '[0, 7, -1]'), MANIFEST, "hello", "head"),
+    "layer_slash": (COMMON.replace('["head"]', '["../x", "a/b"]'), MANIFEST, "hello", "head"),
+    "not_json": ("{{{", "]]]", "", ""),
+}.items():
+    put("checkpoint_fuzz", name, SEP.join([common, manifest, layer, lname]))
+
+
+def encode(msg, text):
+    r = subprocess.run(["protoc", "-Iproto", "--encode=varuna.v1." + msg,
+                        "proto/varuna/v1/control.proto"], input=text.encode(),
+                       capture_output=True, check=True)
+    return r.stdout
+
+
+def frame(selector, payload):
+    return bytes([selector]) + struct.pack("<H", len(payload)) + payload
+
+
+REG = encode("RegisterRequest", 'name: "n1" address: "127.0.0.1:9" slots: 4 '
+             'labels {key: "zone" value: "a"}')
+REG_BIG = encode("RegisterRequest", 'name: "%s" address: "h:1" slots: 1000000000' % ("x" * 2000))
+REG_BAD = encode("RegisterRequest", 'name: "a/b" address: "nohostport" slots: -1')
+HB = encode("HeartbeatRequest", 'name: "n1" workers {job_id: "1" generation: 1 rank: 0 '
+            'state: WORKER_EXITED exit_code: 1} workers {job_id: "zz" rank: -5}')
+SUB = encode("SubmitRequest", 'spec_yaml: %r request_id: "r1"' % JOB.replace("'", ""))
+SUB_BAD = encode("SubmitRequest", 'spec_yaml: "? [a, b]\\n: 1\\n"')
+LAUNCH = encode("LaunchRequest", 'job_id: "1" generation: 1 spec_yaml: "x: 1" '
+                'ranks {rank: 0 local_rank: 0} world_size: 1 master_addr: "127.0.0.1" '
+                'stage_to_rank_map: "0;" micro_batch: 1 per_replica_batch: 1 '
+                'entrypoint: "/bin/true" env {key: "A" value: "1"}')
+LAUNCH_BAD = encode("LaunchRequest", 'job_id: "../x" generation: 0 ranks {rank: 9} '
+                    'world_size: -1')
+LOGS = encode("FetchLogsRequest", 'job_id: "1" rank: 0 offset: -5 max_bytes: 2147483647')
+GETLOGS = encode("GetLogsRequest", 'job_id: "1" rank: 0 offset: 99999999999 max_bytes: -1')
+STOP = encode("StopRequest", 'job_id: "1" generation: 0 grace_ms: -1')
+put("rpc_fuzz", "register_submit_heartbeat",
+    frame(0, REG) + frame(2, SUB) + frame(11, b"\x05") + frame(1, HB) + frame(3, b"1") +
+    frame(11, b"\x3b" * 59))
+put("rpc_fuzz", "bad_register", frame(0, REG_BIG) + frame(0, REG_BAD) + frame(4, b"n1"))
+put("rpc_fuzz", "bad_submit", frame(2, SUB_BAD) + frame(5, GETLOGS) + frame(3, b"nope"))
+put("rpc_fuzz", "agent", frame(6, LAUNCH) + frame(6, LAUNCH_BAD) + frame(9, LOGS) +
+    frame(8, b"") + frame(7, STOP) + frame(10, b"") + frame(11, b""))
+put("rpc_fuzz", "garbage", b"\x00\xff\xff\xff\xfe\x01\x02")
+print("seeds written under", ROOT)

@@ -1,0 +1,414 @@
+// Hardening of the control plane, through the RPC surface a hostile peer would use: mutual
+// TLS (only agents with a cluster certificate register, only the manager calls agents),
+// bearer tokens for varunactl, limits on what a peer can make the manager keep, and file
+// checks that cannot stall the manager's or the agent's loop.
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "agent/agent_server.h"
+#include "common/rpc.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "manager/manager_server.h"
+#include "manager/tokens.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/fake_launcher.h"
+#include "tests/testing/status_matchers.h"
+#include "varuna/v1/control.grpc.pb.h"
+
+namespace varuna {
+namespace {
+
+using ::testing::HasSubstr;
+using ::varuna::testing::FakeClock;
+using ::varuna::testing::FakeLauncher;
+using ::varuna::testing::IsOk;
+using ::varuna::testing::StatusIs;
+
+constexpr char kAliceToken[] = "alice-0123456789abcdef";
+
+std::string MakeTempDir() {
+  std::string tmpl = ::testing::TempDir() + "/sec_XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+  return tmpl;
+}
+
+void MakeCerts(const std::string& dir, const std::string& names) {
+  const std::string cmd =
+      absl::StrCat(VARUNA_SOURCE_DIR, "/scripts/make_certs.sh ", dir, " ", names, " > /dev/null");
+  ASSERT_EQ(system(cmd.c_str()), 0) << cmd;
+}
+
+TlsConfig Tls(const std::string& dir, const std::string& name) {
+  TlsFiles f{dir + "/ca.pem", name.empty() ? "" : dir + "/" + name + ".pem",
+             name.empty() ? "" : dir + "/" + name + ".key"};
+  auto t = LoadTls(f, !name.empty(), "test");
+  EXPECT_THAT(t.status(), IsOk());
+  return t.value_or(TlsConfig{});
+}
+
+template <typename P>
+bool Eventually(P pred) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return pred();
+}
+
+class SecurityTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    certs_ = dir_ + "/certs";
+    other_ = dir_ + "/other";
+    MakeCerts(certs_, "varuna-manager node0 node1");
+    MakeCerts(other_, "node0");  // the same names, another CA
+    data_ = dir_ + "/corpus.txt";
+    std::ofstream(data_) << std::string(4096, 'x');
+    std::ofstream(dir_ + "/tokens") << "# name token\nalice " << kAliceToken << "\n";
+    ManagerConfig config;
+    config.listen = "127.0.0.1:0";
+    config.state_dir = dir_ + "/state";
+    config.tls = TlsFiles{certs_ + "/ca.pem", certs_ + "/varuna-manager.pem",
+                          certs_ + "/varuna-manager.key"};
+    config.tokens_file = dir_ + "/tokens";
+    manager_ = std::make_unique<ManagerServer>(
+        config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5), Tls(certs_, "varuna-manager")),
+        ManagerServer::Options{absl::ZeroDuration()});
+    ASSERT_THAT(manager_->Start(), IsOk());
+    address_ = manager_->address();
+  }
+  void TearDown() override {
+    agents_.clear();
+    if (manager_) manager_->Shutdown();
+    std::filesystem::remove_all(dir_);
+  }
+
+  // An agent whose certificate comes from `ca_dir` (the cluster's or another CA).
+  AgentServer& AddAgent(const std::string& name, const std::string& ca_dir, absl::Status* beat) {
+    AgentConfig c;
+    c.name = name;
+    c.manager = address_;
+    c.listen = "127.0.0.1:0";
+    c.slots = 2;
+    c.work_dir = dir_ + "/" + name;
+    c.worker_binary = "/bin/true";
+    c.tls =
+        TlsFiles{ca_dir + "/ca.pem", ca_dir + "/" + name + ".pem", ca_dir + "/" + name + ".key"};
+    launchers_.push_back(std::make_unique<FakeLauncher>());
+    agents_.push_back(std::make_unique<AgentServer>(
+        c, &clock_, launchers_.back().get(),
+        MakeGrpcManagerClient(address_, absl::Seconds(5), Tls(ca_dir, name)),
+        AgentServer::Options{false, absl::ZeroDuration()}));
+    EXPECT_THAT(agents_.back()->Start(), IsOk());
+    *beat = agents_.back()->HeartbeatOnce();
+    return *agents_.back();
+  }
+
+  std::unique_ptr<v1::JobApi::Stub> Jobs(const TlsConfig& tls) {
+    return v1::JobApi::NewStub(MakeChannel(address_, tls));
+  }
+  grpc::Status Submit(v1::JobApi::Stub* stub, const std::string& token, v1::JobInfo* job) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    if (!token.empty()) ctx.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+    v1::SubmitRequest req;
+    req.set_spec_yaml(Spec());
+    v1::SubmitResponse resp;
+    grpc::Status s = stub->Submit(&ctx, req, &resp);
+    if (job != nullptr) *job = resp.job();
+    return s;
+  }
+  std::string Spec() const {
+    return absl::StrCat(
+        "name: t\nmodel: {kind: gpt, layers: 4, d_model: 32, heads: 2, seq_len: 8}\n",
+        "data: {kind: text, path: ", data_, "}\ntrain: {global_batch: 8, steps: 5}\n",
+        "parallel: {stages: 2, replicas: 1}\n");
+  }
+
+  FakeClock clock_;
+  std::string dir_, certs_, other_, data_, address_;
+  std::unique_ptr<ManagerServer> manager_;
+  std::vector<std::unique_ptr<FakeLauncher>> launchers_;
+  std::vector<std::unique_ptr<AgentServer>> agents_;
+};
+
+TEST_F(SecurityTest, TokensDecideWhoMayUseTheJobApiAndAreRecordedOnTheJob) {
+  auto jobs = Jobs(Tls(certs_, ""));
+  v1::JobInfo job;
+  grpc::Status none = Submit(jobs.get(), "", nullptr);
+  EXPECT_EQ(none.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(none.error_message(), HasSubstr("no token"));
+  grpc::Status wrong = Submit(jobs.get(), "mallory-0123456789abcdef", nullptr);
+  EXPECT_EQ(wrong.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(wrong.error_message(), HasSubstr("not in the manager's tokens file"));
+  {
+    grpc::ClientContext ctx;  // reads need a token too
+    v1::ListJobsResponse resp;
+    EXPECT_EQ(jobs->ListJobs(&ctx, v1::ListJobsRequest(), &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  ASSERT_TRUE(Submit(jobs.get(), kAliceToken, &job).ok());
+  EXPECT_EQ(job.submitted_by(), "alice");
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", absl::StrCat("Bearer ", kAliceToken));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  v1::CancelJobResponse resp;
+  ASSERT_TRUE(jobs->CancelJob(&ctx, cancel, &resp).ok());
+  EXPECT_EQ(resp.job().cancelled_by(), "alice");
+  EXPECT_EQ(resp.job().state(), v1::CANCELLED);
+}
+
+TEST_F(SecurityTest, PlaintextClientIsRefused) {
+  auto plain = Jobs(TlsConfig{});
+  grpc::Status s = Submit(plain.get(), kAliceToken, nullptr);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+}
+
+TEST_F(SecurityTest, OnlyAgentsWithAClusterCertificateRegister) {
+  absl::Status good, bad;
+  AddAgent("node0", certs_, &good);
+  EXPECT_THAT(good, IsOk());
+  AddAgent("node0", other_, &bad);  // a certificate from another CA: the handshake fails
+  EXPECT_THAT(bad, StatusIs(absl::StatusCode::kUnavailable, ""));
+  // TLS with the right CA but no client certificate (what varunactl has): refused.
+  auto registry = v1::AgentRegistry::NewStub(MakeChannel(address_, Tls(certs_, "")));
+  grpc::ClientContext ctx;
+  v1::RegisterRequest req;
+  req.set_name("intruder");
+  req.set_address("127.0.0.1:1");
+  req.set_slots(1);
+  v1::RegisterResponse resp;
+  grpc::Status s = registry->Register(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  auto nodes = manager_->loop().RunSync([&] { return manager_->manager().ListNodes(); });
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].name(), "node0");
+}
+
+TEST_F(SecurityTest, OnlyTheManagerCanLaunchOnAnAgent) {
+  absl::Status beat;
+  AgentServer& agent = AddAgent("node0", certs_, &beat);
+  ASSERT_THAT(beat, IsOk());
+  v1::LaunchRequest launch;
+  launch.set_job_id("evil");
+  launch.set_generation(1);
+  launch.set_spec_yaml("x: 1");
+  launch.set_world_size(1);
+  launch.add_ranks()->set_rank(0);
+  launch.add_entrypoint("/bin/sh");
+  auto try_launch = [&](const TlsConfig& tls) {
+    auto stub = v1::AgentApi::NewStub(MakeChannel(agent.address(), tls));
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    v1::LaunchResponse resp;
+    return stub->Launch(&ctx, launch, &resp);
+  };
+  // Another agent's certificate (same CA): the handshake passes, the call does not.
+  grpc::Status peer = try_launch(Tls(certs_, "node1"));
+  EXPECT_EQ(peer.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(peer.error_message(), HasSubstr("only the manager"));
+  EXPECT_NE(try_launch(Tls(certs_, "")).error_code(), grpc::StatusCode::OK);       // no client cert
+  EXPECT_NE(try_launch(TlsConfig{}).error_code(), grpc::StatusCode::OK);           // plaintext
+  EXPECT_NE(try_launch(Tls(other_, "node0")).error_code(), grpc::StatusCode::OK);  // other CA
+  EXPECT_TRUE(launchers_[0]->procs().empty());
+  // The manager itself launches: a submitted job's ranks start on the agent.
+  absl::Status beat1;
+  AddAgent("node1", certs_, &beat1);
+  ASSERT_THAT(beat1, IsOk());
+  auto jobs = Jobs(Tls(certs_, ""));
+  v1::JobInfo job;
+  ASSERT_TRUE(Submit(jobs.get(), kAliceToken, &job).ok());
+  EXPECT_TRUE(Eventually(
+      [&] { return launchers_[0]->procs().size() + launchers_[1]->procs().size() == 2; }));
+}
+
+TEST_F(SecurityTest, DaemonsRefuseNonLoopbackWithoutTls) {
+  ManagerConfig config;
+  config.listen = "0.0.0.0:0";
+  config.state_dir = dir_ + "/state2";
+  EXPECT_THAT(config.Validate(), StatusIs(absl::StatusCode::kFailedPrecondition, "without TLS"));
+  config.allow_insecure = true;
+  EXPECT_THAT(config.Validate(), IsOk());
+  AgentConfig ac;
+  ac.name = "n";
+  ac.manager = "127.0.0.1:1";
+  ac.listen = "0.0.0.0:0";
+  ac.work_dir = dir_ + "/n";
+  FakeLauncher launcher;
+  AgentServer agent(ac, &clock_, &launcher, MakeGrpcManagerClient(ac.manager, absl::Seconds(1)),
+                    AgentServer::Options{false, absl::ZeroDuration()});
+  EXPECT_THAT(agent.Start(), StatusIs(absl::StatusCode::kFailedPrecondition, "without TLS"));
+}
+
+// ---- limits and loops, on a plaintext loopback manager --------------------------------
+
+class HardeningTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir();
+    ManagerConfig config;
+    config.listen = "127.0.0.1:0";
+    config.state_dir = dir_ + "/state";
+    config.max_nodes = 3;
+    config.forget_dead_after = absl::Minutes(10);
+    manager_ =
+        std::make_unique<ManagerServer>(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5)),
+                                        ManagerServer::Options{absl::ZeroDuration()});
+    ASSERT_THAT(manager_->Start(), IsOk());
+    jobs_ = v1::JobApi::NewStub(MakeChannel(manager_->address()));
+    registry_ = v1::AgentRegistry::NewStub(MakeChannel(manager_->address()));
+  }
+  void TearDown() override {
+    manager_->Shutdown();
+    std::filesystem::remove_all(dir_);
+  }
+  grpc::Status Register(const std::string& name, int slots, int labels = 0) {
+    grpc::ClientContext ctx;
+    v1::RegisterRequest req;
+    req.set_name(name);
+    req.set_address("127.0.0.1:1");
+    req.set_slots(slots);
+    for (int i = 0; i < labels; ++i) (*req.mutable_labels())[absl::StrCat("k", i)] = "v";
+    v1::RegisterResponse resp;
+    return registry_->Register(&ctx, req, &resp);
+  }
+  size_t Nodes() {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(2));
+    v1::ListNodesResponse resp;
+    EXPECT_TRUE(jobs_->ListNodes(&ctx, v1::ListNodesRequest(), &resp).ok());
+    return resp.nodes_size();
+  }
+
+  FakeClock clock_;
+  std::string dir_;
+  std::unique_ptr<ManagerServer> manager_;
+  std::unique_ptr<v1::JobApi::Stub> jobs_;
+  std::unique_ptr<v1::AgentRegistry::Stub> registry_;
+};
+
+TEST_F(HardeningTest, RegisterLimitsWhatAPeerCanMakeTheManagerKeep) {
+  EXPECT_EQ(Register(std::string(1 << 20, 'n'), 1).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register("n1", 1000000000).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register("n1", 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register("a/b", 1).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Register("n1", 1, 33).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Nodes(), 0u);
+  for (const char* n : {"n1", "n2", "n3"}) EXPECT_TRUE(Register(n, 2).ok());
+  grpc::Status full = Register("n4", 2);
+  EXPECT_EQ(full.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(Register("n1", 2).ok());  // a known node may always re-register
+  // Silent nodes go DEAD, and after forget_dead_after they are forgotten: room again.
+  clock_.Advance(absl::Seconds(11));
+  manager_->Tick();
+  EXPECT_EQ(Nodes(), 3u);
+  clock_.Advance(absl::Minutes(11));
+  manager_->Tick();
+  EXPECT_EQ(Nodes(), 0u);
+  EXPECT_TRUE(Register("n4", 2).ok());
+}
+
+TEST_F(HardeningTest, SpecWhoseDataIsAFifoIsRefusedWithoutStallingTheManager) {
+  const std::string fifo = dir_ + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(5));
+  v1::SubmitRequest req;
+  req.set_spec_yaml(absl::StrCat("data: {path: ", fifo, "}\n"));
+  v1::SubmitResponse resp;
+  const absl::Time t0 = absl::Now();
+  grpc::Status s = jobs_->Submit(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("not a regular file"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  EXPECT_EQ(Nodes(), 0u);  // the loop answers
+}
+
+TEST_F(HardeningTest, HostileSpecsAreRefusedThroughSubmitAndTheManagerLives) {
+  for (const std::string& spec : std::vector<std::string>{
+           "? [a, b]\n: 1\n", "data: {path: /x}\nenv: {A: [1, 2, 3]}\n",
+           "data: {path: /x}\ntrain: {lr: .inf}\n",
+           "data: {path: /x}\ntrain: {steps: 99999999999}\n",
+           "data: {path: /x}\ntrain: {lr: 1, lr: 2}\n",
+           "data: {path: /x}\nmodel: {layers: 100000}\n",
+           std::string("data: {path: /x}\nname: ") + std::string(2 << 20, 'x') + "\n"}) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    v1::SubmitRequest req;
+    req.set_spec_yaml(spec);
+    v1::SubmitResponse resp;
+    grpc::Status s = jobs_->Submit(&ctx, req, &resp);
+    EXPECT_NE(s.error_code(), grpc::StatusCode::OK) << spec.substr(0, 60);
+    EXPECT_NE(s.error_code(), grpc::StatusCode::UNAVAILABLE) << spec.substr(0, 60);
+  }
+  EXPECT_EQ(Nodes(), 0u);
+}
+
+TEST(AgentHardeningTest, AFifoInPlaceOfTheProgressFileOrLogDoesNotFreezeTheAgent) {
+  const std::string dir = MakeTempDir();
+  FakeClock clock;
+  FakeLauncher launcher;
+  AgentConfig c;
+  c.name = "a";
+  c.manager = "127.0.0.1:1";
+  c.work_dir = dir;
+  c.slots = 1;
+  Agent agent(c, &clock, &launcher);
+  v1::LaunchRequest launch;
+  launch.set_job_id("7");
+  launch.set_generation(1);
+  launch.set_spec_yaml("x: 1");
+  launch.set_world_size(1);
+  launch.add_ranks()->set_rank(0);
+  ASSERT_THAT(agent.Launch(launch).status(), IsOk());
+  const std::string progress = launcher.procs()[0].spec.env.at("VARUNA_PROGRESS_FILE");
+  ASSERT_EQ(mkfifo(progress.c_str(), 0600), 0);
+  const std::string log = dir + "/jobs/7/rank0.log";
+  std::filesystem::remove(log);
+  ASSERT_EQ(mkfifo(log.c_str(), 0600), 0);
+  const absl::Time t0 = absl::Now();
+  v1::HeartbeatRequest hb = agent.BuildHeartbeat();
+  ASSERT_EQ(hb.workers_size(), 1);
+  EXPECT_EQ(hb.workers(0).progress().step(), 0);
+  v1::FetchLogsRequest logs;
+  logs.set_job_id("7");
+  logs.set_rank(0);
+  logs.set_max_bytes(2147483647);
+  EXPECT_FALSE(agent.FetchLogs(logs).ok());
+  launcher.Exit(launcher.procs()[0].pid, 1);
+  agent.Tick();  // appends "exited" to the log: must not block on the FIFO
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TokenTableTest, ParsesAndLooksUp) {
+  auto t = TokenTable::Parse("# c\nalice 0123456789abcdef0\n\nbob  fedcba98765432100\n", "f");
+  ASSERT_THAT(t.status(), IsOk());
+  EXPECT_EQ(t->Lookup("0123456789abcdef0").value_or(""), "alice");
+  EXPECT_FALSE(t->Lookup("0123456789abcdef").has_value());
+  EXPECT_FALSE(t->Lookup("").has_value());
+  EXPECT_THAT(TokenTable::Parse("alice short\n", "f").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "line 1"));
+  EXPECT_THAT(TokenTable::Parse("a b c\n", "f").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "NAME TOKEN"));
+  EXPECT_THAT(TokenTable::Parse("", "f").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, ""));
+  EXPECT_EQ(BearerToken("Bearer abc"), "abc");
+  EXPECT_EQ(BearerToken("Basic abc"), "");
+}
+
+}  // namespace
+}  // namespace varuna
