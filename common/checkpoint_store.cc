@@ -222,7 +222,8 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
   std::set<std::string> covered;
   for (int w : common.writers) {
     const std::string marker = absl::StrCat(ckpt_path, "/complete.rank", w);
-    if (!fs::exists(marker)) {
+    std::error_code marker_ec;
+    if (!fs::exists(marker, marker_ec)) {
       return Damaged(absl::StrCat("writer rank ", w, " never finished (no ", marker, ")"));
     }
     const std::string what = absl::StrCat("manifest of writer rank ", w);
@@ -282,11 +283,12 @@ absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums,
 std::vector<int64_t> ListCheckpointSteps(const std::string& dir) {
   std::vector<int64_t> steps;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
     int64_t step;
-    if (e.is_directory() && name.rfind("varuna_ckpt_", 0) == 0 &&
-        absl::SimpleAtoi(name.substr(12), &step)) {
+    std::error_code type_ec;
+    if (it->is_directory(type_ec) && name.rfind("varuna_ckpt_", 0) == 0 &&
+        absl::SimpleAtoi(name.substr(12), &step) && step >= 0) {
       steps.push_back(step);
     }
   }

@@ -22,8 +22,10 @@ int Usage() {
 uint64_t DirBytes(const std::string& path) {
   uint64_t total = 0;
   std::error_code ec;
-  for (const auto& e : std::filesystem::recursive_directory_iterator(path, ec)) {
-    if (e.is_regular_file(ec)) total += e.file_size(ec);
+  // increment(ec), not ++: an unreadable subdirectory must not throw.
+  for (std::filesystem::recursive_directory_iterator it(path, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    if (it->is_regular_file(ec)) total += it->file_size(ec);
   }
   return total;
 }
@@ -34,7 +36,8 @@ int main(int argc, char** argv) {
   varuna::InitLogging(argv[0]);
   if (argc < 3) return Usage();
   const std::string verb = argv[1], dir = argv[2];
-  if (!std::filesystem::is_directory(dir)) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
     std::fprintf(stderr, "varuna-ckpt: error: %s is not a directory\n", dir.c_str());
     return 1;
   }

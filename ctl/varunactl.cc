@@ -30,7 +30,7 @@ commands:
   submit FILE [--follow] [--set KEY=VALUE]... [--name N] [--stages P|auto]
               [--replicas D|auto] [--micro_batch M|auto] [--global_batch B] [--steps S]
               [--env KEY=VALUE]... [--env_file FILE] [--configs FILE] [--request_id ID]
-              [-- ENTRYPOINT ARGS...]
+              [--raw] [-- ENTRYPOINT ARGS...]
   list                        jobs, oldest first
   status ID                   one job
   logs ID [--rank R] [-f]     a rank's output (rank 0 by default); -f follows it
@@ -327,6 +327,9 @@ int Ctl::Submit() {
       opts.sets.push_back(absl::StrCat("train.", key, "=", v));
   }
   std::string configs, request_id;
+  // --raw sends the file's bytes as they are: no overrides, no local checks (the manager's
+  // own validation is then the only one; for testing it and for generated specs).
+  const bool raw = TakeFlag("--raw");
   TakeValue("--configs", &configs);
   TakeValue("--request_id", &request_id);
   const std::string file = TakePositional("job FILE");
@@ -352,6 +355,16 @@ int Ctl::Submit() {
   }
   // Validate everything before queueing anything.
   std::vector<std::string> specs;
+  if (raw) {
+    if (!opts.sets.empty() || !opts.env.empty() || !opts.env_file.empty() || commands.size() > 1 ||
+        !entrypoint.empty()) {
+      throw UsageError{"--raw takes the file as it is: no overrides, --configs or entrypoint"};
+    }
+    auto text = ReadTextFile(file, "job file");
+    if (!text.ok()) return Fail(absl::InvalidArgumentError(text.status().message()));
+    specs.push_back(*text);
+    commands.clear();
+  }
   for (const auto& cmd : commands) {
     SubmitOptions o = opts;
     o.entrypoint = cmd;

@@ -20,12 +20,24 @@ grpc::ServerUnaryReactor* OnLoop(EventLoop* loop, grpc::CallbackServerContext* c
 }
 
 // Note [Who may call]: agents prove themselves with a client certificate from the cluster CA
-// (gRPC verifies it; kOptional lets varunactl connect without one), varunactl with a bearer
-// token from the tokens file. Without TLS / tokens (loopback only) everyone may.
-absl::Status CheckAgentPeer(const grpc::CallbackServerContext& ctx, bool tls) {
-  if (!tls || !PeerCommonName(ctx).empty()) return absl::OkStatus();
-  return absl::UnauthenticatedError(
-      "agent registry: a client certificate from the cluster CA is required");
+// (gRPC verifies it; kOptional lets varunactl connect without one) whose common name is the
+// node name they register and heartbeat as, so one agent cannot speak for another;
+// varunactl uses a bearer token from the tokens file. Without TLS / tokens (loopback only)
+// everyone may.
+absl::Status CheckAgentPeer(const grpc::CallbackServerContext& ctx, bool tls,
+                            const std::string& node) {
+  if (!tls) return absl::OkStatus();
+  const std::string peer = PeerCommonName(ctx);
+  if (peer.empty()) {
+    return absl::UnauthenticatedError(
+        "agent registry: a client certificate from the cluster CA is required");
+  }
+  if (peer != node) {
+    return absl::UnauthenticatedError(absl::StrCat("agent registry: the certificate names '", peer,
+                                                   "' but the request is for node '",
+                                                   node.substr(0, 64), "'"));
+  }
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& s) {
@@ -42,7 +54,7 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
                                      v1::RegisterResponse* resp) override {
-    if (absl::Status s = CheckAgentPeer(*ctx, tls_); !s.ok()) return Refuse(ctx, s);
+    if (absl::Status s = CheckAgentPeer(*ctx, tls_, req->name()); !s.ok()) return Refuse(ctx, s);
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Register(*req);
       if (r.ok()) *resp = *r;
@@ -52,7 +64,7 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* ctx,
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
-    if (absl::Status s = CheckAgentPeer(*ctx, tls_); !s.ok()) return Refuse(ctx, s);
+    if (absl::Status s = CheckAgentPeer(*ctx, tls_, req->name()); !s.ok()) return Refuse(ctx, s);
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Heartbeat(*req);
       if (r.ok()) *resp = *std::move(r);
@@ -234,8 +246,8 @@ void ManagerServer::Shutdown() {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
+  files_.Stop();  // first: what it still holds posts to the loop, which then answers
   loop_.Stop();
-  files_.Stop();
 }
 
 void ManagerServer::Tick() {

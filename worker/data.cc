@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/safe_file.h"
 
 namespace varuna {
 namespace {
@@ -27,11 +28,9 @@ absl::StatusOr<TokenDataset> TokenDataset::Open(const DataSpec& spec, int seq_le
   ds.width_ = spec.kind == "text" ? 1 : (spec.dtype == "uint32" ? 4 : 2);
   ds.seq_len_ = seq_len;
   ds.seed_ = seed;
-  const int fd = ::open(spec.path.c_str(), O_RDONLY);
-  if (fd < 0) {
-    return absl::NotFoundError(
-        absl::StrCat("data.path '", spec.path, "' cannot be opened: ", std::strerror(errno)));
-  }
+  auto opened = OpenRegularFile(spec.path, "data.path");  // never blocks on a FIFO
+  if (!opened.ok()) return opened.status();
+  const int fd = *opened;
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);

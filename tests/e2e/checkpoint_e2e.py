@@ -111,8 +111,38 @@ class DamageTest(CheckpointFixture):
             with open(path, "r+b") as f:
                 f.truncate(os.path.getsize(path) // 2)
 
+        def retype_size(path):  # one field of the wrong type: was a crash, now damage
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace('"size": ', '"size": "x', 1).replace(', "crc32"',
+                                                                            '", "crc32"', 1))
+
+        def fifo(path):
+            os.remove(path)
+            os.mkfifo(path)
+
+        def drop_step(path):
+            with open(path) as f:
+                text = f.read()
+            with open(path, "w") as f:
+                f.write(text.replace('"step":', '"stepp":', 1))
+
+        def empty_lists(path):
+            import re
+            with open(path) as f:
+                text = f.read()
+            text = re.sub(r'"writers": \[[^\]]*\]', '"writers": []', text)
+            text = re.sub(r'"layers": \[[^\]]*\]', '"layers": []', text)
+            with open(path, "w") as f:
+                f.write(text)
+
         damages = {
             "flipped": ("layers/blocks.1.pt", flip, "checksum"),
+            "manifest_type": ("manifest.rank0.json", retype_size, "'size'"),
+            "fifo_layer": ("layers/head.pt", fifo, "not a regular file"),
+            "no_step": ("common.json", drop_step, "'step' is missing"),
+            "empty_lists": ("common.json", empty_lists, "lists no writers"),
             "truncated": ("layers/head.pt", truncate, "bytes, manifest says"),
             "no_marker": ("complete.rank1", os.remove, "never finished"),
             "no_file": ("layers/embed.pt", os.remove, "missing file"),

@@ -17,6 +17,8 @@ from harness import BIN_DIR, free_port, job_yaml, write_text_corpus  # noqa: E40
 MANAGER = os.path.join(BIN_DIR, "varuna-manager")
 AGENT = os.path.join(BIN_DIR, "varuna-agent")
 CTL = os.path.join(BIN_DIR, "varunactl")
+MAKE_CERTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "make_certs.sh")
 
 
 def wait_for(pred, timeout, what):
@@ -32,9 +34,20 @@ def wait_for(pred, timeout, what):
 class Cluster:
     """A manager and agents as separate processes; logs under one temp dir."""
 
-    def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None):
-        """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest)."""
+    def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None,
+                 secure=False):
+        """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
+        secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
+        then sends the CA and `self.token`."""
         self.dir = tempfile.mkdtemp(prefix="varuna-cp-")
+        self.certs = os.path.join(self.dir, "certs") if secure else None
+        self.token = "alice-token-0123456789" if secure else None
+        if secure:
+            subprocess.run([MAKE_CERTS, self.certs, "varuna-manager"] +
+                           [f"node{i}" for i in range(agents)], check=True,
+                           stdout=subprocess.DEVNULL)
+            with open(os.path.join(self.dir, "tokens"), "w") as f:
+                f.write(f"alice {self.token}\n")
         self.port = free_port()
         self.address = f"{manager_host}:{self.port}"
         self.agent_host = agent_host or (lambda name: ([], "127.0.0.1"))
@@ -59,7 +72,9 @@ class Cluster:
             self.manager = subprocess.Popen(
                 [MANAGER, "--listen", self.address, "--state_dir",
                  os.path.join(self.dir, "state"), "--config", self.config]
-                + self.insecure(self.address.rsplit(":", 1)[0]),
+                + self.insecure(self.address.rsplit(":", 1)[0])
+                + (self.tls_flags("varuna-manager") +
+                   ["--tokens_file", os.path.join(self.dir, "tokens")] if self.certs else []),
                 stdout=log, stderr=subprocess.STDOUT)
 
     def start_agent(self, name, slots):
@@ -68,18 +83,25 @@ class Cluster:
             self.agents[name] = subprocess.Popen(
                 prefix + [AGENT, "--manager", self.address, "--listen", f"{host}:0", "--slots",
                           str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)]
-                + self.insecure(host),
+                + self.insecure(host) + (self.tls_flags(name) if self.certs else []),
                 stdout=log, stderr=subprocess.STDOUT)
 
-    @staticmethod
-    def insecure(host):
+    def insecure(self, host):
         """Plaintext beyond loopback (the network-namespace hosts) must be asked for."""
-        return [] if host.startswith("127.") else ["--allow_insecure"]
+        return [] if host.startswith("127.") or self.certs else ["--allow_insecure"]
 
-    def ctl(self, *args, check=None, timeout=300):
+    def tls_flags(self, name):
+        return ["--tls_ca", os.path.join(self.certs, "ca.pem"),
+                "--tls_cert", os.path.join(self.certs, name + ".pem"),
+                "--tls_key", os.path.join(self.certs, name + ".key")]
+
+    def ctl(self, *args, check=None, timeout=300, auth=True):
+        extra = []
+        if self.certs and auth:
+            extra = ["--tls_ca", os.path.join(self.certs, "ca.pem"), "--token", self.token]
         try:
-            r = subprocess.run([CTL, "--manager", self.address, *args], capture_output=True,
-                               text=True, timeout=timeout)
+            r = subprocess.run([CTL, "--manager", self.address, *extra, *args],
+                               capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             raise AssertionError(f"varunactl {' '.join(args)} timed out:\n{e.stdout}\n"
                                  f"{e.stderr}\n{self.tail()}")

@@ -1,6 +1,6 @@
 #pragma once
 
-// Helpers shared by the fuzz targets (tests/fuzz/README.md): split one input into parts and
+// Helpers shared by the fuzz targets (docs/fuzzing.md): split one input into parts and
 // keep a scratch directory per process.
 
 #include <cstddef>

@@ -192,9 +192,17 @@ TEST_F(SecurityTest, OnlyAgentsWithAClusterCertificateRegister) {
   v1::RegisterResponse resp;
   grpc::Status s = registry->Register(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // node1's certificate cannot register (or heartbeat) as node0: no impersonation.
+  auto as_node1 = v1::AgentRegistry::NewStub(MakeChannel(address_, Tls(certs_, "node1")));
+  grpc::ClientContext ctx2;
+  req.set_name("node0");
+  grpc::Status spoof = as_node1->Register(&ctx2, req, &resp);
+  EXPECT_EQ(spoof.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_THAT(spoof.error_message(), HasSubstr("certificate names 'node1'"));
   auto nodes = manager_->loop().RunSync([&] { return manager_->manager().ListNodes(); });
   ASSERT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].name(), "node0");
+  EXPECT_NE(nodes[0].address(), "127.0.0.1:1");
 }
 
 TEST_F(SecurityTest, OnlyTheManagerCanLaunchOnAnAgent) {
@@ -391,6 +399,33 @@ TEST(AgentHardeningTest, AFifoInPlaceOfTheProgressFileOrLogDoesNotFreezeTheAgent
   launcher.Exit(launcher.procs()[0].pid, 1);
   agent.Tick();  // appends "exited" to the log: must not block on the FIFO
   EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigFileTest, HostileConfigFilesAreErrorsNamingTheKey) {
+  const std::string dir = MakeTempDir();
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir + "/c.yaml", std::ios::trunc) << text;
+    return dir + "/c.yaml";
+  };
+  ManagerConfig m;
+  AgentConfig a;
+  EXPECT_THAT(LoadManagerConfigFile(write("? [a, b]\n: 1\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a plain name"));
+  EXPECT_THAT(LoadAgentConfigFile(write("? [a, b]\n: 1\n"), &a),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a plain name"));
+  EXPECT_THAT(LoadManagerConfigFile(write("heartbeat_period_s: .inf\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "heartbeat_period_s"));
+  EXPECT_THAT(LoadAgentConfigFile(write("labels: [1, 2]\n"), &a),
+              StatusIs(absl::StatusCode::kInvalidArgument, "labels"));
+  EXPECT_THAT(LoadManagerConfigFile(write("listen: a\nlisten: b\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "given twice"));
+  EXPECT_THAT(LoadAgentConfigFile(write("slots: 99999999999\n"), &a),
+              StatusIs(absl::StatusCode::kInvalidArgument, "slots"));
+  const std::string fifo = dir + "/fifo";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_THAT(LoadManagerConfigFile(fifo, &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "regular file"));
   std::filesystem::remove_all(dir);
 }
 
