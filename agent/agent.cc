@@ -79,16 +79,9 @@ absl::Status AgentConfig::Validate() const {
 }
 
 absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
-  auto text = ReadRegularFile(path, 1 << 20, "agent config");
-  if (!text.ok()) return text.status();
-  const std::string what = absl::StrCat("agent config ", path);
-  auto loaded = ParseYaml(*text, what);
-  if (!loaded.ok()) return loaded.status();
-  const YAML::Node root = *loaded;
-  if (!root || root.IsNull()) return absl::OkStatus();
-  // Note [Parser boundary] (common/submission.cc): every value is read with YamlAs.
-  return ForEachEntry(
-      root, what, "", [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+  return ForEachConfigEntry(
+      path, "agent config",
+      [&](const std::string& what, const std::string& key, const YAML::Node& v) -> absl::Status {
         auto str = [&](std::string* out) { return ReadInto(v, what, key, out); };
         auto seconds = [&](absl::Duration* out) { return ReadSeconds(v, what, key, out); };
         if (key == "name") return str(&c->name);

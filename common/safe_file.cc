@@ -53,31 +53,6 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, const std::string& 
   return fd;
 }
 
-absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,
-                                            const std::string& what) {
-  auto fd = OpenRegularFile(path, what);
-  if (!fd.ok()) return fd.status();
-  struct stat st;
-  if (::fstat(*fd, &st) != 0) {
-    ::close(*fd);
-    return absl::DataLossError(absl::StrCat(what, " '", path, "': stat failed"));
-  }
-  if (st.st_size > max_bytes) {
-    ::close(*fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", path, "' has ", st.st_size, " bytes; the limit is ", max_bytes));
-  }
-  // Reads one byte past the size seen, so a file growing under us is noticed, not truncated.
-  auto data = ReadAt(*fd, 0, std::min<int64_t>(st.st_size + 1, max_bytes + 1), what);
-  ::close(*fd);
-  if (!data.ok()) return data.status();
-  if (static_cast<int64_t>(data->size()) > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", path, "' is larger than the limit of ", max_bytes, " bytes"));
-  }
-  return data;
-}
-
 absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,
                                                int64_t max_bytes, const std::string& what) {
   auto fd = OpenRegularFile(path, what);
@@ -97,6 +72,19 @@ absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t 
   if (!data.ok()) return data.status();
   slice.data = *std::move(data);
   return slice;
+}
+
+absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,
+                                            const std::string& what) {
+  // One byte past the limit, so a file that grew since fstat is noticed, not truncated.
+  auto slice = ReadRegularFileSlice(path, 0, max_bytes + 1, what);
+  if (!slice.ok()) return slice.status();
+  if (slice->size > max_bytes || static_cast<int64_t>(slice->data.size()) > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' has ", std::max<int64_t>(slice->size, slice->data.size()),
+                     " bytes; the limit is ", max_bytes));
+  }
+  return std::move(slice->data);
 }
 
 absl::Status CheckRegularFile(const std::string& path, const std::string& what) {

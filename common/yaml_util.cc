@@ -4,6 +4,8 @@
 #include <set>
 #include <sstream>
 
+#include "common/safe_file.h"
+
 namespace varuna {
 
 absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string& what) {
@@ -50,6 +52,26 @@ absl::Status ForEachEntry(
     if (!s.ok()) return s;
   }
   return absl::OkStatus();
+}
+
+absl::Status ForEachConfigEntry(
+    const std::string& path, const std::string& what,
+    const std::function<absl::Status(const std::string& where, const std::string& key,
+                                     const YAML::Node& value)>& fn) {
+  auto text = ReadRegularFile(path, 1 << 20, what);
+  if (!text.ok()) return text.status();
+  const std::string where = absl::StrCat(what, " ", path);
+  auto loaded = ParseYaml(*text, where);
+  if (!loaded.ok()) return loaded.status();
+  const YAML::Node root = *loaded;
+  if (!root || root.IsNull()) return absl::OkStatus();
+  try {  // Note [Parser boundary] (common/submission.cc).
+    return ForEachEntry(root, where, "", [&](const std::string& key, const YAML::Node& v) {
+      return fn(where, key, v);
+    });
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": cannot be read: ", e.what()));
+  }
 }
 
 absl::StatusOr<std::string> YamlScalar(const YAML::Node& v, const std::string& what,

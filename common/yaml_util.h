@@ -27,6 +27,14 @@ absl::Status ForEachEntry(
     const YAML::Node& map, const std::string& what, const std::string& where,
     const std::function<absl::Status(const std::string&, const YAML::Node&)>& fn);
 
+// A daemon's YAML config file: read as a regular file of at most 1 MiB, parsed, and each
+// top-level entry passed to fn(key, value) (ForEachEntry's rules). `what` is e.g.
+// "agent config": errors read "agent config PATH: ...". An empty file is OK.
+absl::Status ForEachConfigEntry(
+    const std::string& path, const std::string& what,
+    const std::function<absl::Status(const std::string& where, const std::string& key,
+                                     const YAML::Node& value)>& fn);
+
 // The value's text for messages: the scalar, or a flow rendering clipped to 80 characters.
 std::string Describe(const YAML::Node& v);
 

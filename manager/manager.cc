@@ -100,16 +100,9 @@ absl::Status ManagerConfig::Validate() const {
 }
 
 absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
-  auto text = ReadRegularFile(path, 1 << 20, "manager config");
-  if (!text.ok()) return text.status();
-  const std::string what = absl::StrCat("manager config ", path);
-  auto loaded = ParseYaml(*text, what);
-  if (!loaded.ok()) return loaded.status();
-  const YAML::Node root = *loaded;
-  if (!root || root.IsNull()) return absl::OkStatus();
-  // Note [Parser boundary] (common/submission.cc): every value is read with YamlAs.
-  return ForEachEntry(
-      root, what, "", [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+  return ForEachConfigEntry(
+      path, "manager config",
+      [&](const std::string& what, const std::string& key, const YAML::Node& v) -> absl::Status {
         auto str = [&](std::string* out) { return ReadInto(v, what, key, out); };
         auto num = [&](auto* out) { return ReadInto(v, what, key, out); };
         auto seconds = [&](absl::Duration* out) { return ReadSeconds(v, what, key, out); };

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "manager/manager_server.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_launcher.h"
 #include "tests/testing/status_matchers.h"
@@ -28,6 +29,7 @@ namespace varuna {
 namespace {
 
 using ::testing::HasSubstr;
+using ::varuna::testing::Eventually;
 using ::varuna::testing::FakeClock;
 using ::varuna::testing::FakeLauncher;
 using ::varuna::testing::IsOk;
@@ -49,18 +51,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
-}
-
-// Polls `pred` (real time) until it holds or 10 s pass: RPCs between the daemons are
-// asynchronous, so the test waits for their effect rather than sleeping a guessed time.
-template <typename P>
-bool Eventually(P pred) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return pred();
 }
 
 class ControlPlaneTest : public ::testing::Test {

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "manager/manager_server.h"
 #include "manager/tokens.h"
+#include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_launcher.h"
 #include "tests/testing/status_matchers.h"
@@ -28,6 +29,7 @@ namespace varuna {
 namespace {
 
 using ::testing::HasSubstr;
+using ::varuna::testing::Eventually;
 using ::varuna::testing::FakeClock;
 using ::varuna::testing::FakeLauncher;
 using ::varuna::testing::IsOk;
@@ -53,16 +55,6 @@ TlsConfig Tls(const std::string& dir, const std::string& name) {
   auto t = LoadTls(f, !name.empty(), "test");
   EXPECT_THAT(t.status(), IsOk());
   return t.value_or(TlsConfig{});
-}
-
-template <typename P>
-bool Eventually(P pred) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (absl::Now() < deadline) {
-    if (pred()) return true;
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  return pred();
 }
 
 class SecurityTest : public ::testing::Test {
