@@ -39,11 +39,22 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
     return absl::NotFoundError(
         absl::StrCat("program '", spec.argv[0], "' not found or not executable"));
   }
-  const int log_fd = open(spec.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // The log is in a directory the job's own processes can write: never block on (or follow)
+  // whatever they may have put there (common/safe_file.h).
+  const int log_fd =
+      open(spec.log_path.c_str(),
+           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);
   if (log_fd < 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot open log ", spec.log_path, ": ", std::strerror(errno)));
   }
+  struct stat log_st {};
+  if (fstat(log_fd, &log_st) != 0 || !S_ISREG(log_st.st_mode)) {
+    close(log_fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("log ", spec.log_path, " is not a regular file"));
+  }
+  fcntl(log_fd, F_SETFL, fcntl(log_fd, F_GETFL) & ~O_NONBLOCK);
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : spec.env) env_strings.push_back(absl::StrCat(k, "=", v));
   std::vector<char*> argv, envp;

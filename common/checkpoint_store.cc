@@ -31,16 +31,13 @@ std::string CheckpointPath(const std::string& dir, int64_t step) {
 
 absl::StatusOr<FileDigest> DigestFile(const std::string& root, const std::string& relative,
                                       int64_t expected_size) {
-  RETURN_IF_ERROR(CheckRelativePathInside(relative, "checkpoint file"));
   const std::string path = absl::StrCat(root, "/", relative);
-  auto fd = OpenRegularFile(path, "checkpoint file");
+  auto fd = OpenRegularFileBeneath(root, relative, "checkpoint file");
   if (!fd.ok()) {
-    if (fd.status().code() == absl::StatusCode::kNotFound) {
-      return absl::NotFoundError(absl::StrCat("missing file ", path));
-    }
+    if (fd.status().code() == absl::StatusCode::kNotFound) return fd.status();
     return absl::DataLossError(std::string(fd.status().message()));
   }
-  struct stat st;
+  struct stat st {};
   if (::fstat(*fd, &st) != 0 || (expected_size >= 0 && st.st_size != expected_size)) {
     ::close(*fd);
     return absl::DataLossError(
@@ -78,7 +75,7 @@ FileDigest DigestBytes(const std::string& relative, const std::string& bytes) {
 
 absl::Status SyncFile(const std::string& path) {
   for (const std::string& p : {path, fs::path(path).parent_path().string()}) {
-    const int fd = ::open(p.c_str(), O_RDONLY);
+    const int fd = ::open(p.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0 || ::fsync(fd) != 0) {
       const std::string err = std::strerror(errno);
       if (fd >= 0) ::close(fd);
@@ -91,16 +88,32 @@ absl::Status SyncFile(const std::string& path) {
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes, int writer) {
   const std::string tmp = absl::StrCat(path, ".tmp.", writer);
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    if (!f.flush()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  // Whatever is at the temporary name (a FIFO, a symlink someone left) is removed, and the
+  // new file is created exclusively without following links, so the write never blocks and
+  // never lands elsewhere. The same fd is written and fsynced.
+  ::unlink(tmp.c_str());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
   }
-  RETURN_IF_ERROR(SyncFile(tmp));
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t w = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    done += static_cast<size_t>(w);
+  }
+  const bool ok = done == bytes.size() && ::fsync(fd) == 0;
+  const std::string err = std::strerror(errno);
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", err));
+  }
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat("rename to ", path, ": ", ec.message()));
-  return SyncFile(path);
+  return SyncFile(fs::path(path).parent_path().string());
 }
 
 absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
@@ -243,8 +256,7 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
         return Damaged(absl::StrCat(what, ": ", rel, " claims ", size, " bytes"));
       }
       if (!checksums) {
-        const std::string path = absl::StrCat(ckpt_path, "/", rel);
-        auto fd = OpenRegularFile(path, "checkpoint file");
+        auto fd = OpenRegularFileBeneath(ckpt_path, rel, "checkpoint file");
         if (!fd.ok()) return Damaged(absl::StrCat(rel, " is missing or not a regular file"));
         struct stat st;
         const bool same = ::fstat(*fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size;

@@ -50,13 +50,17 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files, bool need_cert, const s
   return tls;
 }
 
+bool IsLoopbackListen(const std::string& listen) {
+  auto hp = SplitHostPort(listen);
+  if (!hp.ok()) return false;
+  const std::string& host = hp->first;
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
 absl::Status CheckListenSecurity(const std::string& who, const std::string& listen, bool tls,
                                  bool allow_insecure) {
-  if (tls || allow_insecure) return absl::OkStatus();
-  ASSIGN_OR_RETURN(auto hp, SplitHostPort(listen));
-  const std::string& host = hp.first;
-  const bool loopback = host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
-  if (loopback) return absl::OkStatus();
+  RETURN_IF_ERROR(SplitHostPort(listen).status());
+  if (tls || allow_insecure || IsLoopbackListen(listen)) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       who, ": refusing to listen on ", listen,
       " without TLS: anyone who reaches it could use it. Give --tls_ca, --tls_cert and "

@@ -33,9 +33,10 @@ struct TlsConfig {
 // (varunactl). Errors name `who` and the missing or unreadable file.
 absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files, bool need_cert, const std::string& who);
 
-// OK unless `listen` is a non-loopback address and neither TLS nor `allow_insecure` is set.
+// OK if `listen` is a loopback address, or `allow_insecure`; otherwise TLS is required.
 absl::Status CheckListenSecurity(const std::string& who, const std::string& listen, bool tls,
                                  bool allow_insecure);
+bool IsLoopbackListen(const std::string& listen);
 
 // The common name of the peer's verified client certificate; empty if it presented none
 // (or the connection is plaintext).

@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace varuna {
 namespace {
@@ -31,6 +33,21 @@ absl::StatusOr<std::string> ReadAt(int fd, int64_t offset, int64_t n, const std:
   return out;
 }
 
+// Checks that `fd` is the regular file `before` described, and makes it blocking again
+// (reads of a regular file never wait on a writer).
+template <typename F>
+absl::StatusOr<int> FinishOpen(int fd, const struct stat* before, F not_regular) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_dev != before->st_dev ||
+      st.st_ino != before->st_ino) {
+    ::close(fd);
+    return not_regular();
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
 }  // namespace
 
 absl::StatusOr<int> OpenRegularFile(const std::string& path, const std::string& what) {
@@ -38,19 +55,63 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, const std::string& 
   if (path.find('\0') != std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": path contains a NUL byte"));
   }
+  auto not_regular = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", path, "' is not a regular file (a FIFO, device or directory?)"));
+  };
+  // Type first, so a device's driver is never even opened; then open and check it is still
+  // the same regular file (it may have been swapped in between).
+  struct stat before {};
+  if (::stat(path.c_str(), &before) != 0) {
+    return absl::NotFoundError(absl::StrCat(what, " '", path, "' cannot be read: ", Errno()));
+  }
+  if (!S_ISREG(before.st_mode)) return not_regular();
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(what, " '", path, "' cannot be read: ", Errno()));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " '", path, "' is not a regular file (a FIFO, device or directory?)"));
+  return FinishOpen(fd, &before, not_regular);
+}
+
+absl::StatusOr<int> OpenRegularFileBeneath(const std::string& root, const std::string& relative,
+                                           const std::string& what) {
+  RETURN_IF_ERROR(CheckRelativePathInside(relative, what));
+  auto not_regular = [&] {
+    return absl::InvalidArgumentError(absl::StrCat(what, " '", relative,
+                                                   "' is not a regular file inside ", root,
+                                                   " (a link, FIFO or device?)"));
+  };
+  int dir = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) {
+    return absl::NotFoundError(absl::StrCat(what, ": cannot open ", root, ": ", Errno()));
   }
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
-  return fd;
+  std::vector<std::string> parts = absl::StrSplit(relative, '/', absl::SkipEmpty());
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    const int next =
+        ::openat(dir, parts[i].c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    ::close(dir);
+    if (next < 0) {
+      if (errno == ENOENT) {
+        return absl::NotFoundError(absl::StrCat("missing file ", root, "/", relative));
+      }
+      return not_regular();  // a symlinked or non-directory component
+    }
+    dir = next;
+  }
+  struct stat before {};
+  if (::fstatat(dir, parts.back().c_str(), &before, AT_SYMLINK_NOFOLLOW) != 0) {
+    ::close(dir);
+    return absl::NotFoundError(absl::StrCat("missing file ", root, "/", relative));
+  }
+  if (!S_ISREG(before.st_mode)) {
+    ::close(dir);
+    return not_regular();
+  }
+  const int fd = ::openat(dir, parts.back().c_str(),
+                          O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC | O_NOCTTY);
+  ::close(dir);
+  if (fd < 0) return not_regular();
+  return FinishOpen(fd, &before, not_regular);
 }
 
 absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,

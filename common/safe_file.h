@@ -12,10 +12,17 @@
 
 namespace varuna {
 
-// Opens `path` for reading without blocking and checks it is a regular file. Returns the
-// fd (O_CLOEXEC, blocking mode restored); the caller closes it. `what` names the file in
-// errors, e.g. "data.path".
+// Opens `path` for reading without blocking and checks it is a regular file: its type is
+// checked before the open (a device is never opened) and again after (the same inode).
+// Returns the fd (O_CLOEXEC, blocking mode restored); the caller closes it. `what` names the
+// file in errors, e.g. "data.path". Symbolic links are followed (a data set may be one).
 absl::StatusOr<int> OpenRegularFile(const std::string& path, const std::string& what);
+
+// Like OpenRegularFile for `relative` under `root`, but no component below `root` may be a
+// symbolic link (the file stays inside `root` on disk, not only as text) and the path must
+// pass CheckRelativePathInside. NotFound "missing file ROOT/RELATIVE" if it is not there.
+absl::StatusOr<int> OpenRegularFileBeneath(const std::string& root, const std::string& relative,
+                                           const std::string& what);
 
 // The whole file, refused (naming `what` and the limit) if it is larger than `max_bytes`.
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,

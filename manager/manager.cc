@@ -96,6 +96,14 @@ absl::Status ManagerConfig::Validate() const {
         "manager: forget_dead_after_s must be at least the time to DEAD");
   }
   RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", listen, tls.enabled(), allow_insecure));
+  if (!IsLoopbackListen(listen) && tokens_file.empty() && !allow_insecure) {
+    // TLS alone lets anyone who trusts the CA in: the job API (and so every agent's
+    // programs) needs tokens beyond loopback.
+    return absl::FailedPreconditionError(
+        "manager: refusing to serve " + listen +
+        " without --tokens_file: anyone who reaches it could submit jobs (or give "
+        "--allow_insecure on a trusted network)");
+  }
   return absl::OkStatus();
 }
 
@@ -232,6 +240,10 @@ absl::Status ValidateRegistration(const v1::RegisterRequest& req, int max_slots)
   if (!ValidNodeName(req.name())) {
     return bad("node name must be 1-63 characters of [A-Za-z0-9._-]");
   }
+  if (req.name() == "varuna-manager") {
+    // The manager's certificate name: a node holding it could command the agents.
+    return bad("'varuna-manager' is reserved for the manager's certificate");
+  }
   if (req.slots() < 1 || req.slots() > max_slots) {
     return bad(absl::StrCat("slots is ", req.slots(), "; must be in [1, ", max_slots, "]"));
   }
@@ -312,17 +324,26 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       continue;
     }
     Job& job = jit->second;
+    // Note [Peer limits]: a node speaks only for the ranks placed on it; anything else is
+    // a confused or hostile agent and is ignored (it must not fail, finish or advance a job).
+    if (!PlacedOn(job, node.rec.name(), w.rank())) {
+      LOG(WARNING) << "node=" << node.rec.name() << " reported rank " << w.rank() << " of "
+                   << JobWho(job.info()) << ", which is not placed there; ignored";
+      continue;
+    }
     reported.insert({w.job_id(), w.rank()});
     const v1::StepMetrics& p = w.progress();
     v1::JobInfo& info = job.info();
-    if (p.step() > info.step()) {
+    if (p.step() > info.step() && p.step() <= info.total_steps()) {
       info.set_step(static_cast<int32_t>(p.step()));
       info.set_loss(p.loss());
       info.set_samples_per_s(p.samples_per_s());
       info.set_step_time_s(p.step_time_s());
       job.progress_dirty = true;
     }
-    if (p.stopped()) job.stopped_after = std::max(job.stopped_after, p.step());
+    if (p.stopped() && p.step() <= info.total_steps()) {
+      job.stopped_after = std::max(job.stopped_after, p.step());
+    }
     if (!running) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node.rec.name());
   }
   node.other_running = other_running;
@@ -844,6 +865,13 @@ void Manager::CheckUnreported(const Node& node,
       job.fail_at = now + 2 * config_.heartbeat_period;
     }
   }
+}
+
+bool Manager::PlacedOn(const Job& job, const std::string& node, int rank) {
+  for (const auto& p : job.info().placement()) {
+    if (p.rank() == rank) return p.node() == node;
+  }
+  return false;
 }
 
 std::string Manager::RanksOn(const Job& job, const std::string& node) const {

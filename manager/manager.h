@@ -133,6 +133,7 @@ class Manager {
   void OnNodeDead(Node& node, absl::Duration silent);
   void SettleFailure(Job& job);
   std::string RanksOn(const Job& job, const std::string& node) const;
+  static bool PlacedOn(const Job& job, const std::string& node, int rank);
   void ReloadMachineList();
   void ForgetDeadNodes();
 

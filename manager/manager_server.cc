@@ -210,8 +210,7 @@ ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
 ManagerServer::~ManagerServer() { Shutdown(); }
 
 absl::Status ManagerServer::Start() {
-  RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", config_.listen, config_.tls.enabled(),
-                                      config_.allow_insecure));
+  RETURN_IF_ERROR(config_.Validate());
   ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(config_.tls, /*need_cert=*/true, "varuna-manager"));
   std::optional<TokenTable> tokens;
   if (!config_.tokens_file.empty()) {

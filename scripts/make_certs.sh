@@ -5,8 +5,9 @@
 #   scripts/make_certs.sh DIR NAME[=HOST,HOST...] ...
 #
 # DIR/ca.pem, DIR/ca.key: the CA (keep ca.key off the cluster). For each NAME: DIR/NAME.pem
-# and DIR/NAME.key, with common name NAME and subject alternative names NAME, localhost,
-# 127.0.0.1 and the HOSTs given (the addresses peers dial it at). The manager's NAME must be
+# and DIR/NAME.key, with common name NAME and subject alternative names NAME and the HOSTs
+# given (the names or addresses peers dial it at; e.g. NAME=127.0.0.1 on one machine).
+# An agent's NAME must be its node name (the manager checks). The manager's NAME must be
 # varuna-manager (what agents accept calls from, unless --tls_manager_name says otherwise).
 # An existing CA in DIR is reused, so agents can be added later.
 set -euo pipefail
@@ -30,7 +31,7 @@ for spec in "$@"; do
     echo "make_certs: bad name '$name'" >&2
     exit 2
   fi
-  san="DNS:$name,DNS:localhost,IP:127.0.0.1"
+  san="DNS:$name"
   IFS=',' read -ra extra <<<"$hosts"
   for h in "${extra[@]}"; do
     [[ -z "$h" ]] && continue

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "common/safe_file.h"
 #include "worker/torch_status.h"
 
 namespace varuna {
@@ -228,12 +229,16 @@ absl::StatusOr<Model> ScriptModel(const ModelSpec& s) {
   Model m;
   for (int i = 0;; ++i) {
     const std::string path = absl::StrCat(s.path, "/segment_", i, ".pt");
-    if (!std::filesystem::exists(path)) {
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) {
       if (i == 0) return absl::NotFoundError(absl::StrCat("no TorchScript segment at ", path));
       break;
     }
+    if (i >= kMaxLayers) return absl::InvalidArgumentError("more than 4096 TorchScript segments");
+    // A segment must be a regular file (no FIFO or device; never blocks).
+    if (absl::Status st = CheckRegularFile(path, "TorchScript segment"); !st.ok()) return st;
     // Cost = file size (parameter bytes dominate); each stage loads only its own segments.
-    const double bytes = static_cast<double>(std::filesystem::file_size(path));
+    const double bytes = static_cast<double>(std::filesystem::file_size(path, ec));
     if (i > 0) m.Add(CutPoint{});
     m.Add(absl::StrCat("segment_", i), std::max(1.0, bytes), [path] {
       torch::jit::Module module;

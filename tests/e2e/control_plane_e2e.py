@@ -43,8 +43,8 @@ class Cluster:
         self.certs = os.path.join(self.dir, "certs") if secure else None
         self.token = "alice-token-0123456789" if secure else None
         if secure:
-            subprocess.run([MAKE_CERTS, self.certs, "varuna-manager"] +
-                           [f"node{i}" for i in range(agents)], check=True,
+            subprocess.run([MAKE_CERTS, self.certs, "varuna-manager=127.0.0.1"] +
+                           [f"node{i}=127.0.0.1" for i in range(agents)], check=True,
                            stdout=subprocess.DEVNULL)
             with open(os.path.join(self.dir, "tokens"), "w") as f:
                 f.write(f"alice {self.token}\n")
