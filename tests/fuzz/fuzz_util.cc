@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "glog/logging.h"
+
 namespace varuna::fuzz {
 
 std::vector<std::string> Split(const uint8_t* data, size_t size, size_t max_parts) {
@@ -34,6 +36,8 @@ const std::string& ScratchDir() {
   }();
   return dir;
 }
+
+void QuietLogging() { FLAGS_minloglevel = 3; }
 
 void WriteFile(const std::string& path, const std::string& bytes) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path());

@@ -16,6 +16,9 @@ std::vector<std::string> Split(const uint8_t* data, size_t size, size_t max_part
 // A directory private to this process, made once, under $TMPDIR.
 const std::string& ScratchDir();
 
+// Only FATAL log lines from glog (the targets call this from LLVMFuzzerInitialize).
+void QuietLogging();
+
 // Writes `bytes` to `path` (replacing what was there).
 void WriteFile(const std::string& path, const std::string& bytes);
 

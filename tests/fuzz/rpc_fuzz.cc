@@ -59,6 +59,12 @@ bool ParseInto(const std::string& bytes, M* m) {
 
 }  // namespace
 
+// Logging off: the code under test logs every refusal, which would drown the fuzzer.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  varuna::fuzz::QuietLogging();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string dir = varuna::fuzz::ScratchDir() + "/rpc";
   std::error_code ec;

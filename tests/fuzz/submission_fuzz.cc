@@ -9,6 +9,12 @@
 #include "common/submission.h"
 #include "tests/fuzz/fuzz_util.h"
 
+// Logging off: the code under test logs every refusal, which would drown the fuzzer.
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  varuna::fuzz::QuietLogging();
+  return 0;
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto parts = varuna::fuzz::Split(data, size, 4);
   const std::string dir = varuna::fuzz::ScratchDir();
