@@ -1,7 +1,9 @@
 // Checkpoint metadata and verification: common.json, a writer's manifest and a layer file as
 // the input gives them (parts: common.json | manifest.rank0.json | layers/<name>.pt bytes |
-// name of the layer file). Verify, list, resolve and read must refuse or accept, never crash,
-// hang or read outside the checkpoint.
+// name of the layer file). Verify, list, resolve and read must refuse or accept, never crash
+// or hang (a 10 s timeout per input in bench/fuzz.sh). Paths are kept inside by construction
+// (OpenRegularFileBeneath); checkpoint_store_test holds that with '..', absolute paths and
+// links.
 
 #include <cstdint>
 #include <filesystem>
