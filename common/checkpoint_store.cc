@@ -73,17 +73,24 @@ FileDigest DigestBytes(const std::string& relative, const std::string& bytes) {
   return d;
 }
 
-absl::Status SyncFile(const std::string& path) {
-  for (const std::string& p : {path, fs::path(path).parent_path().string()}) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    if (fd < 0 || ::fsync(fd) != 0) {
-      const std::string err = std::strerror(errno);
-      if (fd >= 0) ::close(fd);
-      return absl::InternalError(absl::StrCat("fsync of ", p, " failed: ", err));
-    }
-    ::close(fd);
+namespace {
+
+absl::Status FsyncPath(const std::string& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    const std::string err = std::strerror(errno);
+    if (fd >= 0) ::close(fd);
+    return absl::InternalError(absl::StrCat("fsync of ", p, " failed: ", err));
   }
+  ::close(fd);
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SyncFile(const std::string& path) {
+  RETURN_IF_ERROR(FsyncPath(path));
+  return FsyncPath(fs::path(path).parent_path().string());
 }
 
 absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes, int writer) {
@@ -113,7 +120,7 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes, 
   std::error_code ec;
   fs::rename(tmp, path, ec);
   if (ec) return absl::InternalError(absl::StrCat("rename to ", path, ": ", ec.message()));
-  return SyncFile(fs::path(path).parent_path().string());
+  return FsyncPath(fs::path(path).parent_path().string());  // the rename
 }
 
 absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
