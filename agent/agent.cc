@@ -13,8 +13,11 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/checkpoint_store.h"
 #include "common/rpc.h"
 #include "common/safe_file.h"
@@ -100,11 +103,15 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "tls_key") return str(&c->tls.key);
         if (key == "tls_manager_name") return str(&c->tls_manager_name);
         if (key == "allow_insecure") return ReadInto(v, what, key, &c->allow_insecure);
+        if (key == "preemption_notice_file") return str(&c->preemption_notice_file);
+        if (key == "preemption_notice_url") return str(&c->preemption_notice_url);
+        if (key == "notice_poll_period_s") return seconds(&c->notice_poll_period);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: name, manager, listen, advertise_host, slots, work_dir, worker_binary, "
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
-            "tls_manager_name, allow_insecure)"));
+            "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
+            "notice_poll_period_s)"));
       });
 }
 
@@ -136,6 +143,18 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     }
   }
   if (req.spec_yaml().empty()) return absl::InvalidArgumentError("launch: empty job spec");
+  if (!req.code_dir().empty()) {
+    std::error_code cec;
+    if (!fs::is_directory(req.code_dir(), cec)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "launch: code_dir '", req.code_dir(), "' is not a directory on node ", config_.name));
+    }
+  }
+  if (!req.resume_step().empty() && req.resume_step() != "latest" &&
+      !ParseResumeStep(req.resume_step()).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("launch: resume_step '", req.resume_step().substr(0, 32), "' is invalid"));
+  }
   int& newest = newest_generation_[req.job_id()];
   if (req.generation() < newest) {
     return absl::FailedPreconditionError(absl::StrCat("launch ", who, " is stale: generation ",
@@ -189,6 +208,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   base_env["VARUNA_GENERATION"] = absl::StrCat(req.generation());
   base_env["VARUNA_JOB_SPEC"] = spec_path;
   base_env["VARUNA_NODE"] = config_.name;
+  if (!req.resume_step().empty()) base_env["VARUNA_RESUME_STEP"] = req.resume_step();
   if (auto hp = SplitHostPort(address_); hp.ok()) base_env["VARUNA_NODE_ADDR"] = hp->first;
 
   int started = 0;
@@ -221,8 +241,11 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     spec.argv.push_back(absl::StrCat("--stage_to_rank_map=", req.stage_to_rank_map()));
     spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
     spec.argv.push_back(absl::StrCat("--batch-size=", req.per_replica_batch()));
+    if (req.entrypoint().empty() && !req.resume_step().empty()) {
+      spec.argv.push_back(absl::StrCat("--resume_step=", req.resume_step()));
+    }
     spec.log_path = w.log_path;
-    spec.cwd = gen_dir;
+    spec.cwd = req.entrypoint().empty() || req.code_dir().empty() ? gen_dir : req.code_dir();
     AppendToRegularFile(
         w.log_path, absl::StrCat("==== varuna-agent ", config_.name, ": job ", req.job_id(),
                                  " generation ", req.generation(), " rank ", r.rank(), " (local ",
@@ -277,10 +300,11 @@ v1::CheckpointResponse Agent::Checkpoint(const v1::CheckpointRequest& req) {
   for (auto& [key, w] : workers_) {
     if (key.first != req.job_id() || !w.running) continue;
     if (req.generation() != 0 && w.generation != req.generation()) continue;
-    if (launcher_->Signal(w.pid, SIGUSR1).ok()) ++n;
+    if (launcher_->Signal(w.pid, req.abort_step() ? SIGUSR2 : SIGUSR1).ok()) ++n;
   }
   LOG(INFO) << "job=" << req.job_id() << " gen=" << req.generation()
-            << " checkpoint requested from " << n << " workers (SIGUSR1)";
+            << (req.abort_step() ? " abort-and-save (SIGUSR2)" : " checkpoint (SIGUSR1)")
+            << " requested from " << n << " workers";
   resp.set_signalled(n);
   return resp;
 }
@@ -312,6 +336,8 @@ void Agent::Reap() {
       w.running = false;
       w.exit_code = e.exit_code;
       w.signal = e.signal;
+      w.exited_at = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
+      ReadProgress(w);  // its last lines (how it ended) go with the exit
       LOG(INFO) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
                 << " exited with " << DescribeExit(e.exit_code, e.signal);
       AppendToRegularFile(w.log_path,
@@ -323,35 +349,77 @@ void Agent::Reap() {
 }
 
 // Note [Progress file]: the worker (the job's code) owns this file, so it is read like any
-// outside input: a non-blocking open of a regular file only (a FIFO put there cannot freeze
-// the agent), at most 4 KiB, and fields of the wrong type are ignored.
-void Agent::ReadProgress(const Worker& w, v1::StepMetrics* out) const {
-  auto text = ReadRegularFile(w.progress_path, 4096, "progress file");
-  if (!text.ok()) return;
-  const std::string line = text->substr(0, text->find('\n'));
-  if (line.empty()) return;
-  auto n = ParseYaml(line, "progress file");
-  if (!n.ok() || !n->IsMap()) return;  // a torn read: the next heartbeat has it
-  const YAML::Node& p = *n;
-  if (auto v = YamlAs<int64_t>(p["step"], "progress", "step"); v.ok()) out->set_step(*v);
-  if (auto v = YamlAs<double>(p["loss"], "progress", "loss"); v.ok()) out->set_loss(*v);
-  if (auto v = YamlAs<double>(p["step_time_s"], "progress", "step_time_s"); v.ok()) {
-    out->set_step_time_s(*v);
+// outside input: non-blocking opens of a regular file only (a FIFO put there cannot freeze
+// the agent), at most 256 KiB per read, only complete lines, and fields of the wrong type are
+// ignored. Step records are forwarded once per job generation from this node, whichever of
+// its ranks wrote them first (every rank reports the same global loss).
+void Agent::ReadProgress(Worker& w) {
+  constexpr int64_t kMaxRead = 256 << 10;
+  auto slice = ReadRegularFileSlice(w.progress_path, w.progress_offset, kMaxRead, "progress file");
+  if (!slice.ok() || slice->data.empty()) return;
+  const size_t end = slice->data.rfind('\n');
+  if (end == std::string::npos) {
+    // No complete line: wait for the rest, unless the line is absurdly long.
+    if (slice->data.size() >= static_cast<size_t>(kMaxRead)) w.progress_offset += kMaxRead;
+    return;
   }
-  if (auto v = YamlAs<double>(p["samples_per_s"], "progress", "samples_per_s"); v.ok()) {
-    out->set_samples_per_s(*v);
+  w.progress_offset = slice->offset + static_cast<int64_t>(end) + 1;
+  int64_t& forwarded = forwarded_step_[absl::StrCat(w.job_id, "/", w.generation)];
+  for (absl::string_view line :
+       absl::StrSplit(absl::string_view(slice->data).substr(0, end), '\n')) {
+    if (line.empty()) continue;
+    auto n = ParseYaml(std::string(line), "progress file");
+    if (!n.ok() || !n->IsMap()) continue;
+    const YAML::Node& p = *n;
+    auto num = [&](const char* key) -> std::optional<double> {
+      auto v = YamlAs<double>(p[key], "progress", key);
+      return v.ok() ? std::optional<double>(*v) : std::nullopt;
+    };
+    auto flag = [&](const char* key) {
+      auto v = YamlAs<bool>(p[key], "progress", key);
+      return v.ok() && *v;
+    };
+    if (flag("ready")) {
+      auto from = YamlAs<int64_t>(p["resumed_from"], "progress", "resumed_from");
+      w.resumed_from = from.ok() ? std::max<int64_t>(0, *from) : 0;
+      w.ready_at = num("t").value_or(0);
+      continue;
+    }
+    if (auto e = YamlAs<std::string>(p["error"], "progress", "error"); e.ok()) {
+      w.error = e->substr(0, 2000);
+      continue;
+    }
+    const bool stopped = flag("stopped");
+    if (stopped || flag("rescued")) {
+      w.last.set_stopped(stopped);
+      auto saved = YamlAs<int64_t>(p["saved_step"], "progress", "saved_step");
+      if (saved.ok()) w.saved_step = std::max<int64_t>(0, *saved);
+    }
+    auto step = YamlAs<int64_t>(p["step"], "progress", "step");
+    if (!step.ok()) continue;
+    v1::StepMetrics m;
+    m.set_step(*step);
+    m.set_loss(num("loss").value_or(0));
+    m.set_step_time_s(num("step_time_s").value_or(0));
+    m.set_samples_per_s(num("samples_per_s").value_or(0));
+    m.set_tokens_per_s(num("tokens_per_s").value_or(0));
+    m.set_stopped(stopped);
+    w.last = m;
+    if (*step > forwarded) {
+      forwarded = *step;
+      if (w.pending.size() < 100000) w.pending.push_back(m);
+    }
   }
-  if (auto v = YamlAs<double>(p["tokens_per_s"], "progress", "tokens_per_s"); v.ok()) {
-    out->set_tokens_per_s(*v);
-  }
-  if (auto v = YamlAs<bool>(p["stopped"], "progress", "stopped"); v.ok()) out->set_stopped(*v);
 }
 
 v1::HeartbeatRequest Agent::BuildHeartbeat() {
   Reap();
   v1::HeartbeatRequest hb;
   hb.set_name(config_.name);
-  for (const auto& [key, w] : workers_) {
+  if (notice_) *hb.mutable_preemption() = *notice_;
+  constexpr size_t kMaxStepsPerBeat = 1000;
+  for (auto& [key, w] : workers_) {
+    if (w.running) ReadProgress(w);
     v1::WorkerStatus* s = hb.add_workers();
     s->set_job_id(w.job_id);
     s->set_generation(w.generation);
@@ -361,12 +429,49 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_exit_code(w.exit_code);
     s->set_signal(w.signal);
     s->set_error(w.error);
-    ReadProgress(w, s->mutable_progress());
+    *s->mutable_progress() = w.last;
+    s->set_resumed_from(w.resumed_from);
+    s->set_ready_at(w.ready_at);
+    s->set_exited_at(w.exited_at);
+    s->set_saved_step(w.saved_step);
+    w.in_flight = std::min(w.pending.size(), kMaxStepsPerBeat);
+    for (size_t i = 0; i < w.in_flight; ++i) *s->add_steps() = w.pending[i];
   }
   return hb;
 }
 
+void Agent::SetPreemptionNotice(const v1::PreemptionNotice& notice) {
+  if (!notice_) {
+    LOG(WARNING) << "node=" << config_.name << " preemption notice from " << notice.source()
+                 << (notice.detail().empty() ? "" : ": ") << notice.detail();
+  }
+  notice_ = notice;
+}
+
+// The file's existence is the notice; a number on its first line is the seconds left.
+void Agent::CheckNoticeFile() {
+  if (config_.preemption_notice_file.empty() || notice_) return;
+  std::error_code ec;
+  if (!fs::exists(config_.preemption_notice_file, ec)) return;
+  v1::PreemptionNotice n;
+  n.set_source("file");
+  n.set_detail(config_.preemption_notice_file);
+  auto text = ReadRegularFile(config_.preemption_notice_file, 4096, "preemption notice file");
+  double seconds = 0;
+  if (text.ok() &&
+      absl::SimpleAtod(absl::StripAsciiWhitespace(text->substr(0, text->find('\n'))), &seconds) &&
+      seconds >= 0 && seconds < 86400 * 365) {
+    n.set_deadline_ms(absl::ToUnixMillis(clock_->Now() + absl::Seconds(seconds)));
+  }
+  SetPreemptionNotice(n);
+}
+
 void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
+  for (auto& [key, w] : workers_) {
+    const size_t acked = std::min(w.in_flight, w.pending.size());
+    w.pending.erase(w.pending.begin(), w.pending.begin() + static_cast<long>(acked));
+    w.in_flight = 0;
+  }
   for (const v1::JobRef& ref : resp.stop()) {
     v1::StopRequest stop;
     stop.set_job_id(ref.job_id());
@@ -377,7 +482,7 @@ void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
     const int max_gen = ref.generation() == 0 ? INT_MAX : ref.generation();
     for (auto it = workers_.begin(); it != workers_.end();) {
       const Worker& w = it->second;
-      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen) {
+      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen && w.pending.empty()) {
         it = workers_.erase(it);
       } else {
         ++it;
@@ -388,6 +493,7 @@ void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
 
 void Agent::Tick() {
   Reap();
+  CheckNoticeFile();
   const absl::Time now = clock_->Now();
   for (auto& [key, w] : workers_) {
     if (!w.running || w.kill_at > now) continue;

@@ -3,7 +3,9 @@
 // The agent's state machine: the workers of this machine. Runs on the agent's event loop
 // thread (every method), which the gRPC glue and the heartbeat thread post to.
 
+#include <deque>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +36,13 @@ struct AgentConfig {
   TlsFiles tls;
   std::string tls_manager_name = "varuna-manager";
   bool allow_insecure = false;
+  // Preemption notices (docs/morphing.md "Notices"): a file whose appearance means this
+  // machine is going away (its first line may hold the seconds left), and/or a cloud
+  // metadata endpoint polled every notice_poll_period (Azure Scheduled Events, GCE
+  // instance/preempted, AWS spot/instance-action).
+  std::string preemption_notice_file;
+  std::string preemption_notice_url;
+  absl::Duration notice_poll_period = absl::Seconds(1);
 
   absl::Status Validate() const;
 };
@@ -53,7 +62,13 @@ class Agent {
 
   // Reaps, then describes every worker (running and exited-but-unreleased).
   v1::HeartbeatRequest BuildHeartbeat();
+  // Called only when the manager answered: the step records that heartbeat carried are
+  // acknowledged (and not sent again).
   void OnHeartbeatResponse(const v1::HeartbeatResponse& resp);
+  // A preemption notice for this machine (from the file, the cloud poller or a test); sent
+  // with every heartbeat from now on.
+  void SetPreemptionNotice(const v1::PreemptionNotice& notice);
+  bool has_preemption_notice() const { return notice_.has_value(); }
   // Reaps exited workers and escalates overdue stops to SIGKILL.
   void Tick();
   // SIGTERM to every running worker (agent shutdown). Returns how many were signalled.
@@ -80,12 +95,22 @@ class Agent {
     std::string log_path;
     std::string progress_path;
     absl::Time kill_at = absl::InfiniteFuture();  // set once a stop was requested
+    // Note [Progress] (worker/worker_main_lib.cc): read incrementally from this offset.
+    int64_t progress_offset = 0;
+    v1::StepMetrics last;                 // the newest step line
+    std::deque<v1::StepMetrics> pending;  // step records not yet acknowledged by the manager
+    size_t in_flight = 0;                 // how many of `pending` the last heartbeat carried
+    int64_t resumed_from = -1;
+    double ready_at = 0;
+    double exited_at = 0;
+    int64_t saved_step = 0;
   };
   using Key = std::pair<std::string, int>;  // job, rank
 
   void Reap();
   std::string JobDir(const std::string& job_id) const;
-  void ReadProgress(const Worker& w, v1::StepMetrics* out) const;
+  void ReadProgress(Worker& w);
+  void CheckNoticeFile();
   int SignalWorkers(const std::string& job_id, int max_generation, int sig, bool arm_kill,
                     absl::Duration grace);
 
@@ -94,8 +119,10 @@ class Agent {
   Clock* const clock_;
   ProcessLauncher* const launcher_;
   std::map<Key, Worker> workers_;
-  std::map<std::string, int> newest_generation_;  // per job
-  std::map<std::string, int> master_port_;        // "job/gen" -> port chosen here
+  std::map<std::string, int> newest_generation_;   // per job
+  std::map<std::string, int> master_port_;         // "job/gen" -> port chosen here
+  std::map<std::string, int64_t> forwarded_step_;  // "job/gen" -> newest step queued
+  std::optional<v1::PreemptionNotice> notice_;
 };
 
 }  // namespace varuna

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -123,17 +124,35 @@ absl::Status WriteFileAtomic(const std::string& path, const std::string& bytes, 
   return FsyncPath(fs::path(path).parent_path().string());  // the rename
 }
 
-absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
-                                    const std::vector<FileDigest>& files) {
-  std::string json = "{\"files\": [";
+namespace {
+std::string FilesJson(const std::vector<FileDigest>& files) {
+  std::string json = "[";
   for (size_t i = 0; i < files.size(); ++i) {
     absl::StrAppendFormat(&json, "%s\n  {\"path\": \"%s\", \"size\": %d, \"crc32\": %d}",
                           i ? "," : "", files[i].path, files[i].size, files[i].crc32);
   }
-  json += "\n]}\n";
+  return json + "\n]";
+}
+}  // namespace
+
+absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
+                                    const std::vector<FileDigest>& files) {
+  const std::string json = absl::StrCat("{\"files\": ", FilesJson(files), "}\n");
   RETURN_IF_ERROR(
       WriteFileAtomic(absl::StrCat(ckpt_path, "/manifest.rank", writer, ".json"), json, writer));
   return WriteFileAtomic(absl::StrCat(ckpt_path, "/complete.rank", writer), "", writer);
+}
+
+absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
+                               const std::string& common_json,
+                               const std::vector<FileDigest>& files) {
+  const size_t close = common_json.rfind('}');
+  if (close == std::string::npos) return absl::InternalError("rescue: bad common JSON");
+  const std::string json =
+      absl::StrCat(common_json.substr(0, close), ",\n \"files\": ", FilesJson(files), "}\n");
+  RETURN_IF_ERROR(
+      WriteFileAtomic(absl::StrCat(ckpt_path, "/rescue.rank", rank, ".json"), json, rank));
+  return WriteFileAtomic(absl::StrCat(ckpt_path, "/rescued.rank", rank), "", rank);
 }
 
 namespace {
@@ -165,9 +184,12 @@ int64_t StepOfPath(const std::string& ckpt_path) {
   return step;
 }
 
-absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_path) {
-  const std::string what = absl::StrCat(ckpt_path, "/common.json");
+absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_path,
+                                                     const std::string& file = "common.json",
+                                                     YAML::Node* doc = nullptr) {
+  const std::string what = absl::StrCat(ckpt_path, "/", file);
   ASSIGN_OR_RETURN(YAML::Node n, LoadMetadata(what, what));
+  if (doc != nullptr) *doc = n;
   CheckpointCommon c;
   ASSIGN_OR_RETURN(c.step, Get<int64_t>(n, "step", what));
   ASSIGN_OR_RETURN(c.global_batch, Get<int64_t>(n, "global_batch", what));
@@ -211,11 +233,33 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   return c;
 }
 
+// Ranks with a rescued.rank<R> marker in the checkpoint (Note [Rescue] in worker/), ascending.
+std::vector<int> RescuedRanks(const std::string& ckpt_path) {
+  std::vector<int> ranks;
+  std::error_code ec;
+  for (fs::directory_iterator it(ckpt_path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int r;
+    if (name.rfind("rescued.rank", 0) == 0 && absl::SimpleAtoi(name.substr(12), &r) && r >= 0) {
+      ranks.push_back(r);
+    }
+  }
+  std::sort(ranks.begin(), ranks.end());
+  return ranks;
+}
+
 }  // namespace
 
 absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_path) {
   try {  // Note [Parser boundary] (common/submission.cc).
-    return ReadCommonUnguarded(ckpt_path);
+    auto common = ReadCommonUnguarded(ckpt_path);
+    if (common.ok()) return common;
+    // A checkpoint saved by rescue has the same fields in each rescuer's record.
+    for (int r : RescuedRanks(ckpt_path)) {
+      auto rescued = ReadCommonUnguarded(ckpt_path, absl::StrCat("rescue.rank", r, ".json"));
+      if (rescued.ok()) return rescued;
+    }
+    return common;
   } catch (const std::exception& e) {
     return Damaged(absl::StrCat(ckpt_path, "/common.json cannot be read: ", e.what()));
   }
@@ -223,22 +267,71 @@ absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_pa
 
 namespace {
 
-absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
-                             const std::vector<std::string>* expected_layers) {
-  ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
-  if (expected_layers != nullptr) {
-    const std::set<std::string> have(common.layers.begin(), common.layers.end());
-    for (const std::string& l : *expected_layers) {
-      if (!have.count(l)) {
-        return Damaged(absl::StrCat("has no layer '", l, "' of this model (it holds ",
-                                    common.layers.size(), " layers)"));
-      }
-    }
-    if (have.size() != expected_layers->size()) {
-      return Damaged(
-          absl::StrCat("holds ", have.size(), " layers; this model has ", expected_layers->size()));
+absl::Status CheckExpectedLayers(const CheckpointCommon& common,
+                                 const std::vector<std::string>* expected_layers) {
+  if (expected_layers == nullptr) return absl::OkStatus();
+  const std::set<std::string> have(common.layers.begin(), common.layers.end());
+  for (const std::string& l : *expected_layers) {
+    if (!have.count(l)) {
+      return Damaged(absl::StrCat("has no layer '", l, "' of this model (it holds ",
+                                  common.layers.size(), " layers)"));
     }
   }
+  if (have.size() != expected_layers->size()) {
+    return Damaged(
+        absl::StrCat("holds ", have.size(), " layers; this model has ", expected_layers->size()));
+  }
+  return absl::OkStatus();
+}
+
+// Checks every entry of a manifest's `files` list and adds the paths to `covered`.
+absl::Status VerifyFiles(const std::string& ckpt_path, const YAML::Node& files,
+                         const std::string& what, bool checksums, std::set<std::string>* covered) {
+  if (!files.IsSequence()) return Damaged(absl::StrCat(what, " has no files list"));
+  for (const auto& f : files) {
+    if (!f.IsMap()) return Damaged(absl::StrCat(what, " has an entry that is not an object"));
+    ASSIGN_OR_RETURN(std::string rel, Get<std::string>(f, "path", what));
+    ASSIGN_OR_RETURN(uint64_t size, Get<uint64_t>(f, "size", what));
+    ASSIGN_OR_RETURN(uint32_t crc, Get<uint32_t>(f, "crc32", what));
+    if (absl::Status s = CheckRelativePathInside(rel, what); !s.ok()) {
+      return Damaged(std::string(s.message()));
+    }
+    if (size > kMaxCheckpointFileBytes) {
+      return Damaged(absl::StrCat(what, ": ", rel, " claims ", size, " bytes"));
+    }
+    if (!checksums) {
+      auto fd = OpenRegularFileBeneath(ckpt_path, rel, "checkpoint file");
+      if (!fd.ok()) return Damaged(absl::StrCat(rel, " is missing or not a regular file"));
+      struct stat st;
+      const bool same = ::fstat(*fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size;
+      ::close(*fd);
+      if (!same) return Damaged(absl::StrCat(rel, " has the wrong size"));
+    } else {
+      auto d = DigestFile(ckpt_path, rel, static_cast<int64_t>(size));
+      if (!d.ok()) return Damaged(std::string(d.status().message()));
+      if (d->size != size) {
+        return Damaged(absl::StrCat(rel, " has ", d->size, " bytes, manifest says ", size));
+      }
+      if (d->crc32 != crc) return Damaged(absl::StrCat(rel, " fails its checksum"));
+    }
+    covered->insert(rel);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLayersCovered(const CheckpointCommon& common,
+                                const std::set<std::string>& covered) {
+  for (const auto& l : common.layers) {
+    const std::string rel = absl::StrCat("layers/", l, ".pt");
+    if (!covered.count(rel)) return Damaged(absl::StrCat("no writer recorded ", rel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
+                             const std::vector<std::string>* expected_layers) {
+  ASSIGN_OR_RETURN(CheckpointCommon common, ReadCommonUnguarded(ckpt_path));
+  RETURN_IF_ERROR(CheckExpectedLayers(common, expected_layers));
   std::set<std::string> covered;
   for (int w : common.writers) {
     const std::string marker = absl::StrCat(ckpt_path, "/complete.rank", w);
@@ -249,43 +342,58 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
     const std::string what = absl::StrCat("manifest of writer rank ", w);
     ASSIGN_OR_RETURN(YAML::Node manifest,
                      LoadMetadata(absl::StrCat(ckpt_path, "/manifest.rank", w, ".json"), what));
-    const YAML::Node files = manifest["files"];
-    if (!files.IsSequence()) return Damaged(absl::StrCat(what, " has no files list"));
-    for (const auto& f : files) {
-      if (!f.IsMap()) return Damaged(absl::StrCat(what, " has an entry that is not an object"));
-      ASSIGN_OR_RETURN(std::string rel, Get<std::string>(f, "path", what));
-      ASSIGN_OR_RETURN(uint64_t size, Get<uint64_t>(f, "size", what));
-      ASSIGN_OR_RETURN(uint32_t crc, Get<uint32_t>(f, "crc32", what));
-      if (absl::Status s = CheckRelativePathInside(rel, what); !s.ok()) {
-        return Damaged(std::string(s.message()));
-      }
-      if (size > kMaxCheckpointFileBytes) {
-        return Damaged(absl::StrCat(what, ": ", rel, " claims ", size, " bytes"));
-      }
-      if (!checksums) {
-        auto fd = OpenRegularFileBeneath(ckpt_path, rel, "checkpoint file");
-        if (!fd.ok()) return Damaged(absl::StrCat(rel, " is missing or not a regular file"));
-        struct stat st;
-        const bool same = ::fstat(*fd, &st) == 0 && static_cast<uint64_t>(st.st_size) == size;
-        ::close(*fd);
-        if (!same) return Damaged(absl::StrCat(rel, " has the wrong size"));
-      } else {
-        auto d = DigestFile(ckpt_path, rel, static_cast<int64_t>(size));
-        if (!d.ok()) return Damaged(std::string(d.status().message()));
-        if (d->size != size) {
-          return Damaged(absl::StrCat(rel, " has ", d->size, " bytes, manifest says ", size));
-        }
-        if (d->crc32 != crc) return Damaged(absl::StrCat(rel, " fails its checksum"));
-      }
-      covered.insert(rel);
-    }
+    RETURN_IF_ERROR(VerifyFiles(ckpt_path, manifest["files"], what, checksums, &covered));
   }
   if (!covered.count("common.json")) return Damaged("no writer recorded common.json");
-  for (const auto& l : common.layers) {
-    const std::string rel = absl::StrCat("layers/", l, ".pt");
-    if (!covered.count(rel)) return Damaged(absl::StrCat("no writer recorded ", rel));
+  return CheckLayersCovered(common, covered);
+}
+
+// Complete by rescue (Note [Rescue] in worker/checkpoint.cc): the rescuers that verify agree
+// on the step and batch, and their files cover every layer. A rescuer whose record or files
+// are damaged is left out; the rest may still cover the model.
+absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,
+                           const std::vector<std::string>* expected_layers) {
+  const std::vector<int> ranks = RescuedRanks(ckpt_path);
+  if (ranks.empty()) return Damaged("no rescue records");
+  std::optional<CheckpointCommon> first;
+  std::set<std::string> covered;
+  std::string problems;
+  for (int r : ranks) {
+    const std::string file = absl::StrCat("rescue.rank", r, ".json");
+    YAML::Node doc;
+    auto c = ReadCommonUnguarded(ckpt_path, file, &doc);
+    absl::Status st = c.status();
+    if (st.ok() && first &&
+        (c->step != first->step || c->global_batch != first->global_batch ||
+         c->layers != first->layers)) {
+      st = Damaged(absl::StrCat(file, " disagrees with the other rescuers"));
+    }
+    std::set<std::string> mine;
+    if (st.ok()) st = VerifyFiles(ckpt_path, doc["files"], file, checksums, &mine);
+    if (!st.ok()) {
+      absl::StrAppend(&problems, problems.empty() ? "" : "; ", st.message());
+      continue;
+    }
+    if (!first) first = *c;
+    covered.insert(mine.begin(), mine.end());
+  }
+  if (!first) return Damaged(absl::StrCat("no usable rescue record (", problems, ")"));
+  RETURN_IF_ERROR(CheckExpectedLayers(*first, expected_layers));
+  absl::Status st = CheckLayersCovered(*first, covered);
+  if (!st.ok()) {
+    return Damaged(absl::StrCat("rescued by ranks ", ranks.size(), " but ", st.message(),
+                                problems.empty() ? "" : absl::StrCat(" (", problems, ")")));
   }
   return absl::OkStatus();
+}
+
+absl::Status VerifyAny(const std::string& ckpt_path, bool checksums,
+                       const std::vector<std::string>* expected_layers) {
+  absl::Status st = VerifyUnguarded(ckpt_path, checksums, expected_layers);
+  if (st.ok() || RescuedRanks(ckpt_path).empty()) return st;
+  absl::Status rescued = VerifyRescued(ckpt_path, checksums, expected_layers);
+  if (rescued.ok()) return rescued;
+  return Damaged(absl::StrCat(st.message(), "; and as a rescue: ", rescued.message()));
 }
 
 }  // namespace
@@ -293,7 +401,7 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
 absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums,
                               const std::vector<std::string>* expected_layers) {
   try {  // Note [Parser boundary] (common/submission.cc).
-    return VerifyUnguarded(ckpt_path, checksums, expected_layers);
+    return VerifyAny(ckpt_path, checksums, expected_layers);
   } catch (const std::exception& e) {
     return Damaged(absl::StrCat(ckpt_path, " cannot be verified: ", e.what()));
   }

@@ -43,6 +43,13 @@ absl::Status SyncFile(const std::string& path);
 absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
                                     const std::vector<FileDigest>& files);
 
+// A rescue (Note [Rescue] in worker/checkpoint.cc): `common_json` (common.json's fields, with
+// writers [rank]) plus `files` with their digests go to rescue.rank<R>.json, then the
+// rescued.rank<R> marker. A checkpoint whose rescuers' files cover every layer is complete.
+absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
+                               const std::string& common_json,
+                               const std::vector<FileDigest>& files);
+
 // Limits on what a checkpoint's metadata may claim (a manifest is data, not trusted).
 inline constexpr int64_t kMaxCheckpointMetadataBytes = 16 << 20;
 inline constexpr uint64_t kMaxCheckpointFileBytes = uint64_t{1} << 40;
@@ -60,6 +67,7 @@ struct CheckpointCommon {
   std::vector<std::string> layers;
   std::string model_spec;
 };
+// Falls back to the first readable rescue record when common.json cannot be read.
 absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_path);
 
 // Returns OK if the checkpoint at `ckpt_path` is complete and undamaged; otherwise a status
@@ -68,7 +76,9 @@ absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_pa
 // every manifest path stays inside the checkpoint and names a regular file of the recorded
 // size (and checksum), and every layer in common.json (and, when `expected_layers` is given,
 // exactly the model's layers) is covered. With checksums=false only presence and sizes are
-// checked (cheap; for retention). Never blocks on a FIFO and never throws.
+// checked (cheap; for retention). Never blocks on a FIFO and never throws. A checkpoint that
+// is not complete this way is also complete when its rescue records (WriteRescueRecord) are
+// consistent and together cover every layer.
 absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums = true,
                               const std::vector<std::string>* expected_layers = nullptr);
 

@@ -196,6 +196,10 @@ absl::Status JobSpec::Validate() const {
   }
   RETURN_IF_ERROR(InRange("resources.min_slots", resources.min_slots, 1, kMaxSlots));
   RETURN_IF_ERROR(InRange("resources.max_slots", resources.max_slots, 0, kMaxSlots));
+  RETURN_IF_ERROR(Finite("resources.max_wait_s", resources.max_wait_s, 0, 365.0 * 86400));
+  if (!code_dir.empty() && (code_dir[0] != '/' || code_dir.find('\0') != std::string::npos)) {
+    return Bad("code_dir", "must be an absolute path");
+  }
   if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
     return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
   }
@@ -354,9 +358,12 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
       .Sub("resources", section("resources",
                                 [&](MapReader& r) {
                                   r.Field("min_slots", &spec.resources.min_slots)
-                                      .Field("max_slots", &spec.resources.max_slots);
+                                      .Field("max_slots", &spec.resources.max_slots)
+                                      .Field("max_wait_s", &spec.resources.max_wait_s);
                                 }))
       .Field("entrypoint", &spec.entrypoint)
+      .Field("code_dir", &spec.code_dir)
+      .Field("morphing", &spec.morphing)
       .Sub("env", [&](const YAML::Node& v) { return ReadEnv(v, &spec.env); })
       .Field("env_file", &spec.env_file);
   RETURN_IF_ERROR(top.Read());

@@ -83,6 +83,8 @@ struct CheckpointSpec {
 struct ResourcesSpec {
   int min_slots = 1;
   int max_slots = 0;  // 0 = no limit
+  // A morph waits this long in RECONFIGURING for min_slots to be alive, then fails the job.
+  double max_wait_s = 600;
 };
 
 struct JobSpec {
@@ -94,6 +96,12 @@ struct JobSpec {
   CheckpointSpec checkpoint;
   ResourcesSpec resources;
   std::vector<std::string> entrypoint;
+  // Where a user entrypoint starts on every node (Varuna's --code_dir); checked by the agent
+  // before launch. Empty = the generation's work directory.
+  std::string code_dir;
+  // false: a lost node or a failed worker fails the job (Varuna's no_morphing). true needs
+  // checkpoint.dir for the state to survive a morph.
+  bool morphing = true;
   std::map<std::string, std::string> env;
   // KEY=VALUE lines added to env (env: entries win). varunactl reads it on the submitting
   // machine and sends the merged env, so the manager normally sees this empty.

@@ -36,7 +36,14 @@ commands:
   logs ID [--rank R] [-f]     a rank's output (rank 0 by default); -f follows it
   cancel ID                   stop a job (CANCELLING -> CANCELLED)
   nodes                       the agents and their state
-  drain NODE [--undo]         no new work on NODE (--undo: schedulable again)
+  drain NODE [--undo]         no new work on NODE; its jobs checkpoint and move off it
+                              (--undo: schedulable again)
+  preempt NODE [--in DURATION]  a preemption notice by hand (e.g. --in 30s): NODE's jobs
+                              checkpoint at the next step and move off it
+  events [ID] [-f]            job and node events (morphs, lost and joined nodes), oldest
+                              first; -f keeps streaming them
+  metrics ID                  every step of the job across morphs: step, loss, generation,
+                              samples/s, step time
 
 The manager address comes from --manager or $VARUNA_MANAGER; the cluster CA (to talk TLS)
 from --tls_ca or $VARUNA_TLS_CA; the token from --token or $VARUNA_TOKEN.
@@ -62,6 +69,9 @@ class Ctl {
   int Cancel();
   int Nodes();
   int Drain();
+  int Preempt();
+  int Events();
+  int Metrics();
 
   // Argument helpers over rest_.
   bool TakeFlag(const std::string& name);
@@ -231,6 +241,21 @@ void Ctl::PrintJob(const v1::JobInfo& j) {
   if (!j.cancelled_by().empty()) line("cancelled by", j.cancelled_by());
   line("started", j.started_at());
   line("finished", j.finished_at());
+  if (j.morphs_size() > 0) {
+    out_ << "morphs:\n";
+    out_ << absl::StrFormat("  %-20s %-4s %-11s %-11s %-6s %-7s %s\n", "AT", "GEN", "FROM", "TO",
+                            "LOST", "TOTAL_S", "REASON");
+    auto shape = [](const v1::Shape& s) {
+      return absl::StrFormat("%dx%d mb%d", s.stages(), s.replicas(), s.micro_batch());
+    };
+    for (const auto& m : j.morphs()) {
+      auto total = m.phases().find("total");
+      out_ << absl::StrFormat(
+          "  %-20s %-4d %-11s %-11s %-6d %-7s %s\n", m.at(), m.generation(), shape(m.from()),
+          shape(m.to()), m.steps_lost(),
+          total == m.phases().end() ? "-" : absl::StrFormat("%.2f", total->second), m.reason());
+    }
+  }
 }
 
 bool IsTerminal(v1::JobState s) {
@@ -546,6 +571,92 @@ int Ctl::Drain() {
   return kExitOk;
 }
 
+int Ctl::Preempt() {
+  v1::PreemptNodeRequest req;
+  std::string in = "0s";
+  TakeValue("--in", &in);
+  req.set_node(TakePositional("NODE"));
+  NoMore();
+  absl::Duration d;
+  if (!absl::ParseDuration(in, &d) || d < absl::ZeroDuration() || d > absl::Hours(24 * 365)) {
+    throw UsageError{absl::StrCat("--in needs a duration like 30s or 2m, not '", in, "'")};
+  }
+  req.set_in_ms(absl::ToInt64Milliseconds(d));
+  v1::PreemptNodeResponse resp;
+  grpc::Status s = stub_->PreemptNode(Context().get(), req, &resp);
+  if (!s.ok()) return FailGrpc(s, "PreemptNode");
+  if (json_) {
+    out_ << Json(resp.node()) << "\n";
+  } else {
+    out_ << "node " << resp.node().name() << " " << v1::NodeState_Name(resp.node().state()) << ": "
+         << resp.node().reason() << "\n";
+  }
+  return kExitOk;
+}
+
+int Ctl::Events() {
+  const bool follow = TakeFlag("-f") || TakeFlag("--follow");
+  v1::ListEventsRequest req;
+  if (!rest_.empty() && rest_[0] != "--") req.set_job_id(TakePositional("job ID"));
+  NoMore();
+  int unreachable_for = 0;
+  for (;;) {
+    v1::ListEventsResponse resp;
+    grpc::Status s = stub_->ListEvents(Context().get(), req, &resp);
+    if (!s.ok()) {
+      if (follow && s.error_code() == grpc::StatusCode::UNAVAILABLE && ++unreachable_for < 120) {
+        if (unreachable_for == 1) err_ << "varunactl: manager unreachable; retrying\n";
+        absl::SleepFor(absl::Milliseconds(500));
+        continue;
+      }
+      return FailGrpc(s, "ListEvents");
+    }
+    unreachable_for = 0;
+    for (const auto& e : resp.events()) {
+      if (json_) {
+        out_ << Json(e) << "\n";
+      } else {
+        const std::string subject = !e.job_id().empty() ? absl::StrCat("job ", e.job_id())
+                                    : !e.node().empty() ? absl::StrCat("node ", e.node())
+                                                        : "manager";
+        out_ << absl::StrFormat("%s %-12s %-18s %s\n", e.at(), subject, e.kind(), e.message());
+      }
+      req.set_after_seq(e.seq());
+    }
+    out_.flush();
+    if (!follow) return kExitOk;
+    if (resp.events().empty()) absl::SleepFor(absl::Milliseconds(500));
+  }
+}
+
+int Ctl::Metrics() {
+  v1::GetMetricsRequest req;
+  req.set_job_id(TakePositional("job ID"));
+  NoMore();
+  std::vector<v1::StepRecord> steps;
+  for (;;) {
+    v1::GetMetricsResponse resp;
+    grpc::Status s = stub_->GetMetrics(Context(absl::Seconds(60)).get(), req, &resp);
+    if (!s.ok()) return FailGrpc(s, "GetMetrics");
+    if (resp.steps().empty()) break;
+    for (const auto& r : resp.steps()) steps.push_back(r);
+    req.set_after_step(steps.back().step());
+  }
+  if (json_) {
+    std::vector<std::string> parts;
+    for (const auto& r : steps) parts.push_back(Json(r));
+    out_ << "[" << absl::StrJoin(parts, ",\n") << "]\n";
+  } else {
+    out_ << absl::StrFormat("%-8s %-12s %-4s %-10s %s\n", "STEP", "LOSS", "GEN", "SAMPLES/S",
+                            "STEP_S");
+    for (const auto& r : steps) {
+      out_ << absl::StrFormat("%-8d %-12.6f %-4d %-10.1f %.3f\n", r.step(), r.loss(),
+                              r.generation(), r.samples_per_s(), r.step_time_s());
+    }
+  }
+  return kExitOk;
+}
+
 int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
   rest_ = std::move(args);
   try {
@@ -584,6 +695,9 @@ int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
     if (verb == "cancel") return Cancel();
     if (verb == "nodes") return Nodes();
     if (verb == "drain") return Drain();
+    if (verb == "preempt") return Preempt();
+    if (verb == "events") return Events();
+    if (verb == "metrics") return Metrics();
     throw UsageError{absl::StrCat("unknown command '", verb, "'")};
   } catch (const UsageError& e) {
     err_ << "varunactl: " << e.message << "\n(varunactl --help for usage)\n";

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/exit_codes.h"
 #include "common/rpc.h"
 #include "common/safe_file.h"
 #include "common/status_macros.h"
@@ -91,6 +92,13 @@ absl::Status ManagerConfig::Validate() const {
   if (max_nodes < 1 || max_slots_per_node < 1) {
     return absl::InvalidArgumentError("manager: max_nodes and max_slots_per_node must be >= 1");
   }
+  if (morph_save_timeout <= absl::ZeroDuration() || morph_coalesce < absl::ZeroDuration() ||
+      scale_up_delay < absl::ZeroDuration() || morph_window <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "manager: morph_save_timeout_s and morph_window_s must be > 0, morph_coalesce_s and "
+        "scale_up_delay_s >= 0");
+  }
+  if (max_morphs < 0) return absl::InvalidArgumentError("manager: max_morphs must be >= 0");
   if (forget_dead_after < dead_after()) {
     return absl::InvalidArgumentError(
         "manager: forget_dead_after_s must be at least the time to DEAD");
@@ -132,12 +140,18 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "tls_key") return str(&c->tls.key);
         if (key == "tokens_file") return str(&c->tokens_file);
         if (key == "allow_insecure") return num(&c->allow_insecure);
+        if (key == "morph_save_timeout_s") return seconds(&c->morph_save_timeout);
+        if (key == "morph_coalesce_s") return seconds(&c->morph_coalesce);
+        if (key == "scale_up_delay_s") return seconds(&c->scale_up_delay);
+        if (key == "max_morphs") return num(&c->max_morphs);
+        if (key == "morph_window_s") return seconds(&c->morph_window);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: listen, state_dir, heartbeat_period_s, suspect_after_missed, "
             "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
             "forget_dead_after_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
-            "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure)"));
+            "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
+            "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s)"));
       });
 }
 
@@ -196,8 +210,10 @@ absl::Status Manager::Recover() {
                        " has an unreadable spec: ", spec.status().message()));
     }
     job.spec = *spec;
-    job.starting_since = now;
-    job.running_since = now;
+    job.gen.starting_since = now;
+    job.gen.running_since = now;
+    job.last_trigger = now;
+    job.cause_priority = 3;
     job.cancelling_since = now;
     job.last_stop_sent = absl::InfinitePast();
     next_seq_ = std::max(next_seq_, rec.seq() + 1);
@@ -213,16 +229,37 @@ absl::Status Manager::Recover() {
     LOG(INFO) << JobWho(job.info()) << " recovered in state "
               << v1::JobState_Name(job.info().state());
     for (const auto& e : job.rec.exits()) {
-      if ((e.exit_code() != 0 || e.signal() != 0) && job.pending_failure.empty()) {
-        job.pending_failure = absl::StrCat(
+      if ((e.exit_code() != 0 || e.signal() != 0) && job.gen.pending_failure.empty()) {
+        job.gen.pending_failure = absl::StrCat(
             "rank ", e.rank(), " exited with ",
             e.signal() != 0 ? SignalName(e.signal()) : absl::StrCat("code ", e.exit_code()));
-        job.fail_at = now;
+        job.gen.fail_at = now;
       }
     }
     if (job.info().state() == v1::STARTING) SendLaunches(job);
     if (job.info().state() == v1::CANCELLING) SendStops(job);
+    // A morph in progress carries on where it was (Note [Morph recovery]).
+    switch (job.rec.morph().phase()) {
+      case v1::MorphState::SAVING:
+        SendSaveRequests(job, !job.rec.morph().graceful());
+        break;
+      case v1::MorphState::STOPPING:
+        SendStops(job);
+        break;
+      case v1::MorphState::LAUNCHING:
+        SendLaunches(job);
+        break;
+      default:
+        break;
+    }
   }
+  ASSIGN_OR_RETURN(std::vector<v1::Event> events, store_->LoadEvents(10000));
+  for (auto& e : events) {
+    next_event_seq_ = std::max(next_event_seq_, e.seq() + 1);
+    events_.push_back(std::move(e));
+  }
+  Emit("manager_started", "", "",
+       absl::StrCat("recovered ", jobs_.size(), " jobs, ", nodes_.size(), " nodes"));
   LOG(INFO) << "recovered " << nodes_.size() << " nodes and " << jobs_.size() << " jobs (" << active
             << " active) from " << config_.state_dir;
   return absl::OkStatus();
@@ -281,9 +318,19 @@ absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest
     LOG(INFO) << "node=" << req.name() << " registered address=" << req.address()
               << " slots=" << req.slots() << (n.dead ? " (was DEAD)" : "");
   }
+  const bool was_gone = n.dead || inserted;
   n.dead = false;
   n.suspect = false;
+  if (n.rec.has_preemption()) {
+    // A registration is a (re)started agent: a new machine under the old name.
+    LOG(INFO) << "node=" << req.name() << " registered again; its preemption notice is over";
+    n.rec.clear_preemption();
+  }
   PersistNode(n);
+  if (was_gone) {
+    Emit("node_joined", "", req.name(), absl::StrCat(req.slots(), " slots at ", req.address()));
+    NoteJoined(req.name());
+  }
   post_([this] { Schedule(); });
   v1::RegisterResponse resp;
   resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
@@ -300,8 +347,17 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
   if (node.dead || node.suspect) {
     LOG(INFO) << "node=" << node.rec.name() << " heartbeating again (was "
               << (node.dead ? "DEAD" : "SUSPECT") << ")";
+    if (node.dead) {
+      Emit("node_joined", "", node.rec.name(), "heartbeating again after DEAD");
+      NoteJoined(node.rec.name());
+    }
     node.dead = node.suspect = false;
     post_([this] { Schedule(); });
+  }
+  if (req.has_preemption() && !node.rec.has_preemption()) {
+    const std::string name = node.rec.name();
+    const v1::PreemptionNotice notice = req.preemption();
+    post_([this, name, notice] { Preempt(name, notice).IgnoreError(); });
   }
   v1::HeartbeatResponse resp;
   resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
@@ -334,7 +390,13 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
     reported.insert({w.job_id(), w.rank()});
     const v1::StepMetrics& p = w.progress();
     v1::JobInfo& info = job.info();
-    if (p.step() > info.step() && p.step() <= info.total_steps()) {
+    RecordSteps(job, w);
+    NoteWorkerReport(job, w);
+    if (!w.error().empty() && job.gen.worker_error.empty()) {
+      job.gen.worker_error = w.error().substr(0, 500);
+    }
+    if (p.step() > info.step() && p.step() <= info.total_steps() &&
+        job.rec.morph().phase() != v1::MorphState::RESUMING) {
       info.set_step(static_cast<int32_t>(p.step()));
       info.set_loss(p.loss());
       info.set_samples_per_s(p.samples_per_s());
@@ -342,7 +404,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       job.progress_dirty = true;
     }
     if (p.stopped() && p.step() <= info.total_steps()) {
-      job.stopped_after = std::max(job.stopped_after, p.step());
+      job.gen.stopped_after = std::max(job.gen.stopped_after, p.step());
     }
     if (!running) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node.rec.name());
   }
@@ -367,6 +429,9 @@ bool Manager::Schedulable(const Node& n) const {
 
 std::string Manager::DrainReason(const Node& n) const {
   if (n.rec.drained()) return "drained by request";
+  if (n.rec.has_preemption()) {
+    return absl::StrCat("preemption notice (", n.rec.preemption().source(), ")");
+  }
   if (have_machine_list_ && !listed_.count(n.rec.name()) &&
       !listed_.count(HostOf(n.rec.address()))) {
     return absl::StrCat("not in machine_list ", config_.machine_list);
@@ -413,7 +478,38 @@ absl::StatusOr<v1::NodeInfo> Manager::Drain(const std::string& name, bool undo) 
     n.rec.set_drained(!undo);
     PersistNode(n);
     LOG(INFO) << "node=" << name << (undo ? " schedulable again" : " draining");
-    if (undo) post_([this] { Schedule(); });
+    Emit(undo ? "node_undrained" : "node_drained", "", name, "");
+    if (undo) {
+      NoteJoined(name);
+      post_([this] { Schedule(); });
+    } else {
+      OnNodeLeaving(name, absl::StrCat("node ", name, " drained"), absl::ZeroDuration(), true);
+    }
+  }
+  return Describe(n);
+}
+
+absl::StatusOr<v1::NodeInfo> Manager::Preempt(const std::string& name,
+                                              const v1::PreemptionNotice& notice) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("no node named '", name, "'"));
+  Node& n = it->second;
+  if (!n.rec.has_preemption()) {
+    *n.rec.mutable_preemption() = notice;
+    PersistNode(n);
+    const std::string when =
+        notice.deadline_ms() > 0
+            ? absl::StrCat(" (gone in ",
+                           absl::FormatDuration(absl::Trunc(
+                               absl::FromUnixMillis(notice.deadline_ms()) - clock_->Now(),
+                               absl::Seconds(1))),
+                           ")")
+            : "";
+    LOG(WARNING) << "node=" << name << " preemption notice from " << notice.source() << when;
+    Emit("preemption_notice", "", name, absl::StrCat("from ", notice.source(), when));
+    OnNodeLeaving(
+        name, absl::StrCat("preemption notice for node ", name, " (", notice.source(), ")", when),
+        absl::ZeroDuration(), /*graceful=*/true);
   }
   return Describe(n);
 }
@@ -421,6 +517,9 @@ absl::StatusOr<v1::NodeInfo> Manager::Drain(const std::string& name, bool undo) 
 void Manager::OnNodeDead(Node& node, absl::Duration silent) {
   node.dead = true;
   LOG(WARNING) << "node=" << node.rec.name() << " DEAD: no heartbeat for " << silent;
+  Emit("node_lost", "", node.rec.name(),
+       absl::StrCat("no heartbeat for ",
+                    absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
   for (auto& [id, job] : jobs_) {
     if (!Active(job.info().state())) continue;
     std::vector<int> ranks;
@@ -432,11 +531,24 @@ void Manager::OnNodeDead(Node& node, absl::Duration silent) {
       for (int r : ranks) RecordExit(job, r, 0, SIGKILL, node.rec.name());
       continue;
     }
+    if (MorphAllowed(job)) {
+      Cause c;
+      c.reason = absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
+                              absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
+                              "; it ran ", RanksOn(job, node.rec.name()), ")");
+      c.leaving = {node.rec.name()};
+      c.detect = silent;
+      c.priority = 3;
+      Trigger(job, c);
+      AdvanceMorph(job);
+      continue;
+    }
     // Until morphing lands, losing a node fails the job (ARCHITECTURE "Morph" is next).
-    Fail(job, absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
-                           absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))), "; it ran ",
-                           RanksOn(job, node.rec.name()), ")",
-                           job.pending_failure.empty() ? "" : "; then ", job.pending_failure));
+    Fail(job,
+         absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
+                      absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))), "; it ran ",
+                      RanksOn(job, node.rec.name()), ")",
+                      job.gen.pending_failure.empty() ? "" : "; then ", job.gen.pending_failure));
   }
 }
 
@@ -468,12 +580,27 @@ void Manager::ReloadMachineList() {
     if (host.empty() || host[0] == '#') continue;
     listed.insert(host);
   }
-  have_machine_list_ = true;
-  if (listed != listed_) {
+  if (listed != listed_ || !have_machine_list_) {
+    std::set<std::string> before;
+    for (const auto& [name, n] : nodes_) {
+      if (DrainReason(n).empty()) before.insert(name);
+    }
+    have_machine_list_ = true;
     LOG(INFO) << "machine_list " << config_.machine_list << ": " << absl::StrJoin(listed, " ");
     listed_ = std::move(listed);
+    Emit("machine_list", "", "", absl::StrJoin(listed_, " "));
+    for (const auto& [name, n] : nodes_) {
+      const bool now_listed = DrainReason(n).empty();
+      if (before.count(name) && !now_listed) {
+        OnNodeLeaving(name, absl::StrCat("node ", name, " removed from machine_list"),
+                      absl::ZeroDuration(), /*graceful=*/true);
+      } else if (!before.count(name) && now_listed) {
+        NoteJoined(name);
+      }
+    }
     post_([this] { Schedule(); });
   }
+  have_machine_list_ = true;
 }
 
 void Manager::ForgetDeadNodes() {
@@ -514,16 +641,26 @@ void Manager::Tick() {
   }
   for (auto& [id, job] : jobs_) {
     const v1::JobState s = job.info().state();
-    if (s == v1::STARTING && now - job.starting_since > config_.start_timeout) {
+    if (s == v1::STARTING && now - job.gen.starting_since > config_.start_timeout) {
       Fail(job, absl::StrCat("workers did not start within ",
                              absl::FormatDuration(config_.start_timeout), " (no answer from ",
-                             absl::StrJoin(job.launch_pending, ","), ")"));
-    } else if ((s == v1::STARTING || s == v1::RUNNING) && !job.pending_failure.empty() &&
-               now >= job.fail_at) {
+                             absl::StrJoin(job.gen.launch_pending, ","), ")"));
+    } else if ((s == v1::STARTING || s == v1::RUNNING) && !job.gen.pending_failure.empty() &&
+               now >= job.gen.fail_at) {
       SettleFailure(job);
     } else if (s == v1::CANCELLING && now - job.last_stop_sent > absl::Seconds(5)) {
       SendStops(job);  // in case a Stop was lost; agents ignore repeats
+    } else if (s == v1::RECONFIGURING && job.rec.morph().phase() == v1::MorphState::LAUNCHING &&
+               now - job.gen.starting_since > config_.start_timeout) {
+      Cause c;
+      c.reason = absl::StrCat("the relaunch did not start within ",
+                              absl::FormatDuration(config_.start_timeout), " (no answer from ",
+                              absl::StrJoin(job.gen.launch_pending, ","), ")");
+      c.leaving = job.gen.launch_pending;
+      c.priority = 3;
+      Trigger(job, c);
     }
+    AdvanceMorph(job);
   }
   if (now - last_flush_ >= absl::Seconds(10)) {
     last_flush_ = now;
@@ -532,6 +669,7 @@ void Manager::Tick() {
     }
   }
   Schedule();
+  CheckGrowth();
 }
 
 // ---- jobs -------------------------------------------------------------------------------
@@ -605,7 +743,8 @@ absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id, const std::st
       job.info().set_state(v1::CANCELLING);
       job.info().set_reason("cancel requested");
       job.cancelling_since = clock_->Now();
-      job.launch_pending.clear();
+      job.gen.launch_pending.clear();
+      job.rec.clear_morph();
       Persist(job);
       SendStops(job);
       CheckAllExited(job);
@@ -672,9 +811,10 @@ void Manager::StartJob(Job& job, const JobPlan& plan) {
   const Node& first = nodes_.at(plan.ranks[0].node());
   info.set_master(absl::StrCat(HostOf(first.rec.address()), ":0"));
   info.set_started_at(Now());
-  job.rec.clear_exits();
-  job.starting_since = clock_->Now();
+  NewGeneration(job);
   Persist(job);
+  Emit("job_state", info.id(), "",
+       absl::StrCat("STARTING ", plan.stages, "x", plan.replicas, " mb", plan.micro_batch));
   std::set<std::string> used_nodes;
   for (const auto& p : plan.ranks) used_nodes.insert(p.node());
   LOG(INFO) << JobWho(info) << " STARTING stages=" << plan.stages << " replicas=" << plan.replicas
@@ -699,6 +839,10 @@ v1::LaunchRequest Manager::MakeLaunch(const Job& job, const std::string& node) c
   req.set_per_replica_batch(job.spec.train.global_batch / std::max(1, info.replicas()));
   for (const auto& e : job.spec.entrypoint) req.add_entrypoint(e);
   for (const auto& [k, v] : job.spec.env) (*req.mutable_env())[k] = v;
+  // Every generation after the first resumes from the newest complete checkpoint (a
+  // morph's saves included); the first starts as the job spec says.
+  if (info.generation() > 1 && !job.spec.checkpoint.dir.empty()) req.set_resume_step("latest");
+  req.set_code_dir(job.spec.code_dir);
   for (const auto& p : info.placement()) {
     if (p.node() != node) continue;
     v1::RankAssignment* a = req.add_ranks();
@@ -716,13 +860,13 @@ void Manager::SendLaunches(Job& job) {
   const std::string rank0_node = info.placement(0).node();
   auto hp = SplitHostPort(info.master());
   const bool port_known = hp.ok() && hp->second != 0;
-  job.launch_pending.clear();
-  for (const auto& p : info.placement()) job.launch_pending.insert(p.node());
+  job.gen.launch_pending.clear();
+  for (const auto& p : info.placement()) job.gen.launch_pending.insert(p.node());
   std::vector<std::string> targets;
   if (!port_known) {
     targets.push_back(rank0_node);
   } else {
-    targets.assign(job.launch_pending.begin(), job.launch_pending.end());
+    targets.assign(job.gen.launch_pending.begin(), job.gen.launch_pending.end());
   }
   for (const std::string& node_name : targets) {
     auto nit = nodes_.find(node_name);
@@ -745,27 +889,45 @@ void Manager::OnLaunchDone(const std::string& job_id, int generation, const std:
   if (it == jobs_.end()) return;
   Job& job = it->second;
   v1::JobInfo& info = job.info();
-  if (info.generation() != generation || info.state() != v1::STARTING) return;  // stale
+  const bool relaunch =
+      info.state() == v1::RECONFIGURING && job.rec.morph().phase() == v1::MorphState::LAUNCHING;
+  if (info.generation() != generation || (info.state() != v1::STARTING && !relaunch)) return;
   if (!r.ok()) {
-    Fail(job, absl::StrCat("launch on node ", node, " failed: ", r.status().message()));
+    const std::string reason =
+        absl::StrCat("launch on node ", node, " failed: ", r.status().message());
+    if (MorphAllowed(job) && r.status().code() == absl::StatusCode::kUnavailable) {
+      Cause c;  // the node is unreachable: re-plan without it
+      c.reason = reason;
+      c.leaving = {node};
+      c.priority = 3;
+      Trigger(job, c);
+      return;
+    }
+    Fail(job, reason);
     return;
   }
   const bool first = SplitHostPort(info.master()).value_or(std::make_pair("", 0)).second == 0;
-  job.launch_pending.erase(node);
+  job.gen.launch_pending.erase(node);
   if (first) {
     info.set_master(absl::StrCat(HostOf(info.master()), ":", r->master_port()));
     Persist(job);
     SendLaunches(job);  // the rest, now that the port is known (a repeat here is harmless)
   }
-  if (job.launch_pending.empty()) MarkRunning(job);
+  if (job.gen.launch_pending.empty()) MarkRunning(job);
 }
 
 void Manager::MarkRunning(Job& job) {
-  if (job.info().state() != v1::STARTING) return;
+  const bool relaunch = job.info().state() == v1::RECONFIGURING &&
+                        job.rec.morph().phase() == v1::MorphState::LAUNCHING;
+  if (job.info().state() != v1::STARTING && !relaunch) return;
   job.info().set_state(v1::RUNNING);
-  job.running_since = clock_->Now();
+  job.gen.running_since = clock_->Now();
+  if (relaunch) SetPhase(job, v1::MorphState::RESUMING);
   LOG(INFO) << JobWho(job.info()) << " RUNNING master=" << job.info().master();
   Persist(job);
+  Emit("job_state", job.info().id(), "",
+       absl::StrCat("RUNNING generation ", job.info().generation(), " (", job.info().stages(), "x",
+                    job.info().replicas(), ")"));
   CheckAllExited(job);  // a job can finish before its last launch was acknowledged
 }
 
@@ -797,13 +959,56 @@ void Manager::RecordExit(Job& job, int rank, int exit_code, int signal, const st
   e->set_exit_code(exit_code);
   e->set_signal(signal);
   const v1::JobState s = job.info().state();
+  const bool live = s == v1::STARTING || s == v1::RUNNING || s == v1::RECONFIGURING;
+  if (live && signal == 0 && exit_code == kExitBadInput) {
+    // Its input is wrong: no restart can fix that, so no morph (common/exit_codes.h).
+    Fail(job, absl::StrCat(
+                  "rank ", rank, " on node ", node, " cannot run the job: ",
+                  job.gen.worker_error.empty() ? "bad input (see its log)" : job.gen.worker_error));
+    return;
+  }
+  if (live && MorphAllowed(job)) {
+    Persist(job);
+    const auto phase = job.rec.morph().phase();
+    if (phase == v1::MorphState::SAVING || phase == v1::MorphState::STOPPING) {
+      AdvanceMorph(job);  // an exit the morph waits for
+      return;
+    }
+    const std::string who = absl::StrCat("rank ", rank, " on node ", node);
+    if (exit_code != 0 || signal != 0) {
+      Cause c;
+      if (signal == 0 && exit_code == kExitRescued) {
+        c.reason = absl::StrCat(who, " lost a peer mid-step and saved its last step");
+        c.priority = 1;
+      } else {
+        c.reason = absl::StrCat(
+            who, " ",
+            signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
+                        : absl::StrCat("exited with code ", exit_code),
+            job.gen.worker_error.empty() ? "" : absl::StrCat(": ", job.gen.worker_error));
+        c.priority = 2;
+      }
+      Trigger(job, c);
+    } else if (job.gen.stopped_after > 0 && job.gen.stopped_after < job.spec.train.steps) {
+      Cause c;
+      c.reason =
+          absl::StrCat("workers stopped on request (SIGUSR1) after step ", job.gen.stopped_after);
+      c.graceful = true;
+      c.priority = 2;
+      Trigger(job, c);
+    } else {
+      CheckAllExited(job);
+    }
+    AdvanceMorph(job);
+    return;
+  }
   if ((s == v1::STARTING || s == v1::RUNNING) && (exit_code != 0 || signal != 0)) {
-    if (job.pending_failure.empty()) {
-      job.pending_failure =
+    if (job.gen.pending_failure.empty()) {
+      job.gen.pending_failure =
           absl::StrCat("rank ", rank, " on node ", node, " ",
                        signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
                                    : absl::StrCat("exited with code ", exit_code));
-      job.fail_at = clock_->Now() + 2 * config_.heartbeat_period;
+      job.gen.fail_at = clock_->Now() + 2 * config_.heartbeat_period;
     }
     Persist(job);
     return;
@@ -825,22 +1030,27 @@ void Manager::CheckUnreported(const Node& node,
   const std::string& name = node.rec.name();
   for (auto& [id, job] : jobs_) {
     const v1::JobState state = job.info().state();
-    if (state == v1::RUNNING && job.unreported) {
-      const auto& [node_name, rank] = *job.unreported;
+    if (state == v1::RUNNING && job.gen.unreported) {
+      const auto& [node_name, rank] = *job.gen.unreported;
       if (node_name == name && reported.count({id, rank})) {
         LOG(INFO) << JobWho(job.info()) << " rank " << rank << " on node " << name
                   << " is reported again";
-        if (job.pending_failure == UnreportedReason(*job.unreported)) {
-          job.pending_failure.clear();
-          job.fail_at = absl::InfiniteFuture();
+        if (job.gen.pending_failure == UnreportedReason(*job.gen.unreported)) {
+          job.gen.pending_failure.clear();
+          job.gen.fail_at = absl::InfiniteFuture();
         }
-        job.unreported.reset();
+        job.gen.unreported.reset();
       }
       continue;
     }
-    const bool cancelling = state == v1::CANCELLING;
+    const auto phase = job.rec.morph().phase();
+    const bool saving = state == v1::RECONFIGURING &&
+                        (phase == v1::MorphState::SAVING || phase == v1::MorphState::STOPPING);
+    const bool cancelling = state == v1::CANCELLING || saving;
     if (!cancelling && state != v1::RUNNING) continue;
-    const absl::Time since = cancelling ? job.cancelling_since : job.running_since;
+    const absl::Time since =
+        saving ? absl::UnixEpoch() + absl::Seconds(job.rec.morph().phase_since())
+               : (state == v1::CANCELLING ? job.cancelling_since : job.gen.running_since);
     if (now - since < 2 * config_.heartbeat_period) continue;
     std::vector<int> missing;
     for (const auto& p : job.info().placement()) {
@@ -857,12 +1067,19 @@ void Manager::CheckUnreported(const Node& node,
       for (int r : missing) RecordExit(job, r, 0, SIGKILL, name);
       continue;
     }
-    job.unreported = {name, missing.front()};
-    const std::string reason = UnreportedReason(*job.unreported);
+    job.gen.unreported = {name, missing.front()};
+    const std::string reason = UnreportedReason(*job.gen.unreported);
     LOG(WARNING) << JobWho(job.info()) << " " << reason;
-    if (job.pending_failure.empty()) {
-      job.pending_failure = reason;
-      job.fail_at = now + 2 * config_.heartbeat_period;
+    if (MorphAllowed(job)) {
+      Cause c;
+      c.reason = reason;
+      c.priority = 3;
+      Trigger(job, c);
+      continue;
+    }
+    if (job.gen.pending_failure.empty()) {
+      job.gen.pending_failure = reason;
+      job.gen.fail_at = now + 2 * config_.heartbeat_period;
     }
   }
 }
@@ -893,16 +1110,17 @@ void Manager::SettleFailure(Job& job) {
     if (it->second.dead || silent >= 1.5 * config_.heartbeat_period) {
       Fail(job, absl::StrCat("node ", name, " lost (no heartbeat for ",
                              absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
-                             "; it ran ", RanksOn(job, name), "); then ", job.pending_failure));
+                             "; it ran ", RanksOn(job, name), "); then ", job.gen.pending_failure));
       return;
     }
   }
-  if (job.unreported && UnreportedReason(*job.unreported) != job.pending_failure) {
+  if (job.gen.unreported && UnreportedReason(*job.gen.unreported) != job.gen.pending_failure) {
     // Its peers' exits were the consequence (their collectives lost the rank).
-    Fail(job, absl::StrCat(UnreportedReason(*job.unreported), "; then ", job.pending_failure));
+    Fail(job,
+         absl::StrCat(UnreportedReason(*job.gen.unreported), "; then ", job.gen.pending_failure));
     return;
   }
-  Fail(job, job.pending_failure);
+  Fail(job, job.gen.pending_failure);
 }
 
 void Manager::CheckAllExited(Job& job) {
@@ -910,8 +1128,8 @@ void Manager::CheckAllExited(Job& job) {
   const v1::JobState s = job.info().state();
   if (s == v1::RUNNING) {
     const int64_t steps = job.spec.train.steps;
-    if (job.stopped_after > 0 && job.stopped_after < steps) {  // Note [Stopped on request]
-      Fail(job, StoppedOnRequestReason(job.stopped_after, steps, job.spec.checkpoint.dir));
+    if (job.gen.stopped_after > 0 && job.gen.stopped_after < steps) {  // Note [Stopped on request]
+      Fail(job, StoppedOnRequestReason(job.gen.stopped_after, steps, job.spec.checkpoint.dir));
       return;
     }
     Succeed(job);
@@ -926,7 +1144,9 @@ void Manager::Succeed(Job& job) {
   job.info().set_reason("");
   job.info().set_finished_at(Now());
   LOG(INFO) << JobWho(job.info()) << " SUCCEEDED at step " << job.info().step();
+  job.rec.clear_morph();
   Persist(job);
+  Emit("job_state", job.info().id(), "", absl::StrCat("SUCCEEDED at step ", job.info().step()));
   post_([this] { Schedule(); });
 }
 
@@ -936,9 +1156,11 @@ void Manager::Fail(Job& job, const std::string& reason) {
   job.info().set_state(v1::FAILED);
   job.info().set_reason(reason);
   job.info().set_finished_at(Now());
-  job.launch_pending.clear();
+  job.gen.launch_pending.clear();
+  job.rec.clear_morph();
   LOG(WARNING) << JobWho(job.info()) << " FAILED: " << reason;
   Persist(job);
+  Emit("job_state", job.info().id(), "", absl::StrCat("FAILED: ", reason));
   if (had_workers) SendStops(job);
   post_([this] { Schedule(); });
 }
@@ -951,6 +1173,7 @@ void Manager::MarkCancelled(Job& job, const std::string& reason) {
   job.info().set_finished_at(Now());
   LOG(INFO) << JobWho(job.info()) << " CANCELLED";
   Persist(job);
+  Emit("job_state", job.info().id(), "", absl::StrCat("CANCELLED: ", reason));
   post_([this] { Schedule(); });
 }
 

@@ -6,6 +6,7 @@
 // runs on the manager's loop thread; answers that need an agent come back through `post`.
 // docs/architecture.md "Control plane" draws both machines.
 
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,6 +47,14 @@ struct ManagerConfig {
   TlsFiles tls;
   std::string tokens_file;  // lines "NAME TOKEN"
   bool allow_insecure = false;
+  // Morphing (docs/morphing.md): how long workers get to save before the manager stops
+  // waiting, how long after the last trigger the re-plan waits for more (coalescing), how
+  // long a joined node must stay before a job grows onto it, and the restart budget.
+  absl::Duration morph_save_timeout = absl::Seconds(60);
+  absl::Duration morph_coalesce = absl::Seconds(1);
+  absl::Duration scale_up_delay = absl::Seconds(10);
+  int max_morphs = 20;
+  absl::Duration morph_window = absl::Hours(1);
 
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }
@@ -79,6 +88,10 @@ class Manager {
                std::function<void(absl::StatusOr<v1::GetLogsResponse>)> done);
   std::vector<v1::NodeInfo> ListNodes() const;
   absl::StatusOr<v1::NodeInfo> Drain(const std::string& node, bool undo);
+  // A preemption notice for `node` (varunactl preempt, or the node's own agent).
+  absl::StatusOr<v1::NodeInfo> Preempt(const std::string& node, const v1::PreemptionNotice& n);
+  v1::ListEventsResponse ListEvents(const v1::ListEventsRequest& req) const;
+  absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& req) const;
 
   // Node timeouts, launch timeouts, machine_list reload, scheduling, progress flush.
   void Tick();
@@ -93,26 +106,48 @@ class Manager {
     bool suspect = false;
     int other_running = 0;  // running workers of no active launch, from the last heartbeat
   };
-  struct Job {
-    v1::JobRecord rec;
-    JobSpec spec;
+  // Everything that belongs to one launch of a job; NewGeneration() resets it.
+  struct Generation {
     std::set<std::string> launch_pending;  // nodes whose Launch has not been acked
     absl::Time starting_since;
     absl::Time running_since;  // since RUNNING, or since this manager recovered the job
-    absl::Time last_stop_sent;
-    absl::Time cancelling_since;  // since CANCELLING, or since this manager recovered the job
-    bool progress_dirty = false;
-    // Note [Failure attribution]: a rank's non-zero exit is held for two heartbeat periods
-    // before the job fails, so that when a whole node died (and its peers' collectives
-    // failed first) the reason names the lost node rather than a healthy rank.
+    // Note [Failure attribution]: without morphing, a rank's non-zero exit is held for two
+    // heartbeat periods before the job fails, so that when a whole node died (and its peers'
+    // collectives failed first) the reason names the lost node rather than a healthy rank.
     std::string pending_failure;
     // A rank its node's agent stopped reporting (CheckUnreported); preferred as the cause.
     std::optional<std::pair<std::string, int>> unreported;  // (node, rank)
     absl::Time fail_at = absl::InfiniteFuture();
     // The step after which a rank reported stopping on request (SIGUSR1); 0 if none did.
     int64_t stopped_after = 0;
+    std::set<int> ready;        // ranks that reported their rendezvous done
+    int64_t resumed_from = -1;  // the step they resumed after (-1 until known)
+    int64_t newest_step = 0;    // newest step this generation reported
+    int64_t saved_step = 0;     // newest step a rank saved on its way out (stop or rescue)
+    std::string worker_error;   // the first error line a worker wrote
+  };
+  struct Job {
+    v1::JobRecord rec;
+    JobSpec spec;
+    Generation gen;
+    absl::Time last_stop_sent;
+    absl::Time cancelling_since;  // since CANCELLING, or since this manager recovered the job
+    absl::Time last_trigger = absl::InfinitePast();  // the newest cause merged into a morph
+    int cause_priority = 0;                          // of the morph's reason (Cause)
+    bool progress_dirty = false;
     v1::JobInfo& info() { return *rec.mutable_info(); }
     const v1::JobInfo& info() const { return rec.info(); }
+    v1::MorphState& morph() { return *rec.mutable_morph(); }
+    bool morphing() const { return rec.morph().phase() != v1::MorphState::NONE; }
+  };
+  // Why a running job must change (docs/morphing.md "Triggers"). Higher priority causes
+  // replace the reason of a morph in progress (a lost node explains its peers' exits).
+  struct Cause {
+    std::string reason;
+    bool graceful = false;                         // the workers can checkpoint at a step boundary
+    std::set<std::string> leaving;                 // nodes the next plan must not use
+    absl::Duration detect = absl::ZeroDuration();  // from the event to the manager knowing
+    int priority = 1;  // 1 a rank saved after a peer failed, 2 a worker failed, 3 a node event
   };
 
   // Transitions: each checks the from-state, logs, persists, then acts.
@@ -136,6 +171,33 @@ class Manager {
   static bool PlacedOn(const Job& job, const std::string& node, int rank);
   void ReloadMachineList();
   void ForgetDeadNodes();
+
+  // The morph (manager/morph.cc): Trigger -> BeginMorph (SAVING) -> STOPPING -> PLANNING ->
+  // Relaunch (LAUNCHING) -> RUNNING (RESUMING) -> FinishMorph. AdvanceMorph moves a job
+  // along when what the phase waits for has happened (or its timer ran out).
+  bool MorphAllowed(const Job& job) const;
+  void Trigger(Job& job, const Cause& cause);
+  void BeginMorph(Job& job, const Cause& cause);
+  void SendSaveRequests(Job& job, bool abort_step);
+  void OnSaveRequestFailed(const std::string& job_id, int generation, const std::string& node,
+                           const absl::Status& status);
+  void AdvanceMorph(Job& job);
+  void SetPhase(Job& job, v1::MorphState::Phase phase);
+  void Relaunch(Job& job, const JobPlan& plan);
+  void FinishMorph(Job& job);
+  bool AllRanksGone(const Job& job) const;
+  bool FinishedTraining(const Job& job) const;
+  void NoteWorkerReport(Job& job, const v1::WorkerStatus& w);
+  void RecordSteps(Job& job, const v1::WorkerStatus& w);
+  void OnNodeLeaving(const std::string& node, const std::string& why, absl::Duration detect,
+                     bool graceful);
+  void NoteJoined(const std::string& node);
+  void CheckGrowth();
+  std::vector<FreeSlots> FreeSlotsFor(const Job* job, const std::set<std::string>& exclude) const;
+  void NewGeneration(Job& job);
+  void Emit(const std::string& kind, const std::string& job_id, const std::string& node,
+            const std::string& message);
+  double UnixNow() const;
 
   v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
   std::map<std::string, int> UsedSlots() const;
@@ -164,6 +226,12 @@ class Manager {
   std::set<std::string> listed_;
   int64_t machine_list_mtime_ = -1;
   absl::Time last_list_check_ = absl::InfinitePast();
+  // Growth: when a node joined, jobs may grow onto it after scale_up_delay.
+  absl::Time grow_check_at_ = absl::InfiniteFuture();
+  std::set<std::string> joined_;
+  // Events (varunactl events): the newest kMaxEvents, also in the state database.
+  std::deque<v1::Event> events_;
+  int64_t next_event_seq_ = 1;
 };
 
 }  // namespace varuna

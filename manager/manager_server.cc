@@ -175,6 +175,43 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
       return r.status();
     });
   }
+  grpc::ServerUnaryReactor* PreemptNode(grpc::CallbackServerContext* ctx,
+                                        const v1::PreemptNodeRequest* req,
+                                        v1::PreemptNodeResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    const std::string by = Authenticate(*ctx).value_or("");
+    return OnLoop(loop_, ctx, [=] {
+      if (req->in_ms() < 0 || req->in_ms() > int64_t{86400} * 1000 * 365) {
+        return absl::InvalidArgumentError("preempt: in_ms must be in [0, one year]");
+      }
+      v1::PreemptionNotice n;
+      n.set_source("varunactl");
+      n.set_deadline_ms(absl::ToUnixMillis(absl::Now()) + req->in_ms());
+      n.set_detail(by.empty() ? "by hand" : absl::StrCat("by ", by));
+      auto r = m_->Preempt(req->node(), n);
+      if (r.ok()) *resp->mutable_node() = *r;
+      return r.status();
+    });
+  }
+  grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx,
+                                       const v1::ListEventsRequest* req,
+                                       v1::ListEventsResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=] {
+      *resp = m_->ListEvents(*req);
+      return absl::OkStatus();
+    });
+  }
+  grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx,
+                                       const v1::GetMetricsRequest* req,
+                                       v1::GetMetricsResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=] {
+      auto r = m_->GetMetrics(*req);
+      if (r.ok()) *resp = *std::move(r);
+      return r.status();
+    });
+  }
 
  private:
   // The caller's token name ("" without a tokens file), or UNAUTHENTICATED naming why.

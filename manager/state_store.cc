@@ -2,9 +2,11 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace varuna {
 
@@ -30,6 +32,9 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
            "PRAGMA busy_timeout=5000",
            "CREATE TABLE IF NOT EXISTS jobs (id TEXT PRIMARY KEY, seq INTEGER, record BLOB)",
            "CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, seq INTEGER, record BLOB)",
+           "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, record BLOB)",
+           "CREATE TABLE IF NOT EXISTS steps (job TEXT, step INTEGER, gen INTEGER, record BLOB, "
+           "PRIMARY KEY (job, step))",
        }) {
     absl::Status s = store->Exec(sql);
     if (!s.ok()) return s;
@@ -122,6 +127,86 @@ absl::StatusOr<std::vector<T>> LoadAll(sqlite3* db, const char* sql, const std::
 }
 
 }  // namespace
+
+absl::Status StateStore::SaveEvent(const v1::Event& e) {
+  RETURN_IF_ERROR(Put("INSERT OR REPLACE INTO events (seq, record) VALUES (?2, ?3)", "", e.seq(),
+                      e.SerializeAsString()));
+  // Keep the newest 100000.
+  if (e.seq() % 1000 == 0) {
+    return Exec(absl::StrCat("DELETE FROM events WHERE seq <= ", e.seq() - 100000));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::Event>> StateStore::LoadEvents(int limit) {
+  auto newest = LoadAll<v1::Event>(
+      db_, absl::StrCat("SELECT record FROM events ORDER BY seq DESC LIMIT ", limit).c_str(),
+      path_);
+  if (newest.ok()) std::reverse(newest->begin(), newest->end());
+  return newest;
+}
+
+// Note [Step records]: a step re-run by a later generation (after a morph rolled back to a
+// checkpoint) replaces the earlier record; an older generation never overwrites a newer one.
+absl::Status StateStore::SaveSteps(const std::string& job_id,
+                                   const std::vector<v1::StepRecord>& steps) {
+  RETURN_IF_ERROR(Exec("BEGIN"));
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_,
+                         "INSERT INTO steps (job, step, gen, record) VALUES (?, ?, ?, ?) "
+                         "ON CONFLICT (job, step) DO UPDATE SET gen = excluded.gen, "
+                         "record = excluded.record WHERE excluded.gen >= steps.gen",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    const std::string msg = sqlite3_errmsg(db_);
+    Exec("ROLLBACK").IgnoreError();
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", msg));
+  }
+  int rc = SQLITE_DONE;
+  for (const v1::StepRecord& r : steps) {
+    const std::string blob = r.SerializeAsString();
+    sqlite3_reset(stmt);
+    sqlite3_bind_text(stmt, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_int64(stmt, 2, r.step());
+    sqlite3_bind_int64(stmt, 3, r.generation());
+    sqlite3_bind_blob(stmt, 4, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    rc = sqlite3_step(stmt);
+    if (rc != SQLITE_DONE) break;
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    const std::string msg = sqlite3_errmsg(db_);
+    Exec("ROLLBACK").IgnoreError();
+    return absl::InternalError(absl::StrCat("state database ", path_, ": write failed: ", msg));
+  }
+  return Exec("COMMIT");
+}
+
+absl::StatusOr<std::vector<v1::StepRecord>> StateStore::LoadSteps(const std::string& job_id,
+                                                                  int64_t after_step, int limit) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_,
+                         "SELECT record FROM steps WHERE job = ? AND step > ? ORDER BY step "
+                         "LIMIT ?",
+                         -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_int64(stmt, 2, after_step);
+  sqlite3_bind_int(stmt, 3, limit);
+  std::vector<v1::StepRecord> out;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    v1::StepRecord r;
+    if (r.ParseFromArray(sqlite3_column_blob(stmt, 0), sqlite3_column_bytes(stmt, 0))) {
+      out.push_back(std::move(r));
+    }
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  return out;
+}
 
 absl::StatusOr<std::vector<v1::JobRecord>> StateStore::LoadJobs() {
   return LoadAll<v1::JobRecord>(db_, "SELECT record FROM jobs ORDER BY seq", path_);

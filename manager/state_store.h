@@ -27,6 +27,13 @@ class StateStore {
   // All jobs, in submission order.
   absl::StatusOr<std::vector<v1::JobRecord>> LoadJobs();
   absl::StatusOr<std::vector<v1::NodeRecord>> LoadNodes();
+  // Events (varunactl events): appended; the newest `limit` come back oldest first.
+  absl::Status SaveEvent(const v1::Event& event);
+  absl::StatusOr<std::vector<v1::Event>> LoadEvents(int limit);
+  // Per-step records of a job (varunactl metrics), one per step (Note [Step records]).
+  absl::Status SaveSteps(const std::string& job_id, const std::vector<v1::StepRecord>& steps);
+  absl::StatusOr<std::vector<v1::StepRecord>> LoadSteps(const std::string& job_id,
+                                                        int64_t after_step, int limit);
 
  private:
   explicit StateStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}

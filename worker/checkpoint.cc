@@ -74,6 +74,84 @@ std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), 
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
+Varuna::SnapshotLayers(const std::vector<bool>& mine) const {
+  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
+  RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (!mine[i]) continue;
+      c10::Dict<std::string, at::Tensor> d;
+      for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+        d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
+        SaveOptimizerState(*optimizer_, p.value(), p.key(), &d);
+      }
+      for (const auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+        d.insert("buffer." + b.key(), b.value().detach().cpu().clone());
+      }
+      snapshot.emplace_back(absl::StrCat("layers/", layer_names_[i], ".pt"), std::move(d));
+    }
+  }));
+  return snapshot;
+}
+
+std::string Varuna::CommonJson(const std::vector<int>& writers,
+                               const std::map<std::string, std::string>& info) const {
+  std::string json = absl::StrFormat(
+      "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
+      " \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"loss_scale\": %.17g,\n"
+      " \"clean_steps\": %d,\n \"writers\": [",
+      iteration_, global_batch_, map_.stages(), map_.replicas(), chunk_size_, map_.ToString(),
+      scaler_.scale(), scaler_.clean_steps());
+  for (size_t i = 0; i < writers.size(); ++i) absl::StrAppend(&json, i ? ", " : "", writers[i]);
+  json += "],\n \"layers\": [";
+  for (size_t i = 0; i < model_.layers().size(); ++i) {
+    absl::StrAppend(&json, i ? ", " : "", "\"", model_.layers()[i].name, "\"");
+  }
+  json += "]";
+  for (const auto& [k, v] : info) {
+    std::string escaped;
+    for (char c : v) {
+      if (c == '"' || c == '\\') escaped += '\\';
+      escaped += c == '\n' ? ' ' : c;
+    }
+    absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
+  }
+  json += "}\n";
+  return json;
+}
+
+// Note [Rescue]: a survivor of a failed step saves the state of its last completed step
+// without any collective (its peers may be gone): every layer of its stage, plus
+// rescue.rank<R>.json (the common fields and its files' digests) and rescued.rank<R> last.
+// Replicas of a stage hold identical state, so two of them writing the same layer file
+// write the same bytes. The checkpoint is complete when the rescuers' layers cover the
+// model (VerifyCheckpoint); the next generation loads it like any other. state_mu_ keeps
+// the snapshot off a half-applied optimizer step when this runs on another thread.
+absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
+                                       const std::map<std::string, std::string>& info) {
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!optimizer_) return absl::FailedPreconditionError("rescue() before set_optimizer()");
+  absl::Status upload = WaitForCheckpoint();
+  if (!upload.ok()) LOG(WARNING) << "rank=" << rank_ << " earlier upload failed: " << upload;
+  if (iteration_ == 0) return 0;  // nothing trained since a fresh start
+  const std::string path = CheckpointPath(dir, iteration_);
+  if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return iteration_;  // already saved
+  std::error_code ec;
+  std::filesystem::create_directories(path + "/layers", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
+  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+  std::vector<FileDigest> written;
+  for (const auto& [rel, dict] : snapshot) {
+    std::string bytes;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
+                              [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
+    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, rank_));
+    written.push_back(DigestBytes(rel, bytes));
+  }
+  RETURN_IF_ERROR(WriteRescueRecord(path, rank_, CommonJson({rank_}, info), written));
+  return iteration_;
+}
+
 // Note [Background upload]: the training thread only snapshots the state (tensor copies, a
 // few hundred MB/s of memcpy). Serialization, the local write and, with a tempdir, the copy to
 // `dir` run on a background thread, which writes the manifest and marker only after every
@@ -82,6 +160,7 @@ std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), 
 absl::Status Varuna::checkpoint(const std::string& dir,
                                 const std::map<std::string, std::string>& info,
                                 const std::string& tempdir, bool shard) {
+  std::lock_guard<std::mutex> state(state_mu_);
   if (!optimizer_) return absl::FailedPreconditionError("checkpoint() before set_optimizer()");
   RETURN_IF_ERROR(WaitForCheckpoint());
   const std::string path = CheckpointPath(dir, iteration_);
@@ -115,53 +194,18 @@ absl::Status Varuna::checkpoint(const std::string& dir,
   const bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
   if (writer) {
-    RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
-      for (size_t i = 0; i < layers_.size(); ++i) {
-        if (!mine[i]) continue;
-        c10::Dict<std::string, at::Tensor> d;
-        for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
-          d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
-          SaveOptimizerState(*optimizer_, p.value(), p.key(), &d);
-        }
-        for (const auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
-          d.insert("buffer." + b.key(), b.value().detach().cpu().clone());
-        }
-        snapshot.emplace_back(absl::StrCat("layers/", layer_names_[i], ".pt"), std::move(d));
-      }
-    }));
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(mine));
   }
   std::string json;
   if (rank_ == 0) {
-    json = absl::StrFormat(
-        "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
-        " \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"loss_scale\": %.17g,\n"
-        " \"clean_steps\": %d,\n \"writers\": [",
-        iteration_, global_batch_, map_.stages(), map_.replicas(), chunk_size_, map_.ToString(),
-        scaler_.scale(), scaler_.clean_steps());
     // Writers: replica 0 of each stage, or with shard the first min(D, layers) replicas (the
     // greedy assignment gives each of them at least one layer).
-    bool first = true;
+    std::vector<int> writers;
     for (int s = 0; s < map_.stages(); ++s) {
       const int n = shard ? std::min(map_.replicas(), layers_per_stage_[s]) : 1;
-      for (int d = 0; d < n; ++d) {
-        absl::StrAppend(&json, first ? "" : ", ", map_.RankOf(s, d));
-        first = false;
-      }
+      for (int d = 0; d < n; ++d) writers.push_back(map_.RankOf(s, d));
     }
-    json += "],\n \"layers\": [";
-    for (size_t i = 0; i < model_.layers().size(); ++i) {
-      absl::StrAppend(&json, i ? ", " : "", "\"", model_.layers()[i].name, "\"");
-    }
-    json += "]";
-    for (const auto& [k, v] : info) {
-      std::string escaped;
-      for (char c : v) {
-        if (c == '"' || c == '\\') escaped += '\\';
-        escaped += c == '\n' ? ' ' : c;
-      }
-      absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
-    }
-    json += "}\n";
+    json = CommonJson(writers, info);
   }
   const int rank = rank_;
   const bool upload = !tempdir.empty();
@@ -206,7 +250,10 @@ absl::Status Varuna::checkpoint(const std::string& dir,
 }
 
 absl::Status Varuna::WaitForCheckpoint() {
-  if (upload_.joinable()) upload_.join();
+  {
+    std::lock_guard<std::mutex> j(join_mu_);
+    if (upload_.joinable()) upload_.join();
+  }
   std::lock_guard<std::mutex> l(upload_mu_);
   absl::Status st = upload_status_;
   upload_status_ = absl::OkStatus();

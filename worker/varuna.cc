@@ -693,6 +693,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(groups_.pipeline, v, timeout_));
     }
+    // From here on only local state changes (scaler, parameters, optimizer, iteration):
+    // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
+    std::lock_guard<std::mutex> state(state_mu_);
     result.overflow = meta[0].item<double>() > 0;
     result.grad_norm = std::sqrt(meta[1].item<double>());
     result.loss = meta[2].item<double>();
@@ -712,11 +715,11 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       optimizer_->step();
     }
     for (auto& p : params) p.mutable_grad().zero_();
+    ++iteration_;
     return absl::OkStatus();
   });
   RETURN_IF_ERROR(st);
   broken_ = false;
-  ++iteration_;
   return result;
 }
 

@@ -105,6 +105,12 @@ class Varuna {
   absl::Status checkpoint(const std::string& dir,
                           const std::map<std::string, std::string>& info = {},
                           const std::string& tempdir = "", bool shard = false);
+  // Saves the state of the last completed step after a failed one, with no collective
+  // (Note [Rescue] in checkpoint.cc): every layer of this stage plus its rescue record into
+  // DIR/varuna_ckpt_<iteration()>. Safe to call from another thread while step() is blocked
+  // on a dead peer. Returns the step saved (0: nothing trained yet, nothing written).
+  absl::StatusOr<int64_t> rescue(const std::string& dir,
+                                 const std::map<std::string, std::string>& info = {});
   // Waits for a background upload; returns its outcome (OK if none was running).
   absl::Status WaitForCheckpoint();
   // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,
@@ -147,6 +153,10 @@ class Varuna {
                            double weight_denominator, bool train, double* loss_partial);
   absl::Status ReduceTiedGradients();
   absl::Status ReduceDataParallel(double* loss_partial, double* stop);
+  absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
+  SnapshotLayers(const std::vector<bool>& mine) const;
+  std::string CommonJson(const std::vector<int>& writers,
+                         const std::map<std::string, std::string>& info) const;
 
   Model model_;
   StageMap map_;
@@ -183,6 +193,8 @@ class Varuna {
   std::atomic<bool> stop_requested_{false};
   std::thread upload_;  // background checkpoint upload (Note [Background upload])
   std::mutex upload_mu_;
+  std::mutex join_mu_;   // WaitForCheckpoint may run on the rescue thread too
+  std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
   absl::Status upload_status_;
   std::vector<torch::Tensor> buckets_;  // flat DP buffers, lazily sized
   double last_pipeline_s_ = 0, last_wait_s_ = 0;

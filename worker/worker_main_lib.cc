@@ -6,12 +6,17 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <thread>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/checkpoint_store.h"
+#include "common/exit_codes.h"
 #include "common/launch_args.h"
 #include "common/logging.h"
 #include "common/lr_schedule.h"
@@ -26,10 +31,49 @@ namespace {
 // Set by SIGUSR1 (Varuna's contract): finish the step, checkpoint, exit 0.
 std::atomic<bool> g_stop_requested{false};
 void OnSigusr1(int) { g_stop_requested.store(true); }
+// Set by SIGUSR2 (the manager: a peer is gone, abort the step) or by the training thread
+// after a failed step: the rescue thread saves the last completed step and exits.
+std::atomic<bool> g_rescue_requested{false};
+void OnSigusr2(int) { g_rescue_requested.store(true); }
 
 using Clock = std::chrono::steady_clock;
 
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string JsonEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace
+
+// Note [Progress]: one JSON line per event, appended to VARUNA_PROGRESS_FILE (the agent reads
+// new lines on every heartbeat and forwards each step to the manager once): a "ready" line
+// after the rendezvous and resume, one line per step, and a last line saying how the worker
+// ended ("stopped"/"rescued" with the step saved, or "error"). Each line is one write(2)
+// of less than PIPE_BUF on an O_APPEND file, so the agent never sees half a line from a
+// finished write.
+void AppendProgress(const std::string& line) {
+  const char* path = std::getenv("VARUNA_PROGRESS_FILE");
+  if (path == nullptr || *path == '\0') return;
+  const int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return;
+  const std::string l = line + "\n";
+  [[maybe_unused]] ssize_t n = ::write(fd, l.data(), l.size());
+  ::close(fd);
+}
+
+namespace {}  // namespace
 
 std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
     const TrainSpec& t, const std::vector<std::pair<std::string, torch::Tensor>>& named_params) {
@@ -53,28 +97,46 @@ std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
 }
 
 absl::Status RunWorker(const std::vector<std::string>& argv) {
-  // Installed first: a SIGUSR1 during start-up must not kill the process (default action).
+  // Installed first: a SIGUSR1/2 during start-up must not kill the process (default action).
   std::signal(SIGUSR1, OnSigusr1);
-  ASSIGN_OR_RETURN(WorkerArgs args, ParseWorkerArgs(argv));
+  std::signal(SIGUSR2, OnSigusr2);
+  // Everything wrong before the rendezvous is the input's fault (common/exit_codes.h).
+  absl::StatusOr<WorkerArgs> parsed = ParseWorkerArgs(argv);
+  if (!parsed.ok()) return MarkBadInput(parsed.status());
+  WorkerArgs args = *std::move(parsed);
   if (args.help) {
     std::cout << WorkerUsage();
     return absl::OkStatus();
   }
   // Everything that can be wrong with the input is checked before the rendezvous.
-  ASSIGN_OR_RETURN(JobSpec spec, LoadJobSpec(args.job_path));
-  RETURN_IF_ERROR(spec.ValidateFiles());
-  ASSIGN_OR_RETURN(Model model, BuildModel(spec.model));
-  ASSIGN_OR_RETURN(WorkerTopology topo, ResolveTopology(args, &spec, model.num_segments(), GetEnv));
-  ASSIGN_OR_RETURN(SchedulePolicy policy, ParseSchedulePolicy(spec.parallel.schedule));
-  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(spec.train.precision));
-  if (!args.resume_step && !spec.checkpoint.resume.empty()) {
-    args.resume_step = spec.checkpoint.resume;
-  }
-  if (args.resume_step && spec.checkpoint.dir.empty()) {
-    return absl::InvalidArgumentError("--resume_step needs checkpoint.dir in the job spec");
-  }
-  ASSIGN_OR_RETURN(TokenDataset data, TokenDataset::Open(spec.data, spec.model.seq_len,
-                                                         spec.model.vocab, spec.train.seed));
+  JobSpec spec;
+  std::optional<Model> built;
+  WorkerTopology topo;
+  SchedulePolicy policy;
+  Precision precision;
+  std::optional<TokenDataset> opened;
+  absl::Status input = [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(spec, LoadJobSpec(args.job_path));
+    RETURN_IF_ERROR(spec.ValidateFiles());
+    ASSIGN_OR_RETURN(built, BuildModel(spec.model));
+    ASSIGN_OR_RETURN(topo, ResolveTopology(args, &spec, built->num_segments(), GetEnv));
+    ASSIGN_OR_RETURN(policy, ParseSchedulePolicy(spec.parallel.schedule));
+    ASSIGN_OR_RETURN(precision, ParsePrecision(spec.train.precision));
+    if (!args.resume_step && !spec.checkpoint.resume.empty()) {
+      args.resume_step = spec.checkpoint.resume;
+    }
+    if (args.resume_step && spec.checkpoint.dir.empty()) {
+      return absl::InvalidArgumentError("--resume_step needs checkpoint.dir in the job spec");
+    }
+    absl::StatusOr<TokenDataset> d =
+        TokenDataset::Open(spec.data, spec.model.seq_len, spec.model.vocab, spec.train.seed);
+    if (!d.ok()) return d.status();
+    opened.emplace(*std::move(d));
+    return absl::OkStatus();
+  }();
+  if (!input.ok()) return MarkBadInput(input);
+  Model model = *std::move(built);
+  TokenDataset data = *std::move(opened);
   const std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
   LOG(INFO) << who << " world=" << topo.world_size << " map=" << topo.map.ToString()
             << " stage=" << topo.stage << " replica=" << topo.replica
@@ -89,8 +151,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
         metrics_rank ? args.metrics_out : absl::StrCat(args.metrics_out, ".rank", topo.rank);
     metrics.open(path, std::ios::trunc);
     if (!metrics) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--metrics_out '", path, "' cannot be written"));
+      return MarkBadInput(
+          absl::InvalidArgumentError(absl::StrCat("--metrics_out '", path, "' cannot be written")));
     }
   }
 
@@ -125,11 +187,16 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   const std::string& ckpt_dir = spec.checkpoint.dir;
   int64_t first_step = 1;
   if (args.resume_step) {
-    ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(*args.resume_step));
-    const std::vector<std::string> model_layers = engine->model_layer_names();
-    ASSIGN_OR_RETURN(std::optional<int64_t> resume,
-                     ResolveResumeStep(ckpt_dir, requested, &model_layers));
-    if (resume) {
+    // A checkpoint that cannot be used is the input's fault too: restarting cannot fix it.
+    absl::Status resumed = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(*args.resume_step));
+      const std::vector<std::string> model_layers = engine->model_layer_names();
+      ASSIGN_OR_RETURN(std::optional<int64_t> resume,
+                       ResolveResumeStep(ckpt_dir, requested, &model_layers));
+      if (!resume) {
+        LOG(INFO) << who << " no checkpoint in " << ckpt_dir << "; starting fresh";
+        return absl::OkStatus();
+      }
       const std::string path = CheckpointPath(ckpt_dir, *resume);
       ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(path));
       const std::string& written = common.model_spec;
@@ -139,21 +206,65 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       }
       ASSIGN_OR_RETURN(int64_t step, engine->load_checkpoint(path));
       first_step = step + 1;
-    } else {
-      LOG(INFO) << who << " no checkpoint in " << ckpt_dir << "; starting fresh";
-    }
+      return absl::OkStatus();
+    }();
+    if (!resumed.ok()) return MarkBadInput(resumed);
   }
   const std::map<std::string, std::string> ckpt_info = {{"model_spec", model_spec},
                                                         {"job_name", spec.name}};
 
   const int64_t B = topo.global_batch;
-  const char* progress_env = std::getenv("VARUNA_PROGRESS_FILE");
-  const std::string progress_path = progress_env != nullptr ? progress_env : "";
+  // The rescue thread (Note [Rescue] in checkpoint.cc): on SIGUSR2 or a failed step, save the
+  // last completed step and exit kExitRescued. It owns the exit from then on, so the
+  // training thread, blocked on a dead peer or back from a failed step, never has to return.
+  Varuna* const eng = engine.get();
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  std::thread rescuer([eng, ckpt_dir, ckpt_info, who, finished] {
+    while (!g_rescue_requested.load()) {
+      if (finished->load()) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (ckpt_dir.empty()) {
+      LOG(WARNING) << who << " step aborted; the job has no checkpoint.dir, nothing saved";
+      AppendProgress("{\"error\": \"step aborted with no checkpoint.dir: nothing saved\"}");
+      std::_Exit(1);
+    }
+    const auto c0 = Clock::now();
+    absl::StatusOr<int64_t> saved = eng->rescue(ckpt_dir, ckpt_info);
+    if (!saved.ok()) {
+      LOG(ERROR) << who << " rescue failed: " << saved.status();
+      AppendProgress(absl::StrFormat("{\"error\": \"rescue failed: %s\"}",
+                                     JsonEscape(std::string(saved.status().message()))));
+      std::_Exit(1);
+    }
+    LOG(INFO) << who << " rescued step " << *saved << " in "
+              << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
+              << " s; exiting";
+    AppendProgress(
+        absl::StrFormat("{\"rescued\": true, \"saved_step\": %d, \"t\": %.6f}", *saved, UnixNow()));
+    std::_Exit(kExitRescued);
+  });
+  struct JoinOnReturn {
+    std::thread& t;
+    std::atomic<bool>& finished;
+    ~JoinOnReturn() {
+      finished.store(true);
+      t.join();
+    }
+  } join_rescuer{rescuer, *finished};
+  AppendProgress(absl::StrFormat("{\"ready\": true, \"resumed_from\": %d, \"t\": %.6f}",
+                                 first_step - 1, UnixNow()));
   for (int64_t step = first_step; step <= topo.steps; ++step) {
     const auto t0 = Clock::now();
     TensorMap batch =
         data.Batch((step - 1) * B + topo.replica * topo.per_replica_batch, topo.per_replica_batch);
-    ASSIGN_OR_RETURN(StepResult r, engine->step(batch));
+    absl::StatusOr<StepResult> stepped = engine->step(batch);
+    if (!stepped.ok()) {
+      LOG(ERROR) << who << " step " << step << " failed: " << stepped.status();
+      g_rescue_requested.store(true);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the rescuer exits
+    }
+    const StepResult r = *stepped;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double lr = lr_at(step);
     if (writes_metrics) {
@@ -168,21 +279,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
               << "\n";
       metrics.flush();
     }
-    // Note [Progress]: the agent reads this file on every heartbeat; rename makes each
-    // update atomic, so it never sees a torn line. `stopped` tells the manager that an exit
-    // 0 after this step is a stop on request, not the end of training.
-    auto write_progress = [&](bool stopped) {
-      if (progress_path.empty()) return;
-      std::ofstream p(progress_path + ".tmp", std::ios::trunc);
-      p << absl::StrFormat(
-          "{\"step\": %d, \"loss\": %.9g, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
-          "\"tokens_per_s\": %.1f%s}\n",
-          step, r.loss, dt, B / dt, B * spec.model.seq_len / dt,
-          stopped ? ", \"stopped\": true" : "");
-      p.close();
-      std::rename((progress_path + ".tmp").c_str(), progress_path.c_str());
-    };
-    write_progress(false);
+    AppendProgress(absl::StrFormat(
+        "{\"step\": %d, \"loss\": %.9g, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
+        "\"tokens_per_s\": %.1f, \"t\": %.6f}",
+        step, r.loss, dt, B / dt, B * spec.model.seq_len / dt, UnixNow()));
     if (topo.rank == 0 || metrics_rank) {
       if (step == 1 || step % 10 == 0 || step == topo.steps) {
         LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
@@ -208,7 +308,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     if (r.stop) {
       RETURN_IF_ERROR(engine->WaitForCheckpoint());
-      write_progress(true);
+      AppendProgress(absl::StrFormat("{\"stopped\": true, \"saved_step\": %d, \"t\": %.6f}",
+                                     ckpt_dir.empty() ? 0 : step, UnixNow()));
       LOG(INFO) << who << " stop requested: "
                 << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
                 << " step=" << step << "; exiting";

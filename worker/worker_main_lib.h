@@ -18,6 +18,9 @@ namespace varuna {
 // Returns OK after the last step; any error is a status whose message is one clear line.
 absl::Status RunWorker(const std::vector<std::string>& argv);
 
+// Appends one line to the progress file the agent reads (VARUNA_PROGRESS_FILE; Note [Progress]).
+void AppendProgress(const std::string& line);
+
 // The job's optimizer over `named_params`: AdamW or SGD, weight decay on matrices only.
 std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
     const TrainSpec& train, const std::vector<std::pair<std::string, torch::Tensor>>& named_params);

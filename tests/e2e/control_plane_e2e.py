@@ -35,7 +35,7 @@ class Cluster:
     """A manager and agents as separate processes; logs under one temp dir."""
 
     def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None,
-                 secure=False):
+                 secure=False, manager_config=""):
         """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
         secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
         then sends the CA and `self.token`."""
@@ -54,7 +54,7 @@ class Cluster:
         self.config = os.path.join(self.dir, "manager.yaml")
         with open(self.config, "w") as f:
             f.write("heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_missed: 4\n"
-                    "stop_grace_s: 3\n")
+                    "stop_grace_s: 3\n" + manager_config)
         self.manager = None
         self.agents = {}
         try:

@@ -1,0 +1,560 @@
+// The morph: how a running job survives lost, leaving and joining machines
+// (docs/morphing.md). Every trigger ends in Trigger(); the phases are
+//
+//   RUNNING --Trigger--> RECONFIGURING: SAVING    workers save (graceful: checkpoint at the
+//                                                 next step boundary; else abort the step and
+//                                                 save the last completed one) and exit
+//                                       STOPPING  stragglers get SIGTERM, then SIGKILL
+//                                       PLANNING  re-plan on the slots alive now; wait for
+//                                                 min_slots up to resources.max_wait_s
+//                                       LAUNCHING generation+1, resuming from the newest
+//                                                 complete checkpoint
+//            RUNNING (RESUMING) --first step of the new generation--> RUNNING, record kept
+//
+// Triggers that arrive before LAUNCHING join the morph in progress (coalescing); later ones
+// start the next morph. The state is in JobRecord.morph, so a restarted manager carries on.
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "common/exit_codes.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "glog/logging.h"
+#include "manager/manager.h"
+
+namespace varuna {
+namespace {
+
+std::string JobWho(const v1::JobInfo& j) {
+  return absl::StrCat("job=", j.id(), " gen=", j.generation());
+}
+
+const char* PhaseName(v1::MorphState::Phase p) {
+  switch (p) {
+    case v1::MorphState::SAVING:
+      return "save";
+    case v1::MorphState::STOPPING:
+      return "stop";
+    case v1::MorphState::PLANNING:
+      return "plan";
+    case v1::MorphState::LAUNCHING:
+      return "launch";
+    case v1::MorphState::RESUMING:
+      return "rendezvous";
+    default:
+      return "none";
+  }
+}
+
+v1::Shape ShapeOf(const v1::JobInfo& info) {
+  v1::Shape s;
+  s.set_stages(info.stages());
+  s.set_replicas(info.replicas());
+  s.set_micro_batch(info.micro_batch());
+  return s;
+}
+
+std::string ShapeText(const v1::Shape& s) {
+  return absl::StrCat(s.stages(), "x", s.replicas(), " mb", s.micro_batch());
+}
+
+}  // namespace
+
+double Manager::UnixNow() const { return absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch()); }
+
+bool Manager::MorphAllowed(const Job& job) const {
+  return job.spec.morphing && !job.spec.checkpoint.dir.empty();
+}
+
+void Manager::Emit(const std::string& kind, const std::string& job_id, const std::string& node,
+                   const std::string& message) {
+  v1::Event e;
+  e.set_seq(next_event_seq_++);
+  e.set_at(Now());
+  e.set_job_id(job_id);
+  e.set_node(node);
+  e.set_kind(kind);
+  e.set_message(message);
+  absl::Status s = store_->SaveEvent(e);
+  if (!s.ok()) LOG(WARNING) << "cannot persist event: " << s.message();
+  events_.push_back(std::move(e));
+  constexpr size_t kMaxEvents = 10000;
+  while (events_.size() > kMaxEvents) events_.pop_front();
+}
+
+v1::ListEventsResponse Manager::ListEvents(const v1::ListEventsRequest& req) const {
+  v1::ListEventsResponse resp;
+  const int limit = req.limit() > 0 ? std::min(req.limit(), 10000) : 1000;
+  for (const v1::Event& e : events_) {
+    if (e.seq() <= req.after_seq()) continue;
+    if (!req.job_id().empty() && e.job_id() != req.job_id()) continue;
+    if (resp.events_size() >= limit) break;
+    *resp.add_events() = e;
+  }
+  resp.set_last_seq(next_event_seq_ - 1);
+  return resp;
+}
+
+absl::StatusOr<v1::GetMetricsResponse> Manager::GetMetrics(const v1::GetMetricsRequest& req) const {
+  if (!jobs_.count(req.job_id())) {
+    return absl::NotFoundError(absl::StrCat("no job with id '", req.job_id(), "'"));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::StepRecord> steps,
+                   store_->LoadSteps(req.job_id(), req.after_step(), 100000));
+  v1::GetMetricsResponse resp;
+  for (auto& s : steps) *resp.add_steps() = std::move(s);
+  return resp;
+}
+
+void Manager::NewGeneration(Job& job) {
+  job.gen = Generation();
+  job.gen.starting_since = clock_->Now();
+  job.rec.clear_exits();
+}
+
+// ---- triggers ----------------------------------------------------------------------------
+
+void Manager::Trigger(Job& job, const Cause& cause) {
+  const v1::JobState s = job.info().state();
+  if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) return;
+  if (!MorphAllowed(job)) {
+    Fail(job, absl::StrCat(cause.reason, job.spec.morphing
+                                             ? " (set checkpoint.dir so the job can survive this)"
+                                             : " (morphing: false)"));
+    return;
+  }
+  const auto phase = job.rec.morph().phase();
+  if (phase == v1::MorphState::SAVING || phase == v1::MorphState::STOPPING ||
+      phase == v1::MorphState::PLANNING || phase == v1::MorphState::LAUNCHING) {
+    // Coalesce: one morph for everything that happened before the new generation ran.
+    v1::MorphState& m = job.morph();
+    for (const auto& n : cause.leaving) {
+      if (std::find(m.lost_nodes().begin(), m.lost_nodes().end(), n) == m.lost_nodes().end()) {
+        m.add_lost_nodes(n);
+      }
+    }
+    if (cause.priority > job.cause_priority) {
+      m.mutable_record()->set_reason(cause.reason);
+      job.cause_priority = cause.priority;
+    }
+    job.last_trigger = clock_->Now();
+    LOG(INFO) << JobWho(job.info()) << " morph: also " << cause.reason;
+    if (phase == v1::MorphState::LAUNCHING) {
+      // The new generation may not be able to start (a node of it is gone): stop it too.
+      m.set_graceful(false);
+      SetPhase(job, v1::MorphState::SAVING);
+      SendSaveRequests(job, /*abort_step=*/true);
+    } else if (phase == v1::MorphState::SAVING && m.graceful() && !cause.graceful) {
+      m.set_graceful(false);
+      m.mutable_record()->set_graceful(false);
+      SendSaveRequests(job, /*abort_step=*/true);
+    }
+    Persist(job);
+    return;
+  }
+  if (phase == v1::MorphState::RESUMING) FinishMorph(job);  // what it measured so far
+  BeginMorph(job, cause);
+}
+
+void Manager::BeginMorph(Job& job, const Cause& cause) {
+  const absl::Time now = clock_->Now();
+  // The restart budget: max_morphs within morph_window, then FAILED with the history.
+  int recent = 0;
+  std::vector<std::string> history;
+  for (const auto& r : job.info().morphs()) {
+    absl::Time at;
+    std::string err;
+    if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", r.at(), &at, &err) &&
+        now - at <= config_.morph_window) {
+      ++recent;
+      history.push_back(absl::StrCat(r.at(), " ", r.reason()));
+    }
+  }
+  if (recent >= config_.max_morphs) {
+    Fail(job, absl::StrCat(cause.reason, "; not morphing again: ", recent, " morphs within ",
+                           absl::FormatDuration(config_.morph_window), " (max_morphs=",
+                           config_.max_morphs, "): ", absl::StrJoin(history, "; ")));
+    return;
+  }
+  v1::JobInfo& info = job.info();
+  v1::MorphState& m = job.morph();
+  m.Clear();
+  m.set_graceful(cause.graceful);
+  for (const auto& n : cause.leaving) m.add_lost_nodes(n);
+  m.set_began(UnixNow());
+  m.set_step_before(std::max<int64_t>(info.step(), job.gen.newest_step));
+  v1::MorphRecord* r = m.mutable_record();
+  r->set_reason(cause.reason);
+  *r->mutable_from() = ShapeOf(info);
+  r->set_at(Now());
+  r->set_graceful(cause.graceful);
+  (*r->mutable_phases())["detect"] = absl::ToDoubleSeconds(cause.detect);
+  job.cause_priority = cause.priority;
+  job.last_trigger = now;
+  info.set_state(v1::RECONFIGURING);
+  info.set_reason(cause.reason);
+  LOG(WARNING) << JobWho(info) << " RECONFIGURING (" << (cause.graceful ? "graceful" : "abort")
+               << "): " << cause.reason;
+  Emit("morph_begin", info.id(), "",
+       absl::StrCat(cause.graceful ? "checkpoint and move: " : "recover: ", cause.reason));
+  SetPhase(job, v1::MorphState::SAVING);
+  Persist(job);
+  SendSaveRequests(job, !cause.graceful);
+  AdvanceMorph(job);  // nothing may be left running
+}
+
+// Asks every live node of the job's generation to have its workers save and exit. An agent
+// that does not answer is treated as gone for this morph: its ranks are lost.
+void Manager::SendSaveRequests(Job& job, bool abort_step) {
+  std::set<std::string> nodes;
+  for (const auto& p : job.info().placement()) nodes.insert(p.node());
+  const auto& lost = job.rec.morph().lost_nodes();
+  for (const std::string& name : nodes) {
+    auto nit = nodes_.find(name);
+    if (nit == nodes_.end() || nit->second.dead) continue;
+    // A node under notice still saves its ranks; a node that failed to answer does not.
+    if (std::find(lost.begin(), lost.end(), name) != lost.end() &&
+        !nit->second.rec.has_preemption() && !nit->second.rec.drained()) {
+      continue;
+    }
+    v1::CheckpointRequest req;
+    req.set_job_id(job.info().id());
+    req.set_generation(job.info().generation());
+    req.set_abort_step(abort_step);
+    const std::string id = job.info().id();
+    const int gen = job.info().generation();
+    agents_->For(nit->second.rec.address())
+        ->Checkpoint(req, [this, id, gen, name](absl::StatusOr<v1::CheckpointResponse> r) {
+          if (r.ok()) return;
+          post_([this, id, gen, name, st = r.status()] { OnSaveRequestFailed(id, gen, name, st); });
+        });
+  }
+}
+
+void Manager::OnSaveRequestFailed(const std::string& job_id, int generation,
+                                  const std::string& node, const absl::Status& status) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  Job& job = it->second;
+  if (job.info().generation() != generation || !job.morphing()) return;
+  LOG(WARNING) << JobWho(job.info()) << " node " << node
+               << " did not take the save request: " << status.message()
+               << "; its ranks count as lost";
+  auto nit = nodes_.find(node);
+  if (nit != nodes_.end() && !nit->second.dead) {
+    nit->second.suspect = true;  // unschedulable until it heartbeats again
+    Emit("node_unreachable", "", node, std::string(status.message()));
+  }
+  Cause c;
+  c.reason =
+      absl::StrCat("node ", node, " lost (its agent does not answer: ", status.message(), ")");
+  c.leaving = {node};
+  c.priority = 3;
+  Trigger(job, c);
+  AdvanceMorph(job);
+}
+
+void Manager::OnNodeLeaving(const std::string& node, const std::string& why, absl::Duration detect,
+                            bool graceful) {
+  for (auto& [id, job] : jobs_) {
+    const v1::JobState s = job.info().state();
+    if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) continue;
+    bool placed = false;
+    for (const auto& p : job.info().placement()) placed |= p.node() == node;
+    if (!placed) continue;
+    Cause c;
+    c.reason = why;
+    c.graceful = graceful;
+    c.leaving = {node};
+    c.detect = detect;
+    c.priority = 3;
+    Trigger(job, c);
+  }
+}
+
+// ---- phases ------------------------------------------------------------------------------
+
+void Manager::SetPhase(Job& job, v1::MorphState::Phase phase) {
+  v1::MorphState& m = job.morph();
+  const double now = UnixNow();
+  if (m.phase() != v1::MorphState::NONE && m.phase_since() > 0) {
+    (*m.mutable_record()->mutable_phases())[PhaseName(m.phase())] += now - m.phase_since();
+  }
+  m.set_phase(phase);
+  m.set_phase_since(now);
+}
+
+bool Manager::AllRanksGone(const Job& job) const {
+  std::set<int> exited;
+  for (const auto& e : job.rec.exits()) exited.insert(e.rank());
+  const auto& lost = job.rec.morph().lost_nodes();
+  for (const auto& p : job.info().placement()) {
+    if (exited.count(p.rank())) continue;
+    auto nit = nodes_.find(p.node());
+    if (nit == nodes_.end() || nit->second.dead) continue;
+    const bool gone_node = std::find(lost.begin(), lost.end(), p.node()) != lost.end() &&
+                           (nit->second.suspect || nit->second.dead);
+    if (gone_node) continue;
+    return false;
+  }
+  return true;
+}
+
+bool Manager::FinishedTraining(const Job& job) const {
+  if (job.rec.exits_size() < job.info().placement_size()) return false;
+  for (const auto& e : job.rec.exits()) {
+    if (e.exit_code() != 0 || e.signal() != 0) return false;
+  }
+  const int64_t steps = job.spec.train.steps;
+  return job.gen.newest_step >= steps &&
+         (job.gen.stopped_after == 0 || job.gen.stopped_after >= steps);
+}
+
+void Manager::AdvanceMorph(Job& job) {
+  if (!job.morphing()) return;
+  v1::MorphState& m = job.morph();
+  const double now = UnixNow();
+  const double in_phase = now - m.phase_since();
+  switch (m.phase()) {
+    case v1::MorphState::SAVING: {
+      if (AllRanksGone(job) && FinishedTraining(job)) {
+        // The trigger came as the last step ended: nothing to move, the job is done.
+        LOG(INFO) << JobWho(job.info()) << " finished training during the morph; no relaunch";
+        job.rec.clear_morph();
+        job.info().set_state(v1::RUNNING);
+        Succeed(job);
+        return;
+      }
+      if (AllRanksGone(job)) {
+        SetPhase(job, v1::MorphState::STOPPING);
+        Persist(job);
+        break;  // STOPPING next time round (or right below)
+      }
+      const double timeout = absl::ToDoubleSeconds(config_.morph_save_timeout);
+      if (m.graceful() && in_phase > timeout) {
+        LOG(WARNING) << JobWho(job.info()) << " workers did not checkpoint within " << timeout
+                     << " s; aborting their step";
+        m.set_graceful(false);
+        m.mutable_record()->set_graceful(false);
+        SendSaveRequests(job, /*abort_step=*/true);
+        m.set_phase_since(now - 0.0);  // a second window for the abort
+        Persist(job);
+      } else if (!m.graceful() && in_phase > timeout) {
+        LOG(WARNING) << JobWho(job.info()) << " workers did not save within " << timeout
+                     << " s; stopping them";
+        SetPhase(job, v1::MorphState::STOPPING);
+        Persist(job);
+      }
+      return;
+    }
+    case v1::MorphState::STOPPING:
+    case v1::MorphState::PLANNING:
+    case v1::MorphState::LAUNCHING:
+    case v1::MorphState::RESUMING:
+    default:
+      break;
+  }
+  if (m.phase() == v1::MorphState::STOPPING) {
+    if (!AllRanksGone(job)) {
+      if (clock_->Now() - job.last_stop_sent > absl::Seconds(5)) SendStops(job);
+      if (in_phase < absl::ToDoubleSeconds(config_.stop_grace) + 5) return;
+      LOG(WARNING) << JobWho(job.info()) << " ranks still reported after the stop grace; "
+                   << "the next generation's launch kills them";
+    }
+    SetPhase(job, v1::MorphState::PLANNING);
+    m.set_waiting_since(now);
+    Persist(job);
+  }
+  if (m.phase() == v1::MorphState::PLANNING) {
+    if (clock_->Now() - job.last_trigger < config_.morph_coalesce) return;
+    const std::set<std::string> exclude(m.lost_nodes().begin(), m.lost_nodes().end());
+    auto plan = PlanJob(job.spec, FreeSlotsFor(&job, exclude));
+    if (!plan.ok()) {
+      if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
+        Fail(job, absl::StrCat("re-plan after '", m.record().reason(),
+                               "' failed: ", plan.status().message()));
+        return;
+      }
+      const double waited = now - m.waiting_since();
+      if (waited > job.spec.resources.max_wait_s) {
+        Fail(job, absl::StrCat("gave up after waiting ", static_cast<int64_t>(waited),
+                               " s for slots (resources.max_wait_s) after '", m.record().reason(),
+                               "': ", plan.status().message()));
+        return;
+      }
+      const std::string reason = absl::StrCat("waiting for slots: ", plan.status().message());
+      if (job.info().reason() != reason) {
+        job.info().set_reason(reason);
+        Emit("morph_waiting", job.info().id(), "", reason);
+      }
+      return;
+    }
+    Relaunch(job, *plan);
+  }
+}
+
+std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
+                                             const std::set<std::string>& exclude) const {
+  std::map<std::string, int> used = UsedSlots();
+  if (job != nullptr) {
+    // The job's own live ranks would be replaced by the new generation.
+    std::set<int> exited;
+    for (const auto& e : job->rec.exits()) exited.insert(e.rank());
+    for (const auto& p : job->info().placement()) {
+      if (!exited.count(p.rank()) && Active(job->info().state())) --used[p.node()];
+    }
+  }
+  std::vector<FreeSlots> free;
+  for (const auto& [name, n] : nodes_) {
+    if (!Schedulable(n) || exclude.count(name)) continue;
+    const int f = n.rec.slots() - std::max(0, used[name]);
+    if (f > 0) free.push_back({name, f});
+  }
+  return free;
+}
+
+void Manager::Relaunch(Job& job, const JobPlan& plan) {
+  v1::JobInfo& info = job.info();
+  v1::MorphState& m = job.morph();
+  SetPhase(job, v1::MorphState::LAUNCHING);
+  m.set_launched_at(UnixNow());
+  info.set_generation(info.generation() + 1);
+  info.set_reason("");
+  info.set_stages(plan.stages);
+  info.set_replicas(plan.replicas);
+  info.set_micro_batch(plan.micro_batch);
+  info.set_slots(plan.stages * plan.replicas);
+  info.set_stage_to_rank_map(plan.stage_to_rank_map);
+  info.clear_placement();
+  for (const auto& p : plan.ranks) *info.add_placement() = p;
+  const Node& first = nodes_.at(plan.ranks[0].node());
+  auto hp = SplitHostPort(first.rec.address());
+  info.set_master(absl::StrCat(hp.ok() ? hp->first : first.rec.address(), ":0"));
+  *m.mutable_record()->mutable_to() = ShapeOf(info);
+  m.mutable_record()->set_generation(info.generation());
+  m.clear_lost_nodes();
+  NewGeneration(job);
+  Persist(job);
+  std::set<std::string> used_nodes;
+  for (const auto& p : plan.ranks) used_nodes.insert(p.node());
+  LOG(INFO) << JobWho(info) << " relaunching " << ShapeText(m.record().from()) << " -> "
+            << ShapeText(m.record().to()) << " map=" << plan.stage_to_rank_map
+            << " nodes=" << absl::StrJoin(used_nodes, ",");
+  Emit("morph_relaunch", info.id(), "",
+       absl::StrCat("generation ", info.generation(), ": ", ShapeText(m.record().from()), " -> ",
+                    ShapeText(m.record().to()), " on ", absl::StrJoin(used_nodes, ",")));
+  SendLaunches(job);
+}
+
+void Manager::FinishMorph(Job& job) {
+  v1::MorphState& m = job.morph();
+  if (m.phase() == v1::MorphState::NONE) return;
+  SetPhase(job, v1::MorphState::NONE);
+  v1::MorphRecord r = m.record();
+  if (job.gen.resumed_from >= 0) {
+    r.set_resumed_from(job.gen.resumed_from);
+    r.set_steps_lost(std::max<int64_t>(0, m.step_before() - job.gen.resumed_from));
+  }
+  double total = 0;
+  for (const auto& [phase, s] : r.phases()) total += phase == "detect" ? 0 : s;
+  (*r.mutable_phases())["total"] = total;
+  *job.info().add_morphs() = r;
+  constexpr int kMaxMorphRecords = 1000;
+  if (job.info().morphs_size() > kMaxMorphRecords) {
+    job.info().mutable_morphs()->DeleteSubrange(0, 1);
+  }
+  job.rec.clear_morph();
+  LOG(INFO) << JobWho(job.info()) << " morph done: " << r.reason() << "; " << ShapeText(r.from())
+            << " -> " << ShapeText(r.to()) << ", steps lost " << r.steps_lost() << ", " << total
+            << " s";
+  Emit("morph_done", job.info().id(), "",
+       absl::StrCat(ShapeText(r.from()), " -> ", ShapeText(r.to()), ", resumed after step ",
+                    r.resumed_from(), ", steps lost ", r.steps_lost(), ", ",
+                    absl::StrFormat("%.2f", total), " s"));
+  Persist(job);
+}
+
+// What a worker of the current generation says about its rendezvous and its saves.
+void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
+  Generation& g = job.gen;
+  if (w.resumed_from() >= 0 && !g.ready.count(w.rank())) {
+    g.ready.insert(w.rank());
+    g.resumed_from = std::max(g.resumed_from, w.resumed_from());
+  }
+  g.saved_step = std::max(g.saved_step, w.saved_step());
+  if (!job.morphing() || job.rec.morph().phase() != v1::MorphState::RESUMING) return;
+  v1::MorphState& m = job.morph();
+  auto& phases = *m.mutable_record()->mutable_phases();
+  if (static_cast<int>(g.ready.size()) == job.info().placement_size() &&
+      !phases.count("rendezvous")) {
+    // From the acks to every rank ready (the workers' clocks say when).
+    phases["rendezvous"] = std::max(0.0, UnixNow() - m.phase_since());
+    m.set_phase_since(UnixNow());
+    job.info().set_step(static_cast<int32_t>(std::max<int64_t>(0, g.resumed_from)));
+  }
+  if (phases.count("rendezvous") && g.newest_step > g.resumed_from && g.resumed_from >= 0) {
+    phases["first_step"] = std::max(0.0, UnixNow() - m.phase_since());
+    m.set_phase_since(0);  // FinishMorph must not add the phase again
+    FinishMorph(job);
+  }
+}
+
+void Manager::RecordSteps(Job& job, const v1::WorkerStatus& w) {
+  if (w.steps().empty()) return;
+  std::vector<v1::StepRecord> records;
+  for (const v1::StepMetrics& s : w.steps()) {
+    if (s.step() < 1 || s.step() > job.info().total_steps() || !std::isfinite(s.loss())) continue;
+    v1::StepRecord r;
+    r.set_step(s.step());
+    r.set_loss(s.loss());
+    r.set_generation(job.info().generation());
+    r.set_samples_per_s(std::isfinite(s.samples_per_s()) ? s.samples_per_s() : 0);
+    r.set_step_time_s(std::isfinite(s.step_time_s()) ? s.step_time_s() : 0);
+    job.gen.newest_step = std::max(job.gen.newest_step, s.step());
+    records.push_back(std::move(r));
+  }
+  if (records.empty()) return;
+  absl::Status st = store_->SaveSteps(job.info().id(), records);
+  if (!st.ok()) LOG(WARNING) << JobWho(job.info()) << " cannot store step records: " << st;
+}
+
+// ---- growth ------------------------------------------------------------------------------
+
+void Manager::NoteJoined(const std::string& node) {
+  joined_.insert(node);
+  grow_check_at_ = clock_->Now() + config_.scale_up_delay;
+}
+
+// Jobs grow onto joined slots after scale_up_delay, by a graceful morph, only if the plan
+// for the larger slot set differs from the shape they run (a morph that would not change
+// the world is skipped). Pending jobs were scheduled first and took what they needed.
+void Manager::CheckGrowth() {
+  if (clock_->Now() < grow_check_at_) return;
+  grow_check_at_ = absl::InfiniteFuture();
+  const std::string joined = absl::StrJoin(joined_, ",");
+  joined_.clear();
+  for (const std::string& id : order_) {
+    Job& job = jobs_.at(id);
+    if (job.info().state() != v1::RUNNING || job.morphing() || !MorphAllowed(job)) continue;
+    auto plan = PlanJob(job.spec, FreeSlotsFor(&job, {}));
+    if (!plan.ok()) continue;
+    const int now_slots = job.info().slots();
+    if (plan->stages * plan->replicas <= now_slots) continue;
+    if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
+        plan->micro_batch == job.info().micro_batch()) {
+      continue;
+    }
+    Cause c;
+    c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan->stages * plan->replicas,
+                            " slots available (running on ", now_slots, ")");
+    c.graceful = true;
+    c.priority = 3;
+    Trigger(job, c);
+  }
+}
+
+}  // namespace varuna

@@ -1,0 +1,149 @@
+"""Morphing with real binaries on loopback (docs/morphing.md): a 2-stage job on three agents
+of two slots (2 x 3) loses a machine without warning, gets a preemption notice, gains a
+machine, and fails once on bad input. Every run must end SUCCEEDED with the loss of every
+step equal to an uninterrupted one-process run (1e-4 relative), losing at most one step
+without notice and none with it."""
+
+import json
+import os
+import signal
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from control_plane_e2e import Cluster, wait_for  # noqa: E402
+from harness import job_yaml, run_workers, write_text_corpus  # noqa: E402
+
+STEPS = 100
+MORPH_CONFIG = "scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n"
+
+
+def write_morph_job(c, name="job.yaml", steps=STEPS, stages=2, extra_parallel=None,
+                    ckpt=True, extra=""):
+    data = os.path.join(c.dir, "corpus.txt")
+    if not os.path.exists(data):
+        write_text_corpus(data)
+    ckpt_text = f"checkpoint: {{dir: {os.path.join(c.dir, 'ckpt-' + name)}}}\n" if ckpt else ""
+    return job_yaml(os.path.join(c.dir, name), data,
+                    train={"steps": steps, "global_batch": 24},
+                    parallel={"stages": stages, "micro_batch": 2, "timeout_s": 30,
+                              **(extra_parallel or {})},
+                    extra=ckpt_text + extra)
+
+
+_reference = {}
+
+
+def reference_losses(c):
+    """The same job as one process (1 stage, 1 replica), computed once per test run."""
+    if "losses" not in _reference:
+        path = write_morph_job(c, "reference.yaml", stages=1, ckpt=False)
+        r = run_workers(1, ["--job", path], timeout=600)
+        assert r.ok, r.outputs
+        _reference["losses"] = r.losses()
+    return _reference["losses"]
+
+
+class MorphTest(unittest.TestCase):
+    def setUp(self):
+        self.c = Cluster(agents=3, slots=2, manager_config=MORPH_CONFIG)
+
+    def tearDown(self):
+        self.c.close()
+
+    def submit(self, job):
+        return json.loads(self.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+
+    def running_at(self, job_id, step, generation=1):
+        return wait_for(lambda: (lambda s: s["state"] == "RUNNING" and
+                                 s["generation"] == generation and s["step"] >= step and s)(
+            self.c.status(job_id)), 180, f"step {step} of generation {generation}")
+
+    def finish(self, job_id):
+        c = self.c
+        st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED", "CANCELLED") and
+                               s)(c.status(job_id)), 300, "the job to finish")
+        self.assertEqual(st["state"], "SUCCEEDED", f"{st}\n{c.tail()}")
+        metrics = json.loads(c.ctl("-o", "json", "metrics", job_id, check=0).stdout)
+        self.assertEqual([int(m["step"]) for m in metrics], list(range(1, STEPS + 1)),
+                         "every step once, oldest first")
+        ref = reference_losses(c)
+        for m, want in zip(metrics, ref):
+            self.assertLess(abs(m["loss"] - want) / abs(want), 1e-4,
+                            f"step {m['step']} gen {m['generation']}: {m['loss']} vs {want}")
+        wait_for(lambda: c.workers() == [], 20, "no worker left")
+        return st, metrics
+
+    def test_agent_sigkill_mid_run(self):
+        c = self.c
+        job_id = self.submit(write_morph_job(c))
+        st = self.running_at(job_id, 8)
+        self.assertEqual((st["stages"], st["replicas"]), (2, 3))
+        c.agents["node2"].send_signal(signal.SIGKILL)
+        c.agents["node2"].wait()
+        st, metrics = self.finish(job_id)
+        self.assertEqual(len(st["morphs"]), 1, st["morphs"])
+        m = st["morphs"][0]
+        self.assertEqual((m["from"]["replicas"], m["to"]["replicas"]), (3, 2), m)
+        self.assertLessEqual(int(m["steps_lost"]), 1, m)
+        self.assertIn("node2", m["reason"])
+        self.assertGreater(max(r["generation"] for r in metrics), 1)
+        events = c.ctl("events", job_id, check=0).stdout
+        self.assertIn("morph_done", events)
+
+    def test_preemption_notice_loses_nothing(self):
+        c = self.c
+        job_id = self.submit(write_morph_job(c))
+        self.running_at(job_id, 8)
+        r = c.ctl("preempt", "node1", "--in", "30s", check=0)
+        self.assertIn("DRAINING", r.stdout)
+        st, _ = self.finish(job_id)
+        self.assertEqual(len(st["morphs"]), 1, st["morphs"])
+        m = st["morphs"][0]
+        self.assertEqual(int(m["steps_lost"]), 0, m)
+        self.assertTrue(m["graceful"], m)
+        self.assertEqual(m["to"]["replicas"], 2, m)
+        self.assertNotIn("node1", {p["node"] for p in st["placement"]})
+        self.assertIn("preemption notice", m["reason"])
+        for phase in ("save", "plan", "launch", "rendezvous", "first_step", "total"):
+            self.assertIn(phase, m["phases"], m)
+
+    def test_new_agent_joins_and_job_grows(self):
+        c = self.c
+        job_id = self.submit(write_morph_job(c))
+        self.running_at(job_id, 4)
+        c.start_agent("node3", 2)
+        st, _ = self.finish(job_id)
+        self.assertEqual(len(st["morphs"]), 1, st["morphs"])
+        m = st["morphs"][0]
+        self.assertEqual((m["from"]["replicas"], m["to"]["replicas"]), (3, 4), m)
+        self.assertEqual(int(m["steps_lost"]), 0, m)
+        self.assertIn("joined", m["reason"])
+
+    def test_bad_input_fails_once_without_morphing(self):
+        c = self.c
+        # Resuming from a step that has no checkpoint: only the workers can find out.
+        job_id = self.submit(self.bad_job())
+        st = wait_for(lambda: (lambda s: s["state"] in ("FAILED", "SUCCEEDED") and s)(
+            c.status(job_id)), 120, "the job to fail")
+        self.assertEqual(st["state"], "FAILED", st)
+        self.assertIn("cannot run the job", st["reason"])
+        self.assertIn("checkpoint", st["reason"])
+        self.assertEqual(st["generation"], 1)
+        self.assertEqual(st.get("morphs", []), [])
+        wait_for(lambda: c.workers() == [], 20, "no worker left")
+
+    def bad_job(self):
+        c = self.c
+        path = write_morph_job(c, "bad.yaml")
+        ckpt = os.path.join(c.dir, "ckpt-bad.yaml")
+        os.makedirs(os.path.join(ckpt, "varuna_ckpt_3"), exist_ok=True)  # incomplete
+        with open(path) as f:
+            text = f.read().replace(f"dir: {ckpt}}}", f"dir: {ckpt}, resume: latest}}")
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+
+if __name__ == "__main__":
+    unittest.main()
