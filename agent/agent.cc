@@ -78,6 +78,13 @@ absl::Status AgentConfig::Validate() const {
   if (heartbeat_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("agent: heartbeat period must be > 0");
   }
+  if (!preemption_notice_url.empty() && preemption_notice_url.rfind("http://", 0) != 0) {
+    return absl::InvalidArgumentError(
+        "agent: --preemption_notice_url must be an http:// URL (a metadata endpoint)");
+  }
+  if (notice_poll_period < absl::Milliseconds(10)) {
+    return absl::InvalidArgumentError("agent: notice_poll_period_s must be >= 0.01");
+  }
   return absl::OkStatus();
 }
 

@@ -1,5 +1,7 @@
 #include "agent/agent_server.h"
 
+#include "agent/preemption.h"
+
 #include "absl/strings/str_cat.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -140,6 +142,9 @@ absl::Status AgentServer::Start() {
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
             << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
   if (options_.background_heartbeats) hb_thread_ = std::thread([this] { HeartbeatLoop(); });
+  if (!agent_.config().preemption_notice_url.empty()) {
+    notice_thread_ = std::thread([this] { NoticeLoop(); });
+  }
   return absl::OkStatus();
 }
 
@@ -151,6 +156,7 @@ void AgentServer::Shutdown() {
   }
   hb_cv_.notify_all();
   if (hb_thread_.joinable()) hb_thread_.join();
+  if (notice_thread_.joinable()) notice_thread_.join();
   if (server_ != nullptr) {
     const int n = loop_.RunSync([this] { return agent_.StopAll(); });
     if (n > 0) LOG(INFO) << "node=" << agent_.config().name << " stopping " << n << " workers";
@@ -193,6 +199,29 @@ absl::Status AgentServer::HeartbeatOnce() {
   AdoptHeartbeatPeriod(resp->heartbeat_period_ms());
   loop_.Post([this, r = *std::move(resp)] { agent_.OnHeartbeatResponse(r); });
   return absl::OkStatus();
+}
+
+// Polls the cloud's metadata endpoint off the event loop (a slow endpoint must not delay
+// heartbeats); a notice is handed to the agent, whose heartbeats then carry it.
+void AgentServer::NoticeLoop() {
+  const AgentConfig& c = agent_.config();
+  bool warned = false;
+  for (;;) {
+    auto reply = HttpGet(c.preemption_notice_url, absl::Seconds(2));
+    if (!reply.ok()) {
+      if (!warned)
+        LOG(WARNING) << "node=" << c.name << " preemption notice poll: " << reply.status();
+      warned = true;
+    } else if (auto notice = ParsePreemptionReply(reply->status, reply->body)) {
+      loop_.Post([this, n = *notice] { agent_.SetPreemptionNotice(n); });
+      return;  // one notice per machine lifetime
+    }
+    std::unique_lock<std::mutex> lock(hb_mu_);
+    if (hb_cv_.wait_for(lock, absl::ToChronoNanoseconds(c.notice_poll_period),
+                        [this] { return hb_stop_; })) {
+      return;
+    }
+  }
 }
 
 void AgentServer::AdoptHeartbeatPeriod(int64_t period_ms) {

@@ -72,6 +72,8 @@ class AgentServer {
   std::condition_variable hb_cv_;
   bool hb_stop_ = false;
   std::thread hb_thread_;
+  std::thread notice_thread_;  // polls preemption_notice_url (agent/preemption.h)
+  void NoticeLoop();
   std::atomic<bool> registered_{false};
   bool manager_reachable_ = true;  // heartbeat thread only, for log de-duplication
   // The manager's heartbeat period from its Register reply (its SUSPECT/DEAD timeouts are

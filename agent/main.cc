@@ -31,6 +31,12 @@ ABSL_FLAG(std::string, tls_key, "", "this agent's private key (PEM)");
 ABSL_FLAG(std::string, tls_manager_name, "",
           "common name of the manager's certificate (default varuna-manager)");
 ABSL_FLAG(bool, allow_insecure, false, "allow a non-loopback --listen without TLS");
+ABSL_FLAG(std::string, preemption_notice_file, "",
+          "a file whose appearance means this machine is being preempted (first line: seconds "
+          "left, optional)");
+ABSL_FLAG(std::string, preemption_notice_url, "",
+          "http:// metadata endpoint to poll for a preemption notice (Azure Scheduled Events, "
+          "GCE instance/preempted, AWS spot/instance-action)");
 
 namespace {
 
@@ -61,6 +67,12 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_tls_key); !v.empty()) config.tls.key = v;
   if (auto v = absl::GetFlag(FLAGS_tls_manager_name); !v.empty()) config.tls_manager_name = v;
   if (absl::GetFlag(FLAGS_allow_insecure)) config.allow_insecure = true;
+  if (auto v = absl::GetFlag(FLAGS_preemption_notice_file); !v.empty()) {
+    config.preemption_notice_file = v;
+  }
+  if (auto v = absl::GetFlag(FLAGS_preemption_notice_url); !v.empty()) {
+    config.preemption_notice_url = v;
+  }
   for (absl::string_view kv : absl::StrSplit(absl::GetFlag(FLAGS_labels), ',', absl::SkipEmpty())) {
     std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
     if (p.first.empty() || kv.find('=') == absl::string_view::npos) {

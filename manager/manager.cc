@@ -228,7 +228,25 @@ absl::Status Manager::Recover() {
     ++active;
     LOG(INFO) << JobWho(job.info()) << " recovered in state "
               << v1::JobState_Name(job.info().state());
+    job.gen.newest_step = job.info().step();
     for (const auto& e : job.rec.exits()) {
+      if ((e.exit_code() != 0 || e.signal() != 0) && MorphAllowed(job) && !job.morphing() &&
+          e.exit_code() != kExitBadInput) {
+        // A failure recorded just before the restart: the morph it should have started.
+        const std::string id = job.info().id();
+        const std::string reason = absl::StrCat(
+            "rank ", e.rank(), " exited with ",
+            e.signal() != 0 ? SignalName(e.signal()) : absl::StrCat("code ", e.exit_code()));
+        post_([this, id, reason] {
+          auto it = jobs_.find(id);
+          if (it == jobs_.end()) return;
+          Cause c;
+          c.reason = reason;
+          c.priority = 2;
+          Trigger(it->second, c);
+        });
+        break;
+      }
       if ((e.exit_code() != 0 || e.signal() != 0) && job.gen.pending_failure.empty()) {
         job.gen.pending_failure = absl::StrCat(
             "rank ", e.rank(), " exited with ",

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -172,6 +173,61 @@ TEST_F(CheckpointStoreTest, PathsStayInsideAndOnlyRegularFilesAreRead) {
   ASSERT_EQ(mkfifo((Path(4) + "/common.json").c_str(), 0600), 0);
   EXPECT_THAT(VerifyCheckpoint(Path(4)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
   EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+}
+
+}  // namespace
+}  // namespace varuna
+
+namespace varuna {
+namespace {
+
+namespace fs = std::filesystem;
+using ::varuna::testing::IsOk;
+using ::varuna::testing::StatusIs;
+
+// Note [Rescue]: survivors of a failed step write their stage's layers and a rescue record
+// each; the checkpoint is complete when the rescuers cover every layer, and a rescuer whose
+// files are damaged is left out if the others still cover the model.
+TEST(RescueTest, RescueRecordsThatCoverTheModelMakeACompleteCheckpoint) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("rescue_test_", getpid());
+  fs::remove_all(dir);
+  const std::string path = CheckpointPath(dir.string(), 7);
+  fs::create_directories(path + "/layers");
+  auto common = [](int writer) {
+    return absl::StrCat(
+        "{\"step\": 7, \"global_batch\": 8, \"stages\": 2, \"replicas\": 2, \"loss_scale\": 1, "
+        "\"clean_steps\": 0, \"writers\": [",
+        writer, "], \"layers\": [\"a\", \"b\"], \"model_spec\": \"m\"}\n");
+  };
+  auto rescue = [&](int rank, const std::string& layer, const std::string& bytes) {
+    const std::string rel = absl::StrCat("layers/", layer, ".pt");
+    ASSERT_THAT(WriteFileAtomic(path + "/" + rel, bytes, rank), IsOk());
+    ASSERT_THAT(WriteRescueRecord(path, rank, common(rank), {DigestBytes(rel, bytes)}), IsOk());
+  };
+  const std::vector<std::string> layers = {"a", "b"};
+  rescue(0, "a", std::string(100, 'a'));  // stage 0, replica 0
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "layers/b.pt"))
+      << "layer b has no rescuer yet";
+  rescue(3, "b", std::string(50, 'b'));  // stage 1, replica 1
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers), IsOk());
+  auto c = ReadCheckpointCommon(path);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->step, 7);
+  EXPECT_EQ(c->model_spec, "m");
+  auto resolved = ResolveResumeStep(dir.string(), std::nullopt, &layers);
+  ASSERT_THAT(resolved.status(), IsOk());
+  EXPECT_EQ(*resolved, std::optional<int64_t>(7));
+
+  // A second rescuer of stage 1 whose record lies about a file is left out; coverage holds.
+  ASSERT_THAT(WriteRescueRecord(path, 1, common(1), {FileDigest{"layers/b.pt", 50, 12345u}}),
+              IsOk());
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers), IsOk());
+  // Damage the only copy of layer a: no longer complete, and the reason says why.
+  ASSERT_THAT(WriteFileAtomic(path + "/layers/a.pt", std::string(100, 'x'), 0), IsOk());
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+  fs::remove_all(dir);
 }
 
 }  // namespace

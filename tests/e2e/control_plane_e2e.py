@@ -35,7 +35,7 @@ class Cluster:
     """A manager and agents as separate processes; logs under one temp dir."""
 
     def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None,
-                 secure=False, manager_config=""):
+                 secure=False, manager_config="", agent_args=None):
         """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
         secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
         then sends the CA and `self.token`."""
@@ -51,6 +51,7 @@ class Cluster:
         self.port = free_port()
         self.address = f"{manager_host}:{self.port}"
         self.agent_host = agent_host or (lambda name: ([], "127.0.0.1"))
+        self.agent_args = agent_args or {}
         self.config = os.path.join(self.dir, "manager.yaml")
         with open(self.config, "w") as f:
             f.write("heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_missed: 4\n"
@@ -83,7 +84,8 @@ class Cluster:
             self.agents[name] = subprocess.Popen(
                 prefix + [AGENT, "--manager", self.address, "--listen", f"{host}:0", "--slots",
                           str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)]
-                + self.insecure(host) + (self.tls_flags(name) if self.certs else []),
+                + self.insecure(host) + (self.tls_flags(name) if self.certs else [])
+                + self.agent_args.get(name, []),
                 stdout=log, stderr=subprocess.STDOUT)
 
     def insecure(self, host):
@@ -259,12 +261,13 @@ class ControlPlaneTest(unittest.TestCase):
         self.assertIn("run=B rank=0", log_b)
 
     def test_5_workers_stopped_by_sigusr1_checkpoint_and_the_job_says_so(self):
-        # A preemption notice (or an operator) sends SIGUSR1: every rank finishes its step,
-        # checkpoints and exits 0. That is not success: the job ends FAILED, naming the step
-        # and where its checkpoint is.
+        # Without morphing, an operator's SIGUSR1 makes every rank finish its step,
+        # checkpoint and exit 0. That is not success: the job ends FAILED, naming the step
+        # and where its checkpoint is. (With morphing the job relaunches: morph_e2e.py.)
         c = self.c
         ck = os.path.join(c.dir, "ck_sig")
-        job = write_job(c, "sig.yaml", steps=100000, extra=f"checkpoint: {{dir: {ck}}}\n")
+        job = write_job(c, "sig.yaml", steps=100000,
+                        extra=f"checkpoint: {{dir: {ck}}}\nmorphing: false\n")
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id)["step"] >= 2, 120, "the job to make progress")
         for pid in c.workers():

@@ -83,12 +83,12 @@ class HostileInputTest(unittest.TestCase):
             for name in ("nonscalar_key", "env_list", "huge_steps"):
                 w = subprocess.run([WORKER, "--job", os.path.join(c.dir, name + ".yaml")],
                                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(w.returncode, 1, name)
+                self.assertEqual(w.returncode, 3, name)  # bad input (common/exit_codes.h)
                 self.assertIn(HOSTILE_SPECS[name][1], w.stderr, name)
             env = dict(os.environ, WORLD_SIZE="0")
             w = subprocess.run([WORKER, "--job", job], capture_output=True, text=True,
                                timeout=60, env=env)
-            self.assertEqual(w.returncode, 1)
+            self.assertEqual(w.returncode, 3)
             self.assertIn("WORLD_SIZE=0", w.stderr)
             # varuna-ckpt on a checkpoint whose metadata lies: reported, never hangs.
             ck = os.path.join(c.dir, "ck", "varuna_ckpt_3")

@@ -1,0 +1,141 @@
+#include "agent/preemption.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/yaml_util.h"
+
+namespace varuna {
+namespace {
+
+int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
+
+std::optional<v1::PreemptionNotice> ParseJsonReply(const YAML::Node& n) {
+  // Azure: any Preempt event (Spot eviction) in the list.
+  if (n["Events"] && n["Events"].IsSequence()) {
+    for (const auto& e : n["Events"]) {
+      if (!e.IsMap()) continue;
+      auto type = YamlAs<std::string>(e["EventType"], "azure", "EventType");
+      if (!type.ok() || *type != "Preempt") continue;
+      v1::PreemptionNotice notice;
+      notice.set_source("azure");
+      auto not_before = YamlAs<std::string>(e["NotBefore"], "azure", "NotBefore");
+      absl::Time t;
+      std::string err;
+      if (not_before.ok() && absl::ParseTime("%a, %d %b %Y %H:%M:%S GMT", *not_before, &t, &err)) {
+        notice.set_deadline_ms(ToUnixMs(t));
+      }
+      auto id = YamlAs<std::string>(e["EventId"], "azure", "EventId");
+      notice.set_detail(absl::StrCat("Scheduled Event Preempt", id.ok() ? " " + *id : ""));
+      return notice;
+    }
+    return std::nullopt;
+  }
+  // AWS: spot/instance-action.
+  auto action = YamlAs<std::string>(n["action"], "aws", "action");
+  if (action.ok() && (*action == "terminate" || *action == "stop" || *action == "hibernate")) {
+    v1::PreemptionNotice notice;
+    notice.set_source("aws");
+    notice.set_detail(absl::StrCat("spot instance-action ", *action));
+    auto time = YamlAs<std::string>(n["time"], "aws", "time");
+    absl::Time t;
+    std::string err;
+    if (time.ok() && absl::ParseTime(absl::RFC3339_full, *time, &t, &err)) {
+      notice.set_deadline_ms(ToUnixMs(t));
+    }
+    return notice;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const std::string& body) {
+  if (http_status != 200) return std::nullopt;  // AWS answers 404 until there is a notice
+  const std::string text(absl::StripAsciiWhitespace(body));
+  if (absl::EqualsIgnoreCase(text, "TRUE")) {  // GCE instance/preempted
+    v1::PreemptionNotice notice;
+    notice.set_source("gce");
+    notice.set_detail("instance/preempted is TRUE");
+    return notice;
+  }
+  if (text.empty() || (text[0] != '{' && text[0] != '[')) return std::nullopt;
+  auto n = ParseYaml(text, "preemption notice reply");
+  if (!n.ok() || !n->IsMap()) return std::nullopt;
+  try {  // Note [Parser boundary] (common/submission.cc).
+    return ParseJsonReply(*n);
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+}
+
+absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout) {
+  if (!absl::StartsWith(url, "http://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("preemption_notice_url must start with http:// (got '", url, "')"));
+  }
+  const std::string rest = url.substr(7);
+  const size_t slash = rest.find('/');
+  const std::string hostport = rest.substr(0, slash);
+  const std::string path = slash == std::string::npos ? "/" : rest.substr(slash);
+  std::string host = hostport, port = "80";
+  if (const size_t colon = hostport.rfind(':'); colon != std::string::npos) {
+    host = hostport.substr(0, colon);
+    port = hostport.substr(colon + 1);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", hostport));
+  }
+  const int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  if (fd < 0) {
+    freeaddrinfo(res);
+    return absl::InternalError("socket() failed");
+  }
+  timeval tv{};
+  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
+  tv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // also bounds connect()
+  const int rc = connect(fd, res->ai_addr, res->ai_addrlen);
+  freeaddrinfo(res);
+  if (rc != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", hostport));
+  }
+  const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host,
+                                       "\r\nMetadata: true\r\nMetadata-Flavor: Google\r\n\r\n");
+  if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
+    close(fd);
+    return absl::UnavailableError("cannot send the request");
+  }
+  std::string reply;
+  char buf[4096];
+  while (reply.size() < (64 << 10)) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    reply.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  HttpReply out;
+  const size_t sp = reply.find(' ');
+  if (!absl::StartsWith(reply, "HTTP/") || sp == std::string::npos ||
+      !absl::SimpleAtoi(reply.substr(sp + 1, 3), &out.status)) {
+    return absl::UnavailableError("not an HTTP reply");
+  }
+  const size_t body = reply.find("\r\n\r\n");
+  out.body = body == std::string::npos ? "" : reply.substr(body + 4);
+  return out;
+}
+
+}  // namespace varuna

@@ -1,0 +1,88 @@
+"""Morph timing (docs/benchmarks.md "Morphing"): for each event kind, ROUNDS runs of a 2-stage
+job on three 2-slot agents on loopback (the demo model size); each run waits until
+training is under way, causes the event, and reads the morph record the manager keeps
+(varunactl status -o json): time per phase, total (detection -> first step on the new
+shape) and steps lost. Prints every round and the median per kind as a Markdown table.
+
+Kinds: notice (varunactl preempt), sigkill (an agent and its workers SIGKILLed), join (a
+fourth agent), freeze (an agent and its workers SIGSTOPped: no reset reaches the peers, as
+with a cut link; detection is the heartbeat timeout).
+
+usage: bench/morph.py [ROUNDS] [KIND...]   (build/bin must hold the binaries)"""
+
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "e2e"))
+os.environ.setdefault("VARUNA_BIN_DIR", os.path.join(HERE, "..", "build", "bin"))
+
+from control_plane_e2e import Cluster, wait_for  # noqa: E402
+from harness import job_yaml, write_text_corpus  # noqa: E402
+
+PHASES = ["detect", "save", "stop", "plan", "launch", "rendezvous", "first_step", "total"]
+CONFIG = "scale_up_delay_s: 1\nmorph_coalesce_s: 0.2\n"
+
+
+def demo_job(c):
+    data = os.path.join(c.dir, "corpus.txt")
+    write_text_corpus(data)
+    return job_yaml(os.path.join(c.dir, "job.yaml"), data,
+                    model={"layers": 4, "d_model": 64, "heads": 4, "seq_len": 32},
+                    train={"steps": 100000, "global_batch": 24},
+                    parallel={"stages": 2, "micro_batch": 2, "timeout_s": 60},
+                    extra=f"checkpoint: {{dir: {os.path.join(c.dir, 'ckpt')}}}\n")
+
+
+def one(kind):
+    c = Cluster(agents=3, slots=2, manager_config=CONFIG)
+    try:
+        job_id = json.loads(c.ctl("-o", "json", "submit", demo_job(c), check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 10, 180, "training")
+        if kind == "notice":
+            c.ctl("preempt", "node2", "--in", "30s", check=0)
+        elif kind == "sigkill":
+            c.agents["node2"].send_signal(signal.SIGKILL)
+        elif kind == "join":
+            c.start_agent("node3", 2)
+        elif kind == "freeze":
+            r = subprocess.run(["pgrep", "-f", os.path.join(c.dir, "node2") + "/jobs/"],
+                               capture_output=True, text=True)
+            for p in [c.agents["node2"].pid] + [int(x) for x in r.stdout.split()]:
+                os.kill(p, signal.SIGSTOP)
+        st = wait_for(lambda: (lambda s: s["morphs"] and s)(c.status(job_id)), 180,
+                      "the morph record")
+        return st["morphs"][0]
+    finally:
+        if kind == "freeze":
+            subprocess.run(["pkill", "-CONT", "-f", c.dir], check=False)
+        c.close()
+
+
+def main():
+    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    kinds = sys.argv[2:] or ["notice", "sigkill", "freeze", "join"]
+    results = {k: [] for k in kinds}
+    # Alternate the kinds round by round, so machine noise spreads over all of them.
+    for r in range(rounds):
+        for k in kinds:
+            m = one(k)
+            results[k].append(m)
+            ph = m["phases"]
+            print(f"round {r + 1} {k:8s} lost={m['steps_lost']} " +
+                  " ".join(f"{p}={ph.get(p, 0):.2f}" for p in PHASES), flush=True)
+    print("\n| event | " + " | ".join(PHASES) + " | steps lost |")
+    print("|---|" + "---|" * (len(PHASES) + 1))
+    for k in kinds:
+        med = [statistics.median(m["phases"].get(p, 0) for m in results[k]) for p in PHASES]
+        lost = max(int(m["steps_lost"]) for m in results[k])
+        print(f"| {k} | " + " | ".join(f"{v:.2f}" for v in med) + f" | max {lost} |")
+
+
+if __name__ == "__main__":
+    main()
