@@ -410,6 +410,7 @@ void Agent::ReadProgress(Worker& w) {
     m.set_step_time_s(num("step_time_s").value_or(0));
     m.set_samples_per_s(num("samples_per_s").value_or(0));
     m.set_tokens_per_s(num("tokens_per_s").value_or(0));
+    m.set_at(num("t").value_or(0));
     m.set_stopped(stopped);
     w.last = m;
     if (*step > forwarded) {

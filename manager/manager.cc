@@ -50,14 +50,6 @@ std::string HostOf(const std::string& address) {
   return hp.ok() ? hp->first : address;
 }
 
-bool ValidNodeName(const std::string& name) {
-  if (name.empty() || name.size() > 63) return false;
-  for (char c : name) {
-    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '-') return false;
-  }
-  return true;
-}
-
 std::string UnreportedReason(const std::pair<std::string, int>& node_rank) {
   return absl::StrCat("rank ", node_rank.second, " on node ", node_rank.first,
                       " is no longer known to its agent (agent restarted?)");
@@ -162,6 +154,7 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
       store_(store),
       agents_(agents),
       post_(std::move(post)),
+      nodes_(config_, clock, store, this),
       last_flush_(clock->Now()) {}
 
 bool Manager::Active(v1::JobState s) {
@@ -183,22 +176,9 @@ void Manager::Persist(Job& job) {
   job.progress_dirty = false;
 }
 
-void Manager::PersistNode(const Node& n) {
-  absl::Status s = store_->SaveNode(n.rec);
-  CHECK(s.ok()) << "cannot persist node " << n.rec.name() << ": " << s.message();
-}
-
 absl::Status Manager::Recover() {
-  ASSIGN_OR_RETURN(std::vector<v1::NodeRecord> nodes, store_->LoadNodes());
+  RETURN_IF_ERROR(nodes_.Load());
   const absl::Time now = clock_->Now();
-  for (auto& rec : nodes) {
-    Node n;
-    n.rec = rec;
-    // Unconfirmed until it heartbeats; dead if it stays silent for the usual timeout.
-    n.last_seen = now - config_.suspect_after();
-    n.suspect = true;
-    nodes_[rec.name()] = std::move(n);
-  }
   ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, store_->LoadJobs());
   for (auto& rec : jobs) {
     Job job;
@@ -277,101 +257,31 @@ absl::Status Manager::Recover() {
     events_.push_back(std::move(e));
   }
   Emit("manager_started", "", "",
-       absl::StrCat("recovered ", jobs_.size(), " jobs, ", nodes_.size(), " nodes"));
-  LOG(INFO) << "recovered " << nodes_.size() << " nodes and " << jobs_.size() << " jobs (" << active
-            << " active) from " << config_.state_dir;
+       absl::StrCat("recovered ", jobs_.size(), " jobs, ", nodes_.all().size(), " nodes"));
+  LOG(INFO) << "recovered " << nodes_.all().size() << " nodes and " << jobs_.size() << " jobs ("
+            << active << " active) from " << config_.state_dir;
   return absl::OkStatus();
 }
 
 // ---- nodes ------------------------------------------------------------------------------
 
-// Note [Peer limits]: a registering agent decides what the manager stores (its name, labels,
-// slots), so each has a bound; a node that stays DEAD and idle is forgotten after
-// forget_dead_after (ForgetDeadNodes), and new names are refused past max_nodes.
-absl::Status ValidateRegistration(const v1::RegisterRequest& req, int max_slots) {
-  auto bad = [](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("register: ", what));
-  };
-  if (!ValidNodeName(req.name())) {
-    return bad("node name must be 1-63 characters of [A-Za-z0-9._-]");
-  }
-  if (req.name() == "varuna-manager") {
-    // The manager's certificate name: a node holding it could command the agents.
-    return bad("'varuna-manager' is reserved for the manager's certificate");
-  }
-  if (req.slots() < 1 || req.slots() > max_slots) {
-    return bad(absl::StrCat("slots is ", req.slots(), "; must be in [1, ", max_slots, "]"));
-  }
-  if (req.address().size() > 255) return bad("address is longer than 255 characters");
-  RETURN_IF_ERROR(SplitHostPort(req.address()).status());
-  if (req.labels_size() > 32) return bad("more than 32 labels");
-  for (const auto& [k, v] : req.labels()) {
-    if (!ValidNodeName(k) || v.size() > 256) {
-      return bad(absl::StrCat("label '", k.substr(0, 64),
-                              "': keys are 1-63 characters of [A-Za-z0-9._-], values at most 256"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest& req) {
-  RETURN_IF_ERROR(ValidateRegistration(req, config_.max_slots_per_node));
-  if (!nodes_.count(req.name()) && static_cast<int>(nodes_.size()) >= config_.max_nodes) {
-    ForgetDeadNodes();
-    if (static_cast<int>(nodes_.size()) >= config_.max_nodes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "register: the manager already knows max_nodes=", config_.max_nodes, " nodes"));
-    }
-  }
-  auto [it, inserted] = nodes_.try_emplace(req.name());
-  Node& n = it->second;
-  const bool changed = inserted || n.rec.address() != req.address() || n.rec.slots() != req.slots();
-  n.rec.set_name(req.name());
-  n.rec.set_address(req.address());
-  n.rec.set_slots(req.slots());
-  n.rec.mutable_labels()->clear();
-  for (const auto& [k, v] : req.labels()) (*n.rec.mutable_labels())[k] = v;
-  n.last_seen = clock_->Now();
-  if (n.dead || inserted || changed) {
-    LOG(INFO) << "node=" << req.name() << " registered address=" << req.address()
-              << " slots=" << req.slots() << (n.dead ? " (was DEAD)" : "");
-  }
-  const bool was_gone = n.dead || inserted;
-  n.dead = false;
-  n.suspect = false;
-  if (n.rec.has_preemption()) {
-    // A registration is a (re)started agent: a new machine under the old name.
-    LOG(INFO) << "node=" << req.name() << " registered again; its preemption notice is over";
-    n.rec.clear_preemption();
-  }
-  PersistNode(n);
-  if (was_gone) {
-    Emit("node_joined", "", req.name(), absl::StrCat(req.slots(), " slots at ", req.address()));
-    NoteJoined(req.name());
-  }
-  post_([this] { Schedule(); });
+  const auto used = UsedSlots();
+  RETURN_IF_ERROR(nodes_
+                      .Register(req,
+                                [&used](const std::string& n) {
+                                  auto it = used.find(n);
+                                  return it == used.end() ? 0 : it->second;
+                                })
+                      .status());
   v1::RegisterResponse resp;
   resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
   return resp;
 }
 
 absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequest& req) {
-  auto nit = nodes_.find(req.name());
-  if (nit == nodes_.end()) {
-    return absl::NotFoundError(absl::StrCat("node '", req.name(), "' is not registered"));
-  }
-  Node& node = nit->second;
-  node.last_seen = clock_->Now();
-  if (node.dead || node.suspect) {
-    LOG(INFO) << "node=" << node.rec.name() << " heartbeating again (was "
-              << (node.dead ? "DEAD" : "SUSPECT") << ")";
-    if (node.dead) {
-      Emit("node_joined", "", node.rec.name(), "heartbeating again after DEAD");
-      NoteJoined(node.rec.name());
-    }
-    node.dead = node.suspect = false;
-    post_([this] { Schedule(); });
-  }
+  ASSIGN_OR_RETURN(Node * found, nodes_.Heartbeat(req.name()));
+  Node& node = *found;
   if (req.has_preemption() && !node.rec.has_preemption()) {
     const std::string name = node.rec.name();
     const v1::PreemptionNotice notice = req.preemption();
@@ -441,100 +351,50 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
   return resp;
 }
 
-bool Manager::Schedulable(const Node& n) const {
-  return !n.dead && !n.suspect && DrainReason(n).empty();
-}
-
-std::string Manager::DrainReason(const Node& n) const {
-  if (n.rec.drained()) return "drained by request";
-  if (n.rec.has_preemption()) {
-    return absl::StrCat("preemption notice (", n.rec.preemption().source(), ")");
-  }
-  if (have_machine_list_ && !listed_.count(n.rec.name()) &&
-      !listed_.count(HostOf(n.rec.address()))) {
-    return absl::StrCat("not in machine_list ", config_.machine_list);
-  }
-  return "";
-}
-
 v1::NodeInfo Manager::Describe(const Node& n) const {
-  v1::NodeInfo info;
-  info.set_name(n.rec.name());
-  info.set_address(n.rec.address());
-  info.set_slots(n.rec.slots());
-  *info.mutable_labels() = n.rec.labels();
   const auto used = UsedSlots();
   auto it = used.find(n.rec.name());
-  info.set_used_slots(it == used.end() ? 0 : it->second);
-  info.set_last_heartbeat_age_s(absl::ToDoubleSeconds(clock_->Now() - n.last_seen));
-  const std::string drain = DrainReason(n);
-  if (n.dead) {
-    info.set_state(v1::DEAD);
-    info.set_reason("no heartbeat");
-  } else if (n.suspect) {
-    info.set_state(v1::SUSPECT);
-  } else if (!drain.empty()) {
-    info.set_state(v1::DRAINING);
-    info.set_reason(drain);
-  } else {
-    info.set_state(v1::ALIVE);
-  }
-  return info;
+  return nodes_.Describe(n, it == used.end() ? 0 : it->second);
 }
 
 std::vector<v1::NodeInfo> Manager::ListNodes() const {
   std::vector<v1::NodeInfo> out;
-  for (const auto& [name, n] : nodes_) out.push_back(Describe(n));
+  for (const auto& [name, n] : nodes_.all()) out.push_back(Describe(n));
   return out;
 }
 
 absl::StatusOr<v1::NodeInfo> Manager::Drain(const std::string& name, bool undo) {
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("no node named '", name, "'"));
-  Node& n = it->second;
-  if (n.rec.drained() != !undo) {
-    n.rec.set_drained(!undo);
-    PersistNode(n);
-    LOG(INFO) << "node=" << name << (undo ? " schedulable again" : " draining");
-    Emit(undo ? "node_undrained" : "node_drained", "", name, "");
-    if (undo) {
-      NoteJoined(name);
-      post_([this] { Schedule(); });
-    } else {
-      OnNodeLeaving(name, absl::StrCat("node ", name, " drained"), absl::ZeroDuration(), true);
-    }
-  }
-  return Describe(n);
+  ASSIGN_OR_RETURN(Node * n, nodes_.Drain(name, undo));
+  return Describe(*n);
 }
 
 absl::StatusOr<v1::NodeInfo> Manager::Preempt(const std::string& name,
                                               const v1::PreemptionNotice& notice) {
-  auto it = nodes_.find(name);
-  if (it == nodes_.end()) return absl::NotFoundError(absl::StrCat("no node named '", name, "'"));
-  Node& n = it->second;
-  if (!n.rec.has_preemption()) {
-    *n.rec.mutable_preemption() = notice;
-    PersistNode(n);
-    const std::string when =
-        notice.deadline_ms() > 0
-            ? absl::StrCat(" (gone in ",
-                           absl::FormatDuration(absl::Trunc(
-                               absl::FromUnixMillis(notice.deadline_ms()) - clock_->Now(),
-                               absl::Seconds(1))),
-                           ")")
-            : "";
-    LOG(WARNING) << "node=" << name << " preemption notice from " << notice.source() << when;
-    Emit("preemption_notice", "", name, absl::StrCat("from ", notice.source(), when));
-    OnNodeLeaving(
-        name, absl::StrCat("preemption notice for node ", name, " (", notice.source(), ")", when),
-        absl::ZeroDuration(), /*graceful=*/true);
-  }
-  return Describe(n);
+  ASSIGN_OR_RETURN(Node * n, nodes_.Preempt(name, notice));
+  return Describe(*n);
 }
 
-void Manager::OnNodeDead(Node& node, absl::Duration silent) {
-  node.dead = true;
-  LOG(WARNING) << "node=" << node.rec.name() << " DEAD: no heartbeat for " << silent;
+// ---- what the node table tells the job controller (NodeTable::Listener) ------------------
+
+void Manager::OnNodeLeaving(const std::string& node, const std::string& why) {
+  OnNodeLeaving(node, why, absl::ZeroDuration(), /*graceful=*/true);
+}
+
+void Manager::OnNodeJoined(const std::string& node, const std::string& how) {
+  Emit("node_joined", "", node, how);
+  NoteJoined(node);
+}
+
+void Manager::OnNodeEvent(const std::string& kind, const std::string& node,
+                          const std::string& message) {
+  Emit(kind, "", node, message);
+}
+
+void Manager::OnSlotsChanged() {
+  post_([this] { Schedule(); });
+}
+
+void Manager::OnNodeLost(const Node& node, absl::Duration silent) {
   Emit("node_lost", "", node.rec.name(),
        absl::StrCat("no heartbeat for ",
                     absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
@@ -570,93 +430,13 @@ void Manager::OnNodeDead(Node& node, absl::Duration silent) {
   }
 }
 
-void Manager::ReloadMachineList() {
-  if (config_.machine_list.empty()) return;
-  struct stat st;
-  if (stat(config_.machine_list.c_str(), &st) != 0) {
-    if (have_machine_list_ || machine_list_mtime_ != -2) {
-      LOG(WARNING) << "machine_list " << config_.machine_list
-                   << " cannot be read; every node is treated as draining";
-    }
-    have_machine_list_ = true;
-    listed_.clear();
-    machine_list_mtime_ = -2;
-    return;
-  }
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  if (mtime == machine_list_mtime_) return;
-  machine_list_mtime_ = mtime;
-  // Non-blocking, bounded, regular files only (common/safe_file.h): the loop never waits.
-  auto text = ReadRegularFile(config_.machine_list, 1 << 20, "machine_list");
-  if (!text.ok()) {
-    LOG(WARNING) << text.status().message() << "; every node is treated as draining";
-    machine_list_mtime_ = -2;
-  }
-  std::set<std::string> listed;
-  for (absl::string_view line : absl::StrSplit(text.ok() ? *text : "", '\n')) {
-    std::string host(absl::StripAsciiWhitespace(line));
-    if (host.empty() || host[0] == '#') continue;
-    listed.insert(host);
-  }
-  if (listed != listed_ || !have_machine_list_) {
-    std::set<std::string> before;
-    for (const auto& [name, n] : nodes_) {
-      if (DrainReason(n).empty()) before.insert(name);
-    }
-    have_machine_list_ = true;
-    LOG(INFO) << "machine_list " << config_.machine_list << ": " << absl::StrJoin(listed, " ");
-    listed_ = std::move(listed);
-    Emit("machine_list", "", "", absl::StrJoin(listed_, " "));
-    for (const auto& [name, n] : nodes_) {
-      const bool now_listed = DrainReason(n).empty();
-      if (before.count(name) && !now_listed) {
-        OnNodeLeaving(name, absl::StrCat("node ", name, " removed from machine_list"),
-                      absl::ZeroDuration(), /*graceful=*/true);
-      } else if (!before.count(name) && now_listed) {
-        NoteJoined(name);
-      }
-    }
-    post_([this] { Schedule(); });
-  }
-  have_machine_list_ = true;
-}
-
-void Manager::ForgetDeadNodes() {
-  const absl::Time now = clock_->Now();
-  const auto used = UsedSlots();
-  for (auto it = nodes_.begin(); it != nodes_.end();) {
-    const Node& n = it->second;
-    const auto u = used.find(n.rec.name());
-    if (n.dead && now - n.last_seen >= config_.forget_dead_after &&
-        (u == used.end() || u->second == 0)) {
-      LOG(INFO) << "node=" << n.rec.name() << " forgotten (DEAD for "
-                << absl::FormatDuration(now - n.last_seen) << ")";
-      absl::Status s = store_->DeleteNode(n.rec.name());
-      if (!s.ok()) LOG(WARNING) << "cannot delete node " << n.rec.name() << ": " << s.message();
-      it = nodes_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 void Manager::Tick() {
   const absl::Time now = clock_->Now();
-  ForgetDeadNodes();
-  if (now - last_list_check_ >= absl::Seconds(2)) {
-    last_list_check_ = now;
-    ReloadMachineList();
-  }
-  for (auto& [name, n] : nodes_) {
-    if (n.dead) continue;
-    const absl::Duration silent = now - n.last_seen;
-    if (silent >= config_.dead_after()) {
-      OnNodeDead(n, silent);
-    } else if (silent >= config_.suspect_after() && !n.suspect) {
-      n.suspect = true;
-      LOG(WARNING) << "node=" << name << " SUSPECT: no heartbeat for " << silent;
-    }
-  }
+  const auto used = UsedSlots();
+  nodes_.Tick([&used](const std::string& n) {
+    auto it = used.find(n);
+    return it == used.end() ? 0 : it->second;
+  });
   for (auto& [id, job] : jobs_) {
     const v1::JobState s = job.info().state();
     if (s == v1::STARTING && now - job.gen.starting_since > config_.start_timeout) {
@@ -783,7 +563,7 @@ std::map<std::string, int> Manager::UsedSlots() const {
       if (!exited.count(p.rank())) ++used[p.node()];
     }
   }
-  for (const auto& [name, n] : nodes_) used[name] += n.other_running;
+  for (const auto& [name, n] : nodes_.all()) used[name] += n.other_running;
   return used;
 }
 
@@ -793,8 +573,8 @@ void Manager::Schedule() {
     Job& job = jobs_.at(id);
     if (job.info().state() != v1::PENDING) continue;
     std::vector<FreeSlots> free;
-    for (const auto& [name, n] : nodes_) {
-      if (!Schedulable(n)) continue;
+    for (const auto& [name, n] : nodes_.all()) {
+      if (!nodes_.Schedulable(n)) continue;
       const int f = n.rec.slots() - used[name];
       if (f > 0) free.push_back({name, f});
     }
@@ -826,7 +606,7 @@ void Manager::StartJob(Job& job, const JobPlan& plan) {
   info.set_stage_to_rank_map(plan.stage_to_rank_map);
   info.clear_placement();
   for (const auto& p : plan.ranks) *info.add_placement() = p;
-  const Node& first = nodes_.at(plan.ranks[0].node());
+  const Node& first = *nodes_.Find(plan.ranks[0].node());
   info.set_master(absl::StrCat(HostOf(first.rec.address()), ":0"));
   info.set_started_at(Now());
   NewGeneration(job);
@@ -887,9 +667,9 @@ void Manager::SendLaunches(Job& job) {
     targets.assign(job.gen.launch_pending.begin(), job.gen.launch_pending.end());
   }
   for (const std::string& node_name : targets) {
-    auto nit = nodes_.find(node_name);
-    if (nit == nodes_.end()) continue;
-    auto client = agents_->For(nit->second.rec.address());
+    const Node* nit = nodes_.Find(node_name);
+    if (nit == nullptr) continue;
+    auto client = agents_->For(nit->rec.address());
     const std::string id = info.id();
     const int gen = info.generation();
     client->Launch(MakeLaunch(job, node_name),
@@ -954,17 +734,16 @@ void Manager::SendStops(Job& job) {
   std::set<std::string> nodes;
   for (const auto& p : job.info().placement()) nodes.insert(p.node());
   for (const std::string& name : nodes) {
-    auto nit = nodes_.find(name);
-    if (nit == nodes_.end() || nit->second.dead) continue;
+    const Node* nit = nodes_.Find(name);
+    if (nit == nullptr || nit->dead) continue;
     v1::StopRequest req;
     req.set_job_id(job.info().id());
     req.set_generation(job.info().generation());
     req.set_grace_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(config_.stop_grace)));
     const std::string who = JobWho(job.info());
-    agents_->For(nit->second.rec.address())
-        ->Stop(req, [who, name](absl::StatusOr<v1::StopResponse> r) {
-          if (!r.ok()) LOG(WARNING) << who << " stop on node " << name << ": " << r.status();
-        });
+    agents_->For(nit->rec.address())->Stop(req, [who, name](absl::StatusOr<v1::StopResponse> r) {
+      if (!r.ok()) LOG(WARNING) << who << " stop on node " << name << ": " << r.status();
+    });
   }
 }
 
@@ -1122,10 +901,10 @@ void Manager::SettleFailure(Job& job) {
   std::set<std::string> job_nodes;
   for (const auto& p : job.info().placement()) job_nodes.insert(p.node());
   for (const std::string& name : job_nodes) {
-    auto it = nodes_.find(name);
-    if (it == nodes_.end()) continue;
-    const absl::Duration silent = now - it->second.last_seen;
-    if (it->second.dead || silent >= 1.5 * config_.heartbeat_period) {
+    const Node* it = nodes_.Find(name);
+    if (it == nullptr) continue;
+    const absl::Duration silent = now - it->last_seen;
+    if (it->dead || silent >= 1.5 * config_.heartbeat_period) {
       Fail(job, absl::StrCat("node ", name, " lost (no heartbeat for ",
                              absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
                              "; it ran ", RanksOn(job, name), "); then ", job.gen.pending_failure));
@@ -1218,8 +997,8 @@ void Manager::GetLogs(const v1::GetLogsRequest& req,
     }
     return;
   }
-  auto nit = nodes_.find(node_name);
-  if (nit == nodes_.end()) {
+  const Node* nit = nodes_.Find(node_name);
+  if (nit == nullptr) {
     done(absl::UnavailableError(absl::StrCat("node ", node_name, " is unknown")));
     return;
   }
@@ -1229,7 +1008,7 @@ void Manager::GetLogs(const v1::GetLogsRequest& req,
   fetch.set_offset(req.offset());
   fetch.set_max_bytes(req.max_bytes());
   const bool finished = Terminal(job.info().state());
-  agents_->For(nit->second.rec.address())
+  agents_->For(nit->rec.address())
       ->FetchLogs(fetch, [done = std::move(done), node_name,
                           finished](absl::StatusOr<v1::FetchLogsResponse> r) {
         if (!r.ok()) {

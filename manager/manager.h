@@ -1,7 +1,8 @@
 #pragma once
 
-// The manager's state machines: the node table (ALIVE -> SUSPECT -> DEAD by missed
-// heartbeats; DRAINING by request or machine_list) and the job controller (PENDING ->
+// The manager's state machines: the node table (manager/node_table.h: ALIVE -> SUSPECT ->
+// DEAD by missed heartbeats; DRAINING by request, notice or machine_list) and the job
+// controller here (PENDING ->
 // STARTING -> RUNNING -> SUCCEEDED | FAILED(reason), CANCELLING -> CANCELLED). Every method
 // runs on the manager's loop thread; answers that need an agent come back through `post`.
 // docs/architecture.md "Control plane" draws both machines.
@@ -21,6 +22,7 @@
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "manager/agent_client.h"
+#include "manager/node_table.h"
 #include "manager/placement.h"
 #include "manager/state_store.h"
 #include "varuna/v1/control.pb.h"
@@ -64,7 +66,8 @@ struct ManagerConfig {
 // Reads a manager config file (YAML; durations as *_s in seconds). Unknown keys are errors.
 absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* config);
 
-class Manager {
+// The job controller: jobs, their generations and morphs, on top of the node table.
+class Manager : private NodeTable::Listener {
  public:
   using Post = std::function<void(std::function<void()>)>;
   Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentClientPool* agents,
@@ -99,13 +102,8 @@ class Manager {
   const ManagerConfig& config() const { return config_; }
 
  private:
-  struct Node {
-    v1::NodeRecord rec;
-    absl::Time last_seen;
-    bool dead = false;
-    bool suspect = false;
-    int other_running = 0;  // running workers of no active launch, from the last heartbeat
-  };
+  using Node = NodeTable::Node;
+
   // Everything that belongs to one launch of a job; NewGeneration() resets it.
   struct Generation {
     std::set<std::string> launch_pending;  // nodes whose Launch has not been acked
@@ -125,6 +123,8 @@ class Manager {
     int64_t newest_step = 0;    // newest step this generation reported
     int64_t saved_step = 0;     // newest step a rank saved on its way out (stop or rescue)
     std::string worker_error;   // the first error line a worker wrote
+    double last_ready_at = 0;   // the workers' clock: when the last rank reported ready
+    double first_step_at = 0;   // ... and when the first step after resumed_from ended
   };
   struct Job {
     v1::JobRecord rec;
@@ -165,12 +165,16 @@ class Manager {
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node);
   void CheckUnreported(const Node& node, const std::set<std::pair<std::string, int>>& reported);
   void CheckAllExited(Job& job);
-  void OnNodeDead(Node& node, absl::Duration silent);
+  // NodeTable::Listener.
+  void OnNodeLost(const Node& node, absl::Duration silent) override;
+  void OnNodeLeaving(const std::string& node, const std::string& why) override;
+  void OnNodeJoined(const std::string& node, const std::string& how) override;
+  void OnNodeEvent(const std::string& kind, const std::string& node,
+                   const std::string& message) override;
+  void OnSlotsChanged() override;
   void SettleFailure(Job& job);
   std::string RanksOn(const Job& job, const std::string& node) const;
   static bool PlacedOn(const Job& job, const std::string& node, int rank);
-  void ReloadMachineList();
-  void ForgetDeadNodes();
 
   // The morph (manager/morph.cc): Trigger -> BeginMorph (SAVING) -> STOPPING -> PLANNING ->
   // Relaunch (LAUNCHING) -> RUNNING (RESUMING) -> FinishMorph. AdvanceMorph moves a job
@@ -201,11 +205,8 @@ class Manager {
 
   v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
   std::map<std::string, int> UsedSlots() const;
-  bool Schedulable(const Node& n) const;
-  std::string DrainReason(const Node& n) const;
   v1::NodeInfo Describe(const Node& n) const;
   void Persist(Job& job);
-  void PersistNode(const Node& n);
   std::string Now() const;
   static bool Active(v1::JobState s);
   static bool Terminal(v1::JobState s);
@@ -215,17 +216,12 @@ class Manager {
   StateStore* const store_;
   AgentClientPool* const agents_;
   const Post post_;
-  std::map<std::string, Node> nodes_;
+  NodeTable nodes_;
   std::map<std::string, Job> jobs_;  // by id
   std::vector<std::string> order_;   // ids in submission order
   std::map<std::string, std::string> by_request_;
   int64_t next_seq_ = 1;
   absl::Time last_flush_;
-  // machine_list
-  bool have_machine_list_ = false;
-  std::set<std::string> listed_;
-  int64_t machine_list_mtime_ = -1;
-  absl::Time last_list_check_ = absl::InfinitePast();
   // Growth: when a node joined, jobs may grow onto it after scale_up_delay.
   absl::Time grow_check_at_ = absl::InfiniteFuture();
   std::set<std::string> joined_;

@@ -214,11 +214,11 @@ void Manager::SendSaveRequests(Job& job, bool abort_step) {
   for (const auto& p : job.info().placement()) nodes.insert(p.node());
   const auto& lost = job.rec.morph().lost_nodes();
   for (const std::string& name : nodes) {
-    auto nit = nodes_.find(name);
-    if (nit == nodes_.end() || nit->second.dead) continue;
+    const Node* nit = nodes_.Find(name);
+    if (nit == nullptr || nit->dead) continue;
     // A node under notice still saves its ranks; a node that failed to answer does not.
-    if (std::find(lost.begin(), lost.end(), name) != lost.end() &&
-        !nit->second.rec.has_preemption() && !nit->second.rec.drained()) {
+    if (std::find(lost.begin(), lost.end(), name) != lost.end() && !nit->rec.has_preemption() &&
+        !nit->rec.drained()) {
       continue;
     }
     v1::CheckpointRequest req;
@@ -227,7 +227,7 @@ void Manager::SendSaveRequests(Job& job, bool abort_step) {
     req.set_abort_step(abort_step);
     const std::string id = job.info().id();
     const int gen = job.info().generation();
-    agents_->For(nit->second.rec.address())
+    agents_->For(nit->rec.address())
         ->Checkpoint(req, [this, id, gen, name](absl::StatusOr<v1::CheckpointResponse> r) {
           if (r.ok()) return;
           post_([this, id, gen, name, st = r.status()] { OnSaveRequestFailed(id, gen, name, st); });
@@ -244,9 +244,9 @@ void Manager::OnSaveRequestFailed(const std::string& job_id, int generation,
   LOG(WARNING) << JobWho(job.info()) << " node " << node
                << " did not take the save request: " << status.message()
                << "; its ranks count as lost";
-  auto nit = nodes_.find(node);
-  if (nit != nodes_.end() && !nit->second.dead) {
-    nit->second.suspect = true;  // unschedulable until it heartbeats again
+  const Node* nit = nodes_.Find(node);
+  if (nit != nullptr && !nit->dead) {
+    nodes_.MarkUnreachable(node);  // unschedulable until it heartbeats again
     Emit("node_unreachable", "", node, std::string(status.message()));
   }
   Cause c;
@@ -294,10 +294,10 @@ bool Manager::AllRanksGone(const Job& job) const {
   const auto& lost = job.rec.morph().lost_nodes();
   for (const auto& p : job.info().placement()) {
     if (exited.count(p.rank())) continue;
-    auto nit = nodes_.find(p.node());
-    if (nit == nodes_.end() || nit->second.dead) continue;
-    const bool gone_node = std::find(lost.begin(), lost.end(), p.node()) != lost.end() &&
-                           (nit->second.suspect || nit->second.dead);
+    const Node* nit = nodes_.Find(p.node());
+    if (nit == nullptr || nit->dead) continue;
+    const bool gone_node =
+        std::find(lost.begin(), lost.end(), p.node()) != lost.end() && (nit->suspect || nit->dead);
     if (gone_node) continue;
     return false;
   }
@@ -409,8 +409,8 @@ std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
     }
   }
   std::vector<FreeSlots> free;
-  for (const auto& [name, n] : nodes_) {
-    if (!Schedulable(n) || exclude.count(name)) continue;
+  for (const auto& [name, n] : nodes_.all()) {
+    if (!nodes_.Schedulable(n) || exclude.count(name)) continue;
     const int f = n.rec.slots() - std::max(0, used[name]);
     if (f > 0) free.push_back({name, f});
   }
@@ -431,7 +431,7 @@ void Manager::Relaunch(Job& job, const JobPlan& plan) {
   info.set_stage_to_rank_map(plan.stage_to_rank_map);
   info.clear_placement();
   for (const auto& p : plan.ranks) *info.add_placement() = p;
-  const Node& first = nodes_.at(plan.ranks[0].node());
+  const Node& first = *nodes_.Find(plan.ranks[0].node());
   auto hp = SplitHostPort(first.rec.address());
   info.set_master(absl::StrCat(hp.ok() ? hp->first : first.rec.address(), ":0"));
   *m.mutable_record()->mutable_to() = ShapeOf(info);
@@ -484,6 +484,12 @@ void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
   if (w.resumed_from() >= 0 && !g.ready.count(w.rank())) {
     g.ready.insert(w.rank());
     g.resumed_from = std::max(g.resumed_from, w.resumed_from());
+    g.last_ready_at = std::max(g.last_ready_at, w.ready_at());
+  }
+  for (const v1::StepMetrics& s : w.steps()) {
+    if (g.resumed_from >= 0 && s.step() == g.resumed_from + 1 && s.at() > 0) {
+      g.first_step_at = g.first_step_at > 0 ? std::min(g.first_step_at, s.at()) : s.at();
+    }
   }
   g.saved_step = std::max(g.saved_step, w.saved_step());
   if (!job.morphing() || job.rec.morph().phase() != v1::MorphState::RESUMING) return;
@@ -491,13 +497,16 @@ void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
   auto& phases = *m.mutable_record()->mutable_phases();
   if (static_cast<int>(g.ready.size()) == job.info().placement_size() &&
       !phases.count("rendezvous")) {
-    // From the acks to every rank ready (the workers' clocks say when).
-    phases["rendezvous"] = std::max(0.0, UnixNow() - m.phase_since());
-    m.set_phase_since(UnixNow());
+    // From the acks to every rank ready: the workers' clocks say when, where they did
+    // (finer than the heartbeat period the manager sees it at).
+    const double ready = g.last_ready_at > 0 ? std::min(g.last_ready_at, UnixNow()) : UnixNow();
+    phases["rendezvous"] = std::max(0.0, ready - m.phase_since());
+    m.set_phase_since(ready);
     job.info().set_step(static_cast<int32_t>(std::max<int64_t>(0, g.resumed_from)));
   }
   if (phases.count("rendezvous") && g.newest_step > g.resumed_from && g.resumed_from >= 0) {
-    phases["first_step"] = std::max(0.0, UnixNow() - m.phase_since());
+    const double first = g.first_step_at > 0 ? std::min(g.first_step_at, UnixNow()) : UnixNow();
+    phases["first_step"] = std::max(0.0, first - m.phase_since());
     m.set_phase_since(0);  // FinishMorph must not add the phase again
     FinishMorph(job);
   }
