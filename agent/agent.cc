@@ -344,6 +344,7 @@ void Agent::Reap() {
       w.exit_code = e.exit_code;
       w.signal = e.signal;
       w.exited_at = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
+      urgent_ = true;
       ReadProgress(w);  // its last lines (how it ended) go with the exit
       LOG(INFO) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
                 << " exited with " << DescribeExit(e.exit_code, e.signal);
@@ -450,6 +451,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
 
 void Agent::SetPreemptionNotice(const v1::PreemptionNotice& notice) {
   if (!notice_) {
+    urgent_ = true;
     LOG(WARNING) << "node=" << config_.name << " preemption notice from " << notice.source()
                  << (notice.detail().empty() ? "" : ": ") << notice.detail();
   }

@@ -69,6 +69,8 @@ class Agent {
   // with every heartbeat from now on.
   void SetPreemptionNotice(const v1::PreemptionNotice& notice);
   bool has_preemption_notice() const { return notice_.has_value(); }
+  // True once after a worker exited or a notice arrived: worth a heartbeat right away.
+  bool TakeUrgent() { return std::exchange(urgent_, false); }
   // Reaps exited workers and escalates overdue stops to SIGKILL.
   void Tick();
   // SIGTERM to every running worker (agent shutdown). Returns how many were signalled.
@@ -123,6 +125,7 @@ class Agent {
   std::map<std::string, int> master_port_;         // "job/gen" -> port chosen here
   std::map<std::string, int64_t> forwarded_step_;  // "job/gen" -> newest step queued
   std::optional<v1::PreemptionNotice> notice_;
+  bool urgent_ = false;
 };
 
 }  // namespace varuna

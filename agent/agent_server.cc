@@ -122,7 +122,12 @@ AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* laun
       manager_(std::move(manager)),
       options_(options),
       loop_("agent", options.background_heartbeats ? options.tick_period : absl::ZeroDuration(),
-            [this] { agent_.Tick(); }),
+            [this] {
+              agent_.Tick();
+              // An exit (or a notice) goes to the manager now, not at the next period: a
+              // morph waits for it (docs/morphing.md).
+              if (agent_.TakeUrgent()) WakeHeartbeat();
+            }),
       heartbeat_period_ms_(absl::ToInt64Milliseconds(agent_.config().heartbeat_period)) {}
 
 AgentServer::~AgentServer() { Shutdown(); }
@@ -224,6 +229,14 @@ void AgentServer::NoticeLoop() {
   }
 }
 
+void AgentServer::WakeHeartbeat() {
+  {
+    std::lock_guard<std::mutex> lock(hb_mu_);
+    hb_wake_ = true;
+  }
+  hb_cv_.notify_all();
+}
+
 void AgentServer::AdoptHeartbeatPeriod(int64_t period_ms) {
   if (period_ms > 0 && period_ms != heartbeat_period_ms_.exchange(period_ms)) {
     LOG(INFO) << "node=" << agent_.config().name << " heartbeat period " << period_ms
@@ -247,7 +260,12 @@ void AgentServer::HeartbeatLoop() {
     }
     manager_reachable_ = s.ok();
     std::unique_lock<std::mutex> lock(hb_mu_);
-    if (hb_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [this] { return hb_stop_; })) {
+    if (hb_cv_.wait_for(lock, absl::ToChronoNanoseconds(period),
+                        [this] { return hb_stop_ || hb_wake_; })) {
+      if (hb_wake_ && !hb_stop_) {
+        hb_wake_ = false;
+        continue;
+      }
       return;
     }
   }

@@ -63,14 +63,17 @@ class AgentServer {
   Agent agent_;
   std::unique_ptr<ManagerClient> manager_;
   const Options options_;
+  // Before loop_: its tick may wake the heartbeat thread.
+  std::mutex hb_mu_;
+  std::condition_variable hb_cv_;
+  bool hb_stop_ = false;
+  bool hb_wake_ = false;  // heartbeat now (WakeHeartbeat)
+  void WakeHeartbeat();
   EventLoop loop_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 
-  std::mutex hb_mu_;
-  std::condition_variable hb_cv_;
-  bool hb_stop_ = false;
   std::thread hb_thread_;
   std::thread notice_thread_;  // polls preemption_notice_url (agent/preemption.h)
   void NoticeLoop();

@@ -8,6 +8,11 @@ Kinds: notice (varunactl preempt), sigkill (an agent and its workers SIGKILLed),
 fourth agent), freeze (an agent and its workers SIGSTOPped: no reset reaches the peers, as
 with a cut link; detection is the heartbeat timeout).
 
+Goodput (bench/morph.py goodput [SECONDS] [PERIOD]): the same job twice for SECONDS of
+wall time, once undisturbed and once with a preemption notice every PERIOD seconds (the
+noticed machine goes away once its job moved off and a replacement registers PERIOD/4
+later, as a cloud would bring one); goodput = steps trained with preemptions / without.
+
 usage: bench/morph.py [ROUNDS] [KIND...]   (build/bin must hold the binaries)"""
 
 import json
@@ -64,7 +69,47 @@ def one(kind):
         c.close()
 
 
+def goodput_run(seconds, period):
+    c = Cluster(agents=3, slots=2, manager_config=CONFIG)
+    try:
+        job_id = json.loads(c.ctl("-o", "json", "submit", demo_job(c), check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id)["step"] >= 1, 180, "training")
+        t0 = time.time()
+        victims = ["node2", "node1"]
+        n = 0
+        while time.time() - t0 < seconds:
+            if period and time.time() - t0 >= period * (n + 1):
+                victim = victims[n % 2]
+                gen = c.status(job_id)["generation"]
+                c.ctl("preempt", victim, "--in", "30s", check=0)
+                wait_for(lambda: c.status(job_id)["generation"] > gen, 120, "the move")
+                c.agents[victim].send_signal(signal.SIGTERM)
+                c.agents[victim].wait()
+                time.sleep(period / 4)
+                c.start_agent(victim, 2)  # the replacement machine
+                n += 1
+            time.sleep(0.5)
+        st = c.status(job_id)
+        return st["step"], len(st.get("morphs", []))
+    finally:
+        c.close()
+
+
+def goodput(seconds, period):
+    base, _ = goodput_run(seconds, 0)
+    with_events, morphs = goodput_run(seconds, period)
+    print(f"\n| run | seconds | steps | morphs |\n|---|---|---|---|")
+    print(f"| no preemption | {seconds} | {base} | 0 |")
+    print(f"| notice every {period} s | {seconds} | {with_events} | {morphs} |")
+    print(f"\ngoodput = {with_events / base:.3f}")
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "goodput":
+        seconds = int(sys.argv[2]) if len(sys.argv) > 2 else 480
+        period = int(sys.argv[3]) if len(sys.argv) > 3 else 120
+        goodput(seconds, period)
+        return
     rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     kinds = sys.argv[2:] or ["notice", "sigkill", "freeze", "join"]
     results = {k: [] for k in kinds}

@@ -87,6 +87,7 @@ class ControlPlaneTest : public ::testing::Test {
     config.dead_after_missed = 10;
     config.stop_grace = absl::Seconds(5);
     config.machine_list = machine_list_;
+    config.max_morphs = max_morphs_;
     manager_ =
         std::make_unique<ManagerServer>(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5)),
                                         ManagerServer::Options{absl::ZeroDuration()});
@@ -182,6 +183,7 @@ class ControlPlaneTest : public ::testing::Test {
 
   FakeClock clock_;
   std::string dir_, data_, manager_address_, machine_list_;
+  int max_morphs_ = 20;
   std::unique_ptr<ManagerServer> manager_;
   std::vector<std::unique_ptr<AgentUnderTest>> agents_;
   std::unique_ptr<v1::JobApi::Stub> jobs_;
@@ -873,6 +875,108 @@ TEST_F(ControlPlaneTest, PreemptionNoticeAsksForACheckpointAndDrainsTheNode) {
   v1::PreemptNodeRequest bad;
   bad.set_node("nope");
   EXPECT_EQ(jobs_->PreemptNode(&ctx2, bad, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(ControlPlaneTest, MorphBudgetAndMaxWaitFailTheJobWithTheHistory) {
+  max_morphs_ = 1;
+  manager_->Shutdown();
+  StartManager();
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  auto job = Submit(Spec(absl::StrCat("parallel: {stages: 2}\ncheckpoint: {dir: ", dir_,
+                                      "/c}\nresources: {min_slots: 4, max_wait_s: 5}")));
+  ASSERT_THAT(job.status(), IsOk());
+  const std::string id = job->id();
+  ASSERT_TRUE(WaitState(id, v1::RUNNING));
+  auto crash_then_save = [&] {
+    bool first = true;
+    for (auto& a : agents_) {
+      for (const auto& p : a->launcher.procs()) {
+        if (!p.alive) continue;
+        a->launcher.Exit(p.pid, first ? 1 : kExitRescued);
+        first = false;
+      }
+    }
+    BeatAll();
+    clock_.Advance(absl::Seconds(2));
+    return Eventually([&] {
+      Tick();
+      BeatAll();
+      return Get(id).state() == v1::RUNNING || Get(id).state() == v1::FAILED;
+    });
+  };
+  // The first crash is morphed away (same shape, generation 2).
+  ASSERT_TRUE(crash_then_save());
+  EXPECT_EQ(Get(id).state(), v1::RUNNING) << Get(id).DebugString();
+  EXPECT_EQ(Get(id).generation(), 2);
+  // The second exceeds max_morphs=1: FAILED, the reason carries the history.
+  ASSERT_TRUE(crash_then_save());
+  v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.reason(), ::testing::HasSubstr("not morphing again: 1 morphs within"));
+  EXPECT_THAT(info.reason(), ::testing::HasSubstr("exited with code 1"));
+}
+
+TEST_F(ControlPlaneTest, TooFewSlotsAfterALossWaitsThenFailsAfterMaxWait) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  auto job = Submit(Spec(absl::StrCat("parallel: {stages: 2}\ncheckpoint: {dir: ", dir_,
+                                      "/c}\nresources: {min_slots: 4, max_wait_s: 5}")));
+  ASSERT_THAT(job.status(), IsOk());
+  const std::string id = job->id();
+  ASSERT_TRUE(WaitState(id, v1::RUNNING));
+  {
+    grpc::ClientContext ctx;
+    v1::DrainNodeRequest req;
+    req.set_node("a2");
+    v1::DrainNodeResponse resp;
+    ASSERT_TRUE(jobs_->DrainNode(&ctx, req, &resp).ok());  // 2 slots left < min_slots
+  }
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) a->launcher.Exit(p.pid, 0);
+  }
+  BeatAll();
+  clock_.Advance(absl::Seconds(2));
+  Tick();
+  v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::RECONFIGURING) << info.DebugString();
+  EXPECT_THAT(info.reason(), ::testing::HasSubstr("waiting for slots"));
+  clock_.Advance(absl::Seconds(6));
+  BeatAll();
+  Tick();
+  info = Get(id);
+  EXPECT_EQ(info.state(), v1::FAILED);
+  EXPECT_THAT(info.reason(), ::testing::HasSubstr("resources.max_wait_s"));
+}
+
+TEST_F(ControlPlaneTest, AMorphInProgressSurvivesAManagerRestart) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  auto job = Submit(Spec(absl::StrCat("parallel: {stages: 2}\ncheckpoint: {dir: ", dir_, "/c}")));
+  ASSERT_THAT(job.status(), IsOk());
+  const std::string id = job->id();
+  ASSERT_TRUE(WaitState(id, v1::RUNNING));
+  const int crashed = agents_[0]->launcher.procs()[0].pid;
+  agents_[0]->launcher.Exit(crashed, 1);
+  BeatAll();
+  ASSERT_EQ(Get(id).state(), v1::RECONFIGURING);
+  manager_->Shutdown();
+  manager_.reset();
+  StartManager();
+  EXPECT_EQ(Get(id).state(), v1::RECONFIGURING) << "the morph is in the state database";
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) {
+      if (p.alive) a->launcher.Exit(p.pid, kExitRescued);
+    }
+  }
+  ASSERT_TRUE(Eventually([&] {
+    BeatAll();
+    clock_.Advance(absl::Milliseconds(500));
+    Tick();
+    return Get(id).state() == v1::RUNNING;
+  })) << Get(id).DebugString();
+  EXPECT_EQ(Get(id).generation(), 2);
+  EXPECT_EQ(TotalAlive(), 4);
 }
 
 TEST_F(ControlPlaneTest, MorphingFalseKeepsFailOnLoss) {

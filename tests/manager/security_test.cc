@@ -568,3 +568,51 @@ TEST(TokenTableTest, ParsesAndLooksUp) {
 
 }  // namespace
 }  // namespace varuna
+
+namespace varuna {
+namespace {
+
+// code_dir (Varuna's --code_dir) is checked on the node before anything starts; a user
+// entrypoint starts in it, and the resume step reaches the worker as a flag and env var.
+TEST(AgentLaunchTest, CodeDirIsCheckedAndResumeStepIsPassedOn) {
+  const std::string dir = MakeTempDir();
+  FakeClock clock;
+  FakeLauncher launcher;
+  AgentConfig c;
+  c.name = "a";
+  c.manager = "127.0.0.1:1";
+  c.work_dir = dir;
+  c.slots = 2;
+  c.worker_binary = "/bin/true";
+  Agent agent(c, &clock, &launcher);
+  v1::LaunchRequest launch;
+  launch.set_job_id("7");
+  launch.set_generation(2);
+  launch.set_spec_yaml("x: 1");
+  launch.set_world_size(2);
+  launch.add_ranks()->set_rank(0);
+  launch.set_code_dir(dir + "/nope");
+  launch.add_entrypoint("/bin/echo");
+  EXPECT_THAT(agent.Launch(launch).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "is not a directory on node a"));
+  EXPECT_TRUE(launcher.procs().empty());
+  launch.set_code_dir(dir);
+  launch.set_resume_step("latest; rm -rf /");
+  EXPECT_THAT(agent.Launch(launch).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "resume_step"));
+  launch.set_resume_step("latest");
+  ASSERT_THAT(agent.Launch(launch).status(), IsOk());
+  ASSERT_EQ(launcher.procs().size(), 1u);
+  EXPECT_EQ(launcher.procs()[0].spec.cwd, dir);
+  EXPECT_EQ(launcher.procs()[0].spec.env.at("VARUNA_RESUME_STEP"), "latest");
+  // The generic worker gets it as its flag.
+  launch.clear_entrypoint();
+  launch.set_generation(3);
+  ASSERT_THAT(agent.Launch(launch).status(), IsOk());
+  const std::vector<std::string> argv = launcher.procs().back().spec.argv;
+  EXPECT_EQ(argv.back(), "--resume_step=latest");
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace varuna
