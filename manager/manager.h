@@ -191,6 +191,7 @@ class Manager : private NodeTable::Listener {
   void FinishMorph(Job& job);
   bool AllRanksGone(const Job& job) const;
   bool FinishedTraining(const Job& job) const;
+  std::vector<int> UnsavedStages(const Job& job) const;
   void NoteWorkerReport(Job& job, const v1::WorkerStatus& w);
   void RecordSteps(Job& job, const v1::WorkerStatus& w);
   void OnNodeLeaving(const std::string& node, const std::string& why, absl::Duration detect,

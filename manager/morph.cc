@@ -216,11 +216,9 @@ void Manager::SendSaveRequests(Job& job, bool abort_step) {
   for (const std::string& name : nodes) {
     const Node* nit = nodes_.Find(name);
     if (nit == nullptr || nit->dead) continue;
-    // A node under notice still saves its ranks; a node that failed to answer does not.
-    if (std::find(lost.begin(), lost.end(), name) != lost.end() && !nit->rec.has_preemption() &&
-        !nit->rec.drained()) {
-      continue;
-    }
+    // A node that leaves (notice, drain, machine_list) still saves its ranks; one that
+    // did not answer (suspect) is not asked again.
+    if (nit->suspect && std::find(lost.begin(), lost.end(), name) != lost.end()) continue;
     v1::CheckpointRequest req;
     req.set_job_id(job.info().id());
     req.set_generation(job.info().generation());
@@ -417,9 +415,32 @@ std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
   return free;
 }
 
+// Stages of which no rank saved on its way out (exit 75, or exit 0 after a stop request):
+// every replica of them was lost at once, so the newest step cannot be complete.
+std::vector<int> Manager::UnsavedStages(const Job& job) const {
+  const int stages = std::max(1, job.info().stages());
+  std::vector<bool> saved(stages, false);
+  for (const auto& e : job.rec.exits()) {
+    const bool saver = e.signal() == 0 && (e.exit_code() == kExitRescued ||
+                                           (e.exit_code() == 0 && job.gen.stopped_after > 0));
+    if (saver) saved[e.rank() % stages] = true;
+  }
+  std::vector<int> missing;
+  for (int s = 0; s < stages; ++s) {
+    if (!saved[s]) missing.push_back(s);
+  }
+  return missing;
+}
+
 void Manager::Relaunch(Job& job, const JobPlan& plan) {
   v1::JobInfo& info = job.info();
   v1::MorphState& m = job.morph();
+  if (const std::vector<int> missing = UnsavedStages(job);
+      !missing.empty() && job.gen.newest_step > 0) {
+    m.mutable_record()->set_note(absl::StrCat(
+        "no rank of stage ", absl::StrJoin(missing, ","),
+        " was left to save the newest step: resumed from the newest complete checkpoint"));
+  }
   SetPhase(job, v1::MorphState::LAUNCHING);
   m.set_launched_at(UnixNow());
   info.set_generation(info.generation() + 1);
@@ -458,6 +479,11 @@ void Manager::FinishMorph(Job& job) {
   if (job.gen.resumed_from >= 0) {
     r.set_resumed_from(job.gen.resumed_from);
     r.set_steps_lost(std::max<int64_t>(0, m.step_before() - job.gen.resumed_from));
+  } else {
+    // The next morph began before this generation reported where it resumed: its loss is
+    // counted by that next morph (which starts from the same newest step).
+    r.set_resumed_from(-1);
+    r.set_steps_lost(-1);
   }
   double total = 0;
   for (const auto& [phase, s] : r.phases()) total += phase == "detect" ? 0 : s;

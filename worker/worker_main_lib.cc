@@ -100,6 +100,28 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // Installed first: a SIGUSR1/2 during start-up must not kill the process (default action).
   std::signal(SIGUSR1, OnSigusr1);
   std::signal(SIGUSR2, OnSigusr2);
+  // Until the engine is up, an abort (SIGUSR2: a peer is gone) means exit at once: nothing
+  // was trained, so the checkpoint this rank would resume from is the state. Without this a
+  // rank blocked in the rendezvous with a dead peer would wait for timeout_s.
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  std::thread startup_watch([started] {
+    while (!started->load()) {
+      if (g_rescue_requested.load()) {
+        AppendProgress(
+            absl::StrFormat("{\"rescued\": true, \"saved_step\": 0, \"t\": %.6f}", UnixNow()));
+        std::_Exit(kExitRescued);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  struct StopWatch {
+    std::thread& t;
+    std::atomic<bool>& started;
+    ~StopWatch() {
+      started.store(true);
+      t.join();
+    }
+  } stop_watch{startup_watch, *started};
   // Everything wrong before the rendezvous is the input's fault (common/exit_codes.h).
   absl::StatusOr<WorkerArgs> parsed = ParseWorkerArgs(argv);
   if (!parsed.ok()) return MarkBadInput(parsed.status());
@@ -218,6 +240,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // last completed step and exit kExitRescued. It owns the exit from then on, so the
   // training thread, blocked on a dead peer or back from a failed step, never has to return.
   Varuna* const eng = engine.get();
+  started->store(true);  // the rescue thread below takes over
   auto finished = std::make_shared<std::atomic<bool>>(false);
   std::thread rescuer([eng, ckpt_dir, ckpt_info, who, finished] {
     while (!g_rescue_requested.load()) {

@@ -144,7 +144,10 @@ class Cluster:
                     p.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     p.kill()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        if os.environ.get("VARUNA_KEEP_TMP"):
+            print(f"kept {self.dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def write_job(cluster, name="job.yaml", steps=6, extra="", parallel=None):

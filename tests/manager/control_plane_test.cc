@@ -979,6 +979,43 @@ TEST_F(ControlPlaneTest, AMorphInProgressSurvivesAManagerRestart) {
   EXPECT_EQ(TotalAlive(), 4);
 }
 
+// Varuna's machine_list: a node taken out of the file is left gracefully (checkpoint at the
+// next step boundary), a node put back makes the job grow after scale_up_delay.
+TEST_F(ControlPlaneTest, MachineListChangesMorphTheJob) {
+  manager_->Shutdown();
+  manager_.reset();
+  machine_list_ = dir_ + "/machine_list";
+  std::ofstream(machine_list_) << "a1\na2\n";
+  StartManager();
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  Tick();
+  auto job = Submit(Spec(absl::StrCat("parallel: {stages: 2}\ncheckpoint: {dir: ", dir_, "/c}")));
+  ASSERT_THAT(job.status(), IsOk());
+  const std::string id = job->id();
+  ASSERT_TRUE(WaitState(id, v1::RUNNING));
+  ASSERT_EQ(Get(id).replicas(), 2);
+  std::ofstream(machine_list_, std::ios::trunc) << "a1\n";
+  std::filesystem::last_write_time(
+      machine_list_, std::filesystem::last_write_time(machine_list_) + std::chrono::seconds(5));
+  clock_.Advance(absl::Seconds(3));
+  BeatAll();
+  Tick();
+  v1::JobInfo info = Get(id);
+  EXPECT_EQ(info.state(), v1::RECONFIGURING) << info.DebugString();
+  EXPECT_THAT(info.reason(), HasSubstr("node a2 removed from machine_list"));
+  ASSERT_TRUE(Eventually([&] {
+    for (auto& a : agents_) {
+      for (const auto& p : a->launcher.procs()) {
+        if (std::find(p.signals.begin(), p.signals.end(), SIGUSR1) == p.signals.end()) {
+          return false;
+        }
+      }
+    }
+    return true;
+  })) << "a graceful save: SIGUSR1";
+}
+
 TEST_F(ControlPlaneTest, MorphingFalseKeepsFailOnLoss) {
   AddAgent("a1", 2);
   AddAgent("a2", 2);

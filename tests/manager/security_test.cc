@@ -616,3 +616,23 @@ TEST(AgentLaunchTest, CodeDirIsCheckedAndResumeStepIsPassedOn) {
 
 }  // namespace
 }  // namespace varuna
+
+namespace varuna {
+namespace {
+
+// The example configs in deploy/ list every key; they must load as they are.
+TEST(DeployConfigTest, ExampleConfigsLoad) {
+  ManagerConfig m;
+  EXPECT_THAT(
+      LoadManagerConfigFile(absl::StrCat(VARUNA_SOURCE_DIR, "/deploy/config/manager.yaml"), &m),
+      IsOk());
+  EXPECT_EQ(m.max_morphs, 20);
+  EXPECT_EQ(m.scale_up_delay, absl::Seconds(10));
+  AgentConfig a;
+  EXPECT_THAT(LoadAgentConfigFile(absl::StrCat(VARUNA_SOURCE_DIR, "/deploy/config/agent.yaml"), &a),
+              IsOk());
+  EXPECT_EQ(a.notice_poll_period, absl::Seconds(1));
+}
+
+}  // namespace
+}  // namespace varuna
