@@ -10,6 +10,7 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <sstream>
 
@@ -157,8 +158,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
           "launch: code_dir '", req.code_dir(), "' is not a directory on node ", config_.name));
     }
   }
-  if (!req.resume_step().empty() && req.resume_step() != "latest" &&
-      !ParseResumeStep(req.resume_step()).ok()) {
+  if (!req.resume_step().empty() && !ParseResumeStep(req.resume_step()).ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("launch: resume_step '", req.resume_step().substr(0, 32), "' is invalid"));
   }
@@ -381,7 +381,14 @@ void Agent::ReadProgress(Worker& w) {
     const YAML::Node& p = *n;
     auto num = [&](const char* key) -> std::optional<double> {
       auto v = YamlAs<double>(p[key], "progress", key);
-      return v.ok() ? std::optional<double>(*v) : std::nullopt;
+      if (v.ok()) return *v;
+      // printf's spellings of the non-finite values (a diverged loss) are not YAML's.
+      auto text = YamlAs<std::string>(p[key], "progress", key);
+      if (!text.ok()) return std::nullopt;
+      if (*text == "nan" || *text == "-nan") return std::numeric_limits<double>::quiet_NaN();
+      if (*text == "inf") return std::numeric_limits<double>::infinity();
+      if (*text == "-inf") return -std::numeric_limits<double>::infinity();
+      return std::nullopt;
     };
     auto flag = [&](const char* key) {
       auto v = YamlAs<bool>(p[key], "progress", key);

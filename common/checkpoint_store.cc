@@ -446,11 +446,11 @@ std::vector<int64_t> PruneCheckpoints(const std::string& dir, int keep) {
 }
 
 absl::StatusOr<std::optional<int64_t>> ParseResumeStep(const std::string& value) {
-  if (value == "latest") return std::optional<int64_t>();
+  if (value == "latest" || value == "auto") return std::optional<int64_t>();
   int64_t step = 0;
   if (!absl::SimpleAtoi(value, &step) || step < 1) {
     return absl::InvalidArgumentError(
-        absl::StrCat("needs 'latest' or a step number >= 1, got '", value, "'"));
+        absl::StrCat("needs 'latest', 'auto' or a step number >= 1, got '", value, "'"));
   }
   return std::optional<int64_t>(step);
 }

@@ -37,7 +37,7 @@ absl::StatusOr<int> EnvInt(const EnvGetter& env, const std::string& name, int fa
 
 std::string WorkerUsage() {
   return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S] [--metrics_out FILE]\n"
-         "                     [--metrics_all_ranks] [--resume_step latest|N]\n"
+         "                     [--metrics_all_ranks] [--resume_step latest|auto|N]\n"
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
          "                     [--batch-size=PER_REPLICA_BATCH]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";

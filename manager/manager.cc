@@ -457,6 +457,10 @@ void Manager::Tick() {
       c.leaving = job.gen.launch_pending;
       c.priority = 3;
       Trigger(job, c);
+    } else if (s == v1::RUNNING && job.rec.morph().phase() == v1::MorphState::RESUMING &&
+               now - job.gen.running_since > config_.start_timeout) {
+      // Workers that never write the ready line (a user program): record what is known.
+      FinishMorph(job);
     }
     AdvanceMorph(job);
   }
@@ -553,14 +557,24 @@ absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id, const std::st
   return job.info();
 }
 
+bool Manager::Reserving(const Job& job) {
+  const auto phase = job.rec.morph().phase();
+  return job.info().state() == v1::RECONFIGURING &&
+         (phase == v1::MorphState::SAVING || phase == v1::MorphState::STOPPING ||
+          phase == v1::MorphState::PLANNING);
+}
+
 std::map<std::string, int> Manager::UsedSlots() const {
   std::map<std::string, int> used;
   for (const auto& [id, job] : jobs_) {
     if (!Active(job.info().state())) continue;
+    // A job between generations keeps its slots: queued jobs must not take what it frees
+    // while it saves and re-plans.
+    const bool reserving = Reserving(job);
     std::set<int> exited;
     for (const auto& e : job.rec.exits()) exited.insert(e.rank());
     for (const auto& p : job.info().placement()) {
-      if (!exited.count(p.rank())) ++used[p.node()];
+      if (reserving || !exited.count(p.rank())) ++used[p.node()];
     }
   }
   for (const auto& [name, n] : nodes_.all()) used[name] += n.other_running;
@@ -639,7 +653,7 @@ v1::LaunchRequest Manager::MakeLaunch(const Job& job, const std::string& node) c
   for (const auto& [k, v] : job.spec.env) (*req.mutable_env())[k] = v;
   // Every generation after the first resumes from the newest complete checkpoint (a
   // morph's saves included); the first starts as the job spec says.
-  if (info.generation() > 1 && !job.spec.checkpoint.dir.empty()) req.set_resume_step("latest");
+  if (info.generation() > 1 && !job.spec.checkpoint.dir.empty()) req.set_resume_step("auto");
   req.set_code_dir(job.spec.code_dir);
   for (const auto& p : info.placement()) {
     if (p.node() != node) continue;
@@ -693,7 +707,10 @@ void Manager::OnLaunchDone(const std::string& job_id, int generation, const std:
   if (!r.ok()) {
     const std::string reason =
         absl::StrCat("launch on node ", node, " failed: ", r.status().message());
-    if (MorphAllowed(job) && r.status().code() == absl::StatusCode::kUnavailable) {
+    const auto code = r.status().code();
+    if (MorphAllowed(job) && (code == absl::StatusCode::kUnavailable ||
+                              code == absl::StatusCode::kDeadlineExceeded || relaunch)) {
+      nodes_.MarkUnreachable(node);
       Cause c;  // the node is unreachable: re-plan without it
       c.reason = reason;
       c.leaving = {node};

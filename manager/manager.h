@@ -210,6 +210,7 @@ class Manager : private NodeTable::Listener {
   void Persist(Job& job);
   std::string Now() const;
   static bool Active(v1::JobState s);
+  static bool Reserving(const Job& job);
   static bool Terminal(v1::JobState s);
 
   const ManagerConfig config_;

@@ -339,7 +339,7 @@ void Manager::AdvanceMorph(Job& job) {
         m.set_graceful(false);
         m.mutable_record()->set_graceful(false);
         SendSaveRequests(job, /*abort_step=*/true);
-        m.set_phase_since(now - 0.0);  // a second window for the abort
+        SetPhase(job, v1::MorphState::SAVING);  // counted in save; a second window to abort
         Persist(job);
       } else if (!m.graceful() && in_phase > timeout) {
         LOG(WARNING) << JobWho(job.info()) << " workers did not save within " << timeout
@@ -400,10 +400,13 @@ std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
   std::map<std::string, int> used = UsedSlots();
   if (job != nullptr) {
     // The job's own live ranks would be replaced by the new generation.
+    const bool reserving = Reserving(*job);
     std::set<int> exited;
     for (const auto& e : job->rec.exits()) exited.insert(e.rank());
     for (const auto& p : job->info().placement()) {
-      if (!exited.count(p.rank()) && Active(job->info().state())) --used[p.node()];
+      if ((reserving || !exited.count(p.rank())) && Active(job->info().state())) {
+        --used[p.node()];
+      }
     }
   }
   std::vector<FreeSlots> free;
@@ -542,7 +545,8 @@ void Manager::RecordSteps(Job& job, const v1::WorkerStatus& w) {
   if (w.steps().empty()) return;
   std::vector<v1::StepRecord> records;
   for (const v1::StepMetrics& s : w.steps()) {
-    if (s.step() < 1 || s.step() > job.info().total_steps() || !std::isfinite(s.loss())) continue;
+    // A non-finite loss (a diverged step) is recorded as it is: every step appears once.
+    if (s.step() < 1 || s.step() > job.info().total_steps()) continue;
     v1::StepRecord r;
     r.set_step(s.step());
     r.set_loss(s.loss());

@@ -213,8 +213,16 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     absl::Status resumed = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(*args.resume_step));
       const std::vector<std::string> model_layers = engine->model_layer_names();
-      ASSIGN_OR_RETURN(std::optional<int64_t> resume,
-                       ResolveResumeStep(ckpt_dir, requested, &model_layers));
+      absl::StatusOr<std::optional<int64_t>> resolved =
+          ResolveResumeStep(ckpt_dir, requested, &model_layers);
+      if (!resolved.ok() && *args.resume_step == "auto") {
+        // A morph's relaunch (docs/morphing.md): nothing complete was saved, so the run
+        // starts over rather than fail; a user's "latest" still refuses to.
+        LOG(WARNING) << who << " " << resolved.status().message() << "; starting fresh";
+        resolved = std::optional<int64_t>();
+      }
+      RETURN_IF_ERROR(resolved.status());
+      const std::optional<int64_t> resume = *resolved;
       if (!resume) {
         LOG(INFO) << who << " no checkpoint in " << ckpt_dir << "; starting fresh";
         return absl::OkStatus();

@@ -114,14 +114,18 @@ class ChaosTest(unittest.TestCase):
         job_id = json.loads(c.ctl("-o", "json", "submit", path, check=0).stdout)["id"]
         st = self.wait_training(job_id, 5)
         kinds = ["agent_kill", "worker_kill", "manager_restart", "freeze", "notice", "join"]
-        for _ in range(EVENTS):
+        # Every kind once (in a random order) before the draws are free.
+        first = kinds[:]
+        self.rnd.shuffle(first)
+        for i in range(EVENTS):
             if st["state"] == "SUCCEEDED":
                 break
             alive = self.alive_agents()
             choices = [k for k in kinds
                        if (k not in ("agent_kill", "notice", "freeze") or len(alive) >= 2) and
                        (k != "join" or len(alive) < 4)]
-            self.event(self.rnd.choice(choices), job_id)
+            wanted = [k for k in first[i:i + 1] if k in choices]
+            self.event(wanted[0] if wanted else self.rnd.choice(choices), job_id)
             st = self.wait_training(job_id, st["step"])
             # Bring capacity back now and then, as replaced machines would.
             if len(self.alive_agents()) < 2:

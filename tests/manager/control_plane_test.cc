@@ -780,7 +780,7 @@ TEST_F(ControlPlaneTest, LostNodeMorphsTheJobOntoTheNodesLeft) {
   const auto procs = agents_[0]->launcher.procs();
   ASSERT_EQ(procs.size(), 4u);
   const auto& argv = procs.back().spec.argv;
-  EXPECT_NE(std::find(argv.begin(), argv.end(), "--resume_step=latest"), argv.end());
+  EXPECT_NE(std::find(argv.begin(), argv.end(), "--resume_step=auto"), argv.end());
 
   // It reports ready (resumed after step 4: one step lost) and steps on.
   const std::string p2 = procs.back().spec.env.at("VARUNA_PROGRESS_FILE");
@@ -1014,6 +1014,38 @@ TEST_F(ControlPlaneTest, MachineListChangesMorphTheJob) {
     }
     return true;
   })) << "a graceful save: SIGUSR1";
+}
+
+// While a job saves and re-plans, a queued job must not take the slots it frees.
+TEST_F(ControlPlaneTest, AMorphingJobKeepsItsSlotsFromQueuedJobs) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  AddAgent("a3", 2);
+  auto a = Submit(Spec(absl::StrCat("parallel: {stages: 2, replicas: 2}\ncheckpoint: {dir: ",
+                                    dir_, "/c}")));
+  ASSERT_THAT(a.status(), IsOk());
+  ASSERT_TRUE(WaitState(a->id(), v1::RUNNING));
+  auto b = Submit(Spec("parallel: {stages: 2, replicas: 2}"));  // needs 4; 2 are free
+  ASSERT_THAT(b.status(), IsOk());
+  Tick();
+  ASSERT_EQ(Get(b->id()).state(), v1::PENDING);
+  // A node of job a crashes a rank: a saves and re-plans on the same 4 slots.
+  for (auto& ag : agents_) {
+    for (const auto& p : ag->launcher.procs()) {
+      if (p.alive) ag->launcher.Exit(p.pid, kExitRescued);
+    }
+  }
+  BeatAll();
+  Tick();
+  EXPECT_EQ(Get(b->id()).state(), v1::PENDING) << "b must not take a's slots mid-morph";
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    return Get(a->id()).state() == v1::RUNNING;
+  }));
+  EXPECT_EQ(Get(a->id()).generation(), 2);
+  EXPECT_EQ(Get(a->id()).slots(), 4);
+  EXPECT_EQ(Get(b->id()).state(), v1::PENDING);
 }
 
 TEST_F(ControlPlaneTest, MorphingFalseKeepsFailOnLoss) {
