@@ -1021,8 +1021,8 @@ TEST_F(ControlPlaneTest, AMorphingJobKeepsItsSlotsFromQueuedJobs) {
   AddAgent("a1", 2);
   AddAgent("a2", 2);
   AddAgent("a3", 2);
-  auto a = Submit(Spec(absl::StrCat("parallel: {stages: 2, replicas: 2}\ncheckpoint: {dir: ",
-                                    dir_, "/c}")));
+  auto a = Submit(
+      Spec(absl::StrCat("parallel: {stages: 2, replicas: 2}\ncheckpoint: {dir: ", dir_, "/c}")));
   ASSERT_THAT(a.status(), IsOk());
   ASSERT_TRUE(WaitState(a->id(), v1::RUNNING));
   auto b = Submit(Spec("parallel: {stages: 2, replicas: 2}"));  // needs 4; 2 are free
