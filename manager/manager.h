@@ -121,7 +121,6 @@ class Manager : private NodeTable::Listener {
     std::set<int> ready;        // ranks that reported their rendezvous done
     int64_t resumed_from = -1;  // the step they resumed after (-1 until known)
     int64_t newest_step = 0;    // newest step this generation reported
-    int64_t saved_step = 0;     // newest step a rank saved on its way out (stop or rescue)
     std::string worker_error;   // the first error line a worker wrote
     double last_ready_at = 0;   // the workers' clock: when the last rank reported ready
     double first_step_at = 0;   // ... and when the first step after resumed_from ended

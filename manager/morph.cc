@@ -520,7 +520,6 @@ void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
       g.first_step_at = g.first_step_at > 0 ? std::min(g.first_step_at, s.at()) : s.at();
     }
   }
-  g.saved_step = std::max(g.saved_step, w.saved_step());
   if (!job.morphing() || job.rec.morph().phase() != v1::MorphState::RESUMING) return;
   v1::MorphState& m = job.morph();
   auto& phases = *m.mutable_record()->mutable_phases();

@@ -19,12 +19,8 @@ int main(int argc, char** argv) {
     const std::string msg(st.message());
     std::fprintf(stderr, "varuna-worker: error: %s\n", msg.c_str());
     const bool bad_input = varuna::IsBadInput(st);
-    std::string escaped;
-    for (char c : msg.substr(0, 1000)) {
-      if (c == '"' || c == '\\') escaped += '\\';
-      escaped += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
-    }
-    varuna::AppendProgress(absl::StrFormat("{\"error\": \"%s\", \"bad_input\": %s}", escaped,
+    varuna::AppendProgress(absl::StrFormat("{\"error\": \"%s\", \"bad_input\": %s}",
+                                           varuna::JsonEscape(msg.substr(0, 1000)),
                                            bad_input ? "true" : "false"));
     return bad_input ? varuna::kExitBadInput : 1;
   }

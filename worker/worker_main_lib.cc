@@ -42,20 +42,16 @@ double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+}  // namespace
+
 std::string JsonEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += ' ';
-      continue;
-    }
-    out += c;
+    out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
   }
   return out;
 }
-
-}  // namespace
 
 // Note [Progress]: one JSON line per event, appended to VARUNA_PROGRESS_FILE (the agent reads
 // new lines on every heartbeat and forwards each step to the manager once): a "ready" line

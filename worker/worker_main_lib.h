@@ -18,6 +18,10 @@ namespace varuna {
 // Returns OK after the last step; any error is a status whose message is one clear line.
 absl::Status RunWorker(const std::vector<std::string>& argv);
 
+// `s` as the inside of a JSON string: quotes and backslashes escaped, control characters
+// replaced by spaces.
+std::string JsonEscape(const std::string& s);
+
 // Appends one line to the progress file the agent reads (VARUNA_PROGRESS_FILE; Note [Progress]).
 void AppendProgress(const std::string& line);
 
