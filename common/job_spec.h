@@ -65,7 +65,7 @@ struct ParallelSpec {
   int stages = 0;                   // 0 = auto
   int micro_batch = 0;              // 0 = auto
   int replicas = 0;                 // data-parallel width; 0 = as many as the slots allow
-  std::string schedule = "varuna";  // varuna | gpipe | 1f1b
+  std::string schedule = "varuna";  // varuna | gpipe | 1f1b | auto (AutoConfig picks)
   double timeout_s = 300;           // collective / p2p timeout
 };
 

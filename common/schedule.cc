@@ -24,7 +24,7 @@ enum Queue {
   kNumQueues
 };
 
-std::vector<Task> VarunaSchedule(int stages, int micro_batches, int stage) {
+std::vector<std::vector<Task>> VarunaSchedule(int stages, int micro_batches) {
   std::vector<std::array<std::deque<int>, kNumQueues>> queues(stages);
   for (int m = 0; m < micro_batches; ++m) queues[0][kForwardQueue].push_back(m);
   std::vector<std::vector<Task>> out(stages);
@@ -72,7 +72,7 @@ std::vector<Task> VarunaSchedule(int stages, int micro_batches, int stage) {
       }
     }
   }
-  return out[stage];
+  return out;
 }
 
 std::vector<Task> OneFOneBSchedule(int stages, int micro_batches, int stage) {
@@ -119,21 +119,23 @@ std::string SchedulePolicyName(SchedulePolicy policy) {
   return "unknown";
 }
 
-std::vector<Task> MakeSchedule(SchedulePolicy policy, int stages, int micro_batches, int stage) {
+std::vector<std::vector<Task>> MakeSchedules(SchedulePolicy policy, int stages, int micro_batches) {
   CHECK_GE(stages, 1) << "stages=" << stages;
   CHECK_GE(micro_batches, 1) << "micro_batches=" << micro_batches;
-  CHECK(stage >= 0 && stage < stages) << "stage=" << stage << " stages=" << stages;
+  std::vector<std::vector<Task>> out(stages);
   // With one stage every policy degenerates to F0 B0 F1 B1 ... (1F1B with no warm-up).
-  if (stages == 1) return OneFOneBSchedule(stages, micro_batches, stage);
-  switch (policy) {
-    case SchedulePolicy::kVaruna:
-      return VarunaSchedule(stages, micro_batches, stage);
-    case SchedulePolicy::kGPipe:
-      return GPipeSchedule(micro_batches);
-    case SchedulePolicy::k1F1B:
-      return OneFOneBSchedule(stages, micro_batches, stage);
+  if (stages > 1 && policy == SchedulePolicy::kVaruna) return VarunaSchedule(stages, micro_batches);
+  for (int s = 0; s < stages; ++s) {
+    out[s] = stages > 1 && policy == SchedulePolicy::kGPipe
+                 ? GPipeSchedule(micro_batches)
+                 : OneFOneBSchedule(stages, micro_batches, s);
   }
-  return {};
+  return out;
+}
+
+std::vector<Task> MakeSchedule(SchedulePolicy policy, int stages, int micro_batches, int stage) {
+  CHECK(stage >= 0 && stage < stages) << "stage=" << stage << " stages=" << stages;
+  return MakeSchedules(policy, stages, micro_batches)[stage];
 }
 
 std::string FormatSchedule(const std::vector<Task>& tasks) {
@@ -145,6 +147,16 @@ std::string FormatSchedule(const std::vector<Task>& tasks) {
     absl::StrAppend(&out, out.empty() ? "" : " ", kind, t.micro_batch);
   }
   return out;
+}
+
+size_t RecomputeYieldsTo(const std::vector<Task>& tasks, size_t i, bool grad_ready,
+                         bool next_input_ready, size_t next_forward) {
+  if (tasks[i].kind != TaskKind::kRecompute || grad_ready || !next_input_ready) return i;
+  size_t j = next_forward;
+  if (j == SIZE_MAX) {
+    for (j = i + 1; j < tasks.size() && tasks[j].kind != TaskKind::kForward;) ++j;
+  }
+  return j > i && j < tasks.size() ? j : i;
 }
 
 }  // namespace varuna

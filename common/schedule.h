@@ -15,6 +15,7 @@
 //    the remaining backwards. Forwards keep the graph, nothing recomputes.
 // For P == 1 every policy is F0 B0 F1 B1 ... with the graph kept.
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,17 @@ struct Task {
 // (and one R iff its F has keep_graph == false); forwards appear in micro-batch order;
 // backwards appear in micro-batch order; R(m) precedes B(m) and follows F(m).
 std::vector<Task> MakeSchedule(SchedulePolicy policy, int stages, int micro_batches, int stage);
+// Every stage's list at once (index = stage); MakeSchedule() returns one element of it.
+std::vector<std::vector<Task>> MakeSchedules(SchedulePolicy policy, int stages, int micro_batches);
+
+// The engine's run-time rule (Note [Pipeline execution] in worker/varuna.cc), shared with the
+// simulator: when tasks[i] is a recompute, its gradient has not arrived (`grad_ready` false)
+// and the input of the next forward has (`next_input_ready`; always true on stage 0), that
+// forward runs now instead. Returns its index, or i when the recompute runs. `next_forward`,
+// if known, is the index of the first forward after i (tasks.size() if none); otherwise it is
+// searched for. The engine then moves task j to position i (std::rotate).
+size_t RecomputeYieldsTo(const std::vector<Task>& tasks, size_t i, bool grad_ready,
+                         bool next_input_ready, size_t next_forward = SIZE_MAX);
 
 // Formats a task list like "F0 F1 R0 B0 ..." (tests, logs).
 std::string FormatSchedule(const std::vector<Task>& tasks);

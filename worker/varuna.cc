@@ -454,14 +454,10 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
   const auto t_start = Clock::now();
   absl::Status st = TorchCall(absl::StrCat("pipeline on stage ", stage_), [&]() -> absl::Status {
     for (size_t i = 0; i < tasks.size(); ++i) {
-      if (tasks[i].kind == TaskKind::kRecompute && !grad_rx_->Ready()) {
-        for (size_t j = i + 1; j < tasks.size(); ++j) {
-          if (tasks[j].kind != TaskKind::kForward) continue;
-          if (!act_rx_ || act_rx_->Ready()) {
-            std::rotate(tasks.begin() + i, tasks.begin() + j, tasks.begin() + j + 1);
-          }
-          break;
-        }
+      if (tasks[i].kind == TaskKind::kRecompute) {
+        const size_t j =
+            RecomputeYieldsTo(tasks, i, grad_rx_->Ready(), !act_rx_ || act_rx_->Ready());
+        std::rotate(tasks.begin() + i, tasks.begin() + j, tasks.begin() + j + 1);
       }
       const Task t = tasks[i];
       const int m = t.micro_batch;

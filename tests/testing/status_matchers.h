@@ -23,3 +23,14 @@ MATCHER_P2(StatusIs, code, substr, "") {
 }
 
 }  // namespace varuna::testing
+
+#define VARUNA_TEST_CONCAT_INNER_(a, b) a##b
+#define VARUNA_TEST_CONCAT_(a, b) VARUNA_TEST_CONCAT_INNER_(a, b)
+// Asserts a StatusOr is OK and moves its value into `lhs` (which may declare a variable).
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  ASSERT_OK_AND_ASSIGN_IMPL_(VARUNA_TEST_CONCAT_(statusor_, __LINE__), lhs, expr)
+#define ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr)  \
+  auto tmp = (expr);                                \
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString(); \
+  lhs = std::move(tmp).value()
+#define EXPECT_OK(expr) EXPECT_THAT((expr), ::varuna::testing::IsOk())
