@@ -31,6 +31,9 @@ extern char** environ;
 namespace varuna {
 namespace fs = std::filesystem;
 
+// A profile travels in one heartbeat, under gRPC's default 4 MiB message limit.
+constexpr int64_t kMaxProfileTransferBytes = 2 << 20;
+
 namespace {
 
 // Asks the kernel for a free TCP port. Another process may take it before rank 0 binds it;
@@ -251,6 +254,18 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     if (req.entrypoint().empty() && !req.resume_step().empty()) {
       spec.argv.push_back(absl::StrCat("--resume_step=", req.resume_step()));
     }
+    // The plan (docs/autoconfig.md): flags for varuna-worker, the environment for programs
+    // of the user's, which may not know the flags.
+    const std::string bounds = absl::StrJoin(req.stage_boundaries(), ",");
+    if (req.entrypoint().empty()) {
+      if (!req.schedule().empty()) spec.argv.push_back(absl::StrCat("--schedule=", req.schedule()));
+      if (!bounds.empty()) spec.argv.push_back(absl::StrCat("--stage_boundaries=", bounds));
+      if (req.profile())
+        spec.argv.push_back(absl::StrCat("--profile_out=", gen_dir, "/profile.json"));
+    } else {
+      if (!req.schedule().empty()) spec.env["VARUNA_SCHEDULE"] = req.schedule();
+      if (!bounds.empty()) spec.env["VARUNA_STAGE_BOUNDARIES"] = bounds;
+    }
     spec.log_path = w.log_path;
     spec.cwd = req.entrypoint().empty() || req.code_dir().empty() ? gen_dir : req.code_dir();
     AppendToRegularFile(
@@ -400,6 +415,20 @@ void Agent::ReadProgress(Worker& w) {
       w.ready_at = num("t").value_or(0);
       continue;
     }
+    if (auto path = YamlAs<std::string>(p["profile"], "progress", "profile"); path.ok()) {
+      // Only the file this generation's worker was told to write (never a path of its own).
+      const std::string expected =
+          absl::StrCat(fs::path(w.progress_path).parent_path().string(), "/profile.json");
+      auto text = *path == expected ? ReadRegularFile(expected, kMaxProfileTransferBytes, "profile")
+                                    : absl::StatusOr<std::string>(absl::InvalidArgumentError(
+                                          "profile path is not the one the agent chose"));
+      if (text.ok()) {
+        w.profile_json = *std::move(text);
+      } else {
+        w.error = std::string(text.status().message()).substr(0, 2000);
+      }
+      continue;
+    }
     if (auto e = YamlAs<std::string>(p["error"], "progress", "error"); e.ok()) {
       w.error = e->substr(0, 2000);
       continue;
@@ -450,6 +479,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_ready_at(w.ready_at);
     s->set_exited_at(w.exited_at);
     s->set_saved_step(w.saved_step);
+    s->set_profile_json(w.profile_json);
     w.in_flight = std::min(w.pending.size(), kMaxStepsPerBeat);
     for (size_t i = 0; i < w.in_flight; ++i) *s->add_steps() = w.pending[i];
   }

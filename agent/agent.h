@@ -94,6 +94,7 @@ class Agent {
     int exit_code = 0;
     int signal = 0;
     std::string error;
+    std::string profile_json;  // a profile job's result (rank 0), sent on every heartbeat
     std::string log_path;
     std::string progress_path;
     absl::Time kill_at = absl::InfiniteFuture();  // set once a stop was requested

@@ -102,9 +102,40 @@ absl::StatusOr<v1::Plan> Simulate(const JobSpec& spec, const v1::Profile& profil
     cross[P - 1] = node_of[d * P] != node_of[d * P + P - 1];  // the tied pair
     patterns.insert(cross);
   }
+  // Note [Contention]: compute slows down when other slots of the same host compute at the
+  // same time (profile.compute_slowdown, measured with slots_per_host busy). A first pass
+  // without it gives each stage's utilization; each stage is then slowed in proportion to
+  // the busy time of the other ranks on its host (replica 0's placement), and simulated again.
+  const double slowdown = profile.compute_slowdown() > 1 ? profile.compute_slowdown() : 1.0;
+  const int measured_slots = std::max(2, profile.slots_per_host());
+  std::vector<std::vector<int>> host_peers(P);  // other stages on the same host as stage s
+  if (slowdown > 1) {
+    for (int s = 0; s < P; ++s) {
+      for (int d = 0; d < D; ++d) {
+        for (int t = 0; t < P; ++t) {
+          if ((d != 0 || t != s) && node_of[d * P + t] == node_of[s]) host_peers[s].push_back(t);
+        }
+      }
+    }
+  }
   SimResult worst;
   bool first = true;
   const std::vector<std::vector<Task>> schedules = MakeSchedules(policy, P, M);
+  auto scaled = [&](const SimResult& pass1) {
+    std::vector<SimStage> out = stages;
+    for (int s = 0; s < P; ++s) {
+      double others = 0;
+      for (int t : host_peers[s]) {
+        others += pass1.pipeline_s > 0 ? std::min(1.0, pass1.busy_s[t] / pass1.pipeline_s) : 0;
+      }
+      const double f = 1 + (slowdown - 1) * std::min(1.0, others / (measured_slots - 1));
+      for (double* x : {&out[s].forward_s, &out[s].forward_nograd_s, &out[s].recompute_s,
+                        &out[s].backward_s, &out[s].optimizer_s}) {
+        *x *= f;
+      }
+    }
+    return out;
+  };
   for (const auto& cross : patterns) {
     SimInput in;
     in.schedules = &schedules;
@@ -124,6 +155,15 @@ absl::StatusOr<v1::Plan> Simulate(const JobSpec& spec, const v1::Profile& profil
     in.sync_s = comm.AllReduce(32, P, any_cross);
     in.step_overhead_s = profile.step_overhead_s();
     SimResult r = SimulateStep(in);
+    if (slowdown > 1) {
+      const std::vector<SimStage> base = in.stages;
+      in.stages = scaled(r);
+      for (int s = 0; s < P; ++s) {  // keep the links of this pattern
+        in.stages[s].send_act_s = base[s].send_act_s;
+        in.stages[s].send_grad_s = base[s].send_grad_s;
+      }
+      r = SimulateStep(in);
+    }
     if (first || r.step_s > worst.step_s) worst = std::move(r);
     first = false;
   }

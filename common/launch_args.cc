@@ -5,7 +5,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/checkpoint_store.h"
+#include "common/schedule.h"
 #include "common/status_macros.h"
 
 namespace varuna {
@@ -39,7 +41,8 @@ std::string WorkerUsage() {
   return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S] [--metrics_out FILE]\n"
          "                     [--metrics_all_ranks] [--resume_step latest|auto|N]\n"
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
-         "                     [--batch-size=PER_REPLICA_BATCH]\n"
+         "                     [--batch-size=PER_REPLICA_BATCH] [--schedule varuna|gpipe|1f1b]\n"
+         "                     [--stage_boundaries B0,B1,...] [--profile_out FILE]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
 }
 
@@ -87,6 +90,35 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
             absl::StrCat("flag --resume_step ", step.status().message()));
       }
       args.resume_step = v;
+    } else if (flag == "profile_out") {
+      ASSIGN_OR_RETURN(args.profile_out, take());
+      if (args.profile_out.empty()) {
+        return absl::InvalidArgumentError("flag --profile_out needs a file name");
+      }
+    } else if (flag == "schedule") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      if (auto p = ParseSchedulePolicy(v); !p.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("flag --schedule: ", p.status().message()));
+      }
+      args.schedule = v;
+    } else if (flag == "stage_boundaries") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      std::vector<int> bounds;
+      for (absl::string_view part : absl::StrSplit(v, ',')) {
+        int b = 0;
+        if (!absl::SimpleAtoi(part, &b) || b < 0 || b > kMaxLayers + 2 ||
+            (!bounds.empty() && b <= bounds.back())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "flag --stage_boundaries needs increasing segment indices like 0,3,6, got '", v,
+              "'"));
+        }
+        bounds.push_back(b);
+      }
+      if (bounds.size() < 2 || bounds.front() != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "flag --stage_boundaries needs at least two indices starting at 0, got '", v, "'"));
+      }
+      args.stage_boundaries = std::move(bounds);
     } else if (flag == "metrics_out") {
       ASSIGN_OR_RETURN(args.metrics_out, take());
     } else if (flag == "steps") {

@@ -30,6 +30,12 @@ struct WorkerArgs {
   std::optional<int> local_rank;
   std::optional<int> chunk_size;
   std::optional<int64_t> per_replica_batch;  // Varuna's --batch-size
+  // The plan from the manager (LaunchRequest): overrides parallel.schedule, and fixes the
+  // stage boundaries (segment indices) instead of balancing the model's own layer costs.
+  std::optional<std::string> schedule;
+  std::vector<int> stage_boundaries;
+  // Run the profiler instead of training and write the profile (JSON) here.
+  std::string profile_out;
   bool help = false;
 };
 

@@ -1,7 +1,11 @@
 #include "common/profile.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -187,6 +191,8 @@ absl::Status ValidateProfile(const v1::Profile& p) {
   }
   RETURN_IF_ERROR(CheckNumber("tied_bytes", p.tied_bytes()));
   RETURN_IF_ERROR(CheckNumber("step_overhead_s", p.step_overhead_s()));
+  RETURN_IF_ERROR(CheckNumber("compute_slowdown", p.compute_slowdown()));
+  if (p.slots_per_host() < 0) return Bad("slots_per_host", "must be >= 0");
   return absl::OkStatus();
 }
 
@@ -236,6 +242,20 @@ std::string ProfileToJson(const v1::Profile& p) {
   opts.always_print_primitive_fields = true;
   (void)google::protobuf::util::MessageToJsonString(p, &out, opts);
   return out;
+}
+
+absl::Status WriteProfileFile(const std::string& path, const v1::Profile& profile) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << ProfileToJson(profile);
+    if (!f.good()) return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::remove(tmp.c_str());
+    return absl::UnavailableError(absl::StrCat("cannot rename ", tmp, " to ", path));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Profile> LoadProfile(const std::string& path) {

@@ -47,6 +47,8 @@ absl::Status CheckProfileFor(const v1::Profile& profile, const JobSpec& spec);
 // JSON text <-> profile (protobuf JSON mapping). Parse errors name the problem.
 absl::StatusOr<v1::Profile> ParseProfileJson(const std::string& json);
 std::string ProfileToJson(const v1::Profile& profile);
+// Writes a profile as JSON, atomically (temporary file + rename).
+absl::Status WriteProfileFile(const std::string& path, const v1::Profile& profile);
 // Reads and validates a profile file (at most kMaxProfileBytes).
 absl::StatusOr<v1::Profile> LoadProfile(const std::string& path);
 

@@ -14,7 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/autoconfig.h"
+#include "common/profile.h"
 #include "common/rpc.h"
 #include "common/submission.h"
 #include "varuna/v1/control.grpc.pb.h"
@@ -44,6 +47,16 @@ commands:
                               first; -f keeps streaming them
   metrics ID                  every step of the job across morphs: step, loss, generation,
                               samples/s, step time
+  plan FILE [--slots N | --nodes N1,N2,...] [--profile FILE] [--memory_gib G] [--all]
+              [--set KEY=VALUE]... [--stages P|auto] [--replicas D|auto]
+              [--micro_batch M|auto] [--schedule S|auto] [--global_batch B]
+                              AutoConfig: every shape ranked by simulated step time (--all:
+                              also the rejected ones and those using fewer slots). With
+                              --slots/--nodes no manager is needed; without them it plans
+                              for the cluster's schedulable slots now
+  profile FILE [--follow] [--set KEY=VALUE]...
+                              measure the job's model on the cluster (a short job); the
+                              manager stores the profile and plans jobs of this model with it
 
 The manager address comes from --manager or $VARUNA_MANAGER; the cluster CA (to talk TLS)
 from --tls_ca or $VARUNA_TLS_CA; the token from --token or $VARUNA_TOKEN.
@@ -72,6 +85,9 @@ class Ctl {
   int Preempt();
   int Events();
   int Metrics();
+  int Plan();
+  int Profile();
+  void PrintPlans(const v1::PlanSet& set, bool all);
 
   // Argument helpers over rest_.
   bool TakeFlag(const std::string& name);
@@ -657,6 +673,190 @@ int Ctl::Metrics() {
   return kExitOk;
 }
 
+// The job file with the plan's overrides, validated (files are not checked: the data may
+// live on the cluster only).
+absl::StatusOr<std::string> PlanSpec(const std::string& file, SubmitOptions opts) {
+  opts.check_files = false;
+  return PrepareSubmission(file, opts);
+}
+
+std::string Mib(double bytes) { return absl::StrFormat("%.1f", bytes / (1 << 20)); }
+
+void Ctl::PrintPlans(const v1::PlanSet& set, bool all) {
+  if (json_) {
+    v1::PlanSet shown = set;
+    if (!all) shown.clear_rejected();
+    out_ << Json(shown) << "\n";
+    return;
+  }
+  out_ << "costs: " << set.cost_source() << "\n";
+  for (const auto& n : set.notes()) out_ << "note: " << n << "\n";
+  out_ << absl::StrFormat("%-4s %-3s %-4s %-4s %-8s %-10s %-10s %-7s %s\n", "#", "P", "D", "MB",
+                          "SCHEDULE", "STEP_S", "SAMPLES/S", "BUBBLE", "PEAK_MIB/STAGE");
+  int shown = 0, bounded = 0;
+  for (int i = 0; i < set.plans_size(); ++i) {
+    const v1::Plan& p = set.plans(i);
+    if (p.lower_bound()) {
+      ++bounded;
+      if (!all) continue;
+    } else if (!all && shown >= 25) {
+      continue;
+    }
+    ++shown;
+    std::vector<std::string> peaks;
+    for (double b : p.peak_bytes()) peaks.push_back(Mib(b));
+    out_ << absl::StrFormat("%-4d %-3d %-4d %-4d %-8s %-10s %-10.2f %-7s %s\n", i + 1, p.stages(),
+                            p.replicas(), p.micro_batch(), p.schedule(),
+                            absl::StrFormat(p.lower_bound() ? ">=%.4f" : "%.4f", p.step_s()),
+                            p.samples_per_s(),
+                            p.lower_bound() ? "-" : absl::StrFormat("%.1f%%", 100 * p.bubble()),
+                            p.lower_bound() ? "-" : absl::StrJoin(peaks, ","));
+  }
+  const int hidden = set.plans_size() - shown;
+  if (hidden > 0) {
+    out_ << hidden << " more shapes (" << bounded
+         << " not simulated: their lower bound is over 1.5x the best); --all lists them\n";
+  }
+  if (all) {
+    for (const auto& r : set.rejected()) {
+      out_ << absl::StrFormat("rejected P=%d D=%d MB=%d %s: %s\n", r.stages(), r.replicas(),
+                              r.micro_batch(), r.schedule(), r.rejected());
+    }
+  }
+  out_ << absl::StrFormat("planned in %.3f s\n", set.planner_s());
+}
+
+int Ctl::Plan() {
+  std::string slots_s, nodes_s, profile_path, mem_s, v;
+  TakeValue("--slots", &slots_s);
+  TakeValue("--nodes", &nodes_s);
+  TakeValue("--profile", &profile_path);
+  TakeValue("--memory_gib", &mem_s);
+  const bool all = TakeFlag("--all");
+  SubmitOptions opts;
+  opts.sets = TakeValues("--set");
+  for (const char* key : {"stages", "replicas", "micro_batch", "schedule"}) {
+    if (TakeValue(absl::StrCat("--", key), &v)) {
+      opts.sets.push_back(absl::StrCat("parallel.", key, "=", v));
+    }
+  }
+  if (TakeValue("--global_batch", &v)) opts.sets.push_back(absl::StrCat("train.global_batch=", v));
+  const std::string file = TakePositional("job FILE");
+  NoMore();
+  if (!slots_s.empty() && !nodes_s.empty())
+    throw UsageError{"--slots and --nodes exclude each other"};
+  PlanRequest req;
+  req.all = all;
+  if (!mem_s.empty()) {
+    double gib = 0;
+    if (!absl::SimpleAtod(mem_s, &gib) || gib <= 0) {
+      throw UsageError{absl::StrCat("--memory_gib needs a positive number, got '", mem_s, "'")};
+    }
+    req.memory_per_slot = gib * (1 << 30);
+  }
+  if (!slots_s.empty()) {
+    int n = 0;
+    if (!absl::SimpleAtoi(slots_s, &n) || n < 1 || n > kMaxSlots) {
+      throw UsageError{absl::StrCat("--slots needs a number of slots >= 1, got '", slots_s, "'")};
+    }
+    req.slots_per_node.push_back(n);
+  }
+  if (!nodes_s.empty()) {
+    for (absl::string_view part : absl::StrSplit(nodes_s, ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(part, &n) || n < 1 || n > kMaxSlots) {
+        throw UsageError{
+            absl::StrCat("--nodes needs slots per node like 8,8,4, got '", nodes_s, "'")};
+      }
+      req.slots_per_node.push_back(n);
+    }
+  }
+  auto yaml = PlanSpec(file, opts);
+  if (!yaml.ok()) return Fail(absl::InvalidArgumentError(yaml.status().message()));
+  auto spec = ParseJobSpec(*yaml);
+  if (!spec.ok()) return Fail(absl::InvalidArgumentError(spec.status().message()));
+  if (req.slots_per_node.empty()) {
+    // The cluster's slots now: the manager plans (with its stored profile).
+    if (!profile_path.empty()) throw UsageError{"--profile needs --slots or --nodes"};
+    if (!stub_) throw UsageError{"no manager: pass --slots/--nodes, or --manager HOST:PORT"};
+    v1::PlanJobRequest pr;
+    pr.set_spec_yaml(*yaml);
+    pr.set_all(all);
+    v1::PlanJobResponse resp;
+    grpc::Status s = stub_->PlanJob(Context(absl::Seconds(30)).get(), pr, &resp);
+    if (!s.ok()) return FailGrpc(s, "PlanJob");
+    if (!json_)
+      out_ << "slots: " << absl::StrJoin(resp.slots_per_node(), ",") << " (schedulable now)\n";
+    PrintPlans(resp.plans(), all);
+    return kExitOk;
+  }
+  v1::Profile profile;
+  std::vector<std::string> notes;
+  if (!profile_path.empty()) {
+    auto p = LoadProfile(profile_path);
+    if (!p.ok()) return Fail(absl::InvalidArgumentError(p.status().message()));
+    profile = *std::move(p);
+  } else {
+    bool found = false;
+    if (stub_) {
+      v1::GetProfileRequest gr;
+      gr.set_model_key(ModelKey(spec->model));
+      gr.set_precision(spec->train.precision);
+      v1::GetProfileResponse resp;
+      grpc::Status s = stub_->GetProfile(Context(absl::Seconds(5)).get(), gr, &resp);
+      if (s.ok() && resp.found()) {
+        profile = resp.profile();
+        found = true;
+        notes.push_back(absl::StrCat("profile from the manager ", manager_));
+      } else if (!s.ok()) {
+        notes.push_back(absl::StrCat("manager ", manager_, " not reachable (", s.error_message(),
+                                     "): built-in cost model"));
+      } else {
+        notes.push_back("the manager has no profile of this model: built-in cost model");
+      }
+    }
+    if (!found) {
+      auto b = BuiltinProfile(*spec);
+      if (!b.ok()) return Fail(b.status());
+      profile = *std::move(b);
+    }
+  }
+  auto set = PlanShapes(*spec, profile, req);
+  if (!set.ok()) return Fail(set.status());
+  for (const auto& n : notes) set->add_notes(n);
+  PrintPlans(*set, all);
+  return kExitOk;
+}
+
+int Ctl::Profile() {
+  SubmitOptions opts;
+  const bool follow = TakeFlag("--follow");
+  opts.sets = TakeValues("--set");
+  const std::string file = TakePositional("job FILE");
+  NoMore();
+  auto yaml = PrepareSubmission(file, opts);
+  if (!yaml.ok()) {
+    err_ << "varunactl: profile job refused: " << yaml.status().message() << "\n";
+    return kExitUsage;
+  }
+  v1::SubmitRequest req;
+  req.set_spec_yaml(*yaml);
+  req.set_profile(true);
+  v1::SubmitResponse resp;
+  grpc::Status s = stub_->Submit(Context().get(), req, &resp);
+  if (!s.ok()) return FailGrpc(s, "Submit");
+  if (json_) {
+    out_ << Json(resp.job()) << "\n";
+  } else {
+    out_ << "profile job " << resp.job().id() << " submitted: it measures the model on the "
+         << "slots it gets, and the manager stores the profile when it succeeds\n"
+         << "  status: varunactl status " << resp.job().id() << "\n"
+         << "  then:   varunactl plan " << file << "\n";
+  }
+  if (follow) return Follow({resp.job().id()});
+  return kExitOk;
+}
+
 int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
   rest_ = std::move(args);
   try {
@@ -679,15 +879,20 @@ int Ctl::Main(std::vector<std::string> args, const std::string& env_manager) {
       throw UsageError{absl::StrCat("-o must be table or json, not '", output, "'")};
     }
     json_ = output == "json";
-    if (manager_.empty())
-      throw UsageError{"no manager: pass --manager HOST:PORT or set VARUNA_MANAGER"};
-    if (auto hp = SplitHostPort(manager_); !hp.ok())
-      throw UsageError{std::string(hp.status().message())};
     const std::string verb = TakePositional("COMMAND");
-    auto tls = LoadTls(tls_files, /*need_cert=*/false, "varunactl");
-    if (!tls.ok()) throw UsageError{std::string(tls.status().message())};
-    tls_ = tls->enabled;
-    stub_ = v1::JobApi::NewStub(MakeChannel(manager_, *tls));
+    // `plan --slots/--nodes` works without a manager (and asks one for a profile if given).
+    if (manager_.empty() && verb != "plan")
+      throw UsageError{"no manager: pass --manager HOST:PORT or set VARUNA_MANAGER"};
+    if (!manager_.empty()) {
+      if (auto hp = SplitHostPort(manager_); !hp.ok())
+        throw UsageError{std::string(hp.status().message())};
+      auto tls = LoadTls(tls_files, /*need_cert=*/false, "varunactl");
+      if (!tls.ok()) throw UsageError{std::string(tls.status().message())};
+      tls_ = tls->enabled;
+      stub_ = v1::JobApi::NewStub(MakeChannel(manager_, *tls));
+    }
+    if (verb == "plan") return Plan();
+    if (verb == "profile") return Profile();
     if (verb == "submit") return Submit();
     if (verb == "list") return List();
     if (verb == "status" || verb == "describe") return Status();

@@ -12,7 +12,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/autoconfig.h"
 #include "common/exit_codes.h"
+#include "common/profile.h"
 #include "common/rpc.h"
 #include "common/safe_file.h"
 #include "common/status_macros.h"
@@ -251,6 +253,8 @@ absl::Status Manager::Recover() {
         break;
     }
   }
+  ASSIGN_OR_RETURN(std::vector<v1::Profile> profiles, store_->LoadProfiles());
+  for (auto& p : profiles) profiles_[absl::StrCat(p.model_key(), "\n", p.precision())] = p;
   ASSIGN_OR_RETURN(std::vector<v1::Event> events, store_->LoadEvents(10000));
   for (auto& e : events) {
     next_event_seq_ = std::max(next_event_seq_, e.seq() + 1);
@@ -316,6 +320,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       continue;
     }
     reported.insert({w.job_id(), w.rank()});
+    if (!w.profile_json().empty()) StoreProfile(job, w.profile_json());
     const v1::StepMetrics& p = w.progress();
     v1::JobInfo& info = job.info();
     RecordSteps(job, w);
@@ -503,6 +508,7 @@ absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, const 
   info.set_submitted_at(Now());
   info.set_reason("waiting for slots");
   info.set_submitted_by(user);
+  info.set_profile_job(req.profile());
   job.last_stop_sent = absl::InfinitePast();
   Persist(job);
   const std::string id = info.id();
@@ -592,7 +598,7 @@ void Manager::Schedule() {
       const int f = n.rec.slots() - used[name];
       if (f > 0) free.push_back({name, f});
     }
-    auto plan = PlanJob(job.spec, free);
+    auto plan = Plan(job, free);
     if (!plan.ok()) {
       const std::string reason = absl::StrCat("waiting for slots: ", plan.status().message());
       if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
@@ -607,6 +613,109 @@ void Manager::Schedule() {
   }
 }
 
+const v1::Profile* Manager::FindProfile(const JobSpec& spec) const {
+  auto it = profiles_.find(absl::StrCat(ModelKey(spec.model), "\n", spec.train.precision));
+  return it == profiles_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<JobPlan> Manager::Plan(const Job& job, std::vector<FreeSlots> free) const {
+  if (job.info().profile_job()) {
+    // A profile job measures links between every slot it gets: one stage per slot.
+    JobSpec spec = job.spec;
+    spec.parallel.stages = 1;
+    spec.parallel.micro_batch = 1;
+    spec.parallel.schedule = "varuna";
+    spec.train.global_batch = 1;
+    spec.parallel.replicas = 1;
+    int total = 0;
+    for (const auto& f : free) total += f.free;
+    for (int d = std::max(
+             1, spec.resources.max_slots > 0 ? std::min(total, spec.resources.max_slots) : total);
+         d >= 1; --d) {
+      spec.parallel.replicas = d;
+      spec.train.global_batch = d;
+      if (d >= spec.resources.min_slots) break;
+    }
+    auto plan = ::varuna::PlanJob(spec, std::move(free));
+    if (plan.ok()) plan->source = "profile job";
+    return plan;
+  }
+  return PlanWithProfile(job.spec, std::move(free), FindProfile(job.spec));
+}
+
+void Manager::SetPlan(v1::JobInfo& info, const JobPlan& plan) {
+  info.set_schedule(plan.schedule);
+  info.clear_boundaries();
+  for (int b : plan.boundaries) info.add_boundaries(b);
+  info.set_predicted_step_s(plan.predicted_step_s);
+  info.set_plan_source(plan.source);
+}
+
+void Manager::StoreProfile(Job& job, const std::string& json) {
+  if (!job.info().profile_job()) return;
+  auto parsed = ParseProfileJson(json);
+  absl::Status st = parsed.ok() ? CheckProfileFor(*parsed, job.spec) : parsed.status();
+  if (!st.ok()) {
+    LOG(WARNING) << JobWho(job.info()) << " reported an unusable profile: " << st.message();
+    if (job.gen.worker_error.empty()) {
+      job.gen.worker_error = absl::StrCat("unusable profile: ", st.message()).substr(0, 500);
+    }
+    return;
+  }
+  const std::string key = absl::StrCat(parsed->model_key(), "\n", parsed->precision());
+  auto it = profiles_.find(key);
+  if (it != profiles_.end() && it->second.created_at() == parsed->created_at() &&
+      it->second.host() == parsed->host()) {
+    return;  // a repeat of the same report
+  }
+  if (absl::Status s = store_->SaveProfile(*parsed); !s.ok()) {
+    LOG(ERROR) << "cannot store the profile of " << parsed->model_key() << ": " << s.message();
+    return;
+  }
+  profiles_[key] = *parsed;
+  Emit("profile_stored", job.info().id(), "",
+       absl::StrCat("profile of ", parsed->model_key(), " (", parsed->precision(), ", ",
+                    parsed->segments_size(), " segments) stored; jobs of this model plan with it"));
+}
+
+absl::StatusOr<v1::PlanJobResponse> Manager::PlanJob(const v1::PlanJobRequest& req) const {
+  ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
+  std::vector<FreeSlots> free = FreeSlotsFor(nullptr, {});
+  v1::PlanJobResponse resp;
+  PlanRequest pr;
+  pr.all = req.all();
+  for (const auto& f : free) {
+    pr.slots_per_node.push_back(f.free);
+    resp.add_slots_per_node(f.free);
+  }
+  const v1::Profile* stored = FindProfile(spec);
+  absl::StatusOr<v1::Profile> builtin;
+  const v1::Profile* profile = stored;
+  if (profile == nullptr) {
+    builtin = BuiltinProfile(spec);
+    if (!builtin.ok()) return builtin.status();
+    profile = &*builtin;
+  }
+  ASSIGN_OR_RETURN(v1::PlanSet set, PlanShapes(spec, *profile, pr));
+  if (stored == nullptr) {
+    set.add_notes(absl::StrCat("no stored profile of '", ModelKey(spec.model),
+                               "': jobs of this model run under the placement rule until one "
+                               "is stored (varunactl profile JOB.yaml)"));
+  }
+  *resp.mutable_plans() = std::move(set);
+  return resp;
+}
+
+v1::GetProfileResponse Manager::GetProfile(const v1::GetProfileRequest& req) const {
+  v1::GetProfileResponse resp;
+  auto it = profiles_.find(absl::StrCat(req.model_key(), "\n", req.precision()));
+  if (it != profiles_.end()) {
+    resp.set_found(true);
+    *resp.mutable_profile() = it->second;
+  }
+  return resp;
+}
+
 void Manager::StartJob(Job& job, const JobPlan& plan) {
   CHECK_EQ(job.info().state(), v1::PENDING);
   v1::JobInfo& info = job.info();
@@ -618,6 +727,7 @@ void Manager::StartJob(Job& job, const JobPlan& plan) {
   info.set_micro_batch(plan.micro_batch);
   info.set_slots(plan.stages * plan.replicas);
   info.set_stage_to_rank_map(plan.stage_to_rank_map);
+  SetPlan(info, plan);
   info.clear_placement();
   for (const auto& p : plan.ranks) *info.add_placement() = p;
   const Node& first = *nodes_.Find(plan.ranks[0].node());
@@ -655,6 +765,9 @@ v1::LaunchRequest Manager::MakeLaunch(const Job& job, const std::string& node) c
   // morph's saves included); the first starts as the job spec says.
   if (info.generation() > 1 && !job.spec.checkpoint.dir.empty()) req.set_resume_step("auto");
   req.set_code_dir(job.spec.code_dir);
+  req.set_schedule(info.schedule());
+  for (int b : info.boundaries()) req.add_stage_boundaries(b);
+  req.set_profile(info.profile_job());
   for (const auto& p : info.placement()) {
     if (p.node() != node) continue;
     v1::RankAssignment* a = req.add_ranks();

@@ -95,6 +95,9 @@ class Manager : private NodeTable::Listener {
   absl::StatusOr<v1::NodeInfo> Preempt(const std::string& node, const v1::PreemptionNotice& n);
   v1::ListEventsResponse ListEvents(const v1::ListEventsRequest& req) const;
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& req) const;
+  // AutoConfig for a job spec on the schedulable slots now (varunactl plan).
+  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& req) const;
+  v1::GetProfileResponse GetProfile(const v1::GetProfileRequest& req) const;
 
   // Node timeouts, launch timeouts, machine_list reload, scheduling, progress flush.
   void Tick();
@@ -151,6 +154,12 @@ class Manager : private NodeTable::Listener {
 
   // Transitions: each checks the from-state, logs, persists, then acts.
   void StartJob(Job& job, const JobPlan& plan);
+  // PlanWithProfile with the stored profile of the job's model (if any).
+  absl::StatusOr<JobPlan> Plan(const Job& job, std::vector<FreeSlots> free) const;
+  const v1::Profile* FindProfile(const JobSpec& spec) const;
+  static void SetPlan(v1::JobInfo& info, const JobPlan& plan);
+  // A profile job's rank 0 reported its profile: validate and store it.
+  void StoreProfile(Job& job, const std::string& json);
   void MarkRunning(Job& job);
   void Succeed(Job& job);
   void Fail(Job& job, const std::string& reason);
@@ -219,7 +228,9 @@ class Manager : private NodeTable::Listener {
   const Post post_;
   NodeTable nodes_;
   std::map<std::string, Job> jobs_;  // by id
-  std::vector<std::string> order_;   // ids in submission order
+  // Stored profiles by "<model key>\n<precision>" (docs/autoconfig.md).
+  std::map<std::string, v1::Profile> profiles_;
+  std::vector<std::string> order_;  // ids in submission order
   std::map<std::string, std::string> by_request_;
   int64_t next_seq_ = 1;
   absl::Time last_flush_;

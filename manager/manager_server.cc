@@ -212,6 +212,24 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
       return r.status();
     });
   }
+  grpc::ServerUnaryReactor* PlanJob(grpc::CallbackServerContext* ctx, const v1::PlanJobRequest* req,
+                                    v1::PlanJobResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=] {
+      auto r = m_->PlanJob(*req);
+      if (r.ok()) *resp = *std::move(r);
+      return r.status();
+    });
+  }
+  grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
+                                       const v1::GetProfileRequest* req,
+                                       v1::GetProfileResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=] {
+      *resp = m_->GetProfile(*req);
+      return absl::OkStatus();
+    });
+  }
 
  private:
   // The caller's token name ("" without a tokens file), or UNAUTHENTICATED naming why.

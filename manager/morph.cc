@@ -67,7 +67,7 @@ std::string ShapeText(const v1::Shape& s) {
 double Manager::UnixNow() const { return absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch()); }
 
 bool Manager::MorphAllowed(const Job& job) const {
-  return job.spec.morphing && !job.spec.checkpoint.dir.empty();
+  return job.spec.morphing && !job.spec.checkpoint.dir.empty() && !job.info().profile_job();
 }
 
 void Manager::Emit(const std::string& kind, const std::string& job_id, const std::string& node,
@@ -370,7 +370,7 @@ void Manager::AdvanceMorph(Job& job) {
   if (m.phase() == v1::MorphState::PLANNING) {
     if (clock_->Now() - job.last_trigger < config_.morph_coalesce) return;
     const std::set<std::string> exclude(m.lost_nodes().begin(), m.lost_nodes().end());
-    auto plan = PlanJob(job.spec, FreeSlotsFor(&job, exclude));
+    auto plan = Plan(job, FreeSlotsFor(&job, exclude));
     if (!plan.ok()) {
       if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
         Fail(job, absl::StrCat("re-plan after '", m.record().reason(),
@@ -453,6 +453,7 @@ void Manager::Relaunch(Job& job, const JobPlan& plan) {
   info.set_micro_batch(plan.micro_batch);
   info.set_slots(plan.stages * plan.replicas);
   info.set_stage_to_rank_map(plan.stage_to_rank_map);
+  SetPlan(info, plan);
   info.clear_placement();
   for (const auto& p : plan.ranks) *info.add_placement() = p;
   const Node& first = *nodes_.Find(plan.ranks[0].node());
@@ -578,12 +579,12 @@ void Manager::CheckGrowth() {
   for (const std::string& id : order_) {
     Job& job = jobs_.at(id);
     if (job.info().state() != v1::RUNNING || job.morphing() || !MorphAllowed(job)) continue;
-    auto plan = PlanJob(job.spec, FreeSlotsFor(&job, {}));
+    auto plan = Plan(job, FreeSlotsFor(&job, {}));
     if (!plan.ok()) continue;
     const int now_slots = job.info().slots();
     if (plan->stages * plan->replicas <= now_slots) continue;
     if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
-        plan->micro_batch == job.info().micro_batch()) {
+        plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule()) {
       continue;
     }
     Cause c;

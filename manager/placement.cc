@@ -3,15 +3,42 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/autoconfig.h"
 #include "common/launch_args.h"
+#include "common/profile.h"
 #include "common/stage_map.h"
+#include "common/status_macros.h"
 
 namespace varuna {
 
-absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes) {
-  std::sort(nodes.begin(), nodes.end(), [](const FreeSlots& a, const FreeSlots& b) {
+namespace {
+
+void SortFullestFirst(std::vector<FreeSlots>* nodes) {
+  std::sort(nodes->begin(), nodes->end(), [](const FreeSlots& a, const FreeSlots& b) {
     return a.free != b.free ? a.free > b.free : a.node < b.node;
   });
+}
+
+// Ranks in order onto the nodes in order (sorted fullest first).
+std::vector<v1::RankPlacement> Place(const std::vector<FreeSlots>& nodes, int world) {
+  std::vector<v1::RankPlacement> ranks;
+  int rank = 0;
+  for (const auto& n : nodes) {
+    for (int local = 0; local < n.free && rank < world; ++local, ++rank) {
+      v1::RankPlacement p;
+      p.set_rank(rank);
+      p.set_node(n.node);
+      p.set_local_rank(local);
+      ranks.push_back(p);
+    }
+  }
+  return ranks;
+}
+
+}  // namespace
+
+absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes) {
+  SortFullestFirst(&nodes);
   int total = 0, most_on_one = 0;
   for (const auto& n : nodes) {
     total += std::max(0, n.free);
@@ -53,16 +80,49 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
   if (!micro_batch.ok()) return micro_batch.status();
   plan.micro_batch = *micro_batch;
   plan.stage_to_rank_map = StageMap::Make(P, D).ToString();
-  int rank = 0;
-  for (const auto& n : nodes) {
-    for (int local = 0; local < n.free && rank < world; ++local, ++rank) {
-      v1::RankPlacement p;
-      p.set_rank(rank);
-      p.set_node(n.node);
-      p.set_local_rank(local);
-      plan.ranks.push_back(p);
-    }
+  plan.ranks = Place(nodes, world);
+  plan.schedule = spec.parallel.schedule == "auto" ? "varuna" : spec.parallel.schedule;
+  return plan;
+}
+
+absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlots> nodes,
+                                        const v1::Profile* profile) {
+  const bool any_auto = spec.parallel.stages == 0 || spec.parallel.replicas == 0 ||
+                        spec.parallel.micro_batch == 0 || spec.parallel.schedule == "auto";
+  std::string why_not;
+  if (profile == nullptr) {
+    why_not = absl::StrCat("no profile of '", ModelKey(spec.model), "' (", spec.train.precision,
+                           "): varunactl profile JOB.yaml");
+  } else if (absl::Status st = CheckProfileFor(*profile, spec); !st.ok()) {
+    why_not = std::string(st.message());
   }
+  if (!why_not.empty()) {
+    ASSIGN_OR_RETURN(JobPlan plan, PlanJob(spec, std::move(nodes)));
+    plan.source =
+        any_auto ? absl::StrCat("placement rule (", why_not, ")") : "fixed by the job spec";
+    return plan;
+  }
+  SortFullestFirst(&nodes);
+  PlanRequest req;
+  for (const auto& n : nodes) req.slots_per_node.push_back(std::max(0, n.free));
+  absl::StatusOr<v1::PlanSet> set = PlanShapes(spec, *profile, req);
+  if (!set.ok()) {
+    // Slots may still come: the job waits (the reason is shown), as under the placement rule.
+    if (set.status().code() == absl::StatusCode::kInvalidArgument) return set.status();
+    return absl::ResourceExhaustedError(set.status().message());
+  }
+  const v1::Plan& best = set->plans(0);
+  JobPlan plan;
+  plan.stages = best.stages();
+  plan.replicas = best.replicas();
+  plan.micro_batch = best.micro_batch();
+  plan.per_replica_batch = spec.train.global_batch / best.replicas();
+  plan.stage_to_rank_map = StageMap::Make(plan.stages, plan.replicas).ToString();
+  plan.ranks = Place(nodes, plan.stages * plan.replicas);
+  plan.schedule = best.schedule();
+  plan.boundaries.assign(best.boundaries().begin(), best.boundaries().end());
+  plan.predicted_step_s = best.step_s();
+  plan.source = set->cost_source();
   return plan;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
 #include "varuna/v1/control.pb.h"
+#include "varuna/v1/plan.pb.h"
 
 namespace varuna {
 
@@ -24,6 +25,11 @@ struct JobPlan {
   int64_t per_replica_batch = 0;
   std::string stage_to_rank_map;
   std::vector<v1::RankPlacement> ranks;  // index = rank
+  // AutoConfig's part (docs/autoconfig.md); empty/0 under the placement rule.
+  std::string schedule;         // the job spec's, or AutoConfig's pick for "auto"
+  std::vector<int> boundaries;  // stage boundaries (segment indices), P+1 of them
+  double predicted_step_s = 0;
+  std::string source;  // where the shape came from, for `varunactl status`
 };
 
 // Chooses (P, D) and places ranks. Rank r runs stage r mod P of replica r div P (Varuna's
@@ -34,5 +40,13 @@ struct JobPlan {
 // (at most resources.max_slots in all), reduced until they divide train.global_batch.
 // ResourceExhausted (naming what is missing) when the job does not fit now.
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes);
+
+// The manager's planner. With a profile of the job's model: AutoConfig (PlanShapes) picks
+// every `auto` field (stages, replicas, micro_batch, schedule) and the stage boundaries, and
+// predicts the step time; fixed fields are kept. Without one (or with one that does not fit
+// the job: the source says why): PlanJob's placement rule. Same error codes as PlanJob
+// (ResourceExhausted: not enough slots now).
+absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlots> nodes,
+                                        const v1::Profile* profile);
 
 }  // namespace varuna

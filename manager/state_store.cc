@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
            "CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY, record BLOB)",
            "CREATE TABLE IF NOT EXISTS steps (job TEXT, step INTEGER, gen INTEGER, record BLOB, "
            "PRIMARY KEY (job, step))",
+           "CREATE TABLE IF NOT EXISTS profiles (key TEXT PRIMARY KEY, seq INTEGER, record BLOB)",
        }) {
     absl::Status s = store->Exec(sql);
     if (!s.ok()) return s;
@@ -127,6 +128,15 @@ absl::StatusOr<std::vector<T>> LoadAll(sqlite3* db, const char* sql, const std::
 }
 
 }  // namespace
+
+absl::Status StateStore::SaveProfile(const v1::Profile& p) {
+  return Put("INSERT OR REPLACE INTO profiles (key, seq, record) VALUES (?1, ?2, ?3)",
+             absl::StrCat(p.model_key(), "\n", p.precision()), 0, p.SerializeAsString());
+}
+
+absl::StatusOr<std::vector<v1::Profile>> StateStore::LoadProfiles() {
+  return LoadAll<v1::Profile>(db_, "SELECT record FROM profiles ORDER BY key", path_);
+}
 
 absl::Status StateStore::SaveEvent(const v1::Event& e) {
   RETURN_IF_ERROR(Put("INSERT OR REPLACE INTO events (seq, record) VALUES (?2, ?3)", "", e.seq(),

@@ -27,6 +27,9 @@ class StateStore {
   // All jobs, in submission order.
   absl::StatusOr<std::vector<v1::JobRecord>> LoadJobs();
   absl::StatusOr<std::vector<v1::NodeRecord>> LoadNodes();
+  // Profiles (docs/autoconfig.md), one per (model key, precision); a new one replaces it.
+  absl::Status SaveProfile(const v1::Profile& profile);
+  absl::StatusOr<std::vector<v1::Profile>> LoadProfiles();
   // Events (varunactl events): appended; the newest `limit` come back oldest first.
   absl::Status SaveEvent(const v1::Event& event);
   absl::StatusOr<std::vector<v1::Event>> LoadEvents(int limit);

@@ -173,7 +173,21 @@ absl::Status Varuna::AgreeOnStartup(const absl::Status& local) {
 // depends on.
 absl::Status Varuna::BuildLocal() {
   const auto segments = model_.Segments();
-  ASSIGN_OR_RETURN(std::vector<int> bounds, PartitionByCost(model_.SegmentCosts(), map_.stages()));
+  std::vector<int> bounds = options_.boundaries;
+  if (bounds.empty()) {
+    ASSIGN_OR_RETURN(bounds, PartitionByCost(model_.SegmentCosts(), map_.stages()));
+  } else {
+    const int n = static_cast<int>(segments.size());
+    bool ok = static_cast<int>(bounds.size()) == map_.stages() + 1 && bounds.front() == 0 &&
+              bounds.back() == n;
+    for (size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i] > bounds[i - 1];
+    if (!ok) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("stage boundaries ", absl::StrJoin(bounds, ","), " do not split ", n,
+                       " segments into ", map_.stages(), " non-empty stages (want ",
+                       map_.stages() + 1, " increasing indices from 0 to ", n, ")"));
+    }
+  }
   first_segment_ = bounds[stage_];
   last_segment_ = bounds[stage_ + 1];
   // The stage owning each layer, and so each tied parameter "<layer name>.<param>".
@@ -293,10 +307,12 @@ absl::Status Varuna::TieAtStart() {
   return absl::OkStatus();
 }
 
-torch::Tensor Varuna::StageForward(const torch::Tensor& x, const TensorMap& inputs) {
-  const bool bf16 = options_.precision == Precision::kBf16;
-  const bool cuda_fp16 = options_.precision == Precision::kFp16 && device_.is_cuda();
-  if (bf16 && device_.is_cpu()) {
+torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
+                            const torch::Tensor& x, const TensorMap& inputs, Precision precision,
+                            torch::Device device) {
+  const bool bf16 = precision == Precision::kBf16;
+  const bool cuda_fp16 = precision == Precision::kFp16 && device.is_cuda();
+  if (bf16 && device.is_cpu()) {
     at::autocast::set_cpu_enabled(true);
     at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
   } else if (bf16 || cuda_fp16) {
@@ -304,13 +320,17 @@ torch::Tensor Varuna::StageForward(const torch::Tensor& x, const TensorMap& inpu
     at::autocast::set_autocast_gpu_dtype(bf16 ? at::kBFloat16 : at::kHalf);
   }
   torch::Tensor h = x;
-  for (auto& l : layers_) h = l->Forward(h, inputs);
+  for (const auto& l : layers) h = l->Forward(h, inputs);
   if (bf16 || cuda_fp16) {
     at::autocast::set_cpu_enabled(false);
     at::autocast::set_enabled(false);
     at::autocast::clear_cache();
   }
   return h;
+}
+
+torch::Tensor Varuna::StageForward(const torch::Tensor& x, const TensorMap& inputs) {
+  return ForwardLayers(layers_, x, inputs, options_.precision, device_);
 }
 
 // Note [Dry run]: stage by stage along each pipeline, run the stage on 1 and 2 samples and pass

@@ -38,6 +38,11 @@ namespace varuna {
 enum class Precision { kFp32, kBf16, kFp16 };
 absl::StatusOr<Precision> ParsePrecision(const std::string& name);
 
+// Runs `layers` in order on (x, inputs) with the precision's autocast (the engine's forward).
+torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
+                            const torch::Tensor& x, const TensorMap& inputs, Precision precision,
+                            torch::Device device);
+
 struct VarunaOptions {
   SchedulePolicy schedule = SchedulePolicy::kVaruna;
   Precision precision = Precision::kFp32;
@@ -47,6 +52,9 @@ struct VarunaOptions {
   int64_t loss_scale_window = 1000;
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
   double timeout_s = 300;           // rendezvous, p2p and collectives (seed-style Create only)
+  // Stage boundaries (stages+1 segment indices) chosen by the planner; empty = balance the
+  // model's own layer costs (PartitionByCost).
+  std::vector<int> boundaries;
   // Polled once per step; true asks to stop (e.g. set from a SIGUSR1 handler). Optional.
   const std::atomic<bool>* stop_flag = nullptr;
 };

@@ -13,15 +13,19 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/checkpoint_store.h"
 #include "common/exit_codes.h"
 #include "common/launch_args.h"
 #include "common/logging.h"
 #include "common/lr_schedule.h"
+#include "common/profile.h"
 #include "common/status_macros.h"
 #include "worker/data.h"
+#include "worker/profiler.h"
 #include "worker/torch_status.h"
 #include "worker/varuna.h"
 
@@ -92,6 +96,55 @@ std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
   return std::make_shared<torch::optim::AdamW>(groups, o);
 }
 
+// --profile_out (docs/autoconfig.md "Profiling"): every rank profiles the compute at once (as
+// in training, every slot is busy), then the links between ranks; rank 0 writes the file and
+// reports it in its progress file.
+absl::Status RunProfiler(const JobSpec& spec, int64_t global_batch, Model model, TokenDataset& data,
+                         const WorkerTopology& topo, const ProcessGroups& groups,
+                         const std::string& out, std::chrono::milliseconds timeout) {
+  ProfilerOptions po;
+  po.model_key = ModelKey(spec.model);
+  po.optimizer = spec.train.optimizer;
+  po.seed = spec.train.seed;
+  po.rank = topo.rank;
+  po.world = groups.world;
+  po.timeout = timeout;
+  // Host identity: the agent's node name (VARUNA_NODE), else the host name.
+  std::string me = GetEnv("VARUNA_NODE").value_or("");
+  if (me.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    me = host;
+  }
+  RETURN_IF_ERROR(TorchCall("exchanging host names", [&] {
+    groups.store->set(absl::StrCat("profile_host", topo.rank),
+                      std::vector<uint8_t>(me.begin(), me.end()));
+    for (int r = 0; r < topo.world_size; ++r) {
+      auto v = groups.store->get(absl::StrCat("profile_host", r));
+      po.hosts.emplace_back(v.begin(), v.end());
+    }
+  }));
+  ASSIGN_OR_RETURN(Precision precision, ParsePrecision(spec.train.precision));
+  std::vector<int> sizes;
+  const int64_t cap = std::min<int64_t>(32, global_batch);
+  for (int b = 1; b <= cap; b *= 2) sizes.push_back(b);
+  Profiler profiler(std::move(model), torch::Device(torch::kCPU), precision, po);
+  auto get_batch = [&data](int n) { return data.Batch(0, n); };
+  RETURN_IF_ERROR(profiler.Initialize(get_batch));
+  const auto t0 = Clock::now();
+  ASSIGN_OR_RETURN(v1::Profile profile, profiler.ProfileAll(get_batch, sizes, ""));
+  if (topo.rank == 0) {
+    RETURN_IF_ERROR(WriteProfileFile(out, profile));
+    AppendProgress(
+        absl::StrFormat("{\"profile\": \"%s\", \"t\": %.6f}", JsonEscape(out), UnixNow()));
+    LOG(INFO) << "profile of " << profile.model_key() << " (" << profile.segments_size()
+              << " segments, micro-batches " << absl::StrJoin(sizes, ",") << ") written to " << out
+              << " in " << std::chrono::duration<double>(Clock::now() - t0).count() << " s";
+  }
+  AppendProgress(absl::StrFormat("{\"stopped\": true, \"t\": %.6f}", UnixNow()));
+  return absl::OkStatus();
+}
+
 absl::Status RunWorker(const std::vector<std::string>& argv) {
   // Installed first: a SIGUSR1/2 during start-up must not kill the process (default action).
   std::signal(SIGUSR1, OnSigusr1);
@@ -133,12 +186,34 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   SchedulePolicy policy;
   Precision precision;
   std::optional<TokenDataset> opened;
+  int64_t profile_batch = 0;  // the job's global batch, for a profile run
   absl::Status input = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(spec, LoadJobSpec(args.job_path));
     RETURN_IF_ERROR(spec.ValidateFiles());
     ASSIGN_OR_RETURN(built, BuildModel(spec.model));
+    if (!args.profile_out.empty()) {
+      // A profile run measures the model and the links; the shape it was launched with (one
+      // replica per slot, say) is irrelevant, so the spec's parallel section is ignored.
+      int world = 1;
+      if (auto w = GetEnv("WORLD_SIZE"); w && !absl::SimpleAtoi(*w, &world)) world = 1;
+      profile_batch = spec.train.global_batch;
+      spec.parallel.stages = spec.parallel.replicas = spec.parallel.micro_batch = 0;
+      spec.train.global_batch = std::max(1, world);
+      args.per_replica_batch.reset();
+      args.chunk_size.reset();
+      args.stage_to_rank_map = StageMap::Make(1, std::max(1, world)).ToString();
+    }
     ASSIGN_OR_RETURN(topo, ResolveTopology(args, &spec, built->num_segments(), GetEnv));
+    // The manager's plan (LaunchRequest) fixes the schedule; "auto" run by hand is varuna.
+    if (args.schedule) spec.parallel.schedule = *args.schedule;
+    if (spec.parallel.schedule == "auto") spec.parallel.schedule = "varuna";
     ASSIGN_OR_RETURN(policy, ParseSchedulePolicy(spec.parallel.schedule));
+    if (!args.stage_boundaries.empty() &&
+        static_cast<int>(args.stage_boundaries.size()) != topo.map.stages() + 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--stage_boundaries has ", args.stage_boundaries.size(), " indices for ",
+                       topo.map.stages(), " stages (want stages + 1)"));
+    }
     ASSIGN_OR_RETURN(precision, ParsePrecision(spec.train.precision));
     if (!args.resume_step && !spec.checkpoint.resume.empty()) {
       args.resume_step = spec.checkpoint.resume;
@@ -177,7 +252,13 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
   ASSIGN_OR_RETURN(ProcessGroups groups, CreateProcessGroups(topo, !model.tied().empty(), timeout));
+  if (!args.profile_out.empty()) {
+    started->store(true);
+    return RunProfiler(spec, profile_batch, std::move(model), data, topo, groups, args.profile_out,
+                       timeout);
+  }
   VarunaOptions opts;
+  opts.boundaries = args.stage_boundaries;
   opts.schedule = policy;
   opts.precision = precision;
   opts.seed = spec.train.seed;
