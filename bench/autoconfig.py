@@ -78,12 +78,19 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one model, 4 shapes, 1 round")
+    ap.add_argument("--models", help="comma-separated subset of " + ",".join(MODELS))
+    ap.add_argument("--shapes", help="P,D,MB,SCHEDULE;... instead of the default sweep")
     args = ap.parse_args()
     bin_dir = os.path.join(args.build, "bin")
     data = corpus(args.build)
     tmp = tempfile.mkdtemp(prefix="varuna-autoconfig-")
     models = dict(list(MODELS.items())[:1]) if args.quick else MODELS
     shapes = SHAPES[:4] if args.quick else SHAPES
+    if args.models:
+        models = {k: MODELS[k] for k in args.models.split(",")}
+    if args.shapes:
+        shapes = [tuple(int(x) if i < 3 else x for i, x in enumerate(sh.split(",")))
+                  for sh in args.shapes.split(";")]
     rounds = 1 if args.quick else args.rounds
 
     profiles, picks, rows = {}, {}, {}

@@ -53,7 +53,7 @@ commands:
                               AutoConfig: every shape ranked by simulated step time (--all:
                               also the rejected ones and those using fewer slots). With
                               --slots/--nodes no manager is needed; without them it plans
-                              for the cluster's schedulable slots now
+                              for the cluster's alive slots (busy or not)
   profile FILE [--follow] [--set KEY=VALUE]...
                               measure the job's model on the cluster (a short job); the
                               manager stores the profile and plans jobs of this model with it
@@ -237,10 +237,26 @@ void Ctl::PrintJob(const v1::JobInfo& j) {
     line("loss", absl::StrFormat("%.4f", j.loss()));
     line("samples/s", absl::StrFormat("%.1f", j.samples_per_s()));
   }
+  // Predicted (AutoConfig) next to measured (docs/autoconfig.md).
+  if (j.step() > 0 || j.predicted_step_s() > 0) {
+    std::vector<std::string> parts;
+    if (j.step() > 0) parts.push_back(absl::StrFormat("%.4f s measured", j.step_time_s()));
+    if (j.predicted_step_s() > 0) {
+      parts.push_back(absl::StrFormat("%.4f s predicted", j.predicted_step_s()));
+    }
+    line("step time", absl::StrJoin(parts, ", "));
+  }
   line("generation", absl::StrCat(j.generation()));
+  if (j.profile_job()) line("kind", "profile job (varunactl profile)");
   if (j.stages() > 0) {
     line("config", absl::StrFormat("%d stages x %d replicas, micro-batch %d", j.stages(),
                                    j.replicas(), j.micro_batch()));
+    line("plan",
+         absl::StrCat(j.schedule().empty() ? "" : j.schedule(),
+                      j.boundaries().empty()
+                          ? ""
+                          : absl::StrCat(", boundaries ", absl::StrJoin(j.boundaries(), ",")),
+                      j.plan_source().empty() ? "" : absl::StrCat(" (", j.plan_source(), ")")));
     line("stage_to_rank_map", j.stage_to_rank_map());
     line("master", j.master());
     std::map<std::string, std::vector<int>> by_node;
@@ -786,7 +802,8 @@ int Ctl::Plan() {
     grpc::Status s = stub_->PlanJob(Context(absl::Seconds(30)).get(), pr, &resp);
     if (!s.ok()) return FailGrpc(s, "PlanJob");
     if (!json_)
-      out_ << "slots: " << absl::StrJoin(resp.slots_per_node(), ",") << " (schedulable now)\n";
+      out_ << "slots: " << absl::StrJoin(resp.slots_per_node(), ",")
+           << " (alive and schedulable, busy or not)\n";
     PrintPlans(resp.plans(), all);
     return kExitOk;
   }

@@ -629,13 +629,10 @@ absl::StatusOr<JobPlan> Manager::Plan(const Job& job, std::vector<FreeSlots> fre
     spec.parallel.replicas = 1;
     int total = 0;
     for (const auto& f : free) total += f.free;
-    for (int d = std::max(
-             1, spec.resources.max_slots > 0 ? std::min(total, spec.resources.max_slots) : total);
-         d >= 1; --d) {
-      spec.parallel.replicas = d;
-      spec.train.global_batch = d;
-      if (d >= spec.resources.min_slots) break;
-    }
+    const int cap =
+        spec.resources.max_slots > 0 ? std::min(total, spec.resources.max_slots) : total;
+    spec.parallel.replicas = std::max(1, cap);
+    spec.train.global_batch = spec.parallel.replicas;
     auto plan = ::varuna::PlanJob(spec, std::move(free));
     if (plan.ok()) plan->source = "profile job";
     return plan;
@@ -680,13 +677,14 @@ void Manager::StoreProfile(Job& job, const std::string& json) {
 
 absl::StatusOr<v1::PlanJobResponse> Manager::PlanJob(const v1::PlanJobRequest& req) const {
   ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
-  std::vector<FreeSlots> free = FreeSlotsFor(nullptr, {});
+  // Every alive, schedulable slot (busy or not): the shape the job would get on this cluster.
   v1::PlanJobResponse resp;
   PlanRequest pr;
   pr.all = req.all();
-  for (const auto& f : free) {
-    pr.slots_per_node.push_back(f.free);
-    resp.add_slots_per_node(f.free);
+  for (const auto& [name, n] : nodes_.all()) {
+    if (!nodes_.Schedulable(n) || n.rec.slots() <= 0) continue;
+    pr.slots_per_node.push_back(n.rec.slots());
+    resp.add_slots_per_node(n.rec.slots());
   }
   const v1::Profile* stored = FindProfile(spec);
   absl::StatusOr<v1::Profile> builtin;
@@ -758,7 +756,9 @@ v1::LaunchRequest Manager::MakeLaunch(const Job& job, const std::string& node) c
   req.set_master_port(hp.ok() ? hp->second : 0);
   req.set_stage_to_rank_map(info.stage_to_rank_map());
   req.set_micro_batch(info.micro_batch());
-  req.set_per_replica_batch(job.spec.train.global_batch / std::max(1, info.replicas()));
+  // A profile job's shape is one sample per slot (the worker ignores it).
+  req.set_per_replica_batch(
+      std::max<int64_t>(1, job.spec.train.global_batch / std::max(1, info.replicas())));
   for (const auto& e : job.spec.entrypoint) req.add_entrypoint(e);
   for (const auto& [k, v] : job.spec.env) (*req.mutable_env())[k] = v;
   // Every generation after the first resumes from the newest complete checkpoint (a

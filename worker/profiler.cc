@@ -164,78 +164,122 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
   auto sync = [&] {
     if (device_.is_cuda()) torch::cuda::synchronize();
   };
-  for (int mb : sizes) {
-    RETURN_IF_ERROR(TorchCall(absl::StrCat("profiling micro-batch ", mb), [&] {
-      TensorMap batch = ToDevice(get_batch(mb), device_);
-      std::vector<torch::Tensor> inputs(n + 1);
-      {
-        torch::NoGradGuard g;
-        for (int s = 0; s < n; ++s) {
-          inputs[s + 1] = ForwardLayers(segments_[s], inputs[s], batch, precision_, device_);
-        }
-      }
-      for (int s = 0; s < n; ++s) {
-        const auto& layers = segments_[s];
-        const bool last = s == n - 1;
-        std::vector<double> fwd, fwd_ng, rec, bwd, graph, peak;
-        for (int r = 0; r < rounds; ++r) {
-          auto t0 = Clock::now();
+  // Note [Profiling passes]: segments are timed inside whole-model passes, in execution
+  // order (a forward pass over every segment, then the backwards in reverse), never one
+  // segment in a loop: a segment repeated alone keeps its weights in cache and looks faster
+  // than it runs in a step.
+  // Rounds go over every size in turn, so a slow spell of the machine (a noisy neighbour)
+  // touches a sample or two of each size rather than every sample of one.
+  struct Samples {
+    std::vector<std::vector<double>> fwd, fwd_ng, rec, bwd, graph, peak;
+    std::vector<double> act_bytes;
+  };
+  std::vector<Samples> samples(sizes.size());
+  for (auto& sm : samples) {
+    for (auto* v : {&sm.fwd, &sm.fwd_ng, &sm.rec, &sm.bwd, &sm.graph, &sm.peak}) v->assign(n, {});
+    sm.act_bytes.assign(n, 0);
+  }
+  std::vector<TensorMap> batches;
+  for (int mb : sizes) batches.push_back(ToDevice(get_batch(mb), device_));
+  for (int r = 0; r < rounds; ++r) {
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      RETURN_IF_ERROR(TorchCall(absl::StrCat("profiling micro-batch ", sizes[k]), [&] {
+        const TensorMap& batch = batches[k];
+        Samples& sm = samples[k];
+        auto& fwd = sm.fwd;
+        auto& fwd_ng = sm.fwd_ng;
+        auto& rec = sm.rec;
+        auto& bwd = sm.bwd;
+        auto& graph = sm.graph;
+        auto& peak = sm.peak;
+        std::vector<torch::Tensor> acts(n + 1);  // acts[s]: input of segment s
+        {
+          const bool keep = r >= options_.warmup;
+          // 1. Forward without the graph (a stashing stage), whole model.
           {
             torch::NoGradGuard g;
-            auto o = ForwardLayers(layers, inputs[s], batch, precision_, device_);
+            torch::Tensor x;
+            for (int s = 0; s < n; ++s) {
+              const auto t0 = Clock::now();
+              x = ForwardLayers(segments_[s], x, batch, precision_, device_);
+              sync();
+              if (keep) fwd_ng[s].push_back(Since(t0));
+              acts[s + 1] = x;
+            }
+          }
+          // 2. Forward with the graph, each segment on its own detached input (as a stage).
+          std::vector<torch::Tensor> ins(n), outs(n);
+          std::vector<int64_t> held(n), fwd_peak(n);
+          for (int s = 0; s < n; ++s) {
+            ins[s] = acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
+            const int64_t base = TrackingAllocator::current();
+            TrackingAllocator::ResetPeak();
+            const auto t0 = Clock::now();
+            outs[s] = ForwardLayers(segments_[s], ins[s], batch, precision_, device_);
             sync();
+            if (keep) fwd[s].push_back(Since(t0));
+            held[s] = TrackingAllocator::current() - base;
+            fwd_peak[s] = TrackingAllocator::peak() - base;
           }
-          const double t_ng = Since(t0);
-          torch::Tensor x =
-              inputs[s].defined() ? inputs[s].detach().requires_grad_(true) : torch::Tensor();
-          const int64_t base = TrackingAllocator::current();
-          TrackingAllocator::ResetPeak();
-          t0 = Clock::now();
-          torch::Tensor o = ForwardLayers(layers, x, batch, precision_, device_);
-          sync();
-          const double t_f = Since(t0);
-          const int64_t held = TrackingAllocator::current() - base;
-          t0 = Clock::now();
-          if (last) {
-            o.backward();
-          } else {
-            o.backward(torch::ones_like(o));
+          // 3. Backward, last segment first, each fed the gradient of its output.
+          for (int s = n - 1; s >= 0; --s) {
+            torch::Tensor grad = s == n - 1 ? torch::Tensor() : ins[s + 1].grad();
+            if (s < n - 1 && !grad.defined()) grad = torch::zeros_like(outs[s]);
+            const int64_t base = TrackingAllocator::current();
+            TrackingAllocator::ResetPeak();
+            const auto t0 = Clock::now();
+            if (grad.defined()) {
+              outs[s].backward(grad);
+            } else {
+              outs[s].backward();
+            }
+            sync();
+            if (keep) bwd[s].push_back(Since(t0));
+            const int64_t transient = TrackingAllocator::peak() - base;
+            outs[s] = torch::Tensor();
+            if (s + 1 < n) ins[s + 1] = torch::Tensor();
+            if (keep) {
+              graph[s].push_back(static_cast<double>(std::max<int64_t>(0, held[s])));
+              peak[s].push_back(
+                  static_cast<double>(std::max<int64_t>({0, fwd_peak[s], held[s] + transient})));
+            }
           }
-          sync();
-          const double t_b = Since(t0);
-          const int64_t top = TrackingAllocator::peak() - base;
-          o = torch::Tensor();
-          // Recompute: restore the RNG state the stash saved, forward with the graph.
+          ins.clear();
+          // 4. Recompute: restore the RNG state the stash saved, forward with the graph.
           auto gen = at::detail::getDefaultCPUGenerator();
-          t0 = Clock::now();
-          const at::Tensor state = gen.get_state();
-          gen.set_state(state);
-          torch::Tensor o2 = ForwardLayers(layers, x, batch, precision_, device_);
-          sync();
-          const double t_r = Since(t0);
-          o2 = torch::Tensor();
-          for (auto& p : ParamsOf(layers)) {
-            if (p.grad().defined()) p.mutable_grad().zero_();
+          for (int s = 0; s < n; ++s) {
+            torch::Tensor x =
+                acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
+            const auto t0 = Clock::now();
+            const at::Tensor state = gen.get_state();
+            gen.set_state(state);
+            torch::Tensor o = ForwardLayers(segments_[s], x, batch, precision_, device_);
+            sync();
+            if (keep) rec[s].push_back(Since(t0));
           }
-          if (r < options_.warmup) continue;
-          fwd_ng.push_back(t_ng);
-          fwd.push_back(t_f);
-          bwd.push_back(t_b);
-          rec.push_back(t_r);
-          graph.push_back(static_cast<double>(std::max<int64_t>(0, held)));
-          peak.push_back(static_cast<double>(std::max<int64_t>(0, top)));
+          for (int s = 0; s < n; ++s) {
+            for (auto& p : ParamsOf(segments_[s])) {
+              if (p.grad().defined()) p.mutable_grad().zero_();
+            }
+            if (s + 1 < n) sm.act_bytes[s] = acts[s + 1].numel() * acts[s + 1].element_size();
+          }
         }
-        auto* c = out->mutable_segments(s)->add_costs();
-        c->set_micro_batch(mb);
-        c->set_forward_s(Median(fwd));
-        c->set_forward_nograd_s(Median(fwd_ng));
-        c->set_recompute_s(Median(rec));
-        c->set_backward_s(Median(bwd));
-        c->set_activation_bytes(last ? 0.0 : inputs[s + 1].numel() * inputs[s + 1].element_size());
-        c->set_graph_bytes(track ? Median(graph) : 0.0);
-        c->set_peak_bytes(track ? Median(peak) : 0.0);
-      }
-    }));
+      }));
+    }
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const Samples& sm = samples[k];
+    for (int s = 0; s < n; ++s) {
+      auto* c = out->mutable_segments(s)->add_costs();
+      c->set_micro_batch(sizes[k]);
+      c->set_forward_s(Median(sm.fwd[s]));
+      c->set_forward_nograd_s(Median(sm.fwd_ng[s]));
+      c->set_recompute_s(Median(sm.rec[s]));
+      c->set_backward_s(Median(sm.bwd[s]));
+      c->set_activation_bytes(sm.act_bytes[s]);
+      c->set_graph_bytes(track ? Median(sm.graph[s]) : 0.0);
+      c->set_peak_bytes(track ? Median(sm.peak[s]) : 0.0);
+    }
   }
   // The update of each segment's parameters alone: norm, optimizer step, zeroing.
   for (int s = 0; s < n; ++s) {

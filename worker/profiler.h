@@ -30,7 +30,7 @@ struct ProfilerOptions {
   std::string model_key = "custom";  // ModelKey(spec.model) for built-in models
   std::string optimizer = "adamw";   // adamw | sgd: the update that is timed
   int warmup = 2;
-  int repeats = 5;
+  int repeats = 9;
   uint64_t seed = 1;
   // Communication (optional): this rank, the world group and every rank's host name.
   int rank = 0;

@@ -1,5 +1,7 @@
 #include "manager/placement.h"
 
+#include "common/profile.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/status_matchers.h"
@@ -75,6 +77,42 @@ TEST(PlacementTest, NotEnoughSlotsNamesWhatIsMissing) {
               StatusIs(absl::StatusCode::kResourceExhausted, "needs 6"));
   EXPECT_THAT(PlanJob(Spec(1, 3, 16), {{"a", 4}}),
               StatusIs(absl::StatusCode::kInvalidArgument, "not divisible"));
+}
+
+}  // namespace
+}  // namespace varuna
+
+namespace varuna {
+namespace {
+
+TEST(PlanWithProfileTest, AutoConfigPicksWithAProfileAndTheRuleWithoutOne) {
+  JobSpec spec = Spec(0, 0, 16, 8);
+  spec.parallel.schedule = "auto";
+  auto profile = BuiltinProfile(spec);
+  ASSERT_TRUE(profile.ok());
+  auto plan = PlanWithProfile(spec, {{"a", 4}, {"b", 4}}, &*profile);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(plan->predicted_step_s, 0);
+  EXPECT_EQ(static_cast<int>(plan->boundaries.size()), plan->stages + 1);
+  EXPECT_EQ(static_cast<int>(plan->ranks.size()), plan->stages * plan->replicas);
+  EXPECT_NE(plan->schedule, "auto");
+  EXPECT_THAT(plan->source, ::testing::HasSubstr("built-in"));
+
+  // No profile, or one of another model: the placement rule, and status says why.
+  auto rule = PlanWithProfile(spec, {{"a", 4}, {"b", 4}}, nullptr);
+  ASSERT_TRUE(rule.ok());
+  EXPECT_THAT(rule->source, ::testing::HasSubstr("placement rule (no profile of 'gpt layers=8"));
+  EXPECT_EQ(rule->schedule, "varuna");
+  JobSpec other = spec;
+  other.model.layers = 4;
+  auto foreign = PlanWithProfile(other, {{"a", 4}}, &*profile);
+  ASSERT_TRUE(foreign.ok());
+  EXPECT_THAT(foreign->source, ::testing::HasSubstr("profile is for model 'gpt layers=8"));
+
+  // Too few slots for min_slots: wait (ResourceExhausted), as under the rule.
+  spec.resources.min_slots = 16;
+  EXPECT_EQ(PlanWithProfile(spec, {{"a", 4}}, &*profile).status().code(),
+            absl::StatusCode::kResourceExhausted);
 }
 
 }  // namespace
