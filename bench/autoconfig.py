@@ -2,8 +2,9 @@
 """AutoConfig accuracy (docs/benchmarks.md (g)): profile two GPT sizes on this machine with
 varuna-worker --profile_out (2 ranks), predict the step time of a sweep of shapes with
 `varunactl plan --profile`, run each shape for real (OMP_NUM_THREADS=1 per rank) and compare.
-Rounds alternate over the shapes; the measured value is the median step time over all rounds
-(first WARMUP steps of each run skipped). Also runs the planner's own pick (every field
+Rounds alternate over the shapes; each round's value is the median step time of its run (first
+WARMUP steps skipped), every round is printed, and the measured value is the median of the
+round medians (a slow spell of this shared machine spoils one run, not the result). Also runs the planner's own pick (every field
 auto) and compares it with the best measured shape.
 
 usage: bench/autoconfig.py [--build DIR] [--rounds N] [--steps N] [--warmup N] [--quick]
@@ -111,31 +112,33 @@ def main():
             P, D, mb, sched = shape
             jp = job(tmp, data, f"{name}-{P}x{D}-{mb}-{sched}", model, shape, args.steps)
             pred = predict(bin_dir, jp, path)
-            rows[(name, shape)] = {"job": jp, "pred": pred["step_s"], "times": []}
+            rows[(name, shape)] = {"job": jp, "pred": pred["step_s"], "rounds": []}
 
     for rnd in range(rounds):
         for key, row in rows.items():
             name, (P, D, mb, sched) = key
-            row["times"] += measure(bin_dir, row["job"], P, D, args.steps, args.warmup)
+            row["rounds"].append(
+                statistics.median(measure(bin_dir, row["job"], P, D, args.steps, args.warmup)))
             print(f"round {rnd + 1}: {name} P={P} D={D} mb={mb} {sched}: "
-                  f"{statistics.median(row['times']):.4f} s", flush=True)
+                  f"{row['rounds'][-1]:.4f} s", flush=True)
 
     print()
     print(f"global batch {GLOBAL_BATCH}, 2 slots, OMP_NUM_THREADS=1 per rank, {rounds} rounds x "
           f"{args.steps - args.warmup} steps per shape (median)")
-    print("| model | P | D | micro-batch | schedule | predicted s | measured s | error |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | P | D | micro-batch | schedule | predicted s | rounds s | measured s | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
     errors = []
     for (name, shape), row in rows.items():
-        meas = statistics.median(row["times"])
+        meas = statistics.median(row["rounds"])
         err = (row["pred"] - meas) / meas
         row["meas"] = meas
         if shape in shapes:
             errors.append(abs(err))
         P, D, mb, sched = shape
         tag = " (pick)" if picks[name] == shape else ""
-        print(f"| {name} | {P} | {D} | {mb} | {sched}{tag} | {row['pred']:.4f} | {meas:.4f} | "
-              f"{100 * err:+.1f}% |")
+        rounds_text = " ".join(f"{x:.3f}" for x in row["rounds"])
+        print(f"| {name} | {P} | {D} | {mb} | {sched}{tag} | {row['pred']:.4f} | {rounds_text} | "
+              f"{meas:.4f} | {100 * err:+.1f}% |")
     print()
     print(f"sweep error: median {100 * statistics.median(errors):.1f}%, "
           f"worst {100 * max(errors):.1f}% over {len(errors)} shapes")
