@@ -68,7 +68,7 @@ absl::StatusOr<v1::Plan> Simulate(const JobSpec& spec, const v1::Profile& profil
   std::vector<SimStage> stages(P);
   std::vector<double> param_bytes(P, 0);
   const int64_t per_replica = spec.train.global_batch / D;
-  const int M = static_cast<int>(per_replica / mb);
+  const int M = static_cast<int>((per_replica + mb - 1) / mb);  // the last may be smaller
   for (int s = 0; s < P; ++s) {
     SimStage& c = stages[s];
     double transient = 0;
@@ -202,7 +202,7 @@ v1::Plan Rejected(int P, int D, int mb, const std::string& schedule, const std::
   return p;
 }
 
-std::vector<int> Divisors(int64_t n) {
+std::vector<int> Divisors(int64_t n) {  // n <= kMaxGlobalBatch
   std::vector<int> out;
   std::vector<int> high;
   for (int64_t d = 1; d * d <= n; ++d) {
@@ -215,6 +215,11 @@ std::vector<int> Divisors(int64_t n) {
 }
 
 constexpr double kPruneFactor = 1.5;
+// Larger steps are rejected rather than simulated (memory and time grow with P x M).
+constexpr int64_t kMaxSimulatedMicroBatches = 8192;
+// Tasks simulated per plan, about 1-2 s here: past it, the remaining shapes (the least
+// promising: candidates go in order of their bound) are listed with their bound only.
+constexpr int64_t kSimulationBudgetTasks = 20'000'000;
 
 struct Candidate {
   int P, D, mb;
@@ -230,7 +235,7 @@ struct Candidate {
 double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
                   const Candidate& c, const PlanRequest& req, std::string* why) {
   const std::vector<SegmentTimes>& t = cache.At(c.mb);
-  const double M = static_cast<double>(spec.train.global_batch / c.D / c.mb);
+  const double M = static_cast<double>((spec.train.global_batch / c.D + c.mb - 1) / c.mb);
   const bool recompute = c.policy == SchedulePolicy::kVaruna;
   double busiest = 0;
   for (int s = 0; s < c.P; ++s) {
@@ -262,6 +267,11 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
 
 }  // namespace
 
+// Note [Fast partition]: the smallest bottleneck B such that the segments split into at
+// most P contiguous stages of cost <= B is found by bisection (a greedy pass checks a B), then
+// a greedy pass cuts exactly P non-empty stages under it. O(n log) per call, where
+// PartitionByCost's exact dynamic program is O(P n^2): a 4096-layer model on hundreds of slots
+// would stall the manager.
 absl::StatusOr<std::vector<int>> StageBoundaries(const v1::Profile& profile, int stages) {
   // Balance forward + backward at the largest profiled micro-batch (the most accurate ratios).
   const int mb = profile.micro_batches().empty()
@@ -272,7 +282,49 @@ absl::StatusOr<std::vector<int>> StageBoundaries(const v1::Profile& profile, int
     const SegmentTimes t = CostAt(seg, mb);
     costs.push_back(t.forward_s + t.backward_s);
   }
-  return PartitionByCost(costs, stages);
+  const int n = static_cast<int>(costs.size());
+  if (stages < 1 || stages > n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot split ", n, " segments into ", stages, " stages"));
+  }
+  double lo = 0, hi = 0;
+  for (double c : costs) {
+    lo = std::max(lo, c);
+    hi += c;
+  }
+  auto needed = [&](double cap) {
+    int count = 1;
+    double cur = 0;
+    for (double c : costs) {
+      if (cur + c > cap && cur > 0) {
+        ++count;
+        cur = 0;
+      }
+      cur += c;
+    }
+    return count;
+  };
+  for (int i = 0; i < 100 && hi - lo > 1e-12 * std::max(1.0, hi); ++i) {
+    const double mid = (lo + hi) / 2;
+    (needed(mid) <= stages ? hi : lo) = mid;
+  }
+  std::vector<int> bounds = {0};
+  double cur = 0;
+  for (int i = 0; i < n; ++i) {
+    const int open = static_cast<int>(bounds.size());  // stages started, the current included
+    const bool nonempty = i > bounds.back();
+    if (nonempty && (cur + costs[i] > hi || n - i == stages - open)) {
+      bounds.push_back(i);
+      cur = 0;
+    }
+    cur += costs[i];
+  }
+  bounds.push_back(n);
+  if (static_cast<int>(bounds.size()) != stages + 1) {
+    // Cannot happen (needed(hi) <= stages); the exact split as a fallback.
+    return PartitionByCost(costs, stages);
+  }
+  return bounds;
 }
 
 absl::StatusOr<v1::Plan> SimulateShape(const JobSpec& spec, const v1::Profile& profile, int stages,
@@ -297,19 +349,33 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
                                        const PlanRequest& req) {
   const absl::Time t0 = absl::Now();
   RETURN_IF_ERROR(CheckProfileFor(profile, spec));
-  int total = 0;
+  int64_t total = 0;
   for (int n : req.slots_per_node) {
     if (n < 0) return absl::InvalidArgumentError("a node cannot have negative slots");
     total += n;
   }
   if (total == 0) return absl::ResourceExhaustedError("no free slots to plan for");
-  const int cap = spec.resources.max_slots > 0 ? std::min(total, spec.resources.max_slots) : total;
+  if (total > kMaxSlots) {
+    return absl::InvalidArgumentError(absl::StrCat(total, " slots; the limit is ", kMaxSlots));
+  }
+  const int cap = static_cast<int>(
+      spec.resources.max_slots > 0 ? std::min<int64_t>(total, spec.resources.max_slots) : total);
   if (cap < spec.resources.min_slots) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "only ", cap, " slots; the job needs resources.min_slots = ", spec.resources.min_slots));
   }
   const int nseg = profile.segments_size();
   const int64_t G = spec.train.global_batch;
+  // Shapes no number of slots could run are errors, not a wait.
+  if (spec.parallel.stages > nseg) {
+    return absl::InvalidArgumentError(absl::StrCat("parallel.stages = ", spec.parallel.stages,
+                                                   " but the model has ", nseg, " segments"));
+  }
+  if (spec.parallel.micro_batch > G) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallel.micro_batch = ", spec.parallel.micro_batch,
+                     " is larger than train.global_batch = ", G));
+  }
   std::vector<int> Ps;
   if (spec.parallel.stages > 0) {
     Ps.push_back(spec.parallel.stages);
@@ -340,6 +406,8 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
       reject(P, 1, 0, any_sched, absl::StrCat("needs ", P, " slots, ", cap, " available"));
       continue;
     }
+    // Widths that divide the global batch, widest first; the widest that does not fit the
+    // batch is listed once as rejected.
     std::vector<int> Ds;
     if (spec.parallel.replicas > 0) {
       if (spec.parallel.replicas > dmax) {
@@ -349,8 +417,16 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
       }
       Ds.push_back(spec.parallel.replicas);
     } else {
-      for (int d = dmax; d >= 1; --d) Ds.push_back(d);
+      for (int d : Divisors(G)) {
+        if (d <= dmax) Ds.push_back(d);
+      }
+      std::reverse(Ds.begin(), Ds.end());
+      if (Ds.empty() || Ds.front() != dmax) {
+        reject(P, dmax, 0, any_sched,
+               absl::StrCat("global_batch ", G, " is not divisible by ", dmax, " replicas"));
+      }
     }
+    auto bounds = std::make_shared<const std::vector<int>>();
     bool took_one = false;
     for (int D : Ds) {
       if (took_one && !req.all) break;
@@ -365,47 +441,61 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
                             spec.resources.min_slots));
         continue;
       }
-      took_one = true;
-      auto bounds = std::make_shared<const std::vector<int>>();
-      ASSIGN_OR_RETURN(*std::const_pointer_cast<std::vector<int>>(bounds),
-                       StageBoundaries(profile, P));
+      if (bounds->empty()) {
+        ASSIGN_OR_RETURN(*std::const_pointer_cast<std::vector<int>>(bounds),
+                         StageBoundaries(profile, P));
+      }
       const int64_t B = G / D;
       std::vector<int> mbs;
       if (spec.parallel.micro_batch > 0) {
-        if (spec.parallel.micro_batch > B || B % spec.parallel.micro_batch != 0) {
+        // As the engine does, the last micro-batch may be smaller.
+        if (spec.parallel.micro_batch > B) {
           reject(P, D, spec.parallel.micro_batch, any_sched,
                  absl::StrCat("micro_batch ", spec.parallel.micro_batch,
-                              " does not divide the per-replica batch ", B));
+                              " is larger than the per-replica batch ", B));
           continue;
         }
         mbs.push_back(spec.parallel.micro_batch);
       } else {
         mbs = Divisors(B);
       }
+      bool any = false;
       for (int mb : mbs) {
         for (SchedulePolicy policy : policies) {
           // With one stage every schedule is the same task list.
           if (P == 1 && policies.size() > 1 && policy != policies.front()) continue;
           Candidate c{P, D, mb, policy, bounds, 0};
           std::string why;
-          c.bound = LowerBound(spec, profile, cache, c, req, &why);
+          if ((B + mb - 1) / mb > kMaxSimulatedMicroBatches) {
+            why = absl::StrCat((B + mb - 1) / mb, " micro-batches per step: over the ",
+                               kMaxSimulatedMicroBatches, " the planner simulates");
+          } else {
+            c.bound = LowerBound(spec, profile, cache, c, req, &why);
+          }
           if (!why.empty()) {
             reject(P, D, mb, SchedulePolicyName(policy), why);
           } else {
             candidates.push_back(std::move(c));
+            any = true;
           }
         }
       }
+      took_one = any;
     }
   }
   // Note [Pruning]: simulate in order of the lower bound; once the bound of the next shape is
   // over kPruneFactor x the best simulated step, no later shape can compete: list them with
-  // their bound instead of simulating (each simulation costs O(stages x micro-batches)).
+  // their bound instead of simulating (each simulation costs O(stages x micro-batches)). A
+  // budget of simulated tasks bounds the worst case (thousands of layers on hundreds of slots).
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
   double best = std::numeric_limits<double>::infinity();
+  int64_t simulated_tasks = 0;
   for (const Candidate& c : candidates) {
-    if (c.bound > kPruneFactor * best) {
+    const int64_t tasks = 3LL * c.P * ((G / c.D + c.mb - 1) / c.mb);
+    const bool over_budget =
+        simulated_tasks > 0 && simulated_tasks + tasks > kSimulationBudgetTasks;
+    if (c.bound > kPruneFactor * best || over_budget) {
       v1::Plan plan = Rejected(c.P, c.D, c.mb, SchedulePolicyName(c.policy), "");
       for (int b : *c.bounds) plan.add_boundaries(b);
       plan.set_step_s(c.bound);
@@ -414,6 +504,7 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
       *out.add_plans() = std::move(plan);
       continue;
     }
+    simulated_tasks += tasks;
     ASSIGN_OR_RETURN(v1::Plan plan,
                      Simulate(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req));
     if (plan.rejected().empty()) {
@@ -457,8 +548,13 @@ AutoConfig::AutoConfig(int slots, int slots_per_node, int64_t global_batch, v1::
       memory_per_slot_(memory_per_slot) {}
 
 absl::StatusOr<v1::PlanSet> AutoConfig::Plans() const {
-  if (slots_ < 1 || slots_per_node_ < 1) {
-    return absl::InvalidArgumentError("AutoConfig needs slots >= 1 and slots_per_node >= 1");
+  if (slots_ < 1 || slots_per_node_ < 1 || slots_ > kMaxSlots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AutoConfig needs 1 <= slots <= ", kMaxSlots, " and slots_per_node >= 1"));
+  }
+  if (global_batch_ < 1 || global_batch_ > kMaxGlobalBatch) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AutoConfig needs 1 <= global_batch <= ", kMaxGlobalBatch));
   }
   JobSpec spec;
   spec.train.global_batch = global_batch_;

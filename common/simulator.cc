@@ -20,12 +20,12 @@ class StepSim {
  public:
   explicit StepSim(const SimInput& in)
       : in_(in), P_(static_cast<int>(in.stages.size())), M_(in.micro_batches), st_(P_) {
-    std::vector<std::vector<Task>> lists =
-        in.schedules != nullptr ? *in.schedules : MakeSchedules(in.policy, P_, M_);
+    if (in.schedules == nullptr) owned_ = MakeSchedules(in.policy, P_, M_);
+    const auto& lists = in.schedules != nullptr ? *in.schedules : owned_;
     for (int s = 0; s < P_; ++s) {
-      st_[s].tasks = std::move(lists[s]);
-      st_[s].next_fwd = NextForward(st_[s].tasks, 0);
-      st_[s].done.assign(st_[s].tasks.size(), 0);
+      st_[s].tasks = &lists[s];
+      st_[s].next_fwd = NextForward(*st_[s].tasks, 0);
+      st_[s].done.assign(st_[s].tasks->size(), 0);
       st_[s].act_arrival.assign(M_, kUnknown);
       st_[s].grad_arrival.assign(M_, kUnknown);
       st_[s].peak = in.stages[s].static_bytes;
@@ -66,7 +66,7 @@ class StepSim {
 
  private:
   struct Stage {
-    std::vector<Task> tasks;
+    const std::vector<Task>* tasks = nullptr;  // MakeSchedules' list (never modified)
     size_t next = 0;
     size_t next_fwd = 0;     // index of the first forward not run yet (size: none)
     std::vector<char> done;  // tasks run ahead of their place (a forward that overtook)
@@ -88,20 +88,20 @@ class StepSim {
 
   void Decide(int s, double t) {
     Stage& g = st_[s];
-    while (g.next < g.tasks.size() && g.done[g.next]) ++g.next;
-    if (g.next == g.tasks.size()) {
+    while (g.next < g.tasks->size() && g.done[g.next]) ++g.next;
+    if (g.next == g.tasks->size()) {
       g.last_end = t;
       return;
     }
     // The engine's run-time reordering (Note [Pipeline execution] in worker/varuna.cc). The
     // engine moves the overtaking forward to the front of the list; here it is run and marked.
     size_t chosen = g.next;
-    if (g.tasks[g.next].kind == TaskKind::kRecompute && g.forwards_done < M_) {
+    if ((*g.tasks)[g.next].kind == TaskKind::kRecompute && g.forwards_done < M_) {
       const bool input_ready = s == 0 || g.act_arrival[g.forwards_done] <= t;
-      chosen = RecomputeYieldsTo(g.tasks, g.next, g.grad_arrival[g.backwards_done] <= t,
+      chosen = RecomputeYieldsTo(*g.tasks, g.next, g.grad_arrival[g.backwards_done] <= t,
                                  input_ready, g.next_fwd);
     }
-    const double dep = Dependency(s, g.tasks[chosen]);
+    const double dep = Dependency(s, (*g.tasks)[chosen]);
     if (dep == kUnknown) {
       g.blocked = true;
       g.blocked_since = t;
@@ -121,9 +121,9 @@ class StepSim {
   void Start(int s, size_t index, double start) {
     Stage& g = st_[s];
     const SimStage& c = in_.stages[s];
-    const Task task = g.tasks[index];
+    const Task task = (*g.tasks)[index];
     g.done[index] = 1;
-    if (task.kind == TaskKind::kForward) g.next_fwd = NextForward(g.tasks, index + 1);
+    if (task.kind == TaskKind::kForward) g.next_fwd = NextForward(*g.tasks, index + 1);
     if (in_.record_order) g.executed.push_back(task);
     double dur = 0;
     double transient = 0;
@@ -165,7 +165,7 @@ class StepSim {
     Stage& g = st_[s];
     (activation ? g.act_arrival : g.grad_arrival)[m] = at;
     if (!g.blocked) return;
-    const Task& waiting = g.tasks[g.chosen];
+    const Task& waiting = (*g.tasks)[g.chosen];
     const bool match =
         waiting.micro_batch == m &&
         (activation ? waiting.kind == TaskKind::kForward : waiting.kind == TaskKind::kBackward);
@@ -176,6 +176,7 @@ class StepSim {
 
   const SimInput& in_;
   const int P_, M_;
+  std::vector<std::vector<Task>> owned_;  // the task lists when the caller gave none
   std::vector<Stage> st_;
   using Event = std::pair<double, int>;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> queue_;

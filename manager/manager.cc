@@ -320,7 +320,11 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       continue;
     }
     reported.insert({w.job_id(), w.rank()});
-    if (!w.profile_json().empty()) StoreProfile(job, w.profile_json());
+    // The agent repeats the profile on every heartbeat; it is handled once per generation.
+    if (!w.profile_json().empty() && !job.gen.profile_handled) {
+      job.gen.profile_handled = true;
+      StoreProfile(job, w.profile_json());
+    }
     const v1::StepMetrics& p = w.progress();
     v1::JobInfo& info = job.info();
     RecordSteps(job, w);
@@ -491,6 +495,10 @@ absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, const 
   }
   ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
   RETURN_IF_ERROR(spec.ValidateShape());
+  if (req.profile() && !spec.entrypoint.empty()) {
+    return absl::InvalidArgumentError(
+        "a profile job runs varuna-worker's profiler: remove the job's entrypoint");
+  }
   if (!spec.env_file.empty()) {
     return absl::InvalidArgumentError(
         "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
@@ -663,13 +671,15 @@ void Manager::StoreProfile(Job& job, const std::string& json) {
   auto it = profiles_.find(key);
   if (it != profiles_.end() && it->second.created_at() == parsed->created_at() &&
       it->second.host() == parsed->host()) {
-    return;  // a repeat of the same report
+    job.gen.profile_stored = true;  // a repeat of the same report (after a manager restart)
+    return;
   }
   if (absl::Status s = store_->SaveProfile(*parsed); !s.ok()) {
     LOG(ERROR) << "cannot store the profile of " << parsed->model_key() << ": " << s.message();
     return;
   }
   profiles_[key] = *parsed;
+  job.gen.profile_stored = true;
   Emit("profile_stored", job.info().id(), "",
        absl::StrCat("profile of ", parsed->model_key(), " (", parsed->precision(), ", ",
                     parsed->segments_size(), " segments) stored; jobs of this model plan with it"));
@@ -1054,6 +1064,12 @@ void Manager::CheckAllExited(Job& job) {
   if (job.rec.exits_size() < job.info().placement_size()) return;
   const v1::JobState s = job.info().state();
   if (s == v1::RUNNING) {
+    if (job.info().profile_job() && !job.gen.profile_stored) {
+      Fail(job, job.gen.worker_error.empty()
+                    ? "the profile job ended without reporting a profile"
+                    : absl::StrCat("no profile stored: ", job.gen.worker_error));
+      return;
+    }
     const int64_t steps = job.spec.train.steps;
     if (job.gen.stopped_after > 0 && job.gen.stopped_after < steps) {  // Note [Stopped on request]
       Fail(job, StoppedOnRequestReason(job.gen.stopped_after, steps, job.spec.checkpoint.dir));

@@ -127,6 +127,9 @@ class Manager : private NodeTable::Listener {
     std::string worker_error;   // the first error line a worker wrote
     double last_ready_at = 0;   // the workers' clock: when the last rank reported ready
     double first_step_at = 0;   // ... and when the first step after resumed_from ended
+    // A profile job's report was handled (stored, or refused with worker_error set).
+    bool profile_handled = false;
+    bool profile_stored = false;
   };
   struct Job {
     v1::JobRecord rec;

@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "common/autoconfig.h"
+#include "common/partition.h"
 #include "common/profile.h"
 #include "common/simulator.h"
 #include "tests/testing/status_matchers.h"
@@ -243,6 +244,69 @@ TEST(AutoConfigTest, InfeasibleInputsSayWhy) {
   for (const auto& r : set.rejected())
     saw |= r.rejected().find("not divisible by 4") != std::string::npos;
   EXPECT_TRUE(saw);
+}
+
+// The planner's fast split reaches the exact dynamic program's bottleneck.
+TEST(AutoConfigTest, StageBoundariesMatchTheExactBottleneck) {
+  JobSpec spec = Gpt(30, 64);
+  ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
+  uint64_t x = 12345;
+  for (auto& seg : *p.mutable_segments()) {
+    for (auto& c : *seg.mutable_costs()) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      const double r = 0.5 + static_cast<double>(x >> 40) / (1 << 24);
+      c.set_forward_s(c.forward_s() * r);
+      c.set_backward_s(c.backward_s() * r);
+    }
+  }
+  std::vector<double> costs;
+  const int mb = p.micro_batches(p.micro_batches_size() - 1);
+  for (const auto& seg : p.segments()) {
+    const SegmentTimes t = CostAt(seg, mb);
+    costs.push_back(t.forward_s + t.backward_s);
+  }
+  auto bottleneck = [&](const std::vector<int>& b) {
+    double worst = 0;
+    for (size_t s = 0; s + 1 < b.size(); ++s) {
+      double sum = 0;
+      for (int g = b[s]; g < b[s + 1]; ++g) sum += costs[g];
+      worst = std::max(worst, sum);
+    }
+    return worst;
+  };
+  for (int P = 1; P <= 32; ++P) {
+    ASSERT_OK_AND_ASSIGN(std::vector<int> fast, StageBoundaries(p, P));
+    ASSERT_OK_AND_ASSIGN(std::vector<int> exact, PartitionByCost(costs, P));
+    ASSERT_EQ(fast.size(), static_cast<size_t>(P + 1));
+    for (size_t i = 1; i < fast.size(); ++i) EXPECT_LT(fast[i - 1], fast[i]);
+    EXPECT_NEAR(bottleneck(fast), bottleneck(exact), 1e-9 * bottleneck(exact)) << "P=" << P;
+  }
+  EXPECT_FALSE(StageBoundaries(p, 33).ok());
+}
+
+// Permanent problems are errors (InvalidArgument), not a wait; the engine's smaller last
+// micro-batch is accepted; steps too long to simulate are rejected with the reason.
+TEST(AutoConfigTest, PermanentProblemsAndLongSteps) {
+  JobSpec spec = Gpt(4, 16);
+  ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
+  spec.parallel.stages = 7;
+  EXPECT_EQ(PlanShapes(spec, p, {{8}}).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.parallel.stages = 0;
+  spec.parallel.micro_batch = 3;  // does not divide 16: the last micro-batch has 1
+  spec.parallel.replicas = 1;
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, {{2}}));
+  EXPECT_EQ(set.plans(0).micro_batch(), 3);
+  // The widest width fails only on micro-batches: a narrower one is still tried.
+  spec.parallel.replicas = 0;
+  spec.parallel.micro_batch = 4;
+  spec.train.global_batch = 12;
+  spec.parallel.stages = 1;
+  ASSERT_OK_AND_ASSIGN(set, PlanShapes(spec, p, {{6}}));
+  EXPECT_EQ(set.plans(0).replicas(), 3);
+  spec = Gpt(4, 1 << 20);
+  spec.parallel.micro_batch = 1;
+  spec.parallel.stages = 2;
+  EXPECT_THAT(PlanShapes(spec, p, {{2}}).status().message(), HasSubstr("micro-batches per step"));
 }
 
 TEST(AutoConfigTest, SeedApiGetMin) {

@@ -1202,6 +1202,21 @@ TEST_F(ControlPlaneTest, ADamagedProfileIsNotStored) {
   v1::GetProfileResponse got;
   ASSERT_TRUE(jobs_->GetProfile(&c2, gr, &got).ok());
   EXPECT_FALSE(got.found());
+  // The job fails with the reason even though its workers exit 0.
+  for (const auto& p : agents_[0]->launcher.procs()) agents_[0]->launcher.Exit(p.pid, 0);
+  BeatAll();
+  ASSERT_TRUE(WaitState(pid, v1::FAILED));
+  EXPECT_THAT(Get(pid).reason(), HasSubstr("no profile stored: unusable profile"));
+
+  // A profile job runs varuna-worker's profiler: an entrypoint is refused at submit.
+  grpc::ClientContext c3;
+  v1::SubmitRequest bad;
+  bad.set_spec_yaml(Spec("parallel: {stages: auto}\nentrypoint: [/bin/true]"));
+  bad.set_profile(true);
+  v1::SubmitResponse r3;
+  const grpc::Status st = jobs_->Submit(&c3, bad, &r3);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("remove the job's entrypoint"));
 }
 
 }  // namespace
