@@ -259,6 +259,15 @@ absl::StatusOr<Model> ScriptModel(const ModelSpec& s) {
 
 }  // namespace
 
+std::shared_ptr<Layer> BuildLayer(const Model& model, int index, uint64_t seed,
+                                  torch::Device device) {
+  torch::manual_seed(seed * 1000003ULL + static_cast<uint64_t>(index));
+  auto layer = model.layers()[index].factory();
+  layer->to(device);
+  layer->train();
+  return layer;
+}
+
 absl::StatusOr<Model> BuildModel(const ModelSpec& spec) {
   if (spec.kind == "gpt") return GptModel(spec);
   if (spec.kind == "mlp") return MlpModel(spec);

@@ -68,6 +68,12 @@ class Model {
   std::vector<std::pair<std::string, std::string>> tied_;
 };
 
+// Creates layer `index` of `model` on `device`, in training mode. Note [Init]: the RNG is
+// seeded from (seed, layer index) first, so initial weights depend on neither the
+// partition nor the process (the engine and the profiler build layers alike).
+std::shared_ptr<Layer> BuildLayer(const Model& model, int index, uint64_t seed,
+                                  torch::Device device);
+
 // Builds a built-in model (gpt, mlp) or loads TorchScript segments from spec.path
 // (segment_0.pt, segment_1.pt, ...: each a scripted module with
 // forward(x: Tensor, input_ids: Tensor, labels: Tensor) -> Tensor).

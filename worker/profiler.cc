@@ -118,22 +118,15 @@ absl::Status Profiler::Initialize(const GetBatch& get_batch) {
   const auto segments = model_.Segments();
   RETURN_IF_ERROR(TorchCall("building the model for profiling", [&] {
     segments_.clear();
-    segment_names_.clear();
     layer_names_.clear();
     for (const auto& seg : segments) {
       std::vector<std::shared_ptr<Layer>> built;
       std::vector<std::string> names;
       for (int layer : seg) {
-        const auto& def = model_.layers()[layer];
-        torch::manual_seed(options_.seed * 1000003ULL + static_cast<uint64_t>(layer));
-        auto l = def.factory();
-        l->to(device_);
-        l->train();
-        built.push_back(std::move(l));
-        names.push_back(def.name);
+        built.push_back(BuildLayer(model_, layer, options_.seed, device_));
+        names.push_back(model_.layers()[layer].name);
       }
       segments_.push_back(std::move(built));
-      segment_names_.push_back(absl::StrJoin(names, ","));
       layer_names_.push_back(std::move(names));
     }
   }));
@@ -156,7 +149,7 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
   for (int s = 0; s < n; ++s) {
     auto* seg = out->add_segments();
     seg->set_index(s);
-    seg->set_layers(segment_names_[s]);
+    seg->set_layers(absl::StrJoin(layer_names_[s], ","));
     double bytes = 0;
     for (const auto& p : ParamsOf(segments_[s])) bytes += p.numel() * 4.0;
     seg->set_param_bytes(bytes);

@@ -64,8 +64,7 @@ class Profiler {
   Precision precision_;
   ProfilerOptions options_;
   std::vector<std::vector<std::shared_ptr<Layer>>> segments_;  // built layers per segment
-  std::vector<std::string> segment_names_;
-  std::vector<std::vector<std::string>> layer_names_;  // per segment, per built layer
+  std::vector<std::vector<std::string>> layer_names_;          // per segment, per built layer
 };
 
 }  // namespace varuna

@@ -235,14 +235,8 @@ absl::Status Varuna::BuildLocal() {
   RETURN_IF_ERROR(TorchCall("building the stage", [&] {
     for (int s = first_segment_; s < last_segment_; ++s) {
       for (int layer : segments[s]) {
-        const auto& def = model_.layers()[layer];
-        // Note [Init]: one RNG stream per layer index, so initial weights do not depend on P.
-        torch::manual_seed(options_.seed * 1000003ULL + static_cast<uint64_t>(layer));
-        auto l = def.factory();
-        l->to(device_);
-        l->train();
-        layers_.push_back(std::move(l));
-        layer_names_.push_back(def.name);
+        layers_.push_back(BuildLayer(model_, layer, options_.seed, device_));  // Note [Init]
+        layer_names_.push_back(model_.layers()[layer].name);
       }
     }
     torch::manual_seed(options_.seed * 7919ULL + 104729ULL * static_cast<uint64_t>(rank_));
