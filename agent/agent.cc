@@ -23,6 +23,7 @@
 #include "common/rpc.h"
 #include "common/safe_file.h"
 #include "common/status_macros.h"
+#include "common/topology.h"
 #include "common/yaml_util.h"
 #include "glog/logging.h"
 
@@ -165,6 +166,14 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     return absl::InvalidArgumentError(
         absl::StrCat("launch: resume_step '", req.resume_step().substr(0, 32), "' is invalid"));
   }
+  if (!req.pipelines().empty()) {
+    if (auto t = Topology::Parse(req.pipelines()); !t.ok() || t->world_size() != req.world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("launch: pipelines '", req.pipelines().substr(0, 64), "' are invalid",
+                       t.ok() ? absl::StrCat(" for world size ", req.world_size())
+                              : absl::StrCat(": ", t.status().message())));
+    }
+  }
   int& newest = newest_generation_[req.job_id()];
   if (req.generation() < newest) {
     return absl::FailedPreconditionError(absl::StrCat("launch ", who, " is stale: generation ",
@@ -248,9 +257,16 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     // Varuna's launcher arguments (ARCHITECTURE "Job spec").
     spec.argv.push_back(absl::StrCat("--rank=", r.rank()));
     spec.argv.push_back(absl::StrCat("--local_rank=", r.local_rank()));
-    spec.argv.push_back(absl::StrCat("--stage_to_rank_map=", req.stage_to_rank_map()));
-    spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
-    spec.argv.push_back(absl::StrCat("--batch-size=", req.per_replica_batch()));
+    if (req.pipelines().empty()) {
+      spec.argv.push_back(absl::StrCat("--stage_to_rank_map=", req.stage_to_rank_map()));
+      spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
+      spec.argv.push_back(absl::StrCat("--batch-size=", req.per_replica_batch()));
+    } else {
+      // Heterogeneous pipelines (docs/heterogeneous.md): each pipeline's share is in the text.
+      spec.argv.push_back(absl::StrCat("--pipelines=", req.pipelines()));
+      spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
+      spec.env["VARUNA_PIPELINES"] = req.pipelines();
+    }
     if (req.entrypoint().empty() && !req.resume_step().empty()) {
       spec.argv.push_back(absl::StrCat("--resume_step=", req.resume_step()));
     }

@@ -20,12 +20,21 @@ struct PlanRequest {
   double memory_per_slot = 0;       // bytes; 0 = no limit
   // Also list the shapes that use fewer slots than the most a stage count can use.
   bool all = false;
+  // Also plan heterogeneous mixes (pipelines of different depths on exactly the slots,
+  // docs/autoconfig.md "Heterogeneous plans") when parallel.stages and parallel.replicas are
+  // both auto. Off by default: a caller must run the plan's `topology` to use one.
+  bool heterogeneous = false;
 };
 
 // Ranks the shapes `spec` allows on the slots: fixed parallel.* values are kept, `auto` ones
-// (0, schedule "auto") searched. Stage boundaries balance profiled compute. Errors: no slots,
-// fewer slots than resources.min_slots, or no feasible shape (the message lists why, e.g.
-// "global_batch 30 is not divisible by any width that fits"). Ranking ties keep fewer stages.
+// (0, schedule "auto") searched. Stage boundaries balance profiled compute. With
+// request.heterogeneous, mixes of pipeline depths are ranked with them (Plan.heterogeneous,
+// Plan.topology). With spec.parallel.pipelines, that plan only (one per schedule searched),
+// simulated; rejected when it needs more slots than there are; InvalidArgument when its
+// templates do not fit the model's modules (the profile's segment layers) or its samples do
+// not add up to train.global_batch. Errors: no slots, fewer slots than resources.min_slots, or
+// no feasible shape (the message lists why, e.g. "global_batch 30 is not divisible by any
+// width that fits"). Ranking ties keep P x D shapes, then fewer stages.
 absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& profile,
                                        const PlanRequest& request);
 

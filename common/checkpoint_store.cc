@@ -202,6 +202,13 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   if (n["model_spec"]) {
     ASSIGN_OR_RETURN(c.model_spec, Get<std::string>(n, "model_spec", what));
   }
+  if (n["pipelines"]) {
+    ASSIGN_OR_RETURN(c.pipelines, Get<std::string>(n, "pipelines", what));
+  }
+  if (n["world"]) {
+    ASSIGN_OR_RETURN(c.world, Get<int>(n, "world", what));
+    if (c.world < 1 || c.world > 1 << 20) return Damaged(absl::StrCat(what, ": bad world"));
+  }
   if (c.step < 1 || c.step > (int64_t{1} << 40))
     return Damaged(absl::StrCat(what, ": bad step ", c.step));
   if (const int64_t named = StepOfPath(ckpt_path); named >= 0 && named != c.step) {
@@ -214,7 +221,8 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   if (!std::isfinite(c.loss_scale) || c.loss_scale <= 0 || c.clean_steps < 0) {
     return Damaged(absl::StrCat(what, ": bad loss_scale/clean_steps"));
   }
-  const int64_t world = static_cast<int64_t>(c.stages) * c.replicas;
+  const int64_t world = c.world > 0 ? c.world : static_cast<int64_t>(c.stages) * c.replicas;
+  if (c.world == 0) c.world = static_cast<int>(std::min<int64_t>(world, 1 << 30));
   if (c.writers.empty()) return Damaged(absl::StrCat(what, " lists no writers"));
   if (c.layers.empty()) return Damaged(absl::StrCat(what, " lists no layers"));
   std::set<int> writers;

@@ -61,6 +61,8 @@ struct CheckpointCommon {
   int64_t global_batch = 0;
   int stages = 0;
   int replicas = 0;
+  int world = 0;          // ranks of the writing run (stages x replicas when uniform)
+  std::string pipelines;  // its Topology text (absent in checkpoints from before it existed)
   double loss_scale = 1;
   int64_t clean_steps = 0;
   std::vector<int> writers;

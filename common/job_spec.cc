@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint_store.h"
+#include "common/pipeline_template.h"
 #include "common/safe_file.h"
 #include "common/status_macros.h"
 #include "common/yaml_util.h"
@@ -186,6 +187,7 @@ absl::Status JobSpec::Validate() const {
   }
   RETURN_IF_ERROR(
       OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b", "auto"}));
+  RETURN_IF_ERROR(ValidatePipelines());
   RETURN_IF_ERROR(Finite("parallel.timeout_s", parallel.timeout_s, 0, 86400, /*open_low=*/true));
   RETURN_IF_ERROR(InRange("checkpoint.every_steps", checkpoint.every_steps, 0, kMaxSteps));
   RETURN_IF_ERROR(InRange("checkpoint.keep", checkpoint.keep, 0, 100000));
@@ -221,7 +223,74 @@ absl::Status JobSpec::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status JobSpec::ValidatePipelines() const {
+  const auto& pipes = parallel.pipelines;
+  if (pipes.empty()) return absl::OkStatus();
+  if (parallel.stages != 0 || parallel.replicas != 0) {
+    return Bad("parallel.pipelines",
+               "replaces parallel.stages and parallel.replicas; set one or the other, not both");
+  }
+  if (parallel.micro_batch == 0) {
+    return Bad("parallel.micro_batch",
+               "must be set with parallel.pipelines (it is the micro-batch size of every "
+               "pipeline)");
+  }
+  int64_t microbatches = 0;
+  for (size_t i = 0; i < pipes.size(); ++i) {
+    const std::string key = absl::StrCat("parallel.pipelines[", i, "]");
+    const PipelineEntrySpec& e = pipes[i];
+    RETURN_IF_ERROR(InRange(key + ".count", e.count, 1, kMaxSlots));
+    if (e.microbatches == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: All pipelines must have a corresponding number of "
+                       "microbatches. (",
+                       key, ".microbatches is missing)"));
+    }
+    RETURN_IF_ERROR(InRange(key + ".microbatches", e.microbatches, 1, kMaxGlobalBatch));
+    for (size_t j = 0; j < e.stages.size(); ++j) {
+      if (e.stages[j].empty()) return Bad(absl::StrCat(key, ".stages[", j, "]"), "is empty");
+    }
+    for (size_t k = 0; k < i; ++k) {
+      if (pipes[k].stages == e.stages && pipes[k].microbatches != e.microbatches) {
+        return Bad(key,
+                   absl::StrCat("has the same template as parallel.pipelines[", k, "] but ",
+                                e.microbatches, " microbatches instead of ", pipes[k].microbatches,
+                                ": identical templates must have the same number of "
+                                "microbatches"));
+      }
+    }
+    microbatches += static_cast<int64_t>(e.count) * e.microbatches;
+  }
+  if (microbatches * parallel.micro_batch != train.global_batch) {
+    return Bad("train.global_batch",
+               absl::StrCat("is ", train.global_batch,
+                            ", inconsistent with the pipelines: parallel.micro_batch (",
+                            parallel.micro_batch, ") x their microbatches (", microbatches,
+                            ") = ", microbatches * parallel.micro_batch));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status JobSpec::ValidateShape() const {
+  if (!parallel.pipelines.empty()) {
+    const int ranks = PipelineRanks(parallel);
+    if (ranks < resources.min_slots) {
+      return Bad("resources.min_slots",
+                 absl::StrCat("is ", resources.min_slots, " but parallel.pipelines uses ", ranks));
+    }
+    if (resources.max_slots != 0 && ranks > resources.max_slots) {
+      return Bad("resources.max_slots",
+                 absl::StrCat("is ", resources.max_slots, " but parallel.pipelines needs ", ranks));
+    }
+    if (model.kind != "torchscript") {  // TorchScript modules are checked by the worker
+      ASSIGN_OR_RETURN(std::vector<std::string> modules, BuiltinModules(model));
+      auto topo = TopologyFromSpec(*this, modules);
+      if (!topo.ok()) {
+        return absl::Status(topo.status().code(),
+                            absl::StrCat("job spec: ", topo.status().message()));
+      }
+    }
+  }
   if (parallel.replicas > 0 && train.global_batch % parallel.replicas != 0) {
     return Bad("train.global_batch",
                absl::StrCat("(", train.global_batch, ") is not divisible by parallel.replicas (",
@@ -278,6 +347,44 @@ std::function<absl::Status(const YAML::Node&)> AutoInt(const std::string& key, i
     if (*out < 1) return Bad(key, "must be >= 1 or 'auto'");
     return absl::OkStatus();
   };
+}
+
+// parallel.pipelines: a list of {stages: [[module, ...], ...], count, microbatches}.
+absl::Status ReadPipelines(const YAML::Node& v, std::vector<PipelineEntrySpec>* out) {
+  if (!v.IsSequence()) return Bad("parallel.pipelines", "must be a list of pipelines");
+  if (v.size() > static_cast<size_t>(kMaxLayers)) {
+    return Bad("parallel.pipelines", absl::StrCat("has more than ", kMaxLayers, " entries"));
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string key = absl::StrCat("parallel.pipelines[", i, "]");
+    PipelineEntrySpec e;
+    MapReader r(v[i], key);
+    r.Sub("stages",
+          [&](const YAML::Node& s) -> absl::Status {
+            if (!s.IsSequence() || s.size() == 0) {
+              return Bad(key + ".stages", "must be a non-empty list of stages (lists of modules)");
+            }
+            for (size_t j = 0; j < s.size(); ++j) {
+              const std::string sk = absl::StrCat(key, ".stages[", j, "]");
+              if (!s[j].IsSequence()) return Bad(sk, "must be a list of module names");
+              std::vector<std::string> stage;
+              for (size_t m = 0; m < s[j].size(); ++m) {
+                ASSIGN_OR_RETURN(std::string name,
+                                 YamlScalar(s[j][m], "job spec", absl::StrCat(sk, "[", m, "]")));
+                stage.push_back(std::move(name));
+              }
+              e.stages.push_back(std::move(stage));
+            }
+            return absl::OkStatus();
+          })
+        .Field("count", &e.count)
+        .Field("microbatches", &e.microbatches);
+    if (!v[i].IsMap()) return Bad(key, "must be a mapping {stages, count, microbatches}");
+    RETURN_IF_ERROR(r.Read());
+    if (e.stages.empty()) return Bad(key + ".stages", "is missing");
+    out->push_back(std::move(e));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -345,7 +452,10 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                               AutoInt("parallel.micro_batch", &spec.parallel.micro_batch))
                          .Sub("replicas", AutoInt("parallel.replicas", &spec.parallel.replicas))
                          .Field("schedule", &spec.parallel.schedule)
-                         .Field("timeout_s", &spec.parallel.timeout_s);
+                         .Field("timeout_s", &spec.parallel.timeout_s)
+                         .Sub("pipelines", [&](const YAML::Node& v) {
+                           return ReadPipelines(v, &spec.parallel.pipelines);
+                         });
                    }))
       .Sub("checkpoint", section("checkpoint",
                                  [&](MapReader& r) {

@@ -61,12 +61,23 @@ struct TrainSpec {
   uint64_t seed = 1;
 };
 
+// One entry of parallel.pipelines (heterogeneous pipelines, docs/heterogeneous.md): `count`
+// pipelines that run `stages` (module names per stage, see varuna-worker --list_modules), each
+// reading `microbatches` micro-batches of parallel.micro_batch samples per step.
+struct PipelineEntrySpec {
+  std::vector<std::vector<std::string>> stages;
+  int count = 1;
+  int microbatches = 0;  // 0: not given (an error)
+};
+
 struct ParallelSpec {
   int stages = 0;                   // 0 = auto
   int micro_batch = 0;              // 0 = auto
   int replicas = 0;                 // data-parallel width; 0 = as many as the slots allow
   std::string schedule = "varuna";  // varuna | gpipe | 1f1b | auto (AutoConfig picks)
   double timeout_s = 300;           // collective / p2p timeout
+  // Instead of stages x replicas: pipelines of different depths side by side.
+  std::vector<PipelineEntrySpec> pipelines;
 };
 
 struct CheckpointSpec {
@@ -114,6 +125,9 @@ struct JobSpec {
   // global_batch not divisible by fixed replicas). Checked at submit only, so a manager that
   // recovers jobs stored before a rule was added still starts.
   absl::Status ValidateShape() const;
+  // parallel.pipelines without the model: counts, micro-batch counts, the batch they add up
+  // to, identical templates with different counts (part of Validate()).
+  absl::Status ValidatePipelines() const;
   // Checks that referenced files are readable regular files. Opens never block (a FIFO is
   // refused, not waited on); still, callers on an event loop run it elsewhere.
   absl::Status ValidateFiles() const;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/checkpoint_store.h"
+#include "common/pipeline_template.h"
 #include "common/schedule.h"
 #include "common/status_macros.h"
 
@@ -38,7 +39,8 @@ absl::StatusOr<int> EnvInt(const EnvGetter& env, const std::string& name, int fa
 }  // namespace
 
 std::string WorkerUsage() {
-  return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S] [--metrics_out FILE]\n"
+  return "usage: varuna-worker --job JOB.yaml [--stage_to_rank_map S | --pipelines T]\n"
+         "                     [--metrics_out FILE] [--list_modules]\n"
          "                     [--metrics_all_ranks] [--resume_step latest|auto|N]\n"
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
          "                     [--batch-size=PER_REPLICA_BATCH] [--schedule varuna|gpipe|1f1b]\n"
@@ -79,6 +81,12 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
     };
     if (flag == "metrics_all_ranks" && !has_value) {
       args.metrics_all_ranks = true;
+    } else if (flag == "list_modules" && !has_value) {
+      args.list_modules = true;
+    } else if (flag == "pipelines") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      RETURN_IF_ERROR(Topology::Parse(v).status());
+      args.pipelines = v;
     } else if (flag == "job") {
       ASSIGN_OR_RETURN(args.job_path, take());
     } else if (flag == "stage_to_rank_map") {
@@ -166,28 +174,66 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
         absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
   }
   ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
-  if (args.stage_to_rank_map) {
-    ASSIGN_OR_RETURN(t.map, StageMap::Parse(*args.stage_to_rank_map));
-    t.world_size = env_world > 0 ? env_world : t.map.world_size();
-    RETURN_IF_ERROR(t.map.ValidateWorldSize(t.world_size));
-  } else {
-    t.world_size = env_world > 0 ? env_world : 1;
-    int stages = spec->parallel.stages > 0 ? spec->parallel.stages : 1;
-    if (t.world_size % stages != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("parallel.stages=", stages, " does not divide WORLD_SIZE=", t.world_size));
+  if (args.pipelines || !spec->parallel.pipelines.empty()) {
+    // Each pipeline's share comes from the pipelines themselves: a launcher's --batch-size
+    // and --stage_to_rank_map (Varuna's uniform arguments) do not apply and are ignored.
+    if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
+    if (args.pipelines) {
+      ASSIGN_OR_RETURN(t.topology, Topology::Parse(*args.pipelines));
+    } else {
+      ASSIGN_OR_RETURN(std::vector<std::string> modules, ModulesOf(spec->model, num_segments));
+      ASSIGN_OR_RETURN(t.topology, TopologyFromSpec(*spec, modules, env_world > 0 ? env_world : 0));
     }
-    t.map = StageMap::Make(stages, t.world_size / stages);
-  }
-  if (spec->parallel.stages > 0 && spec->parallel.stages != t.map.stages()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
-        t.map.ToString(), "' (", t.map.stages(), " stages)"));
-  }
-  if (t.map.stages() > num_segments) {
-    return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
-                                                   " segments, fewer than the ", t.map.stages(),
-                                                   " pipeline stages requested"));
+    t.world_size = env_world > 0 ? env_world : t.topology.world_size();
+    if (t.topology.world_size() != t.world_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Number of ranks in pipeline templates (", t.topology.world_size(),
+                       ") does not match world size (", t.world_size, ")."));
+    }
+    RETURN_IF_ERROR(t.topology.Validate(num_segments, spec->train.global_batch));
+    if (spec->parallel.micro_batch < 1) {
+      return absl::InvalidArgumentError(
+          "heterogeneous pipelines need parallel.micro_batch (or --chunk_size)");
+    }
+  } else {
+    StageMap map = StageMap::Make(1, 1);
+    if (args.stage_to_rank_map) {
+      ASSIGN_OR_RETURN(map, StageMap::Parse(*args.stage_to_rank_map));
+      t.world_size = env_world > 0 ? env_world : map.world_size();
+      RETURN_IF_ERROR(map.ValidateWorldSize(t.world_size));
+    } else {
+      t.world_size = env_world > 0 ? env_world : 1;
+      int stages = spec->parallel.stages > 0 ? spec->parallel.stages : 1;
+      if (t.world_size % stages != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("parallel.stages=", stages, " does not divide WORLD_SIZE=", t.world_size));
+      }
+      map = StageMap::Make(stages, t.world_size / stages);
+    }
+    if (spec->parallel.stages > 0 && spec->parallel.stages != map.stages()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
+          map.ToString(), "' (", map.stages(), " stages)"));
+    }
+    if (map.stages() > num_segments) {
+      return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
+                                                     " segments, fewer than the ", map.stages(),
+                                                     " pipeline stages requested"));
+    }
+    if (args.per_replica_batch) {
+      spec->train.global_batch = *args.per_replica_batch * map.replicas();
+    }
+    ASSIGN_OR_RETURN(t.topology,
+                     Topology::Uniform(map.stages(), map.replicas(), spec->train.global_batch));
+    if (!args.stage_boundaries.empty()) {
+      if (static_cast<int>(args.stage_boundaries.size()) != map.stages() + 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--stage_boundaries has ", args.stage_boundaries.size(), " indices for ",
+                         map.stages(), " stages (want stages + 1)"));
+      }
+      RETURN_IF_ERROR(t.topology.SetUniformBoundaries(args.stage_boundaries));
+      RETURN_IF_ERROR(t.topology.Validate(num_segments, spec->train.global_batch));
+    }
   }
   if (t.world_size > 1 && !args.rank && !env("RANK")) {
     return absl::InvalidArgumentError(
@@ -200,20 +246,18 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   }
   ASSIGN_OR_RETURN(int env_local, EnvInt(env, "LOCAL_RANK", t.rank));
   t.local_rank = args.local_rank.value_or(env_local);
-  t.stage = t.map.StageOf(t.rank);
-  t.replica = t.map.ReplicaOf(t.rank);
-  const int replicas = t.map.replicas();
-  if (args.per_replica_batch) spec->train.global_batch = *args.per_replica_batch * replicas;
+  t.replica = t.topology.PipelineOf(t.rank);
+  t.stage = t.topology.StageOf(t.rank);
   t.global_batch = spec->train.global_batch;
-  if (t.global_batch % replicas != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.global_batch=", t.global_batch,
-                                                   " is not divisible by the ", replicas,
-                                                   " data-parallel replicas"));
+  t.per_replica_batch = t.topology.pipeline(t.replica).samples;
+  t.sample_offset = t.topology.SampleOffset(t.replica);
+  if (t.topology.uniform()) {
+    if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
+    ASSIGN_OR_RETURN(t.micro_batch, MicroBatchFor(spec->parallel.micro_batch, t.per_replica_batch,
+                                                  t.topology.pipeline(0).stages()));
+  } else {
+    t.micro_batch = spec->parallel.micro_batch;
   }
-  t.per_replica_batch = t.global_batch / replicas;
-  if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
-  ASSIGN_OR_RETURN(t.micro_batch,
-                   MicroBatchFor(spec->parallel.micro_batch, t.per_replica_batch, t.map.stages()));
   if (args.steps) spec->train.steps = *args.steps;
   t.steps = spec->train.steps;
   if (auto a = env("MASTER_ADDR"); a && !a->empty()) t.master_addr = *a;

@@ -14,12 +14,17 @@
 #include "absl/status/statusor.h"
 #include "common/job_spec.h"
 #include "common/stage_map.h"
+#include "common/topology.h"
 
 namespace varuna {
 
 struct WorkerArgs {
   std::string job_path;
   std::optional<std::string> stage_to_rank_map;
+  // Heterogeneous pipelines in Topology's text form (the manager's plan); replaces the map.
+  std::optional<std::string> pipelines;
+  // Print the model's ordered module names (PipelineTemplate::GetModules) and exit.
+  bool list_modules = false;
   std::string metrics_out;
   bool metrics_all_ranks = false;  // every rank writes <metrics_out>.rank<R> (benchmarks)
   std::optional<int64_t> steps;
@@ -55,11 +60,14 @@ struct WorkerTopology {
   int rank = 0;
   int local_rank = 0;
   int world_size = 1;
-  StageMap map = StageMap::Make(1, 1);
-  int stage = 0;
-  int replica = 0;
+  // Every pipeline's stages, ranks and batch share (common/topology.h). Uniform unless the
+  // job has parallel.pipelines or the launcher passed --pipelines.
+  Topology topology;
+  int stage = 0;    // within this rank's pipeline
+  int replica = 0;  // this rank's pipeline
   int64_t global_batch = 0;
-  int64_t per_replica_batch = 0;
+  int64_t per_replica_batch = 0;  // this pipeline's share of the global batch
+  int64_t sample_offset = 0;      // its first sample within a step's global batch
   int micro_batch = 0;
   int64_t steps = 0;
   std::string master_addr = "127.0.0.1";
@@ -67,7 +75,9 @@ struct WorkerTopology {
   bool store_is_external = false;  // TORCHELASTIC_USE_AGENT_STORE: rank 0 must not host it
 };
 
-// Resolves rank/world/map/batch from args, environment and the (already validated) job spec.
+// Resolves rank/world/topology/batch from args, environment and the (already validated) job
+// spec: --pipelines, else parallel.pipelines (templates checked against the model's modules,
+// ModulesOf), else the stage map (--stage_to_rank_map or parallel.stages over WORLD_SIZE).
 // `num_segments` caps the number of stages. Errors name the inconsistency (map vs WORLD_SIZE,
 // parallel.stages vs map, global batch not divisible by replicas, rank out of range, ...).
 absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* spec,

@@ -52,6 +52,7 @@ class StepSim {
       const double t = std::max(end[0], end[P_ - 1]) + in_.tied_allreduce_s;
       end[0] = end[P_ - 1] = t;
     }
+    r.end_s = end;
     double all = 0, opt = 0, busy = 0;
     for (int s = 0; s < P_; ++s) {
       all = std::max(all, end[s] + in_.stages[s].allreduce_s);

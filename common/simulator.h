@@ -52,6 +52,9 @@ struct SimResult {
   std::vector<double> busy_s;      // compute time per stage in the pipeline
   std::vector<double> peak_bytes;  // per stage
   double bubble = 0;               // 1 - mean(busy) / pipeline_s
+  // Per stage: when its last task and send ended, after the tied all-reduce (before its
+  // data-parallel all-reduce).
+  std::vector<double> end_s;
   // The order in which each stage ran its tasks (after run-time reordering), with
   // SimInput::record_order.
   std::vector<std::vector<Task>> executed;

@@ -20,6 +20,7 @@
 #include "common/profile.h"
 #include "common/rpc.h"
 #include "common/submission.h"
+#include "common/topology.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {
@@ -248,16 +249,36 @@ void Ctl::PrintJob(const v1::JobInfo& j) {
   }
   line("generation", absl::StrCat(j.generation()));
   if (j.profile_job()) line("kind", "profile job (varunactl profile)");
+  if (j.stages() > 0 && !j.pipelines().empty()) {
+    // Heterogeneous pipelines (docs/heterogeneous.md): one line per pipeline.
+    line("config", absl::StrFormat("%d pipelines on %d slots, micro-batch %d", j.replicas(),
+                                   j.slots(), j.micro_batch()));
+    if (auto t = Topology::Parse(j.pipelines()); t.ok()) {
+      for (int k = 0; k < t->num_pipelines(); ++k) {
+        const PipelineLayout& p = t->pipeline(k);
+        line(absl::StrCat("pipeline ", k),
+             absl::StrFormat("%d stage%s, %s, segments %s, %d samples/step", p.stages(),
+                             p.stages() == 1 ? "" : "s",
+                             p.stages() == 1 ? absl::StrCat("rank ", p.first_rank)
+                                             : absl::StrCat("ranks ", p.first_rank, "-",
+                                                            p.first_rank + p.stages() - 1),
+                             absl::StrJoin(p.boundaries, ","), p.samples));
+      }
+    }
+  }
   if (j.stages() > 0) {
-    line("config", absl::StrFormat("%d stages x %d replicas, micro-batch %d", j.stages(),
-                                   j.replicas(), j.micro_batch()));
+    if (j.pipelines().empty()) {
+      line("config", absl::StrFormat("%d stages x %d replicas, micro-batch %d", j.stages(),
+                                     j.replicas(), j.micro_batch()));
+    }
     line("plan",
          absl::StrCat(j.schedule().empty() ? "" : j.schedule(),
                       j.boundaries().empty()
                           ? ""
                           : absl::StrCat(", boundaries ", absl::StrJoin(j.boundaries(), ",")),
                       j.plan_source().empty() ? "" : absl::StrCat(" (", j.plan_source(), ")")));
-    line("stage_to_rank_map", j.stage_to_rank_map());
+    if (j.pipelines().empty()) line("stage_to_rank_map", j.stage_to_rank_map());
+    if (!j.pipelines().empty()) line("pipelines", j.pipelines());
     line("master", j.master());
     std::map<std::string, std::vector<int>> by_node;
     for (const auto& p : j.placement()) by_node[p.node()].push_back(p.rank());
@@ -698,6 +719,18 @@ absl::StatusOr<std::string> PlanSpec(const std::string& file, SubmitOptions opts
 
 std::string Mib(double bytes) { return absl::StrFormat("%.1f", bytes / (1 << 20)); }
 
+// A heterogeneous plan's shape: its pipeline depths, "4+3 (het)", "3*2+1 (het)" for two
+// pipelines of 3 stages and one of 1.
+std::string HetShape(const v1::Plan& p) {
+  std::vector<std::string> parts;
+  for (const auto& pp : p.pipelines()) {
+    parts.push_back(pp.count() > 1 ? absl::StrCat(pp.stages(), "*", pp.count())
+                                   : absl::StrCat(pp.stages()));
+  }
+  if (parts.empty()) parts.push_back(absl::StrCat(p.replicas(), " pipelines"));
+  return absl::StrCat(absl::StrJoin(parts, "+"), " (het)");
+}
+
 void Ctl::PrintPlans(const v1::PlanSet& set, bool all) {
   if (json_) {
     v1::PlanSet shown = set;
@@ -721,12 +754,25 @@ void Ctl::PrintPlans(const v1::PlanSet& set, bool all) {
     ++shown;
     std::vector<std::string> peaks;
     for (double b : p.peak_bytes()) peaks.push_back(Mib(b));
-    out_ << absl::StrFormat("%-4d %-3d %-4d %-4d %-8s %-10s %-10.2f %-7s %s\n", i + 1, p.stages(),
-                            p.replicas(), p.micro_batch(), p.schedule(),
-                            absl::StrFormat(p.lower_bound() ? ">=%.4f" : "%.4f", p.step_s()),
-                            p.samples_per_s(),
-                            p.lower_bound() ? "-" : absl::StrFormat("%.1f%%", 100 * p.bubble()),
-                            p.lower_bound() ? "-" : absl::StrJoin(peaks, ","));
+    const std::string shape = p.heterogeneous()
+                                  ? absl::StrFormat("%-8s", HetShape(p))
+                                  : absl::StrFormat("%-3d %-4d", p.stages(), p.replicas());
+    out_ << absl::StrFormat(
+        "%-4d %s %-4d %-8s %-10s %-10.2f %-7s %s\n", i + 1, shape, p.micro_batch(), p.schedule(),
+        absl::StrFormat(p.lower_bound() ? ">=%.4f" : "%.4f", p.step_s()), p.samples_per_s(),
+        p.lower_bound() ? "-" : absl::StrFormat("%.1f%%", 100 * p.bubble()),
+        p.lower_bound() ? "-" : absl::StrJoin(peaks, ","));
+    // Each kind of pipeline of a heterogeneous plan, then what the engine runs.
+    for (const auto& pp : p.pipelines()) {
+      std::vector<std::string> pipe_peaks;
+      for (double b : pp.peak_bytes()) pipe_peaks.push_back(Mib(b));
+      out_ << absl::StrFormat(
+          "     %d x %d stages: %d micro-batches (%d samples), %.4f s, boundaries %s, peak MiB "
+          "%s\n",
+          pp.count(), pp.stages(), pp.microbatches(), pp.samples(), pp.step_s(),
+          absl::StrJoin(pp.boundaries(), ","), absl::StrJoin(pipe_peaks, ","));
+    }
+    if (!p.topology().empty()) out_ << "     topology " << p.topology() << "\n";
   }
   const int hidden = set.plans_size() - shown;
   if (hidden > 0) {
@@ -735,8 +781,10 @@ void Ctl::PrintPlans(const v1::PlanSet& set, bool all) {
   }
   if (all) {
     for (const auto& r : set.rejected()) {
-      out_ << absl::StrFormat("rejected P=%d D=%d MB=%d %s: %s\n", r.stages(), r.replicas(),
-                              r.micro_batch(), r.schedule(), r.rejected());
+      const std::string shape =
+          r.heterogeneous() ? HetShape(r) : absl::StrFormat("P=%d D=%d", r.stages(), r.replicas());
+      out_ << absl::StrFormat("rejected %s MB=%d %s: %s\n", shape, r.micro_batch(), r.schedule(),
+                              r.rejected());
     }
   }
   out_ << absl::StrFormat("planned in %.3f s\n", set.planner_s());
@@ -763,6 +811,7 @@ int Ctl::Plan() {
     throw UsageError{"--slots and --nodes exclude each other"};
   PlanRequest req;
   req.all = all;
+  req.heterogeneous = true;  // mixes of depths too (docs/autoconfig.md "Heterogeneous plans")
   if (!mem_s.empty()) {
     double gib = 0;
     if (!absl::SimpleAtod(mem_s, &gib) || gib <= 0) {

@@ -652,6 +652,8 @@ void Manager::SetPlan(v1::JobInfo& info, const JobPlan& plan) {
   for (int b : plan.boundaries) info.add_boundaries(b);
   info.set_predicted_step_s(plan.predicted_step_s);
   info.set_plan_source(plan.source);
+  info.set_pipelines(plan.pipelines);
+  info.set_slots(static_cast<int>(plan.ranks.size()));
 }
 
 void Manager::StoreProfile(Job& job, const std::string& json) {
@@ -689,6 +691,7 @@ absl::StatusOr<v1::PlanJobResponse> Manager::PlanJob(const v1::PlanJobRequest& r
   v1::PlanJobResponse resp;
   PlanRequest pr;
   pr.all = req.all();
+  pr.heterogeneous = true;
   for (const auto& [name, n] : nodes_.all()) {
     if (!nodes_.Schedulable(n) || n.rec.slots() <= 0) continue;
     pr.slots_per_node.push_back(n.rec.slots());
@@ -731,7 +734,6 @@ void Manager::StartJob(Job& job, const JobPlan& plan) {
   info.set_stages(plan.stages);
   info.set_replicas(plan.replicas);
   info.set_micro_batch(plan.micro_batch);
-  info.set_slots(plan.stages * plan.replicas);
   info.set_stage_to_rank_map(plan.stage_to_rank_map);
   SetPlan(info, plan);
   info.clear_placement();
@@ -742,12 +744,15 @@ void Manager::StartJob(Job& job, const JobPlan& plan) {
   NewGeneration(job);
   Persist(job);
   Emit("job_state", info.id(), "",
-       absl::StrCat("STARTING ", plan.stages, "x", plan.replicas, " mb", plan.micro_batch));
+       absl::StrCat("STARTING ",
+                    plan.pipelines.empty() ? absl::StrCat(plan.stages, "x", plan.replicas)
+                                           : absl::StrCat("pipelines ", plan.pipelines),
+                    " mb", plan.micro_batch));
   std::set<std::string> used_nodes;
   for (const auto& p : plan.ranks) used_nodes.insert(p.node());
   LOG(INFO) << JobWho(info) << " STARTING stages=" << plan.stages << " replicas=" << plan.replicas
             << " micro_batch=" << plan.micro_batch << " map=" << plan.stage_to_rank_map
-            << " nodes=" << absl::StrJoin(used_nodes, ",");
+            << " pipelines=" << plan.pipelines << " nodes=" << absl::StrJoin(used_nodes, ",");
   SendLaunches(job);
 }
 
@@ -763,6 +768,7 @@ v1::LaunchRequest Manager::MakeLaunch(const Job& job, const std::string& node) c
   req.set_master_addr(hp.ok() ? hp->first : "");
   req.set_master_port(hp.ok() ? hp->second : 0);
   req.set_stage_to_rank_map(info.stage_to_rank_map());
+  req.set_pipelines(info.pipelines());
   req.set_micro_batch(info.micro_batch());
   // A profile job's shape is one sample per slot (the worker ignores it).
   req.set_per_replica_batch(

@@ -23,6 +23,7 @@
 #include "common/exit_codes.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/topology.h"
 #include "glog/logging.h"
 #include "manager/manager.h"
 
@@ -55,10 +56,19 @@ v1::Shape ShapeOf(const v1::JobInfo& info) {
   s.set_stages(info.stages());
   s.set_replicas(info.replicas());
   s.set_micro_batch(info.micro_batch());
+  if (!info.pipelines().empty()) {
+    if (auto t = Topology::Parse(info.pipelines()); t.ok()) {
+      for (const PipelineLayout& p : t->pipelines()) s.add_depths(p.stages());
+    }
+  }
   return s;
 }
 
+// "2x3 mb4", or for heterogeneous pipelines their depths: "[3,2] mb4".
 std::string ShapeText(const v1::Shape& s) {
+  if (s.depths_size() > 0) {
+    return absl::StrCat("[", absl::StrJoin(s.depths(), ","), "] mb", s.micro_batch());
+  }
   return absl::StrCat(s.stages(), "x", s.replicas(), " mb", s.micro_batch());
 }
 
@@ -421,12 +431,24 @@ std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
 // Stages of which no rank saved on its way out (exit 75, or exit 0 after a stop request):
 // every replica of them was lost at once, so the newest step cannot be complete.
 std::vector<int> Manager::UnsavedStages(const Job& job) const {
-  const int stages = std::max(1, job.info().stages());
+  // Heterogeneous pipelines: which of the first pipeline's stages (its segment ranges) no
+  // saver's segments cover.
+  absl::StatusOr<Topology> topo = absl::NotFoundError("uniform");
+  if (!job.info().pipelines().empty()) topo = Topology::Parse(job.info().pipelines());
+  const int stages = topo.ok() ? topo->pipeline(0).stages() : std::max(1, job.info().stages());
   std::vector<bool> saved(stages, false);
   for (const auto& e : job.rec.exits()) {
     const bool saver = e.signal() == 0 && (e.exit_code() == kExitRescued ||
                                            (e.exit_code() == 0 && job.gen.stopped_after > 0));
-    if (saver) saved[e.rank() % stages] = true;
+    if (!saver) continue;
+    if (!topo.ok()) {
+      saved[e.rank() % stages] = true;
+      continue;
+    }
+    if (e.rank() < 0 || e.rank() >= topo->world_size()) continue;
+    const auto [first, last] = topo->SegmentsOf(e.rank());
+    const std::vector<int>& b = topo->pipeline(0).boundaries;
+    for (int s = 0; s < stages; ++s) saved[s] = saved[s] || (first <= b[s] && b[s + 1] <= last);
   }
   std::vector<int> missing;
   for (int s = 0; s < stages; ++s) {
@@ -451,7 +473,6 @@ void Manager::Relaunch(Job& job, const JobPlan& plan) {
   info.set_stages(plan.stages);
   info.set_replicas(plan.replicas);
   info.set_micro_batch(plan.micro_batch);
-  info.set_slots(plan.stages * plan.replicas);
   info.set_stage_to_rank_map(plan.stage_to_rank_map);
   SetPlan(info, plan);
   info.clear_placement();
@@ -582,13 +603,15 @@ void Manager::CheckGrowth() {
     auto plan = Plan(job, FreeSlotsFor(&job, {}));
     if (!plan.ok()) continue;
     const int now_slots = job.info().slots();
-    if (plan->stages * plan->replicas <= now_slots) continue;
+    const int plan_slots = static_cast<int>(plan->ranks.size());
+    if (plan_slots <= now_slots) continue;
     if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
-        plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule()) {
+        plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule() &&
+        plan->pipelines == job.info().pipelines()) {
       continue;
     }
     Cause c;
-    c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan->stages * plan->replicas,
+    c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan_slots,
                             " slots available (running on ", now_slots, ")");
     c.graceful = true;
     c.priority = 3;

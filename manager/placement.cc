@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/autoconfig.h"
 #include "common/launch_args.h"
+#include "common/pipeline_template.h"
 #include "common/profile.h"
 #include "common/stage_map.h"
 #include "common/status_macros.h"
@@ -43,6 +44,28 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
   for (const auto& n : nodes) {
     total += std::max(0, n.free);
     most_on_one = std::max(most_on_one, n.free);
+  }
+  if (!spec.parallel.pipelines.empty()) {
+    const int world = PipelineRanks(spec.parallel);
+    if (world > total) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "needs ", world, " slots (parallel.pipelines), ", total, " free on schedulable nodes"));
+    }
+    JobPlan plan;
+    for (const PipelineEntrySpec& e : spec.parallel.pipelines) {
+      plan.stages = std::max(plan.stages, static_cast<int>(e.stages.size()));
+      plan.replicas += e.count;
+    }
+    plan.micro_batch = spec.parallel.micro_batch;
+    // TorchScript modules are known only to the workers, which then read the spec themselves.
+    if (auto modules = BuiltinModules(spec.model); modules.ok()) {
+      ASSIGN_OR_RETURN(Topology t, TopologyFromSpec(spec, *modules, world));
+      plan.pipelines = t.ToString();
+    }
+    plan.ranks = Place(nodes, world);
+    plan.schedule = spec.parallel.schedule == "auto" ? "varuna" : spec.parallel.schedule;
+    plan.source = "fixed by the job spec: parallel.pipelines";
+    return plan;
   }
   int cap = total;
   if (spec.resources.max_slots > 0) cap = std::min(cap, spec.resources.max_slots);
@@ -89,6 +112,7 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
                                         const v1::Profile* profile) {
   const bool any_auto = spec.parallel.stages == 0 || spec.parallel.replicas == 0 ||
                         spec.parallel.micro_batch == 0 || spec.parallel.schedule == "auto";
+  if (!spec.parallel.pipelines.empty()) return PlanJob(spec, std::move(nodes));
   std::string why_not;
   if (profile == nullptr) {
     why_not = absl::StrCat("no profile of '", ModelKey(spec.model), "' (", spec.train.precision,
@@ -105,6 +129,7 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
   SortFullestFirst(&nodes);
   PlanRequest req;
   for (const auto& n : nodes) req.slots_per_node.push_back(std::max(0, n.free));
+  req.heterogeneous = true;  // mixes of pipeline depths compete with P x D (issue 13)
   absl::StatusOr<v1::PlanSet> set = PlanShapes(spec, *profile, req);
   if (!set.ok()) {
     // Slots may still come: the job waits (the reason is shown), as under the placement rule.
@@ -116,11 +141,19 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
   plan.stages = best.stages();
   plan.replicas = best.replicas();
   plan.micro_batch = best.micro_batch();
-  plan.per_replica_batch = spec.train.global_batch / best.replicas();
-  plan.stage_to_rank_map = StageMap::Make(plan.stages, plan.replicas).ToString();
-  plan.ranks = Place(nodes, plan.stages * plan.replicas);
+  if (best.pipelines_size() > 0) {
+    plan.pipelines = best.topology();
+    plan.ranks = Place(nodes, best.slots());
+  } else {
+    plan.per_replica_batch = spec.train.global_batch / best.replicas();
+    plan.stage_to_rank_map = StageMap::Make(plan.stages, plan.replicas).ToString();
+    plan.ranks = Place(nodes, plan.stages * plan.replicas);
+  }
   plan.schedule = best.schedule();
-  plan.boundaries.assign(best.boundaries().begin(), best.boundaries().end());
+  // A mix's boundaries travel in its topology text; the top-level ones are pipeline 0's.
+  if (best.pipelines_size() == 0) {
+    plan.boundaries.assign(best.boundaries().begin(), best.boundaries().end());
+  }
   plan.predicted_step_s = best.step_s();
   plan.source = set->cost_source();
   return plan;

@@ -24,6 +24,9 @@ struct JobPlan {
   int micro_batch = 0;
   int64_t per_replica_batch = 0;
   std::string stage_to_rank_map;
+  // Heterogeneous pipelines (Topology text), instead of the map; stages = the deepest,
+  // replicas = how many. Empty for stages x replicas.
+  std::string pipelines;
   std::vector<v1::RankPlacement> ranks;  // index = rank
   // AutoConfig's part (docs/autoconfig.md); empty/0 under the placement rule.
   std::string schedule;         // the job spec's, or AutoConfig's pick for "auto"
@@ -38,14 +41,16 @@ struct JobPlan {
 // slots on one node, capped at model.layers and at a divisor of the usable slots (a
 // stand-in until AutoConfig). Replicas: parallel.replicas, or as many as the slots allow
 // (at most resources.max_slots in all), reduced until they divide train.global_batch.
-// ResourceExhausted (naming what is missing) when the job does not fit now.
+// ResourceExhausted (naming what is missing) when the job does not fit now. A job with
+// parallel.pipelines gets exactly those (they need sum(stages x count) slots).
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes);
 
 // The manager's planner. With a profile of the job's model: AutoConfig (PlanShapes) picks
 // every `auto` field (stages, replicas, micro_batch, schedule) and the stage boundaries, and
-// predicts the step time; fixed fields are kept. Without one (or with one that does not fit
-// the job: the source says why): PlanJob's placement rule. Same error codes as PlanJob
-// (ResourceExhausted: not enough slots now).
+// predicts the step time; fixed fields are kept. Its pick may be heterogeneous pipelines
+// (docs/heterogeneous.md) when they beat every stages x replicas shape. Without one (or with one
+// that does not fit the job: the source says why): PlanJob's placement rule. Same error codes as
+// PlanJob (ResourceExhausted: not enough slots now).
 absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlots> nodes,
                                         const v1::Profile* profile);
 

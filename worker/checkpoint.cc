@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -98,10 +99,11 @@ std::string Varuna::CommonJson(const std::vector<int>& writers,
                                const std::map<std::string, std::string>& info) const {
   std::string json = absl::StrFormat(
       "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
-      " \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"loss_scale\": %.17g,\n"
-      " \"clean_steps\": %d,\n \"writers\": [",
-      iteration_, global_batch_, map_.stages(), map_.replicas(), chunk_size_, map_.ToString(),
-      scaler_.scale(), scaler_.clean_steps());
+      " \"world\": %d, \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"pipelines\": \"%s\",\n"
+      " \"loss_scale\": %.17g, \"clean_steps\": %d,\n \"writers\": [",
+      iteration_, global_batch_, topo_.pipeline(0).stages(), topo_.num_pipelines(),
+      topo_.world_size(), chunk_size_, topo_.uniform() ? topo_.ToStageMap().ToString() : "",
+      topo_.ToString(), scaler_.scale(), scaler_.clean_steps());
   for (size_t i = 0; i < writers.size(); ++i) absl::StrAppend(&json, i ? ", " : "", writers[i]);
   json += "],\n \"layers\": [";
   for (size_t i = 0; i < model_.layers().size(); ++i) {
@@ -171,11 +173,14 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     std::filesystem::create_directories(p + "/layers", ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
   }
-  // Note [Sharded writes]: with shard, the stage's layers are spread over its replicas by
-  // bytes (largest first, to the least-loaded replica, ties to the lower one). Every replica
-  // of the stage holds the same layers, so each computes the same assignment locally.
-  std::vector<bool> mine(layers_.size(), replica() == 0);
-  if (shard) {
+  // Note [Sharded writes]: pipeline 0 holds every layer once, so by default its ranks write
+  // them all. With shard, each layer goes to one of its holders (one rank per pipeline):
+  // uniform topologies balance a stage's layers over its replicas by bytes (largest first,
+  // to the least-loaded replica, ties to the lower one); heterogeneous ones take model layer
+  // i's holder in pipeline i mod D. Every rank computes the same assignment locally.
+  std::vector<bool> mine(layers_.size(), !shard && pipeline_ == 0);
+  const int D = topo_.num_pipelines();
+  if (shard && topo_.uniform()) {
     std::vector<int64_t> bytes(layers_.size(), 0);
     for (size_t i = 0; i < layers_.size(); ++i) {
       for (const auto& p : layers_[i]->parameters()) bytes[i] += p.numel() * 4;
@@ -184,11 +189,42 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     for (size_t i = 0; i < order.size(); ++i) order[i] = i;
     std::stable_sort(order.begin(), order.end(),
                      [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
-    std::vector<int64_t> load(map_.replicas(), 0);
+    std::vector<int64_t> load(D, 0);
     for (size_t i : order) {
       const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
       load[r] += bytes[i];
-      mine[i] = r == replica();
+      mine[i] = r == pipeline_;
+    }
+  }
+  // The writer list for common.json (and, sharded heterogeneous, this rank's layers).
+  const auto segments = model_.Segments();
+  const PipelineLayout& first = topo_.pipeline(0);
+  std::set<int> writers;
+  int model_layer = 0;
+  for (size_t sg = 0; sg < segments.size(); ++sg) {
+    const std::vector<int> holders = topo_.Holders(static_cast<int>(sg));
+    for (size_t j = 0; j < segments[sg].size(); ++j, ++model_layer) {
+      if (!shard) {
+        writers.insert(holders[0]);
+      } else if (!topo_.uniform()) {
+        const int w = holders[model_layer % D];
+        writers.insert(w);
+        for (size_t i = 0; i < layers_.size() && w == rank_; ++i) {
+          if (layer_names_[i] == model_.layers()[segments[sg][j]].name) mine[i] = true;
+        }
+      }
+    }
+  }
+  if (shard && topo_.uniform()) {
+    // The greedy assignment gives each of the first min(D, layers) replicas of a stage at
+    // least one layer.
+    for (int s = 0; s < first.stages(); ++s) {
+      int layers = 0;
+      for (int sg = first.boundaries[s]; sg < first.boundaries[s + 1]; ++sg) {
+        layers += static_cast<int>(segments[sg].size());
+      }
+      for (int d = 0; d < std::min(D, layers); ++d)
+        writers.insert(topo_.pipeline(d).first_rank + s);
     }
   }
   const bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
@@ -197,16 +233,7 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     ASSIGN_OR_RETURN(snapshot, SnapshotLayers(mine));
   }
   std::string json;
-  if (rank_ == 0) {
-    // Writers: replica 0 of each stage, or with shard the first min(D, layers) replicas (the
-    // greedy assignment gives each of them at least one layer).
-    std::vector<int> writers;
-    for (int s = 0; s < map_.stages(); ++s) {
-      const int n = shard ? std::min(map_.replicas(), layers_per_stage_[s]) : 1;
-      for (int d = 0; d < n; ++d) writers.push_back(map_.RankOf(s, d));
-    }
-    json = CommonJson(writers, info);
-  }
+  if (rank_ == 0) json = CommonJson(std::vector<int>(writers.begin(), writers.end()), info);
   const int rank = rank_;
   const bool upload = !tempdir.empty();
   auto write_all = [path, stage_path, writer, rank, upload, json,
@@ -300,8 +327,10 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   }
   scaler_.Restore(common.loss_scale, common.clean_steps);
   iteration_ = step;
-  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by " << common.stages
-            << "x" << common.replicas << ", step " << step << ")";
+  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
+            << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
+                                         : common.pipelines)
+            << ", step " << step << ")";
   return step;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "worker/torch_status.h"
 
@@ -72,22 +73,22 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
     g.store = c10::make_intrusive<c10d::PrefixStore>(
         absl::StrCat("varuna/attempt_", attempt != nullptr ? attempt : "0"), tcp);
     auto device = MakeDevice(topo.master_addr);
-    const auto& map = topo.map;
+    const Topology& t = topo.topology;
     std::vector<int> all(topo.world_size);
     for (int i = 0; i < topo.world_size; ++i) all[i] = i;
     g.world = MakeGroup(g.store, "world", all, topo.rank, device, timeout);
-    if (map.replicas() > 1) {
-      g.data_parallel = MakeGroup(g.store, absl::StrCat("dp", topo.stage),
-                                  map.StageRanks(topo.stage), topo.rank, device, timeout);
+    for (const std::vector<int>& ranks : t.HolderSets()) {
+      ProcessGroupPtr pg = MakeGroup(g.store, absl::StrCat("dp:", absl::StrJoin(ranks, ",")), ranks,
+                                     topo.rank, device, timeout);
+      if (pg) g.holders[ranks] = pg;
     }
-    if (map.stages() > 1) {
-      const auto pipe = map.ReplicaRanks(topo.replica);
-      g.pipeline =
-          MakeGroup(g.store, absl::StrCat("pp", topo.replica), pipe, topo.rank, device, timeout);
-      if (has_tied && (topo.stage == 0 || topo.stage == map.stages() - 1)) {
-        g.tied = MakeGroup(g.store, absl::StrCat("tied", topo.replica), {pipe.front(), pipe.back()},
-                           topo.rank, device, timeout);
-      }
+    for (int k = 0; has_tied && k < t.num_pipelines(); ++k) {
+      const PipelineLayout& p = t.pipeline(k);
+      if (p.stages() < 2) continue;
+      g.tied = g.tied ? g.tied
+                      : MakeGroup(g.store, absl::StrCat("tied", k),
+                                  {p.first_rank, p.first_rank + p.stages() - 1}, topo.rank, device,
+                                  timeout);
     }
   });
   if (!st.ok()) return st;

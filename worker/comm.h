@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,18 +32,22 @@ namespace varuna {
 
 using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
 
-// The groups one rank takes part in. Groups it is not a member of are null.
+// The groups one rank takes part in. Groups it is not a member of are absent or null.
 struct ProcessGroups {
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world;
-  ProcessGroupPtr data_parallel;  // this rank's stage, all replicas (null if D == 1)
-  ProcessGroupPtr pipeline;       // this rank's replica, all stages (null if P == 1)
-  ProcessGroupPtr tied;           // first + last stage of this replica (only on those, P > 1)
+  // Data-parallel groups, keyed by their ranks: one per holder set of the topology that
+  // contains this rank (Topology::HolderSets). A segment's gradient is all-reduced over the
+  // group of its holders. Empty with a single pipeline.
+  std::map<std::vector<int>, ProcessGroupPtr> holders;
+  ProcessGroupPtr tied;  // first + last stage of this rank's pipeline (only on those, depth > 1)
   std::chrono::milliseconds timeout{300000};
 };
 
 // Rendezvous at MASTER_ADDR:MASTER_PORT (rank 0 hosts the TCPStore unless the launcher's agent
-// does) and creates the groups. `has_tied` says whether the model ties parameters.
+// does) and creates the groups of topo.topology. `has_tied` says whether the model ties
+// parameters. Every rank walks the same list of groups in the same order (world, holder sets,
+// tied pairs) and joins those it belongs to, so no two ranks wait on each other in a cycle.
 absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
                                                   std::chrono::milliseconds timeout);
 

@@ -73,14 +73,15 @@ absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
       absl::StrCat("unknown precision '", name, "'; expected fp32, bf16 or fp16"));
 }
 
-Varuna::Varuna(Model model, StageMap map, int rank, ProcessGroups groups, int64_t global_batch,
-               int chunk_size, torch::Device device, VarunaOptions options)
+Varuna::Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
+               torch::Device device, VarunaOptions options)
     : model_(std::move(model)),
-      map_(std::move(map)),
+      topo_(std::move(topology)),
       rank_(rank),
-      stage_(map_.StageOf(rank)),
+      pipeline_(topo_.PipelineOf(rank)),
+      stage_(topo_.StageOf(rank)),
       groups_(std::move(groups)),
-      global_batch_(global_batch),
+      global_batch_(topo_.global_batch()),
       chunk_size_(chunk_size),
       device_(device),
       options_(options),
@@ -91,18 +92,30 @@ Varuna::~Varuna() {
   if (upload_.joinable()) upload_.join();
 }
 
+absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(Model model, Topology topology, int rank,
+                                                       ProcessGroups groups,
+                                                       const TensorMap& dummy_inputs,
+                                                       int chunk_size, torch::Device device,
+                                                       VarunaOptions options) {
+  if (chunk_size < 1) return absl::InvalidArgumentError("chunk_size must be >= 1");
+  if (rank < 0 || rank >= topology.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the world of size ", topology.world_size()));
+  }
+  RETURN_IF_ERROR(topology.Validate(model.num_segments(), topology.global_batch()));
+  std::unique_ptr<Varuna> v(new Varuna(std::move(model), std::move(topology), rank,
+                                       std::move(groups), chunk_size, device, options));
+  RETURN_IF_ERROR(v->Build(dummy_inputs));
+  return v;
+}
+
 absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
     Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
     int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options) {
-  if (global_batch < map.replicas() || global_batch % map.replicas() != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "global batch ", global_batch, " is not divisible by ", map.replicas(), " replicas"));
-  }
-  if (chunk_size < 1) return absl::InvalidArgumentError("chunk_size must be >= 1");
-  std::unique_ptr<Varuna> v(new Varuna(std::move(model), std::move(map), rank, std::move(groups),
-                                       global_batch, chunk_size, device, options));
-  RETURN_IF_ERROR(v->Build(dummy_inputs));
-  return v;
+  ASSIGN_OR_RETURN(Topology topology,
+                   Topology::Uniform(map.stages(), map.replicas(), global_batch));
+  return Create(std::move(model), std::move(topology), rank, std::move(groups), dummy_inputs,
+                chunk_size, device, options);
 }
 
 absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
@@ -125,8 +138,8 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
                    CreateProcessGroups(
                        topo, !model.tied().empty(),
                        std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3))));
-  return Create(std::move(model), topo.map, topo.rank, std::move(groups), dummy_inputs,
-                topo.global_batch, topo.micro_batch, device, options);
+  return Create(std::move(model), topo.topology, topo.rank, std::move(groups), dummy_inputs,
+                topo.micro_batch, device, options);
 }
 
 // Note [Start-up agreement]: start-up has steps that can fail on one rank only (a bad layer, a
@@ -134,16 +147,15 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
 // of a failure flag (after the local checks, and at the end), so one rank's failure makes
 // every rank fail at once with a message, instead of the others hanging until the timeout.
 absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
-  if (!groups_.world || groups_.world->getSize() != map_.world_size() ||
-      groups_.world->getRank() != rank_ || (map_.replicas() > 1 && !groups_.data_parallel) ||
-      (map_.stages() > 1 && !groups_.pipeline)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("process groups do not match stage_to_rank_map '", map_.ToString(),
-                     "' for rank ", rank_, " (create them with CreateProcessGroups)"));
+  if (!groups_.world || groups_.world->getSize() != topo_.world_size() ||
+      groups_.world->getRank() != rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("process groups do not match the topology '",
+                                                   topo_.ToString(), "' for rank ", rank_,
+                                                   " (create them with CreateProcessGroups)"));
   }
   absl::Status st = BuildLocal();
   RETURN_IF_ERROR(AgreeOnStartup(st));
-  const int P = map_.stages();
+  const int P = stages();
   if (stage_ < P - 1) {
     act_tx_ = std::make_unique<Sender>(groups_.world, rank_ + 1, kActTag, timeout_);
     grad_rx_ = std::make_unique<Receiver>(groups_.world, rank_ + 1, kGradTag, timeout_);
@@ -173,31 +185,31 @@ absl::Status Varuna::AgreeOnStartup(const absl::Status& local) {
 // depends on.
 absl::Status Varuna::BuildLocal() {
   const auto segments = model_.Segments();
-  std::vector<int> bounds = options_.boundaries;
-  if (bounds.empty()) {
-    ASSIGN_OR_RETURN(bounds, PartitionByCost(model_.SegmentCosts(), map_.stages()));
-  } else {
-    const int n = static_cast<int>(segments.size());
-    bool ok = static_cast<int>(bounds.size()) == map_.stages() + 1 && bounds.front() == 0 &&
+  const int n = static_cast<int>(segments.size());
+  if (!topo_.has_boundaries()) {
+    std::vector<int> bounds = options_.boundaries;
+    if (bounds.empty()) {
+      ASSIGN_OR_RETURN(bounds, PartitionByCost(model_.SegmentCosts(), stages()));
+    }
+    bool ok = static_cast<int>(bounds.size()) == stages() + 1 && bounds.front() == 0 &&
               bounds.back() == n;
     for (size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i] > bounds[i - 1];
     if (!ok) {
       return absl::InvalidArgumentError(
           absl::StrCat("stage boundaries ", absl::StrJoin(bounds, ","), " do not split ", n,
-                       " segments into ", map_.stages(), " non-empty stages (want ",
-                       map_.stages() + 1, " increasing indices from 0 to ", n, ")"));
+                       " segments into ", stages(), " non-empty stages (want ", stages() + 1,
+                       " increasing indices from 0 to ", n, ")"));
     }
+    RETURN_IF_ERROR(topo_.SetUniformBoundaries(bounds));
   }
-  first_segment_ = bounds[stage_];
-  last_segment_ = bounds[stage_ + 1];
-  // The stage owning each layer, and so each tied parameter "<layer name>.<param>".
+  RETURN_IF_ERROR(topo_.Validate(n, global_batch_));
+  std::tie(first_segment_, last_segment_) = topo_.SegmentsOf(rank_);
+  // The stage (of this rank's pipeline) owning each segment, and so each tied parameter
+  // "<layer name>.<param>".
+  const std::vector<int>& bounds = topo_.pipeline(pipeline_).boundaries;
   std::vector<int> stage_of_segment(segments.size());
-  layers_per_stage_.assign(map_.stages(), 0);
-  for (int st = 0; st < map_.stages(); ++st) {
-    for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) {
-      stage_of_segment[sg] = st;
-      layers_per_stage_[st] += static_cast<int>(segments[sg].size());
-    }
+  for (int st = 0; st < stages(); ++st) {
+    for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) stage_of_segment[sg] = st;
   }
   auto owner = [&](const std::string& param) -> int {
     size_t best = 0;
@@ -214,7 +226,7 @@ absl::Status Varuna::BuildLocal() {
     }
     return stage;
   };
-  const int P = map_.stages();
+  const int P = stages();
   for (const auto& [first, second] : model_.tied()) {
     const int a = owner(first), b = owner(second);
     if (a < 0 || b < 0) {
@@ -237,15 +249,38 @@ absl::Status Varuna::BuildLocal() {
       for (int layer : segments[s]) {
         layers_.push_back(BuildLayer(model_, layer, options_.seed, device_));  // Note [Init]
         layer_names_.push_back(model_.layers()[layer].name);
+        layer_segment_.push_back(s);
       }
     }
     torch::manual_seed(options_.seed * 7919ULL + 104729ULL * static_cast<uint64_t>(rank_));
   }));
-  LOG(INFO) << "rank=" << rank_ << " stage=" << stage_ << " segments=[" << first_segment_ << ","
-            << last_segment_ << ") layers=" << absl::StrJoin(layer_names_, ",");
+  LOG(INFO) << "rank=" << rank_ << " pipeline=" << pipeline_ << " stage=" << stage_ << " segments=["
+            << first_segment_ << "," << last_segment_
+            << ") layers=" << absl::StrJoin(layer_names_, ",");
+  // Note [Data-parallel reduction]: a parameter's gradient is summed over the holders of its
+  // segment (one rank per pipeline). Parameters are grouped by that holder set, in layer order.
+  std::map<std::vector<int>, int> group_of;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    int group = -1;
+    if (topo_.num_pipelines() > 1) {
+      const std::vector<int> holders = topo_.Holders(layer_segment_[i]);
+      auto it = group_of.find(holders);
+      if (it == group_of.end()) {
+        auto pg = groups_.holders.find(holders);
+        if (pg == groups_.holders.end() || !pg->second) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("no data-parallel process group for ranks ", absl::StrJoin(holders, ","),
+                           " (create the groups with "
+                           "CreateProcessGroups on the same topology)"));
+        }
+        it = group_of.emplace(holders, static_cast<int>(dp_groups_.size())).first;
+        dp_groups_.push_back({pg->second, {}, {}});
+      }
+      group = it->second;
+    }
     for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
       named_params_.emplace_back(absl::StrCat(layer_names_[i], ".", p.key()), p.value());
+      if (group >= 0) dp_groups_[group].params.push_back(static_cast<int>(params_.size()));
       params_.push_back(p.value());
     }
   }
@@ -332,7 +367,7 @@ torch::Tensor Varuna::StageForward(const torch::Tensor& x, const TensorMap& inpu
 // receive buffer shape for any micro-batch size, including a smaller last one. A stage that
 // fails (or whose upstream failed) still passes a meta with ndim = -1 on, so nobody waits.
 absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far) {
-  const int P = map_.stages();
+  const int P = stages();
   auto meta_tensor = torch::zeros({2 + 2 * kMaxDims}, torch::kLong);
   absl::Status st = ok_so_far ? absl::OkStatus() : absl::AbortedError("skipped dry run");
   if (stage_ > 0) {
@@ -434,7 +469,7 @@ std::vector<TensorMap> Varuna::Split(const TensorMap& inputs, std::vector<int64_
 absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
                                  const std::vector<int64_t>& sizes, double weight_denominator,
                                  bool train, double* loss_partial) {
-  const int P = map_.stages(), M = static_cast<int>(mbs.size());
+  const int P = stages(), M = static_cast<int>(mbs.size());
   const bool last = stage_ == P - 1;
   std::vector<Task> tasks;
   if (train) {
@@ -587,49 +622,52 @@ absl::Status Varuna::ReduceTiedGradients() {
   return AllReduceSum(groups_.tied, remote, timeout_);
 }
 
-// Note [Data-parallel reduction]: gradients of this stage are packed into flat buckets and
-// sum-all-reduced over the stage's replicas (the loss was already divided by the global batch,
-// so the sum is the mean gradient). The last stage's partial loss is summed in the same call.
-absl::Status Varuna::ReduceDataParallel(double* loss_partial, double* stop) {
-  if (!groups_.data_parallel) return absl::OkStatus();
-  const auto& params = params_;
-  const bool last = is_last_stage();
+// Note [Data-parallel reduction] (continued): each group's gradients are packed into flat
+// buckets and sum-all-reduced over the group's ranks (the loss was already divided by the
+// global batch, so the sum is the mean gradient). Every group's collectives are in flight at
+// once; a rank's groups are all different process groups, so no order can deadlock.
+absl::Status Varuna::ReduceDataParallel() {
+  if (dp_groups_.empty()) return absl::OkStatus();
   return TorchCall("data-parallel all-reduce", [&]() -> absl::Status {
-    std::vector<std::vector<int>> groups(1);
-    std::vector<int64_t> numels(1, 0);
     const int64_t max_elems = std::max<int64_t>(1, options_.bucket_bytes / 4);
-    for (int i = 0; i < static_cast<int>(params.size()); ++i) {
-      if (numels.back() > 0 && numels.back() + params[i].numel() > max_elems) {
-        groups.emplace_back();
-        numels.push_back(0);
+    std::vector<std::vector<std::vector<int>>> members(dp_groups_.size());
+    std::vector<c10::intrusive_ptr<c10d::Work>> works;
+    for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
+      DpGroup& g = dp_groups_[gi];
+      std::vector<std::vector<int>>& buckets = members[gi];
+      std::vector<int64_t> numels;
+      for (int i : g.params) {
+        if (buckets.empty() ||
+            (numels.back() > 0 && numels.back() + params_[i].numel() > max_elems)) {
+          buckets.emplace_back();
+          numels.push_back(0);
+        }
+        buckets.back().push_back(i);
+        numels.back() += params_[i].numel();
       }
-      groups.back().push_back(i);
-      numels.back() += params[i].numel();
+      if (g.buckets.size() != buckets.size()) g.buckets.assign(buckets.size(), torch::Tensor());
+      for (size_t b = 0; b < buckets.size(); ++b) {
+        if (!g.buckets[b].defined() || g.buckets[b].numel() != numels[b]) {
+          g.buckets[b] = torch::empty({numels[b]}, torch::dtype(torch::kFloat).device(device_));
+        }
+        int64_t off = 0;
+        for (int i : buckets[b]) {
+          const int64_t n = params_[i].numel();
+          g.buckets[b].narrow(0, off, n).copy_(params_[i].grad().reshape({-1}));
+          off += n;
+        }
+      }
     }
-    if (buckets_.size() != groups.size()) buckets_.assign(groups.size(), torch::Tensor());
-    for (size_t b = 0; b < groups.size(); ++b) {
-      if (!buckets_[b].defined() || buckets_[b].numel() != numels[b]) {
-        buckets_[b] = torch::empty({numels[b]}, torch::dtype(torch::kFloat).device(device_));
-      }
-      int64_t off = 0;
-      for (int i : groups[b]) {
-        const int64_t n = params[i].numel();
-        buckets_[b].narrow(0, off, n).copy_(params[i].grad().reshape({-1}));
-        off += n;
-      }
-    }
-    // The last stage's partial loss rides along in the same call, in double precision.
-    std::vector<torch::Tensor> tensors = buckets_;
-    tensors.push_back(torch::tensor({last ? *loss_partial : 0.0, *stop}, torch::kDouble));
-    RETURN_IF_ERROR(AllReduceSum(groups_.data_parallel, tensors, timeout_));
-    if (last) *loss_partial = tensors.back()[0].item<double>();
-    *stop = tensors.back()[1].item<double>();
-    for (size_t b = 0; b < groups.size(); ++b) {
-      int64_t off = 0;
-      for (int i : groups[b]) {
-        const int64_t n = params[i].numel();
-        params[i].mutable_grad().copy_(buckets_[b].narrow(0, off, n).view_as(params[i]));
-        off += n;
+    for (DpGroup& g : dp_groups_) RETURN_IF_ERROR(AllReduceSum(g.pg, g.buckets, timeout_));
+    for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
+      DpGroup& g = dp_groups_[gi];
+      for (size_t b = 0; b < members[gi].size(); ++b) {
+        int64_t off = 0;
+        for (int i : members[gi][b]) {
+          const int64_t n = params_[i].numel();
+          params_[i].mutable_grad().copy_(g.buckets[b].narrow(0, off, n).view_as(params_[i]));
+          off += n;
+        }
       }
     }
     return absl::OkStatus();
@@ -658,7 +696,7 @@ absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
 
 absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   if (!optimizer_) return absl::FailedPreconditionError("step() before set_optimizer()");
-  RETURN_IF_ERROR(CheckInputs(inputs, global_batch_ / map_.replicas()));
+  RETURN_IF_ERROR(CheckInputs(inputs, topo_.pipeline(pipeline_).samples));
   // Any failure below leaves peers and in-flight messages in an unknown state.
   broken_ = true;
   std::vector<int64_t> sizes;
@@ -673,12 +711,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     }
   }));
   RETURN_IF_ERROR(ReduceTiedGradients());
-  // Note [Stop agreement]: the stop flag rides on the data-parallel sum (OR over the stage's
-  // replicas) and then on the pipeline meta sum (OR over stages): every rank learns whether
-  // any rank asked to stop, after the same step, with no extra collective.
-  double stop =
+  const double stop =
       (stop_requested_.load() || (options_.stop_flag && options_.stop_flag->load())) ? 1.0 : 0.0;
-  RETURN_IF_ERROR(ReduceDataParallel(&loss, &stop));
+  RETURN_IF_ERROR(ReduceDataParallel());
 
   StepResult result;
   absl::Status st = TorchCall("optimizer step", [&]() -> absl::Status {
@@ -696,12 +731,17 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     }
     const double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
     const bool local_overflow = !std::isfinite(norm_sq);
-    auto meta = torch::tensor({local_overflow ? 1.0 : 0.0, local_overflow ? 0.0 : norm_sq,
-                               is_last_stage() ? loss : 0.0, stop},
-                              torch::kDouble);
-    if (groups_.pipeline) {
+    // Note [Step agreement]: one world sum of [overflow, squared norm, loss, stop]. Pipeline 0
+    // holds every layer once, so its ranks alone contribute the norm; every last stage adds
+    // its pipeline's share of the loss; any rank's overflow or stop request counts. Every rank
+    // then makes the same decision after the same step.
+    auto meta =
+        torch::tensor({local_overflow ? 1.0 : 0.0, local_overflow || pipeline_ != 0 ? 0.0 : norm_sq,
+                       is_last_stage() ? loss : 0.0, stop},
+                      torch::kDouble);
+    if (topo_.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
-      RETURN_IF_ERROR(AllReduceSum(groups_.pipeline, v, timeout_));
+      RETURN_IF_ERROR(AllReduceSum(groups_.world, v, timeout_));
     }
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
@@ -740,17 +780,17 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   std::vector<int64_t> sizes;
   std::vector<TensorMap> mbs;
   absl::Status st = TorchCall("splitting the batch", [&] { mbs = Split(inputs, &sizes); });
-  const double denominator = static_cast<double>(inputs.begin()->second.size(0)) * map_.replicas();
+  // Each last stage sums loss x samples over its pipeline's inputs; one world sum of
+  // [loss, samples] gives the mean over every pipeline's inputs.
   double loss = 0;
-  if (st.ok()) st = RunPipeline(mbs, sizes, denominator, false, &loss);
+  if (st.ok()) st = RunPipeline(mbs, sizes, 1.0, false, &loss);
   for (auto& l : layers_) l->train();
   RETURN_IF_ERROR(st);
-  auto t = torch::tensor({is_last_stage() ? loss : 0.0}, torch::kDouble);
+  const double n = static_cast<double>(inputs.begin()->second.size(0));
+  auto t = torch::tensor({is_last_stage() ? loss : 0.0, is_last_stage() ? n : 0.0}, torch::kDouble);
   std::vector<torch::Tensor> v{t};
-  if (groups_.data_parallel && is_last_stage()) {
-    RETURN_IF_ERROR(AllReduceSum(groups_.data_parallel, v, timeout_));
-  }
-  if (groups_.pipeline) RETURN_IF_ERROR(AllReduceSum(groups_.pipeline, v, timeout_));
+  if (topo_.world_size() > 1) RETURN_IF_ERROR(AllReduceSum(groups_.world, v, timeout_));
+  v[0] = v[0][0] / v[0][1];
   broken_ = false;
   return v[0].item<double>();
 }

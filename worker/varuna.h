@@ -30,6 +30,7 @@
 #include "common/loss_scaler.h"
 #include "common/schedule.h"
 #include "common/stage_map.h"
+#include "common/topology.h"
 #include "worker/comm.h"
 #include "worker/model.h"
 
@@ -70,10 +71,17 @@ struct StepResult {
 
 class Varuna {
  public:
-  // Builds this rank's stage of `model` (partitioned by cost over map.stages()), ties
-  // parameters, and runs the dry run that learns boundary shapes. `dummy_inputs` holds at
-  // least 2 samples of every input. `global_batch` is over all replicas; `chunk_size` is the
-  // micro-batch size. Collective with every rank of the job.
+  // Builds this rank's stage of `model` on `topology` (uniform topologies without boundaries
+  // are cut by options.boundaries, else partitioned by cost), ties parameters, and runs the
+  // dry run that learns boundary shapes. `dummy_inputs` holds at least 2 samples of every
+  // input. The global batch is the topology's; `chunk_size` is the micro-batch size.
+  // Collective with every rank of the job.
+  static absl::StatusOr<std::unique_ptr<Varuna>> Create(Model model, Topology topology, int rank,
+                                                        ProcessGroups groups,
+                                                        const TensorMap& dummy_inputs,
+                                                        int chunk_size, torch::Device device,
+                                                        VarunaOptions options);
+  // The uniform case: P x D from a stage map, global_batch / D samples per replica.
   static absl::StatusOr<std::unique_ptr<Varuna>> Create(
       Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
       int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options);
@@ -99,17 +107,18 @@ class Varuna {
   // Learning rate for 1-based optimizer step s; applied to every param group before the update.
   void set_lr_schedule(std::function<double(int64_t)> fn) { lr_fn_ = std::move(fn); }
 
-  // One optimizer step on this replica's share (global_batch / D samples) of the global batch.
+  // One optimizer step on this pipeline's share of the global batch (global_batch / D samples
+  // in the uniform case; topology().pipeline(replica()).samples in general).
   absl::StatusOr<StepResult> step(const TensorMap& inputs);
-  // Mean loss over `inputs` (this replica's share), averaged over all replicas; no update.
+  // Mean loss per sample over every pipeline's `inputs` (each its own share); no update.
   absl::StatusOr<double> evaluate(const TensorMap& inputs);
 
-  // Writes this rank's part of DIR/varuna_ckpt_<iteration()> (docs/checkpoints.md): replica 0
-  // of each stage writes its layers' files and its manifest + marker; rank 0 also writes
+  // Writes this rank's part of DIR/varuna_ckpt_<iteration()> (docs/checkpoints.md): pipeline 0
+  // writes every layer's file (each rank its own) and a manifest + marker; rank 0 also writes
   // common.json, with `info` added as string fields (the worker records the job spec there).
   // With `tempdir`, files go to local disk first and a background thread uploads them to
   // `dir` (markers last); training continues. Call WaitForCheckpoint() before exiting.
-  // With `shard`, a stage's layer files are spread over its replicas, balanced by bytes.
+  // With `shard`, layer files are spread over the ranks holding them (Note [Sharded writes]).
   absl::Status checkpoint(const std::string& dir,
                           const std::map<std::string, std::string>& info = {},
                           const std::string& tempdir = "", bool shard = false);
@@ -133,11 +142,14 @@ class Varuna {
   void request_stop() { stop_requested_.store(true); }
 
   int64_t iteration() const { return iteration_; }
+  const Topology& topology() const { return topo_; }
   int stage() const { return stage_; }
-  int stages() const { return map_.stages(); }
-  int replica() const { return map_.ReplicaOf(rank_); }
-  int replicas() const { return map_.replicas(); }
-  bool is_last_stage() const { return stage_ == map_.stages() - 1; }
+  // Depth of this rank's pipeline.
+  int stages() const { return topo_.pipeline(pipeline_).stages(); }
+  // This rank's pipeline, and how many there are (the data-parallel width).
+  int replica() const { return pipeline_; }
+  int replicas() const { return topo_.num_pipelines(); }
+  bool is_last_stage() const { return stage_ == stages() - 1; }
   // First and one-past-last segment index of this stage.
   std::pair<int, int> segment_range() const { return {first_segment_, last_segment_}; }
   double loss_scale() const { return scaler_.scale(); }
@@ -146,8 +158,8 @@ class Varuna {
   double last_wait_s() const { return last_wait_s_; }
 
  private:
-  Varuna(Model model, StageMap map, int rank, ProcessGroups groups, int64_t global_batch,
-         int chunk_size, torch::Device device, VarunaOptions options);
+  Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
+         torch::Device device, VarunaOptions options);
   absl::Status Build(const TensorMap& dummy_inputs);
   absl::Status BuildLocal();
   absl::Status AgreeOnStartup(const absl::Status& local);
@@ -160,15 +172,15 @@ class Varuna {
   absl::Status RunPipeline(const std::vector<TensorMap>& mbs, const std::vector<int64_t>& sizes,
                            double weight_denominator, bool train, double* loss_partial);
   absl::Status ReduceTiedGradients();
-  absl::Status ReduceDataParallel(double* loss_partial, double* stop);
+  absl::Status ReduceDataParallel();
   absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
   SnapshotLayers(const std::vector<bool>& mine) const;
   std::string CommonJson(const std::vector<int>& writers,
                          const std::map<std::string, std::string>& info) const;
 
   Model model_;
-  StageMap map_;
-  int rank_, stage_;
+  Topology topo_;
+  int rank_, pipeline_, stage_;
   ProcessGroups groups_;
   int64_t global_batch_;
   int chunk_size_;
@@ -177,8 +189,8 @@ class Varuna {
   std::chrono::milliseconds timeout_;
 
   int first_segment_ = 0, last_segment_ = 0;
-  std::vector<int> layers_per_stage_;  // number of model layers on each stage
   std::vector<std::string> layer_names_;
+  std::vector<int> layer_segment_;  // segment of each of this stage's layers
   std::vector<std::shared_ptr<Layer>> layers_;
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;
   std::vector<torch::Tensor> params_;
@@ -204,7 +216,14 @@ class Varuna {
   std::mutex join_mu_;   // WaitForCheckpoint may run on the rescue thread too
   std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
   absl::Status upload_status_;
-  std::vector<torch::Tensor> buckets_;  // flat DP buffers, lazily sized
+  // Note [Data-parallel reduction]: this stage's parameters grouped by the holder set of
+  // their segment; each group's flat buffers, lazily sized.
+  struct DpGroup {
+    ProcessGroupPtr pg;
+    std::vector<int> params;  // indices into params_
+    std::vector<torch::Tensor> buckets;
+  };
+  std::vector<DpGroup> dp_groups_;
   double last_pipeline_s_ = 0, last_wait_s_ = 0;
 
   std::unique_ptr<Receiver> act_rx_, grad_rx_;

@@ -25,6 +25,7 @@
 #include "common/profile.h"
 #include "common/status_macros.h"
 #include "worker/data.h"
+#include "worker/heterogeneous.h"
 #include "worker/profiler.h"
 #include "worker/torch_status.h"
 #include "worker/varuna.h"
@@ -191,6 +192,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     ASSIGN_OR_RETURN(spec, LoadJobSpec(args.job_path));
     RETURN_IF_ERROR(spec.ValidateFiles());
     ASSIGN_OR_RETURN(built, BuildModel(spec.model));
+    if (args.list_modules) return absl::OkStatus();
     if (!args.profile_out.empty()) {
       // A profile run measures the model and the links; the shape it was launched with (one
       // replica per slot, say) is irrelevant, so the spec's parallel section is ignored.
@@ -198,6 +200,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       if (auto w = GetEnv("WORLD_SIZE"); w && !absl::SimpleAtoi(*w, &world)) world = 1;
       profile_batch = spec.train.global_batch;
       spec.parallel.stages = spec.parallel.replicas = spec.parallel.micro_batch = 0;
+      spec.parallel.pipelines.clear();
+      args.pipelines.reset();
       spec.train.global_batch = std::max(1, world);
       args.per_replica_batch.reset();
       args.chunk_size.reset();
@@ -208,12 +212,6 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     if (args.schedule) spec.parallel.schedule = *args.schedule;
     if (spec.parallel.schedule == "auto") spec.parallel.schedule = "varuna";
     ASSIGN_OR_RETURN(policy, ParseSchedulePolicy(spec.parallel.schedule));
-    if (!args.stage_boundaries.empty() &&
-        static_cast<int>(args.stage_boundaries.size()) != topo.map.stages() + 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--stage_boundaries has ", args.stage_boundaries.size(), " indices for ",
-                       topo.map.stages(), " stages (want stages + 1)"));
-    }
     ASSIGN_OR_RETURN(precision, ParsePrecision(spec.train.precision));
     if (!args.resume_step && !spec.checkpoint.resume.empty()) {
       args.resume_step = spec.checkpoint.resume;
@@ -228,16 +226,21 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     return absl::OkStatus();
   }();
   if (!input.ok()) return MarkBadInput(input);
+  if (args.list_modules) {
+    std::cout << absl::StrJoin(PipelineTemplate::GetModules(*built), " ") << "\n";
+    return absl::OkStatus();
+  }
   Model model = *std::move(built);
   TokenDataset data = *std::move(opened);
   const std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
-  LOG(INFO) << who << " world=" << topo.world_size << " map=" << topo.map.ToString()
-            << " stage=" << topo.stage << " replica=" << topo.replica
+  LOG(INFO) << who << " world=" << topo.world_size << " pipelines=" << topo.topology.ToString()
+            << " stage=" << topo.stage << " pipeline=" << topo.replica
             << " global_batch=" << topo.global_batch << " micro_batch=" << topo.micro_batch
             << " schedule=" << spec.parallel.schedule << " precision=" << spec.train.precision;
 
   std::ofstream metrics;
-  const bool metrics_rank = topo.rank == topo.map.RankOf(topo.map.stages() - 1, 0);
+  // The last stage of pipeline 0 reports the step (the loss is global after the step).
+  const bool metrics_rank = topo.rank == topo.topology.pipeline(0).stages() - 1;
   const bool writes_metrics = !args.metrics_out.empty() && (metrics_rank || args.metrics_all_ranks);
   if (writes_metrics) {
     const std::string path =
@@ -266,10 +269,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   opts.init_loss_scale = spec.train.init_loss_scale;
   opts.loss_scale_window = spec.train.loss_scale_window;
   opts.stop_flag = &g_stop_requested;
-  ASSIGN_OR_RETURN(
-      auto engine,
-      Varuna::Create(std::move(model), topo.map, topo.rank, std::move(groups), data.Batch(0, 2),
-                     topo.global_batch, topo.micro_batch, torch::Device(torch::kCPU), opts));
+  ASSIGN_OR_RETURN(auto engine, Varuna::Create(std::move(model), topo.topology, topo.rank,
+                                               std::move(groups), data.Batch(0, 2),
+                                               topo.micro_batch, torch::Device(torch::kCPU), opts));
   engine->set_optimizer(MakeOptimizer(spec.train, engine->named_parameters()));
   const TrainSpec train = spec.train;
   auto lr_at = [train](int64_t step) {
@@ -364,8 +366,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                                  first_step - 1, UnixNow()));
   for (int64_t step = first_step; step <= topo.steps; ++step) {
     const auto t0 = Clock::now();
-    TensorMap batch =
-        data.Batch((step - 1) * B + topo.replica * topo.per_replica_batch, topo.per_replica_batch);
+    TensorMap batch = data.Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
     absl::StatusOr<StepResult> stepped = engine->step(batch);
     if (!stepped.ok()) {
       LOG(ERROR) << who << " step " << step << " failed: " << stepped.status();
@@ -427,9 +428,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   RETURN_IF_ERROR(engine->WaitForCheckpoint());
   // Held-out evaluation: one global batch from far beyond any training index.
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
-  ASSIGN_OR_RETURN(double eval_loss, engine->evaluate(data.Batch(
-                                         kEvalFirstSample + topo.replica * topo.per_replica_batch,
-                                         topo.per_replica_batch)));
+  ASSIGN_OR_RETURN(
+      double eval_loss,
+      engine->evaluate(data.Batch(kEvalFirstSample + topo.sample_offset, topo.per_replica_batch)));
   LOG(INFO) << who << " done steps=" << topo.steps
             << " eval_loss=" << absl::StrFormat("%.9g", eval_loss);
   return absl::OkStatus();

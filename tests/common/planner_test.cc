@@ -4,11 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <functional>
+#include <limits>
+#include <set>
 
 #include "common/autoconfig.h"
+#include "common/hetero_plan.h"
 #include "common/partition.h"
 #include "common/profile.h"
 #include "common/simulator.h"
+#include "common/topology.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varuna {
@@ -307,6 +312,307 @@ TEST(AutoConfigTest, PermanentProblemsAndLongSteps) {
   spec.parallel.micro_batch = 1;
   spec.parallel.stages = 2;
   EXPECT_THAT(PlanShapes(spec, p, {{2}}).status().message(), HasSubstr("micro-batches per step"));
+}
+
+// Oobleck's unit case: layers costing 1..6 into 2 stages cut after the fourth (10 vs 11).
+TEST(HeteroPlanTest, TemplateDpOobleckExample) {
+  const std::vector<double> costs = {1, 2, 3, 4, 5, 6};
+  const auto templates = PipelineTemplates(costs, costs, 6);
+  ASSERT_EQ(templates.size(), 6u);
+  EXPECT_EQ(templates[0], (std::vector<int>{0, 6}));
+  EXPECT_EQ(templates[1], (std::vector<int>{0, 4, 6}));
+  EXPECT_EQ(templates[5], (std::vector<int>{0, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(PipelineTemplates(costs, costs, 2).size(), 2u);
+}
+
+// Against every cut: the same (bottleneck, total) for every depth, the last stage costed with
+// its own per-segment work.
+TEST(HeteroPlanTest, TemplateDpMatchesBruteForce) {
+  uint64_t x = 99;
+  auto next = [&] {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    return 0.1 + static_cast<double>(x >> 40) / (1 << 24);
+  };
+  for (int round = 0; round < 20; ++round) {
+    const int S = 2 + round % 8;
+    std::vector<double> work(S), last(S);
+    for (int g = 0; g < S; ++g) {
+      last[g] = next();
+      work[g] = last[g] + (round % 2 ? next() : 0);  // recompute on non-last stages
+    }
+    auto score = [&](const std::vector<int>& b) {
+      double worst = 0, total = 0;
+      const int n = static_cast<int>(b.size()) - 1;
+      for (int s = 0; s < n; ++s) {
+        double w = 0;
+        for (int g = b[s]; g < b[s + 1]; ++g) w += s == n - 1 ? last[g] : work[g];
+        worst = std::max(worst, w);
+        total += w;
+      }
+      return std::make_pair(worst, total);
+    };
+    const auto templates = PipelineTemplates(work, last, S);
+    ASSERT_EQ(static_cast<int>(templates.size()), S);
+    for (int n = 1; n <= S; ++n) {
+      // Every cut: a bitmask of the S-1 places between segments with n-1 set.
+      std::pair<double, double> best{std::numeric_limits<double>::infinity(), 0};
+      for (int mask = 0; mask < (1 << (S - 1)); ++mask) {
+        if (__builtin_popcount(mask) != n - 1) continue;
+        std::vector<int> b = {0};
+        for (int i = 0; i < S - 1; ++i) {
+          if (mask & (1 << i)) b.push_back(i + 1);
+        }
+        b.push_back(S);
+        const auto sc = score(b);
+        if (sc.first < best.first - 1e-12 ||
+            (std::abs(sc.first - best.first) <= 1e-12 && sc.second < best.second)) {
+          best = sc;
+        }
+      }
+      const std::vector<int>& got = templates[n - 1];
+      SCOPED_TRACE(absl::StrCat("round ", round, " n=", n));
+      ASSERT_EQ(static_cast<int>(got.size()), n + 1);
+      for (int i = 1; i <= n; ++i) EXPECT_LT(got[i - 1], got[i]);
+      EXPECT_NEAR(score(got).first, best.first, 1e-9);
+      EXPECT_NEAR(score(got).second, best.second, 1e-9);
+    }
+  }
+}
+
+TEST(HeteroPlanTest, MixesUseExactlyTheSlots) {
+  for (auto [slots, want] : {std::pair<int, int>{5, 5}, {7, 13}, {3, 1}, {2, 0}}) {
+    std::vector<int> depths;
+    for (int d = 1; d <= slots; ++d) depths.push_back(d);
+    std::set<std::vector<std::pair<int, int>>> seen;
+    EnumerateMixes(depths, slots, {}, nullptr, [&](const Mix& mix) {
+      int sum = 0;
+      std::vector<std::pair<int, int>> key;
+      for (size_t i = 0; i < mix.size(); ++i) {
+        sum += mix[i].stages * mix[i].count;
+        EXPECT_GE(mix[i].count, 1);
+        if (i > 0) EXPECT_GT(mix[i - 1].stages, mix[i].stages);
+        key.emplace_back(mix[i].stages, mix[i].count);
+      }
+      EXPECT_EQ(sum, slots);
+      EXPECT_GE(mix.size(), 2u);  // never one depth: that is the P x D shape
+      EXPECT_TRUE(seen.insert(key).second);
+      return true;
+    });
+    EXPECT_EQ(static_cast<int>(seen.size()), want) << slots << " slots";
+  }
+  // The caps: two distinct depths at most; at most 3 pipelines (7 = 4+3, 5+1+1, 3+3+1, ...).
+  MixLimits two;
+  two.max_distinct = 2;
+  int n = 0;
+  EnumerateMixes({1, 2, 3, 4, 5, 6, 7}, 7, two, nullptr, [&](const Mix&) { return ++n, true; });
+  EXPECT_EQ(n, 11);
+  MixLimits three_pipes;
+  three_pipes.max_pipelines = 3;
+  n = 0;
+  EnumerateMixes({1, 2, 3, 4, 5, 6, 7}, 7, three_pipes, nullptr, [&](const Mix& mix) {
+    int pipes = 0;
+    for (const MixPart& p : mix) pipes += p.count;
+    EXPECT_LE(pipes, 3);
+    return ++n, true;
+  });
+  EXPECT_EQ(n, 7);  // 6+1, 5+2, 5+1+1, 4+3, 4+2+1, 3+3+1, 3+2+2
+}
+
+// Identical pipelines get the same count, the counts add up, and the pipelines finish within
+// one micro-batch of each other.
+TEST(HeteroPlanTest, SplitBatchEvensOutThePipelines) {
+  const Mix mix = {{4, 1}, {3, 2}};
+  const std::vector<LinearTime> lines = {{0.9, 0.25}, {0.6, 0.33}};
+  for (int64_t B : {3, 5, 16, 17, 100, 1001}) {
+    const std::vector<int64_t> b = SplitBatch(mix, lines, B);
+    ASSERT_EQ(b.size(), 2u) << B;
+    EXPECT_EQ(b[0] + 2 * b[1], B);
+    EXPECT_GE(b[0], 1);
+    EXPECT_GE(b[1], 1);
+    if (B >= 16) {
+      EXPECT_LE(std::abs(lines[0].At(b[0]) - lines[1].At(b[1])), 0.33 * 2 + 1e-9) << B;
+    }
+    const double z = WaterLevel(mix, lines, B);
+    EXPECT_GE(std::max(lines[0].At(b[0]), lines[1].At(b[1])), z - 1e-9);
+  }
+  EXPECT_TRUE(SplitBatch(mix, lines, 2).empty());  // three pipelines, two micro-batches
+  // 2 x b0 + 2 x b1 cannot add up to an odd count.
+  EXPECT_TRUE(SplitBatch({{2, 2}, {1, 2}}, {{1, 1}, {0, 1}}, 9).empty());
+}
+
+// A profile whose segments all cost the same (1 ms forward, 2 ms backward per sample) and
+// whose communication is nearly free.
+v1::Profile Balanced(const JobSpec& spec) {
+  v1::Profile p = *BuiltinProfile(spec);
+  for (auto& seg : *p.mutable_segments()) {
+    seg.set_param_bytes(1000);
+    seg.set_optimizer_s(1e-5);
+    for (auto& c : *seg.mutable_costs()) {
+      const double mb = c.micro_batch();
+      c.set_forward_s(1e-3 * mb);
+      c.set_forward_nograd_s(1e-3 * mb);
+      c.set_recompute_s(1e-3 * mb);
+      c.set_backward_s(2e-3 * mb);
+      c.set_activation_bytes(100 * mb);
+      c.set_graph_bytes(1000 * mb);
+      c.set_peak_bytes(2000 * mb);
+    }
+  }
+  p.set_tied_bytes(0);
+  p.set_step_overhead_s(0);
+  return p;
+}
+
+// 7 slots, 12 equal segments, 16 micro-batches: 4+3 (or 2+2+2+1, ...) pipelines finish in
+// 36 + 8 x 9 = 108 ms where 3x2 on 6 slots takes 36 + 7 x 12 = 120 and 7x1 36 + 15 x 6 = 126.
+TEST(AutoConfigTest, HeterogeneousPlanUsesEverySlot) {
+  JobSpec spec = Gpt(10, 16);
+  spec.parallel.schedule = "1f1b";
+  spec.parallel.micro_batch = 1;
+  const v1::Profile p = Balanced(spec);
+  PlanRequest req{{7}};
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet homogeneous, PlanShapes(spec, p, req));
+  for (const auto& plan : homogeneous.plans()) EXPECT_FALSE(plan.heterogeneous());
+  EXPECT_NEAR(homogeneous.plans(0).step_s(), 0.120, 0.002);
+  req.heterogeneous = true;
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, req));
+  const v1::Plan& best = set.plans(0);
+  ASSERT_TRUE(best.heterogeneous()) << best.DebugString();
+  EXPECT_EQ(best.slots(), 7);
+  EXPECT_NEAR(best.step_s(), 0.108, 0.002);
+  EXPECT_LT(best.step_s(), homogeneous.plans(0).step_s());
+  // The topology is what the engine reads: 7 ranks, 16 samples, the plan's pipelines.
+  ASSERT_OK_AND_ASSIGN(Topology topo, Topology::Parse(best.topology()));
+  EXPECT_EQ(topo.world_size(), 7);
+  EXPECT_EQ(topo.global_batch(), 16);
+  EXPECT_OK(topo.Validate(12, 16));
+  EXPECT_EQ(topo.num_pipelines(), best.replicas());
+  EXPECT_EQ(best.boundaries_size(), best.stages() + 1);
+  // Every mix: the counts add up to the 16 micro-batches on the 7 slots; where one pipeline of
+  // each depth makes any split possible (4+3, 6+1, ...) they finish within one micro-batch.
+  bool saw_homogeneous = false, saw_pair = false;
+  for (int i = 0; i < set.plans_size(); ++i) {
+    const v1::Plan& plan = set.plans(i);
+    if (i > 0) EXPECT_LE(set.plans(i - 1).step_s(), plan.step_s());
+    if (!plan.heterogeneous()) {
+      saw_homogeneous = true;
+      continue;
+    }
+    SCOPED_TRACE(plan.topology());
+    int deepest = 0, ranks = 0, micro = 0, copies = 0;
+    double slowest = 0, fastest = 1e9, per_mb = 0;
+    for (const auto& pp : plan.pipelines()) {
+      deepest = std::max(deepest, pp.stages());
+      ranks += pp.stages() * pp.count();
+      micro += pp.microbatches() * pp.count();
+      copies = std::max(copies, pp.count());
+      EXPECT_EQ(pp.samples(), pp.microbatches());
+      EXPECT_EQ(pp.boundaries_size(), pp.stages() + 1);
+      slowest = std::max(slowest, pp.step_s());
+      fastest = std::min(fastest, pp.step_s());
+      for (double b : pp.busy_s()) per_mb = std::max(per_mb, b / pp.microbatches());
+    }
+    EXPECT_EQ(deepest, plan.stages());
+    EXPECT_EQ(ranks, 7);
+    EXPECT_EQ(micro, 16);
+    if (copies == 1 && plan.pipelines_size() == 2) {
+      saw_pair = true;
+      EXPECT_LE(slowest - fastest, per_mb + 1e-9);  // within one micro-batch
+    }
+  }
+  EXPECT_TRUE(saw_homogeneous);  // P x D shapes are still there, ranked with the mixes
+  EXPECT_TRUE(saw_pair);
+  // A fixed depth or width keeps the P x D shapes only.
+  spec.parallel.stages = 3;
+  ASSERT_OK_AND_ASSIGN(set, PlanShapes(spec, p, req));
+  for (const auto& plan : set.plans()) EXPECT_FALSE(plan.heterogeneous());
+}
+
+// With the schedule and micro-batch size searched too, on two nodes.
+TEST(AutoConfigTest, HeterogeneousPlansWithEverythingAuto) {
+  JobSpec spec = Gpt(10, 48);
+  spec.parallel.schedule = "auto";
+  ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
+  PlanRequest req{{4, 3}};
+  req.heterogeneous = true;
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, req));
+  int het = 0;
+  for (const auto& plan : set.plans()) {
+    if (!plan.heterogeneous()) continue;
+    ++het;
+    EXPECT_EQ(plan.slots(), 7);
+    ASSERT_OK_AND_ASSIGN(Topology topo, Topology::Parse(plan.topology()));
+    EXPECT_OK(topo.Validate(12, 48));
+    EXPECT_EQ(48 % plan.micro_batch(), 0);
+  }
+  EXPECT_GT(het, 0);
+  // Memory: a limit no stage fits rejects the mixes with the reason too.
+  req.memory_per_slot = 1 << 10;
+  EXPECT_THAT(PlanShapes(spec, p, req).status().message(), HasSubstr("memory"));
+}
+
+// parallel.pipelines: exactly that plan, simulated.
+TEST(AutoConfigTest, FixedPipelinesSpecIsThatPlan) {
+  JobSpec spec = Gpt(10, 16);
+  spec.parallel.schedule = "1f1b";
+  spec.parallel.micro_batch = 1;
+  const v1::Profile p = Balanced(spec);
+  PipelineEntrySpec two, one;
+  two.stages = {{"embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "blocks.4"},
+                {"blocks.5", "blocks.6", "blocks.7", "blocks.8", "blocks.9", "head"}};
+  two.count = 2;
+  two.microbatches = 6;
+  one.stages = {{"embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "blocks.4", "blocks.5",
+                 "blocks.6", "blocks.7", "blocks.8", "blocks.9", "head"}};
+  one.microbatches = 4;
+  spec.parallel.pipelines = {two, one};
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, {{8}}));
+  ASSERT_EQ(set.plans_size(), 1);
+  const v1::Plan& plan = set.plans(0);
+  EXPECT_TRUE(plan.heterogeneous());
+  EXPECT_EQ(plan.topology(), "0,6,12:6;0,6,12:6;0,12:4");
+  EXPECT_EQ(plan.slots(), 5);
+  EXPECT_EQ(plan.stages(), 2);
+  EXPECT_EQ(plan.replicas(), 3);
+  ASSERT_EQ(plan.pipelines_size(), 2);
+  EXPECT_EQ(plan.pipelines(0).count(), 2);
+  EXPECT_EQ(plan.pipelines(0).microbatches(), 6);
+  EXPECT_EQ(plan.pipelines(1).microbatches(), 4);
+  // 2 stages x 6: 6 x 18 + 18 = 126 ms; 1 stage x 4: 4 x 36 = 144 ms: the slowest counts.
+  EXPECT_NEAR(plan.pipelines(0).step_s(), 0.126, 1e-3);
+  EXPECT_NEAR(plan.pipelines(1).step_s(), 0.144, 1e-3);
+  EXPECT_GE(plan.step_s(), 0.144);
+  EXPECT_LT(plan.step_s(), 0.150);
+  // Too few slots: nothing fits (a wait, not an error in the spec).
+  auto st = PlanShapes(spec, p, {{4}}).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(st.message(), HasSubstr("need 5 slots, 4 available"));
+  // Samples that do not add up to the batch, or a template that is not the model's: errors.
+  spec.train.global_batch = 20;
+  EXPECT_EQ(PlanShapes(spec, p, {{8}}).status().code(), absl::StatusCode::kInvalidArgument);
+  spec.train.global_batch = 16;
+  spec.parallel.pipelines[1].stages[0].pop_back();
+  EXPECT_THAT(PlanShapes(spec, p, {{8}}).status().message(),
+              HasSubstr("The last stage must contain the head module"));
+}
+
+// 96 segments on 64 slots (8 nodes) with everything auto stays well under a few seconds.
+TEST(AutoConfigTest, HeterogeneousPlanningIsFast) {
+  JobSpec spec = Gpt(94, 512);
+  spec.parallel.schedule = "auto";
+  ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
+  PlanRequest req{{8, 8, 8, 8, 8, 8, 8, 8}};
+  req.heterogeneous = true;
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, req));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  int het = 0;
+  for (const auto& plan : set.plans()) het += plan.heterogeneous();
+  std::cout << "64 slots, 96 segments: " << set.plans_size() << " plans (" << het
+            << " heterogeneous) in " << s << " s; best " << set.plans(0).stages() << "x"
+            << set.plans(0).replicas() << (set.plans(0).heterogeneous() ? " het " : " ")
+            << set.plans(0).step_s() << " s\n";
+  EXPECT_LT(s, 10.0);
 }
 
 TEST(AutoConfigTest, SeedApiGetMin) {
