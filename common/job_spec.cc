@@ -260,6 +260,10 @@ absl::Status JobSpec::ValidatePipelines() const {
       }
     }
     microbatches += static_cast<int64_t>(e.count) * e.microbatches;
+    if (microbatches > kMaxGlobalBatch) {
+      return Bad("parallel.pipelines",
+                 absl::StrCat("add up to more than ", kMaxGlobalBatch, " micro-batches per step"));
+    }
   }
   if (microbatches * parallel.micro_batch != train.global_batch) {
     return Bad("train.global_batch",

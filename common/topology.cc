@@ -20,6 +20,23 @@
 namespace varuna {
 namespace {
 
+// Boundaries of one pipeline: from 0, increasing (every stage at least one segment).
+absl::Status CheckBoundaries(const std::string& which, const std::vector<int>& b) {
+  if (b.size() < 2) return absl::InvalidArgumentError(absl::StrCat(which, " has no stages"));
+  if (b.front() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(which, " must start at segment 0, not ", b.front()));
+  }
+  for (size_t i = 1; i < b.size(); ++i) {
+    if (b[i] <= b[i - 1]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(which, " has boundaries ", absl::StrJoin(b, ","),
+                       ": they must increase (every stage needs at least one segment)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TextError(const std::string& text, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("pipelines \"", text, "\": ", what));
 }
@@ -32,9 +49,10 @@ absl::StatusOr<Topology> Topology::Uniform(int stages, int replicas, int64_t glo
         absl::StrCat("bad shape ", stages, " stages x ", replicas, " replicas"));
   }
   if (global_batch < replicas || global_batch % replicas != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.global_batch=", global_batch,
-                                                   " is not divisible by the ", replicas,
-                                                   " data-parallel replicas"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.global_batch=", global_batch,
+                     global_batch < replicas ? " is smaller than " : " is not divisible by ",
+                     "the ", replicas, " data-parallel replicas"));
   }
   Topology t;
   for (int d = 0; d < replicas; ++d) {
@@ -55,28 +73,16 @@ absl::StatusOr<Topology> Topology::Make(std::vector<PipelineLayout> pipelines) {
   for (size_t k = 0; k < pipelines.size(); ++k) {
     PipelineLayout& p = pipelines[k];
     const std::string which = absl::StrCat("pipeline ", k);
-    if (p.boundaries.size() < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(which, " has no stages"));
-    }
-    if (p.boundaries.front() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(which, " must start at segment 0, not ", p.boundaries.front()));
-    }
-    for (size_t i = 1; i < p.boundaries.size(); ++i) {
-      if (p.boundaries[i] <= p.boundaries[i - 1]) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(which, " has boundaries ", absl::StrJoin(p.boundaries, ","),
-                         ": they must increase (every stage needs at least one segment)"));
-      }
-    }
+    RETURN_IF_ERROR(CheckBoundaries(which, p.boundaries));
     if (p.boundaries.back() != pipelines[0].boundaries.back()) {
       return absl::InvalidArgumentError(
           absl::StrCat(which, " ends at segment ", p.boundaries.back(), " but pipeline 0 ends at ",
                        pipelines[0].boundaries.back(), ": every pipeline holds the whole model"));
     }
-    if (p.samples < 1) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(which, " reads ", p.samples, " samples per step; it needs at least 1"));
+    if (p.samples < 1 || p.samples > kMaxGlobalBatch) {
+      return absl::InvalidArgumentError(absl::StrCat(which, " reads ", p.samples,
+                                                     " samples per step; it must be in [1, ",
+                                                     kMaxGlobalBatch, "]"));
     }
     p.first_rank = static_cast<int>(world);
     world += p.stages();
@@ -144,6 +150,7 @@ absl::Status Topology::Validate(int num_segments, int64_t global_batch) const {
 }
 
 absl::Status Topology::SetUniformBoundaries(const std::vector<int>& boundaries) {
+  RETURN_IF_ERROR(CheckBoundaries("the stage boundaries", boundaries));
   for (PipelineLayout& p : pipelines_) {
     if (boundaries.size() != p.boundaries.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -156,6 +163,7 @@ absl::Status Topology::SetUniformBoundaries(const std::vector<int>& boundaries) 
 }
 
 bool Topology::uniform() const {
+  if (pipelines_.empty()) return false;
   for (const PipelineLayout& p : pipelines_) {
     if (p.boundaries != pipelines_[0].boundaries || p.samples != pipelines_[0].samples) {
       return false;
@@ -228,6 +236,10 @@ std::vector<std::vector<int>> Topology::HolderSets() const {
 }
 
 std::string Topology::ToString() const {
+  if (!pipelines_.empty() && !has_boundaries()) {
+    // Uniform, not yet cut: the stage map says all there is.
+    return absl::StrCat(ToStageMap().ToString(), " (", pipelines_[0].samples, " samples each)");
+  }
   return absl::StrJoin(pipelines_, ";", [](std::string* out, const PipelineLayout& p) {
     absl::StrAppend(out, absl::StrJoin(p.boundaries, ","), ":", p.samples);
   });

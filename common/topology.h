@@ -74,7 +74,7 @@ class Topology {
   int StageOf(int rank) const { return rank - pipelines_[PipelineOf(rank)].first_rank; }
   bool IsFirstStage(int rank) const { return StageOf(rank) == 0; }
   bool IsLastStage(int rank) const;
-  // [first, last) segments of a rank (needs boundaries).
+  // [first, last) segments of a rank (needs boundaries: {-1, -1} without).
   std::pair<int, int> SegmentsOf(int rank) const;
   // First sample of pipeline k within a step's global batch.
   int64_t SampleOffset(int k) const;

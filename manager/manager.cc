@@ -633,6 +633,7 @@ absl::StatusOr<JobPlan> Manager::Plan(const Job& job, std::vector<FreeSlots> fre
     spec.parallel.stages = 1;
     spec.parallel.micro_batch = 1;
     spec.parallel.schedule = "varuna";
+    spec.parallel.pipelines.clear();
     int total = 0;
     for (const auto& f : free) total += f.free;
     const int cap =

@@ -259,13 +259,22 @@ absl::Status RecvBlocking(const ProcessGroupPtr& pg, torch::Tensor& t, int peer,
 
 absl::Status AllReduceSum(const ProcessGroupPtr& pg, std::vector<torch::Tensor>& tensors,
                           std::chrono::milliseconds timeout) {
+  std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>> one{{pg, &tensors}};
+  return AllReduceSumGroups(one, timeout);
+}
+
+absl::Status AllReduceSumGroups(
+    const std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>>& groups,
+    std::chrono::milliseconds timeout) {
   return TorchCall("all-reduce", [&] {
     std::vector<c10::intrusive_ptr<c10d::Work>> works;
-    for (auto& t : tensors) {
-      std::vector<torch::Tensor> one{t};
-      c10d::AllreduceOptions opts;
-      opts.timeout = timeout;
-      works.push_back(pg->allreduce(one, opts));
+    for (const auto& [pg, tensors] : groups) {
+      for (auto& t : *tensors) {
+        std::vector<torch::Tensor> one{t};
+        c10d::AllreduceOptions opts;
+        opts.timeout = timeout;
+        works.push_back(pg->allreduce(one, opts));
+      }
     }
     for (auto& w : works) w->wait(timeout);
   });

@@ -131,5 +131,9 @@ absl::Status RecvBlocking(const ProcessGroupPtr& pg, torch::Tensor& t, int peer,
 // In-place sum all-reduce of `tensors` (one collective per tensor, all in flight at once).
 absl::Status AllReduceSum(const ProcessGroupPtr& pg, std::vector<torch::Tensor>& tensors,
                           std::chrono::milliseconds timeout);
+// The same over several groups: every collective is posted before any is waited on.
+absl::Status AllReduceSumGroups(
+    const std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>>& groups,
+    std::chrono::milliseconds timeout);
 
 }  // namespace varuna

@@ -631,7 +631,6 @@ absl::Status Varuna::ReduceDataParallel() {
   return TorchCall("data-parallel all-reduce", [&]() -> absl::Status {
     const int64_t max_elems = std::max<int64_t>(1, options_.bucket_bytes / 4);
     std::vector<std::vector<std::vector<int>>> members(dp_groups_.size());
-    std::vector<c10::intrusive_ptr<c10d::Work>> works;
     for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
       DpGroup& g = dp_groups_[gi];
       std::vector<std::vector<int>>& buckets = members[gi];
@@ -658,7 +657,9 @@ absl::Status Varuna::ReduceDataParallel() {
         }
       }
     }
-    for (DpGroup& g : dp_groups_) RETURN_IF_ERROR(AllReduceSum(g.pg, g.buckets, timeout_));
+    std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>> all;
+    for (DpGroup& g : dp_groups_) all.emplace_back(g.pg, &g.buckets);
+    RETURN_IF_ERROR(AllReduceSumGroups(all, timeout_));
     for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
       DpGroup& g = dp_groups_[gi];
       for (size_t b = 0; b < members[gi].size(); ++b) {
