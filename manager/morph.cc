@@ -431,24 +431,30 @@ std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
 // Stages of which no rank saved on its way out (exit 75, or exit 0 after a stop request):
 // every replica of them was lost at once, so the newest step cannot be complete.
 std::vector<int> Manager::UnsavedStages(const Job& job) const {
-  // Heterogeneous pipelines: which of the first pipeline's stages (its segment ranges) no
-  // saver's segments cover.
+  // Heterogeneous pipelines: the savers' segments together must cover each of the first
+  // pipeline's stages (other pipelines cut the model elsewhere).
   absl::StatusOr<Topology> topo = absl::NotFoundError("uniform");
   if (!job.info().pipelines().empty()) topo = Topology::Parse(job.info().pipelines());
   const int stages = topo.ok() ? topo->pipeline(0).stages() : std::max(1, job.info().stages());
   std::vector<bool> saved(stages, false);
+  std::vector<bool> segment_saved(topo.ok() ? topo->pipeline(0).boundaries.back() : 0, false);
   for (const auto& e : job.rec.exits()) {
     const bool saver = e.signal() == 0 && (e.exit_code() == kExitRescued ||
                                            (e.exit_code() == 0 && job.gen.stopped_after > 0));
     if (!saver) continue;
     if (!topo.ok()) {
       saved[e.rank() % stages] = true;
-      continue;
+    } else if (e.rank() >= 0 && e.rank() < topo->world_size()) {
+      const auto [first, last] = topo->SegmentsOf(e.rank());
+      for (int sg = first; sg < last; ++sg) segment_saved[sg] = true;
     }
-    if (e.rank() < 0 || e.rank() >= topo->world_size()) continue;
-    const auto [first, last] = topo->SegmentsOf(e.rank());
+  }
+  if (topo.ok()) {
     const std::vector<int>& b = topo->pipeline(0).boundaries;
-    for (int s = 0; s < stages; ++s) saved[s] = saved[s] || (first <= b[s] && b[s + 1] <= last);
+    for (int s = 0; s < stages; ++s) {
+      saved[s] = std::all_of(segment_saved.begin() + b[s], segment_saved.begin() + b[s + 1],
+                             [](bool v) { return v; });
+    }
   }
   std::vector<int> missing;
   for (int s = 0; s < stages; ++s) {
