@@ -38,6 +38,8 @@ int main(int argc, char** argv) {
     std::string a = argv[i];
     if (a.rfind("--stage_to_rank_map=", 0) == 0) map_text = a.substr(20);
     if (a == "--stage_to_rank_map" && i + 1 < argc) map_text = argv[++i];
+    // Heterogeneous pipelines (docs/heterogeneous.md), e.g. --pipelines=0,1,3:24;0,3:8.
+    if (a.rfind("--pipelines=", 0) == 0) map_text = a.substr(12);
   }
   varuna::Model model;
   model.Add("in", 1, [] { return std::make_shared<Dense>(16, 64, false); })
@@ -62,11 +64,13 @@ int main(int argc, char** argv) {
   }
   auto& v = **engine;
   v.set_optimizer(std::make_shared<torch::optim::Adam>(v.parameters(), 1e-2));
-  const int64_t share = 32 / v.replicas();
+  // This rank's pipeline reads its own contiguous share of every global batch.
+  const int64_t share = v.topology().pipeline(v.replica()).samples;
+  const int64_t offset = v.topology().SampleOffset(v.replica());
   for (int64_t step = 1; step <= 50; ++step) {
     auto full = make_batch(step, 32);
     varuna::TensorMap mine;
-    for (auto& [k, t] : full) mine[k] = t.narrow(0, v.replica() * share, share);
+    for (auto& [k, t] : full) mine[k] = t.narrow(0, offset, share);
     auto r = v.step(mine);
     if (!r.ok()) {
       std::cerr << "error: " << r.status().message() << "\n";

@@ -124,7 +124,13 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
     const std::vector<std::pair<std::string, std::string>>& shared_weights, VarunaOptions options) {
   for (const auto& [a, b] : shared_weights) model.Tie(a, b);
   WorkerArgs args;
-  args.stage_to_rank_map = stage_to_rank_map;
+  // Either Varuna's map ("0,2;1,3;") or heterogeneous pipelines in Topology's text form
+  // ("0,3,6:8;0,6:4", what the agent passes as --pipelines and VARUNA_PIPELINES).
+  if (stage_to_rank_map.find(':') != std::string::npos) {
+    args.pipelines = stage_to_rank_map;
+  } else {
+    args.stage_to_rank_map = stage_to_rank_map;
+  }
   if (local_rank >= 0) args.local_rank = local_rank;
   args.chunk_size = chunk_size;
   JobSpec spec;

@@ -87,6 +87,8 @@ class Varuna {
       int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options);
   // The seed API's shape: rank, WORLD_SIZE and the rendezvous come from the torchrun
   // environment (RANK, MASTER_ADDR, MASTER_PORT); the process groups are created here.
+  // `stage_to_rank_map` may also be heterogeneous pipelines in Topology's text form (the
+  // agent's --pipelines / VARUNA_PIPELINES); `chunk_size` is then required.
   // `batch_size` is the global batch, `chunk_size` the micro-batch; `shared_weights` are
   // pairs of parameter names to tie (added to the model's own Tie() pairs).
   static absl::StatusOr<std::unique_ptr<Varuna>> Create(

@@ -146,6 +146,23 @@ class WorkerTest(Fixture):
             tail = run(second, 6, True)
             self.assertClose(tail.losses(), full[3:], 1e-4, f"{name} after resume")
 
+    def test_libvaruna_program_takes_the_pipelines(self):
+        """examples/train_custom.cc (seed-style Varuna::Create) on [2-stage, 1-stage]."""
+        example = os.path.join(harness.BIN_DIR, "train_custom")
+
+        def losses(world, flag):
+            res = harness.run_workers(world, [flag], cmd=[example])
+            self.assertTrue(res.ok, "\n".join(o[-2000:] for o in res.outputs))
+            return [float(line.split()[-1]) for out in res.outputs for line in out.splitlines()
+                    if line.startswith("step ")]
+
+        base = losses(1, "--stage_to_rank_map=0;")
+        # Only pipeline 0's last stage (rank 1) and the 1-stage pipeline (rank 2) print.
+        got = losses(3, "--pipelines=0,1,3:24;0,3:8")
+        self.assertEqual(len(got), 2 * len(base))
+        self.assertClose(got[:len(base)], base, 1e-4, "train_custom 2+1")
+        self.assertLess(base[-1], 0.5 * base[0])
+
     def test_list_modules(self):
         r = subprocess.run([harness.WORKER, "--job", self.job("mods"), "--list_modules"],
                            capture_output=True, text=True, timeout=60)
