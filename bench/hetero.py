@@ -5,8 +5,8 @@ machine, each run for real (varuna-worker ranks on loopback, OMP_NUM_THREADS=1 p
 compared with the simulator's prediction.
 
 Slots are emulated devices: every rank runs in a cgroup capped at --cpu_per_rank of a core
-(0.2 by default), so 9 ranks fit on a 2-core VM without contending and each slot has the same
-fixed speed, as one GPU per slot would. The profile is measured under the same cap. Without
+(0.2 by default, enforced per --cfs_period_us, 100 ms by default), so 9 ranks fit on a 2-core VM without
+contending and each slot has the same fixed speed, as one GPU per slot would. The profile is measured under the same cap. Without
 write access to the cgroup cpu controller the cap is skipped and the output says so.
 
 Rounds alternate the two plans of each slot count. Each round's rate is the median samples/s
@@ -15,7 +15,7 @@ printed, with samples per CPU-second of the whole run (user + system time of the
 the kernel's child accounting) beside the wall-clock rate.
 
 usage: bench/hetero.py [--build DIR] [--rounds N] [--steps N] [--warmup N] [--slots 5,7,9]
-                       [--cpu_per_rank F]
+                       [--cpu_per_rank F] [--cfs_period_us N]
 """
 
 import argparse
@@ -31,9 +31,13 @@ from common import ROOT, corpus, harness
 MODEL = {"layers": 6, "d_model": 96, "heads": 4, "seq_len": 48}
 GLOBAL_BATCH = 24
 CGROUP = "/sys/fs/cgroup/cpu/varuna-bench"
+# The cap's CFS period (--cfs_period_us). With the kernel's default 100 ms, a rank that spends
+# its quota sleeps up to 80 ms, so the profiler records some stalls as compute (a 2.5 ms
+# block timed at 80 ms) and peers stall on receives. 1 ms (the minimum) spreads the cap, but
+# then the ranks' rates stop scaling with their number (docs/benchmarks.md (h)).
 
 
-def capped_launcher(tmp, cpu_per_rank):
+def capped_launcher(tmp, cpu_per_rank, period_us):
     """A wrapper that puts the rank (RANK) in its own cgroup capped at cpu_per_rank cores."""
     try:
         os.makedirs(CGROUP, exist_ok=True)
@@ -47,8 +51,8 @@ def capped_launcher(tmp, cpu_per_rank):
         f.write(f"""#!/bin/sh
 cg={CGROUP}/r$RANK
 mkdir -p $cg
-echo 100000 > $cg/cpu.cfs_period_us
-echo {int(cpu_per_rank * 100000)} > $cg/cpu.cfs_quota_us
+echo {period_us} > $cg/cpu.cfs_period_us
+echo {int(cpu_per_rank * period_us)} > $cg/cpu.cfs_quota_us
 echo $$ > $cg/tasks
 exec "$@"
 """)
@@ -112,11 +116,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--slots", default="5,7,9")
     ap.add_argument("--cpu_per_rank", type=float, default=0.2)
+    ap.add_argument("--cfs_period_us", type=int, default=100000)
     args = ap.parse_args()
     bin_dir = os.path.join(args.build, "bin")
     data = corpus(args.build)
     tmp = tempfile.mkdtemp(prefix="varuna-hetero-bench-")
-    launcher = capped_launcher(tmp, args.cpu_per_rank)
+    launcher = capped_launcher(tmp, args.cpu_per_rank, args.cfs_period_us)
     profile = os.path.join(tmp, "profile.json")
     pj = job(tmp, data, "profile", args.steps)
     res = harness.run_workers(2, ["--job", pj, "--profile_out", profile],
@@ -152,7 +157,8 @@ def main():
     print(f"GPT {MODEL['layers']}x{MODEL['d_model']} seq {MODEL['seq_len']}, global batch "
           f"{GLOBAL_BATCH}, {args.rounds} rounds alternating, {args.steps - args.warmup} steps "
           f"per round after {args.warmup} warm-up, OMP_NUM_THREADS=1 per rank, "
-          + (f"each rank capped at {args.cpu_per_rank} core" if launcher else "NOT capped"))
+          + (f"each rank capped at {args.cpu_per_rank} core per {args.cfs_period_us} us"
+             if launcher else "NOT capped"))
     print("| slots | plan | shape | slots used | predicted samples/s | rounds samples/s | "
           "measured (median) | error | samples/CPU-s (median) |")
     print("|---|---|---|---|---|---|---|---|---|")
