@@ -174,10 +174,10 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
         absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
   }
   ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
+  if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
   if (args.pipelines || !spec->parallel.pipelines.empty()) {
     // Each pipeline's share comes from the pipelines themselves: a launcher's --batch-size
     // and --stage_to_rank_map (Varuna's uniform arguments) do not apply and are ignored.
-    if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
     if (args.pipelines) {
       ASSIGN_OR_RETURN(t.topology, Topology::Parse(*args.pipelines));
     } else {
@@ -252,7 +252,6 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   t.per_replica_batch = t.topology.pipeline(t.replica).samples;
   t.sample_offset = t.topology.SampleOffset(t.replica);
   if (t.topology.uniform()) {
-    if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
     ASSIGN_OR_RETURN(t.micro_batch, MicroBatchFor(spec->parallel.micro_batch, t.per_replica_batch,
                                                   t.topology.pipeline(0).stages()));
   } else {

@@ -30,8 +30,8 @@ absl::Status CheckBoundaries(const std::string& which, const std::vector<int>& b
   for (size_t i = 1; i < b.size(); ++i) {
     if (b[i] <= b[i - 1]) {
       return absl::InvalidArgumentError(
-          absl::StrCat(which, " has boundaries ", absl::StrJoin(b, ","),
-                       ": they must increase (every stage needs at least one segment)"));
+          absl::StrCat(which, ": boundaries ", absl::StrJoin(b, ","),
+                       " must increase (every stage needs at least one segment)"));
     }
   }
   return absl::OkStatus();
@@ -150,7 +150,7 @@ absl::Status Topology::Validate(int num_segments, int64_t global_batch) const {
 }
 
 absl::Status Topology::SetUniformBoundaries(const std::vector<int>& boundaries) {
-  RETURN_IF_ERROR(CheckBoundaries("the stage boundaries", boundaries));
+  RETURN_IF_ERROR(CheckBoundaries("stage boundaries", boundaries));
   for (PipelineLayout& p : pipelines_) {
     if (boundaries.size() != p.boundaries.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -243,18 +243,6 @@ std::string Topology::ToString() const {
   return absl::StrJoin(pipelines_, ";", [](std::string* out, const PipelineLayout& p) {
     absl::StrAppend(out, absl::StrJoin(p.boundaries, ","), ":", p.samples);
   });
-}
-
-std::string Topology::Describe() const {
-  std::string out =
-      absl::StrCat(num_pipelines(), num_pipelines() == 1 ? " pipeline: " : " pipelines: ");
-  for (int k = 0; k < num_pipelines(); ++k) {
-    const PipelineLayout& p = pipelines_[k];
-    absl::StrAppend(&out, k ? ", " : "", p.stages(), p.stages() == 1 ? " stage" : " stages");
-    if (has_boundaries()) absl::StrAppend(&out, " [", absl::StrJoin(p.boundaries, ","), "]");
-    absl::StrAppend(&out, " x", p.samples);
-  }
-  return out;
 }
 
 }  // namespace varuna

@@ -88,8 +88,6 @@ class Topology {
 
   // "0,3,6:12;0,6:4" (unset boundaries print as -1).
   std::string ToString() const;
-  // A short human form for logs and status: "2 pipelines: 3 stages [0,2,4,6) x12 samples, ...".
-  std::string Describe() const;
 
  private:
   std::vector<PipelineLayout> pipelines_;

@@ -197,15 +197,6 @@ absl::Status Varuna::BuildLocal() {
     if (bounds.empty()) {
       ASSIGN_OR_RETURN(bounds, PartitionByCost(model_.SegmentCosts(), stages()));
     }
-    bool ok = static_cast<int>(bounds.size()) == stages() + 1 && bounds.front() == 0 &&
-              bounds.back() == n;
-    for (size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i] > bounds[i - 1];
-    if (!ok) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("stage boundaries ", absl::StrJoin(bounds, ","), " do not split ", n,
-                       " segments into ", stages(), " non-empty stages (want ", stages() + 1,
-                       " increasing indices from 0 to ", n, ")"));
-    }
     RETURN_IF_ERROR(topo_.SetUniformBoundaries(bounds));
   }
   RETURN_IF_ERROR(topo_.Validate(n, global_batch_));
@@ -289,6 +280,23 @@ absl::Status Varuna::BuildLocal() {
       if (group >= 0) dp_groups_[group].params.push_back(static_cast<int>(params_.size()));
       params_.push_back(p.value());
     }
+  }
+  // Flat buckets of at most bucket_bytes per group, laid out once.
+  const int64_t max_elems = std::max<int64_t>(1, options_.bucket_bytes / 4);
+  for (DpGroup& g : dp_groups_) {
+    int64_t numel = 0;
+    for (int i : g.params) {
+      if (g.bucket_of.empty() || (numel > 0 && numel + params_[i].numel() > max_elems)) {
+        if (!g.bucket_of.empty())
+          g.buckets.push_back(torch::empty({numel}, torch::dtype(torch::kFloat).device(device_)));
+        g.bucket_of.emplace_back();
+        numel = 0;
+      }
+      g.bucket_of.back().push_back(i);
+      numel += params_[i].numel();
+    }
+    if (!g.bucket_of.empty())
+      g.buckets.push_back(torch::empty({numel}, torch::dtype(torch::kFloat).device(device_)));
   }
   for (const auto& [first, second] : model_.tied()) {
     for (const std::string& name : {first, second}) {
@@ -635,42 +643,23 @@ absl::Status Varuna::ReduceTiedGradients() {
 absl::Status Varuna::ReduceDataParallel() {
   if (dp_groups_.empty()) return absl::OkStatus();
   return TorchCall("data-parallel all-reduce", [&]() -> absl::Status {
-    const int64_t max_elems = std::max<int64_t>(1, options_.bucket_bytes / 4);
-    std::vector<std::vector<std::vector<int>>> members(dp_groups_.size());
-    for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
-      DpGroup& g = dp_groups_[gi];
-      std::vector<std::vector<int>>& buckets = members[gi];
-      std::vector<int64_t> numels;
-      for (int i : g.params) {
-        if (buckets.empty() ||
-            (numels.back() > 0 && numels.back() + params_[i].numel() > max_elems)) {
-          buckets.emplace_back();
-          numels.push_back(0);
-        }
-        buckets.back().push_back(i);
-        numels.back() += params_[i].numel();
-      }
-      if (g.buckets.size() != buckets.size()) g.buckets.assign(buckets.size(), torch::Tensor());
-      for (size_t b = 0; b < buckets.size(); ++b) {
-        if (!g.buckets[b].defined() || g.buckets[b].numel() != numels[b]) {
-          g.buckets[b] = torch::empty({numels[b]}, torch::dtype(torch::kFloat).device(device_));
-        }
+    std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>> all;
+    for (DpGroup& g : dp_groups_) {
+      for (size_t b = 0; b < g.bucket_of.size(); ++b) {
         int64_t off = 0;
-        for (int i : buckets[b]) {
+        for (int i : g.bucket_of[b]) {
           const int64_t n = params_[i].numel();
           g.buckets[b].narrow(0, off, n).copy_(params_[i].grad().reshape({-1}));
           off += n;
         }
       }
+      all.emplace_back(g.pg, &g.buckets);
     }
-    std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>> all;
-    for (DpGroup& g : dp_groups_) all.emplace_back(g.pg, &g.buckets);
     RETURN_IF_ERROR(AllReduceSumGroups(all, timeout_));
-    for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
-      DpGroup& g = dp_groups_[gi];
-      for (size_t b = 0; b < members[gi].size(); ++b) {
+    for (DpGroup& g : dp_groups_) {
+      for (size_t b = 0; b < g.bucket_of.size(); ++b) {
         int64_t off = 0;
-        for (int i : members[gi][b]) {
+        for (int i : g.bucket_of[b]) {
           const int64_t n = params_[i].numel();
           params_[i].mutable_grad().copy_(g.buckets[b].narrow(0, off, n).view_as(params_[i]));
           off += n;

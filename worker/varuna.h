@@ -222,7 +222,8 @@ class Varuna {
   // their segment; each group's flat buffers, lazily sized.
   struct DpGroup {
     ProcessGroupPtr pg;
-    std::vector<int> params;  // indices into params_
+    std::vector<int> params;                  // indices into params_, layer order
+    std::vector<std::vector<int>> bucket_of;  // params per flat bucket (bucket_bytes each)
     std::vector<torch::Tensor> buckets;
   };
   std::vector<DpGroup> dp_groups_;

@@ -261,7 +261,6 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                        timeout);
   }
   VarunaOptions opts;
-  opts.boundaries = args.stage_boundaries;
   opts.schedule = policy;
   opts.precision = precision;
   opts.seed = spec.train.seed;

@@ -13,11 +13,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+import worker_e2e  # noqa: E402
 from control_plane_e2e import Cluster, wait_for  # noqa: E402
 
 MODULES = ["embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]
@@ -51,20 +51,8 @@ SHAPES = [
 ]
 
 
-def eval_losses(res):
-    found = set()
-    for out in res.outputs:
-        for line in out.splitlines():
-            if "eval_loss=" in line:
-                found.add(float(line.rsplit("eval_loss=", 1)[1].split()[0]))
-    return found
-
-
-class Fixture(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="varuna-hetero-")
-        cls.data = harness.write_text_corpus(os.path.join(cls.tmp, "corpus.txt"))
+class Fixture(worker_e2e.Fixture):
+    """worker_e2e's corpus, eval_loss and assertClose; jobs with parallel.pipelines."""
 
     def job(self, name, pipes=None, train=None, extra=""):
         parallel = {"micro_batch": 2}
@@ -80,22 +68,17 @@ class Fixture(unittest.TestCase):
                         "\n".join(o[-2500:] for o in res.outputs))
         return res
 
-    def assertClose(self, got, want, rel, what):
-        self.assertEqual(len(got), len(want), what)
-        for i, (g, w) in enumerate(zip(got, want)):
-            self.assertLessEqual(abs(g - w), rel * abs(w), f"{what}: step {i + 1}: {g} vs {w}")
-
 
 class WorkerTest(Fixture):
     def test_every_mix_trains_the_one_process_model(self):
         base_run = self.run_ok(1, ["--job", self.job("base")], "1x1")
         base = base_run.losses()
         self.assertLess(base[-1], base[0])
-        (base_eval,) = eval_losses(base_run)
+        (base_eval,) = self.eval_loss(base_run)
         for name, ranks, pipes in SHAPES:
             run = self.run_ok(ranks, ["--job", self.job("h" + name, pipes)], name)
             self.assertClose(run.losses(), base, 1e-4, name)
-            evals = eval_losses(run)
+            evals = self.eval_loss(run)
             self.assertEqual(len(evals), 1, f"{name}: ranks disagree on eval_loss: {evals}")
             self.assertClose(list(evals), [base_eval], 1e-4, f"eval {name}")
             log = "\n".join(run.outputs)
