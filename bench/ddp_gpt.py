@@ -84,7 +84,7 @@ class GptEmbedding(nn.Module):
         self.dropout = dropout
 
     def forward(self, ids):
-        pos = torch.arange(ids.size(1), dtype=ids.dtype)
+        pos = torch.arange(ids.size(1), dtype=ids.dtype, device=ids.device)
         h = F.embedding(ids, self.wte) + F.embedding(pos, self.wpe).unsqueeze(0)
         return F.dropout(h, self.dropout, self.training)
 
@@ -106,8 +106,14 @@ class GptBlock(nn.Module):
         p, train = self.dropout, self.training
         qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, hd).permute(2, 0, 3, 1, 4)
         q, k, v = qkv[0], qkv[1], qkv[2]
+        if hasattr(F, "scaled_dot_product_attention"):  # torch 2.x: fused, as the C++ worker
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p if train else 0.0,
+                                               is_causal=True)
+            y = y.transpose(1, 2).reshape(b, t, d)
+            h = x + F.dropout(self.proj(y), p, train)
+            return h + F.dropout(self.out(F.gelu(self.fc(self.ln2(h)))), p, train)
         att = torch.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
-        mask = torch.ones(t, t, dtype=torch.bool).triu(1)
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         att = F.dropout(torch.softmax(att.masked_fill(mask, float("-inf")), -1), p, train)
         y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, d)
         h = x + F.dropout(self.proj(y), p, train)

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checkpoint_store.h"
@@ -170,6 +171,15 @@ absl::Status JobSpec::Validate() const {
     return Bad("train.momentum", "must be in [0, 1)");
   }
   RETURN_IF_ERROR(OneOf("train.precision", train.precision, {"fp32", "bf16", "fp16"}));
+  {
+    int index = 0;
+    const std::string& d = train.device;
+    const bool numbered = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+                          absl::SimpleAtoi(d.substr(5), &index) && index >= 0;
+    if (d != "auto" && d != "cpu" && d != "cuda" && !numbered) {
+      return Bad("train.device", "must be auto, cpu, cuda or cuda:N");
+    }
+  }
   RETURN_IF_ERROR(Finite("train.init_loss_scale", train.init_loss_scale, 1, 3.4e38));  // FLT_MAX
   RETURN_IF_ERROR(InRange("train.loss_scale_window", train.loss_scale_window, 1, kMaxSteps));
   if (parallel.stages != 0)
@@ -444,6 +454,7 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                                   .Field("beta2", &t.beta2)
                                   .Field("momentum", &t.momentum)
                                   .Field("precision", &t.precision)
+                                  .Field("device", &t.device)
                                   .Field("init_loss_scale", &t.init_loss_scale)
                                   .Field("loss_scale_window", &t.loss_scale_window)
                                   .Field("seed", &t.seed);

@@ -54,8 +54,11 @@ struct TrainSpec {
   double weight_decay = 0.0;        // AdamW decoupled decay; SGD L2
   double beta1 = 0.9;
   double beta2 = 0.95;
-  double momentum = 0.9;             // sgd only
-  std::string precision = "fp32";    // fp32 | bf16 | fp16
+  double momentum = 0.9;           // sgd only
+  std::string precision = "fp32";  // fp32 | bf16 | fp16
+  // auto (a GPU when the worker has CUDA and sees one) | cpu | cuda (GPU LOCAL_RANK mod the
+  // GPU count) | cuda:N
+  std::string device = "auto";
   double init_loss_scale = 65536.0;  // fp16 only
   int64_t loss_scale_window = 1000;  // fp16 only: clean steps before the scale doubles
   uint64_t seed = 1;

@@ -9,7 +9,7 @@ shift
 port=${MASTER_PORT:-$((20000 + RANDOM % 20000))}
 pids=()
 for ((r = 0; r < n; r++)); do
-  RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" &
+  RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port "$@" &
   pids+=($!)
 done
 rc=0

@@ -1,6 +1,6 @@
 #pragma once
 
-// Process groups and pipeline transport over c10d ProcessGroupGloo.
+// Pipeline transport and collectives over a ProcessGroup (worker/process_group.h).
 //
 // Note [Transport]: activations go stage i -> i+1 (tag 0), gradients i+1 -> i (tag 1), on the
 // world group. Each direction has a per-step receiver thread that pre-posts irecvs (a window
@@ -11,45 +11,20 @@
 // dead peer yields DeadlineExceeded/Unavailable, not a hang.
 
 #include <torch/torch.h>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/launch_args.h"
+#include "worker/process_group.h"
 
 namespace varuna {
-
-using ProcessGroupPtr = c10::intrusive_ptr<c10d::ProcessGroupGloo>;
-
-// The groups one rank takes part in. Groups it is not a member of are absent or null.
-struct ProcessGroups {
-  c10::intrusive_ptr<c10d::Store> store;
-  ProcessGroupPtr world;
-  // Data-parallel groups, keyed by their ranks: one per holder set of the topology that
-  // contains this rank (Topology::HolderSets). A segment's gradient is all-reduced over the
-  // group of its holders. Empty with a single pipeline.
-  std::map<std::vector<int>, ProcessGroupPtr> holders;
-  ProcessGroupPtr tied;  // first + last stage of this rank's pipeline (only on those, depth > 1)
-  std::chrono::milliseconds timeout{300000};
-};
-
-// Rendezvous at MASTER_ADDR:MASTER_PORT (rank 0 hosts the TCPStore unless the launcher's agent
-// does) and creates the groups of topo.topology. `has_tied` says whether the model ties
-// parameters. Every rank walks the same list of groups in the same order (world, holder sets,
-// tied pairs) and joins those it belongs to, so no two ranks wait on each other in a cycle.
-absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
-                                                  std::chrono::milliseconds timeout);
 
 // A buffer description for a pre-posted receive.
 struct TensorSpec {
@@ -61,8 +36,10 @@ struct TensorSpec {
 class Receiver {
  public:
   static constexpr int kWindow = 4;
-  Receiver(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout)
-      : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout) {}
+  // Buffers are allocated on `device` (the host unless the group transfers device tensors).
+  Receiver(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout,
+           torch::Device device = torch::kCPU)
+      : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout), device_(device) {}
   ~Receiver() { Join().IgnoreError(); }
 
   // Starts receiving `specs.size()` tensors on a background thread.
@@ -82,11 +59,12 @@ class Receiver {
   ProcessGroupPtr pg_;
   int peer_, tag_;
   std::chrono::milliseconds timeout_;
+  torch::Device device_;
   std::thread thread_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<torch::Tensor> ready_;
-  std::deque<std::pair<torch::Tensor, c10::intrusive_ptr<c10d::Work>>> inflight_;
+  std::deque<std::pair<torch::Tensor, WorkPtr>> inflight_;
   bool aborted_ = false;
   absl::Status error_;
 };
@@ -118,7 +96,7 @@ class Sender {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<torch::Tensor> queue_;
-  std::deque<c10::intrusive_ptr<c10d::Work>> inflight_;
+  std::deque<WorkPtr> inflight_;
   bool aborted_ = false;
   absl::Status error_;
 };

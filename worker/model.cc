@@ -1,5 +1,7 @@
 #include "worker/model.h"
 
+#include <torch/version.h>
+
 #include <torch/script.h>
 
 #include <cmath>
@@ -100,10 +102,19 @@ class GptBlock : public Layer {
     auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
     auto qkv = qkv_(ln1_(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
     auto q = qkv[0], k = qkv[1], v = qkv[2];
+#if TORCH_VERSION_MAJOR >= 2
+    // Fused (flash / memory-efficient) attention where this LibTorch has it (2.0+); the
+    // dropout inside draws from the device generator, which recompute replays.
+    auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
+                                              is_training() ? dropout_ : 0.0, /*is_causal=*/true)
+                 .transpose(1, 2)
+                 .reshape({b, t, d});
+#else
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
     att = F::dropout(torch::softmax(att.masked_fill(mask, -INFINITY), -1), drop);
     auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
+#endif
     auto h = x + F::dropout(proj_(y), drop);
     return h + F::dropout(out_(torch::gelu(fc_(ln2_(h)))), drop);
   }

@@ -317,11 +317,12 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
 
 absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1::Profile* out) {
   const auto& pg = options_.world;
-  const int world = pg->getSize();
+  const int world = pg->size();
   const int me = options_.rank;
   const auto& hosts = options_.hosts;
+  const torch::Device xfer = pg->device_transfers() ? device_ : torch::Device(torch::kCPU);
   auto barrier = [&]() -> absl::Status {
-    std::vector<torch::Tensor> t{torch::zeros({1})};
+    std::vector<torch::Tensor> t{torch::zeros({1}, torch::device(xfer))};
     return AllReduceSum(pg, t, options_.timeout);
   };
   // One pair per locality: rank 0 and the first rank on its host / on another host.
@@ -339,7 +340,7 @@ absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1
     if (peer < 0) continue;
     auto* samples = pass == 0 ? out->mutable_p2p_same_host() : out->mutable_p2p_cross_host();
     for (double bytes : sizes) {
-      torch::Tensor buf = torch::zeros({static_cast<int64_t>(bytes / 4)});
+      torch::Tensor buf = torch::zeros({static_cast<int64_t>(bytes / 4)}, torch::device(xfer));
       std::vector<double> rtts;
       for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
         const auto t0 = Clock::now();
@@ -367,7 +368,8 @@ absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1
   for (double bytes : ar_sizes) {
     std::vector<double> times;
     for (int r = 0; r < options_.warmup + options_.repeats; ++r) {
-      std::vector<torch::Tensor> t{torch::zeros({static_cast<int64_t>(bytes / 4)})};
+      std::vector<torch::Tensor> t{
+          torch::zeros({static_cast<int64_t>(bytes / 4)}, torch::device(xfer))};
       const auto t0 = Clock::now();
       RETURN_IF_ERROR(AllReduceSum(pg, t, options_.timeout));
       if (r >= options_.warmup) times.push_back(Since(t0));
@@ -404,13 +406,15 @@ absl::StatusOr<v1::Profile> Profiler::ProfileAll(const GetBatch& get_batch,
   gethostname(host, sizeof(host) - 1);
   p.set_host(host);
   for (int b : micro_batch_sizes) p.add_micro_batches(b);
-  const bool distributed = options_.world && options_.world->getSize() > 1;
+  const bool distributed = options_.world && options_.world->size() > 1;
   // Compute is measured by rank 0 alone (the others wait), so one busy slot is the baseline;
   // the slowdown when every slot of a host computes at once is measured next.
   const auto long_wait =
       std::max<std::chrono::milliseconds>(options_.timeout, std::chrono::hours(2));
   auto barrier = [&]() -> absl::Status {
-    std::vector<torch::Tensor> t{torch::zeros({1})};
+    const bool on_device = options_.world->device_transfers();
+    std::vector<torch::Tensor> t{
+        torch::zeros({1}, torch::device(on_device ? device_ : torch::kCPU))};
     return AllReduceSum(options_.world, t, long_wait);
   };
   if (options_.rank == 0) RETURN_IF_ERROR(ProfileSegments(get_batch, micro_batch_sizes, &p));
@@ -471,7 +475,7 @@ absl::StatusOr<v1::Profile> Profiler::ProfileAll(const GetBatch& get_batch,
     }
   }
   p.set_tied_bytes(tied);
-  if (options_.world && options_.world->getSize() > 1) {
+  if (options_.world && options_.world->size() > 1) {
     // Sizes every rank can compute alike (only rank 0 has the segment costs).
     double params = 0;
     for (const auto& seg : segments_) {

@@ -1,6 +1,7 @@
 #include "worker/varuna.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
 
 #include <cmath>
 #include <deque>
@@ -12,6 +13,7 @@
 #include "common/logging.h"
 #include "common/partition.h"
 #include "common/status_macros.h"
+#include "worker/device.h"
 #include "worker/torch_status.h"
 
 namespace varuna {
@@ -42,7 +44,7 @@ std::vector<int64_t> MakeMeta(const torch::Tensor& o1, const torch::Tensor& o2) 
 struct Stash {
   int micro_batch;
   torch::Tensor input;
-  torch::Tensor rng_state;
+  RngState rng_state;
 };
 
 // Activations kept for a backward.
@@ -51,16 +53,25 @@ struct Graph {
   torch::Tensor output;
 };
 
-torch::Tensor GetRngState() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
+// A boundary tensor as the transport takes it: on `to` (the host for gloo). Host copies of
+// GPU tensors go through pinned memory.
+torch::Tensor ForTransfer(const torch::Tensor& t, const torch::Device& to) {
+  torch::Tensor d = t.detach();
+  if (d.device() == to) return d.contiguous();
+  if (d.is_cuda() && to.is_cpu()) {
+    torch::Tensor host =
+        torch::empty(d.sizes(), d.options().device(torch::kCPU).pinned_memory(true));
+    host.copy_(d);
+    return host;
+  }
+  return d.to(to).contiguous();
 }
 
-void SetRngState(const torch::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
+// Ranks as threads (tests) share the process's default generator: building layers and seeding
+// it is one step.
+std::mutex& InitMutex() {
+  static std::mutex mu;
+  return mu;
 }
 
 }  // namespace
@@ -153,21 +164,25 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
 // of a failure flag (after the local checks, and at the end), so one rank's failure makes
 // every rank fail at once with a message, instead of the others hanging until the timeout.
 absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
-  if (!groups_.world || groups_.world->getSize() != topo_.world_size() ||
-      groups_.world->getRank() != rank_) {
+  if (!groups_.world || groups_.world->size() != topo_.world_size() ||
+      groups_.world->rank() != rank_) {
     return absl::InvalidArgumentError(absl::StrCat("process groups do not match the topology '",
                                                    topo_.ToString(), "' for rank ", rank_,
                                                    " (create them with CreateProcessGroups)"));
   }
+  xfer_device_ = groups_.world->device_transfers() ? device_ : torch::Device(torch::kCPU);
   absl::Status st = BuildLocal();
   RETURN_IF_ERROR(AgreeOnStartup(st));
+  if (options_.overlap_allreduce)
+    RETURN_IF_ERROR(TorchCall("gradient hooks", [&] { RegisterGradHooks(); }));
   const int P = stages();
   if (stage_ < P - 1) {
     act_tx_ = std::make_unique<Sender>(groups_.world, rank_ + 1, kActTag, timeout_);
-    grad_rx_ = std::make_unique<Receiver>(groups_.world, rank_ + 1, kGradTag, timeout_);
+    grad_rx_ =
+        std::make_unique<Receiver>(groups_.world, rank_ + 1, kGradTag, timeout_, xfer_device_);
   }
   if (stage_ > 0) {
-    act_rx_ = std::make_unique<Receiver>(groups_.world, rank_ - 1, kActTag, timeout_);
+    act_rx_ = std::make_unique<Receiver>(groups_.world, rank_ - 1, kActTag, timeout_, xfer_device_);
     grad_tx_ = std::make_unique<Sender>(groups_.world, rank_ - 1, kGradTag, timeout_);
   }
   st = TieAtStart();
@@ -177,7 +192,8 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
 }
 
 absl::Status Varuna::AgreeOnStartup(const absl::Status& local) {
-  std::vector<torch::Tensor> flag{torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kDouble)};
+  std::vector<torch::Tensor> flag{
+      torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kDouble).to(xfer_device_)};
   absl::Status reduced = AllReduceSum(groups_.world, flag, timeout_);
   if (!local.ok()) return local;
   RETURN_IF_ERROR(reduced);
@@ -242,6 +258,7 @@ absl::Status Varuna::BuildLocal() {
     }
   }
   RETURN_IF_ERROR(TorchCall("building the stage", [&] {
+    std::lock_guard<std::mutex> init(InitMutex());
     for (int s = first_segment_; s < last_segment_; ++s) {
       for (int layer : segments[s]) {
         layers_.push_back(BuildLayer(model_, layer, options_.seed, device_));  // Note [Init]
@@ -281,22 +298,45 @@ absl::Status Varuna::BuildLocal() {
       params_.push_back(p.value());
     }
   }
-  // Flat buckets of at most bucket_bytes per group, laid out once.
-  const int64_t max_elems = std::max<int64_t>(1, options_.bucket_bytes / 4);
-  for (DpGroup& g : dp_groups_) {
-    int64_t numel = 0;
-    for (int i : g.params) {
-      if (g.bucket_of.empty() || (numel > 0 && numel + params_[i].numel() > max_elems)) {
-        if (!g.bucket_of.empty())
-          g.buckets.push_back(torch::empty({numel}, torch::dtype(torch::kFloat).device(device_)));
-        g.bucket_of.emplace_back();
-        numel = 0;
-      }
-      g.bucket_of.back().push_back(i);
-      numel += params_[i].numel();
+  // Flat buckets per group, laid out once in launch order: the backward produces gradients
+  // from the last layer to the first, so buckets are filled in that order (the first at most
+  // first_bucket_bytes, the rest bucket_bytes). Tied parameters get buckets of their own,
+  // posted last: their gradients are complete only after ReduceTiedGradients().
+  std::vector<bool> tied(params_.size(), false);
+  for (const auto& [first, second] : model_.tied()) {
+    for (size_t i = 0; i < named_params_.size(); ++i) {
+      if (named_params_[i].first == first || named_params_[i].first == second) tied[i] = true;
     }
-    if (!g.bucket_of.empty())
-      g.buckets.push_back(torch::empty({numel}, torch::dtype(torch::kFloat).device(device_)));
+  }
+  bucket_of_param_.assign(params_.size(), {-1, -1});
+  for (size_t gi = 0; gi < dp_groups_.size(); ++gi) {
+    DpGroup& g = dp_groups_[gi];
+    for (bool tied_pass : {false, true}) {
+      int64_t numel = 0, cap = std::max<int64_t>(1, options_.first_bucket_bytes / 4);
+      bool open = false;
+      for (auto it = g.params.rbegin(); it != g.params.rend(); ++it) {
+        const int i = *it;
+        if (tied[i] != tied_pass) continue;
+        if (!open || (numel > 0 && numel + params_[i].numel() > cap)) {
+          if (open) cap = std::max<int64_t>(1, options_.bucket_bytes / 4);
+          g.bucket_of.emplace_back();
+          numel = 0;
+          open = true;
+        }
+        g.bucket_of.back().push_back(i);
+        // Tied buckets are never posted by the hooks (their count never reaches zero).
+        if (!tied_pass) {
+          bucket_of_param_[i] = {static_cast<int>(gi), static_cast<int>(g.bucket_of.size()) - 1};
+        }
+        numel += params_[i].numel();
+      }
+    }
+    for (const auto& b : g.bucket_of) {
+      int64_t n = 0;
+      for (int i : b) n += params_[i].numel();
+      g.buckets.push_back(torch::empty({n}, torch::dtype(torch::kFloat).device(device_)));
+      g.missing.push_back(static_cast<int>(b.size()));
+    }
   }
   for (const auto& [first, second] : model_.tied()) {
     for (const std::string& name : {first, second}) {
@@ -337,9 +377,10 @@ absl::Status Varuna::TieAtStart() {
     if (!has_first && !has_second) continue;
     torch::Tensor p = has_first ? mine[first] : mine[second];
     if (has_first) {
-      RETURN_IF_ERROR(SendBlocking(groups_.tied, p.detach().contiguous(), 1, kTieTag, timeout_));
+      RETURN_IF_ERROR(
+          SendBlocking(groups_.tied, ForTransfer(p, xfer_device_), 1, kTieTag, timeout_));
     } else {
-      torch::Tensor buf = torch::empty_like(p);
+      torch::Tensor buf = torch::empty(p.sizes(), p.options().device(xfer_device_));
       RETURN_IF_ERROR(RecvBlocking(groups_.tied, buf, 0, kTieTag, timeout_));
       torch::NoGradGuard g;
       p.copy_(buf);
@@ -382,11 +423,13 @@ torch::Tensor Varuna::StageForward(const torch::Tensor& x, const TensorMap& inpu
 // fails (or whose upstream failed) still passes a meta with ndim = -1 on, so nobody waits.
 absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far) {
   const int P = stages();
-  auto meta_tensor = torch::zeros({2 + 2 * kMaxDims}, torch::kLong);
+  auto meta_tensor =
+      torch::zeros({2 + 2 * kMaxDims}, torch::dtype(torch::kLong).device(xfer_device_));
   absl::Status st = ok_so_far ? absl::OkStatus() : absl::AbortedError("skipped dry run");
   if (stage_ > 0) {
     absl::Status r = RecvBlocking(groups_.world, meta_tensor, rank_ - 1, kMetaTag, timeout_);
     if (st.ok()) st = r;
+    meta_tensor = meta_tensor.cpu();
     in_meta_.assign(meta_tensor.data_ptr<int64_t>(),
                     meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
     if (st.ok() && in_meta_[0] < 0) {
@@ -410,14 +453,14 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far) {
         x1 = torch::zeros(s1.shape, torch::dtype(s1.dtype).device(device_));
         x2 = torch::zeros(s2.shape, torch::dtype(s2.dtype).device(device_));
       }
-      const auto rng = GetRngState();
+      const RngState rng = GetRngState(device_);
       torch::Tensor o1, o2;
       {
         torch::NoGradGuard g;
         o1 = StageForward(x1, one);
         o2 = StageForward(x2, two);
       }
-      SetRngState(rng);
+      SetRngState(device_, rng);
       if (stage_ == P - 1) {
         if (o1.dim() != 0) {
           return absl::InvalidArgumentError(absl::StrCat(
@@ -445,8 +488,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far) {
   if (stage_ < P - 1) {
     std::vector<int64_t> meta = st.ok() ? out_meta_ : std::vector<int64_t>(2 + 2 * kMaxDims, 0);
     if (!st.ok()) meta[0] = -1;
-    absl::Status s = SendBlocking(groups_.world, torch::tensor(meta, torch::kLong), rank_ + 1,
-                                  kMetaTag, timeout_);
+    absl::Status s = SendBlocking(groups_.world, torch::tensor(meta, torch::kLong).to(xfer_device_),
+                                  rank_ + 1, kMetaTag, timeout_);
     if (st.ok()) st = s;
   }
   return st;
@@ -508,6 +551,7 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
   std::deque<Stash> stash;
   std::map<int, Graph> graphs;
   double wait_s = 0;
+  int backwards = 0;
   auto take = [&](Receiver* rx) -> absl::StatusOr<torch::Tensor> {
     const auto t0 = Clock::now();
     auto r = rx->Take();
@@ -536,7 +580,7 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
             if (x.defined()) x.requires_grad_(true);
             out = StageForward(x, mbs[m]);
           } else {
-            if (train) stash.push_back({m, x, GetRngState()});
+            if (train) stash.push_back({m, x, GetRngState(device_)});
             torch::NoGradGuard g;
             out = StageForward(x, mbs[m]);
           }
@@ -546,7 +590,7 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
             *loss_partial += out.item<double>();
             if (train) graphs[m] = {x, out * scale};
           } else {
-            act_tx_->Send(out.detach().to(torch::kCPU).contiguous());
+            act_tx_->Send(ForTransfer(out, xfer_device_));
             if (train && t.keep_graph) graphs[m] = {x, out};
           }
           break;
@@ -558,12 +602,13 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
             return absl::InternalError(absl::StrCat("recompute of micro-batch ", m,
                                                     " found the stash of ", s.micro_batch));
           }
-          const auto saved = GetRngState();
-          SetRngState(s.rng_state);
+          // Note [Recompute RNG]: replay the forward's CPU and CUDA streams (dropout masks).
+          const RngState saved = GetRngState(device_);
+          SetRngState(device_, s.rng_state);
           torch::Tensor x = s.input;
           if (x.defined()) x = x.detach().requires_grad_(true);
           torch::Tensor out = StageForward(x, mbs[m]);
-          SetRngState(saved);
+          SetRngState(device_, saved);
           graphs[m] = {x, out};
           break;
         }
@@ -575,6 +620,12 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
           }
           Graph g = std::move(it->second);
           graphs.erase(it);
+          // The step's last backward completes this stage's gradients: from here the
+          // hooks post each data-parallel bucket as soon as its gradients are final.
+          if (++backwards == M) {
+            std::lock_guard<std::mutex> l(dp_mu_);
+            armed_ = options_.overlap_allreduce;
+          }
           if (last) {
             g.output.backward();
           } else {
@@ -584,7 +635,7 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
           if (grad_tx_) {
             torch::Tensor gx = g.input.grad();
             if (!gx.defined()) gx = torch::zeros_like(g.input);
-            grad_tx_->Send(gx.to(torch::kCPU).contiguous());
+            grad_tx_->Send(ForTransfer(gx, xfer_device_));
           }
           break;
         }
@@ -592,6 +643,10 @@ absl::Status Varuna::RunPipeline(const std::vector<TensorMap>& mbs,
     }
     return absl::OkStatus();
   });
+  {
+    std::lock_guard<std::mutex> l(dp_mu_);
+    armed_ = false;
+  }
   // Join every comm thread even after an error, so none outlives the step.
   if (!st.ok()) {
     for (Receiver* rx : {act_rx_.get(), grad_rx_.get()}) {
@@ -636,26 +691,72 @@ absl::Status Varuna::ReduceTiedGradients() {
   return AllReduceSum(groups_.tied, remote, timeout_);
 }
 
+// Note [Overlapped all-reduce]: a post-hook on each parameter's gradient accumulator (what
+// DDP hooks) fires once the backward has added that parameter's gradient. While armed (the
+// last micro-batch's backward of the step), it counts the bucket's missing gradients down;
+// buckets are posted strictly in their launch order, the same on every member of the group,
+// so collectives match. Posting copies the gradients into the bucket: they are final, so the
+// bucket holds exactly what the non-overlapped path would copy after the pipeline, and the
+// sum is bit-identical. Tied parameters' buckets wait for ReduceTiedGradients().
+void Varuna::RegisterGradHooks() {
+  for (const DpGroup& g : dp_groups_) {
+    for (int i : g.params) {
+      auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+      if (!acc) continue;
+      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+          [this, i](const torch::autograd::variable_list& outputs,
+                    const torch::autograd::variable_list&) {
+            OnGradReady(i);
+            return outputs;
+          }));
+      grad_accs_.push_back(std::move(acc));
+    }
+  }
+}
+
+void Varuna::OnGradReady(int param) {
+  std::lock_guard<std::mutex> l(dp_mu_);
+  if (!armed_) return;
+  const auto [gi, b] = bucket_of_param_[param];
+  if (gi < 0) return;
+  DpGroup& g = dp_groups_[gi];
+  --g.missing[b];
+  LaunchReadyBuckets();
+}
+
+void Varuna::LaunchReadyBuckets() {
+  torch::NoGradGuard no_grad;
+  for (DpGroup& g : dp_groups_) {
+    while (g.next < g.bucket_of.size() && g.missing[g.next] <= 0) {
+      const size_t b = g.next++;
+      int64_t off = 0;
+      for (int i : g.bucket_of[b]) {
+        const int64_t n = params_[i].numel();
+        g.buckets[b].narrow(0, off, n).copy_(params_[i].grad().reshape({-1}));
+        off += n;
+      }
+      g.works.push_back(g.pg->AllReduceSum(g.buckets[b], timeout_));
+    }
+  }
+}
+
 // Note [Data-parallel reduction] (continued): each group's gradients are packed into flat
 // buckets and sum-all-reduced over the group's ranks (the loss was already divided by the
-// global batch, so the sum is the mean gradient). Every group's collectives are in flight at
-// once; a rank's groups are all different process groups, so no order can deadlock.
+// global batch, so the sum is the mean gradient). Whatever the hooks did not post (everything,
+// without overlap; tied parameters; parameters without a gradient) is posted here, in order;
+// a rank's groups are all different process groups, so no order between them can deadlock.
 absl::Status Varuna::ReduceDataParallel() {
   if (dp_groups_.empty()) return absl::OkStatus();
-  return TorchCall("data-parallel all-reduce", [&]() -> absl::Status {
-    std::vector<std::pair<ProcessGroupPtr, std::vector<torch::Tensor>*>> all;
+  std::lock_guard<std::mutex> l(dp_mu_);
+  absl::Status st = TorchCall("data-parallel all-reduce", [&]() -> absl::Status {
+    last_early_buckets_ = 0;
+    for (DpGroup& g : dp_groups_) last_early_buckets_ += static_cast<int>(g.next);
+    for (DpGroup& g : dp_groups_) std::fill(g.missing.begin(), g.missing.end(), 0);
+    LaunchReadyBuckets();
     for (DpGroup& g : dp_groups_) {
-      for (size_t b = 0; b < g.bucket_of.size(); ++b) {
-        int64_t off = 0;
-        for (int i : g.bucket_of[b]) {
-          const int64_t n = params_[i].numel();
-          g.buckets[b].narrow(0, off, n).copy_(params_[i].grad().reshape({-1}));
-          off += n;
-        }
-      }
-      all.emplace_back(g.pg, &g.buckets);
+      for (auto& w : g.works) w->Wait(timeout_);
     }
-    RETURN_IF_ERROR(AllReduceSumGroups(all, timeout_));
+    torch::NoGradGuard no_grad;
     for (DpGroup& g : dp_groups_) {
       for (size_t b = 0; b < g.bucket_of.size(); ++b) {
         int64_t off = 0;
@@ -668,6 +769,16 @@ absl::Status Varuna::ReduceDataParallel() {
     }
     return absl::OkStatus();
   });
+  for (DpGroup& g : dp_groups_) {
+    if (!st.ok()) {
+      for (auto& w : g.works) w->Abort();
+    }
+    g.works.clear();
+    g.next = 0;
+    g.missing.clear();
+    for (const auto& b : g.bucket_of) g.missing.push_back(static_cast<int>(b.size()));
+  }
+  return st;
 }
 
 absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
@@ -734,13 +845,15 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     auto meta =
         torch::tensor({local_overflow ? 1.0 : 0.0, local_overflow || pipeline_ != 0 ? 0.0 : norm_sq,
                        is_last_stage() ? loss : 0.0, stop},
-                      torch::kDouble);
+                      torch::kDouble)
+            .to(xfer_device_);
     if (topo_.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(groups_.world, v, timeout_));
     }
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
+    meta = meta.cpu();
     std::lock_guard<std::mutex> state(state_mu_);
     result.overflow = meta[0].item<double>() > 0;
     result.grad_norm = std::sqrt(meta[1].item<double>());
@@ -783,7 +896,8 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   for (auto& l : layers_) l->train();
   RETURN_IF_ERROR(st);
   const double n = static_cast<double>(inputs.begin()->second.size(0));
-  auto t = torch::tensor({is_last_stage() ? loss : 0.0, is_last_stage() ? n : 0.0}, torch::kDouble);
+  auto t = torch::tensor({is_last_stage() ? loss : 0.0, is_last_stage() ? n : 0.0}, torch::kDouble)
+               .to(xfer_device_);
   std::vector<torch::Tensor> v{t};
   if (topo_.world_size() > 1) RETURN_IF_ERROR(AllReduceSum(groups_.world, v, timeout_));
   v[0] = v[0][0] / v[0][1];

@@ -52,7 +52,13 @@ struct VarunaOptions {
   double init_loss_scale = 65536;
   int64_t loss_scale_window = 1000;
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
-  double timeout_s = 300;           // rendezvous, p2p and collectives (seed-style Create only)
+  // The first bucket in backward order is smaller, so its all-reduce starts early (as DDP).
+  int64_t first_bucket_bytes = 1 << 20;
+  // Note [Overlapped all-reduce]: post each bucket's all-reduce as soon as the last
+  // micro-batch's backward has produced all of its gradients, instead of after the pipeline.
+  // The result is bit-identical either way.
+  bool overlap_allreduce = true;
+  double timeout_s = 300;  // rendezvous, p2p and collectives (seed-style Create only)
   // Stage boundaries (stages+1 segment indices) chosen by the planner; empty = balance the
   // model's own layer costs (PartitionByCost).
   std::vector<int> boundaries;
@@ -158,6 +164,14 @@ class Varuna {
   // Time the last step spent in the pipeline schedule vs waiting on receives (seconds).
   double last_pipeline_s() const { return last_pipeline_s_; }
   double last_wait_s() const { return last_wait_s_; }
+  // Data-parallel buckets the last step posted during the backward (Note [Overlapped
+  // all-reduce]), and how many there are.
+  int last_early_buckets() const { return last_early_buckets_; }
+  int num_buckets() const {
+    int n = 0;
+    for (const auto& g : dp_groups_) n += static_cast<int>(g.bucket_of.size());
+    return n;
+  }
 
  private:
   Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
@@ -175,6 +189,9 @@ class Varuna {
                            double weight_denominator, bool train, double* loss_partial);
   absl::Status ReduceTiedGradients();
   absl::Status ReduceDataParallel();
+  void RegisterGradHooks();
+  void OnGradReady(int param);
+  void LaunchReadyBuckets();  // dp_mu_ held
   absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
   SnapshotLayers(const std::vector<bool>& mine) const;
   std::string CommonJson(const std::vector<int>& writers,
@@ -219,15 +236,25 @@ class Varuna {
   std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
   absl::Status upload_status_;
   // Note [Data-parallel reduction]: this stage's parameters grouped by the holder set of
-  // their segment; each group's flat buffers, lazily sized.
+  // their segment; each group's flat buckets, laid out once, in launch order.
   struct DpGroup {
     ProcessGroupPtr pg;
     std::vector<int> params;                  // indices into params_, layer order
-    std::vector<std::vector<int>> bucket_of;  // params per flat bucket (bucket_bytes each)
+    std::vector<std::vector<int>> bucket_of;  // params per flat bucket, in launch order
     std::vector<torch::Tensor> buckets;
+    // Per step: gradients still missing per bucket, the next bucket to post, works posted.
+    std::vector<int> missing;
+    size_t next = 0;
+    std::vector<WorkPtr> works;
   };
   std::vector<DpGroup> dp_groups_;
+  std::vector<std::pair<int, int>> bucket_of_param_;  // (group, bucket) per params_ index
+  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accs_;  // kept alive for the hooks
+  std::mutex dp_mu_;    // the autograd thread posts buckets while the compute thread may flush
+  bool armed_ = false;  // hooks post buckets (during the last micro-batch's backward)
+  torch::Device xfer_device_{torch::kCPU};  // where boundary tensors travel
   double last_pipeline_s_ = 0, last_wait_s_ = 0;
+  int last_early_buckets_ = 0;
 
   std::unique_ptr<Receiver> act_rx_, grad_rx_;
   std::unique_ptr<Sender> act_tx_, grad_tx_;

@@ -25,6 +25,7 @@
 #include "common/profile.h"
 #include "common/status_macros.h"
 #include "worker/data.h"
+#include "worker/device.h"
 #include "worker/heterogeneous.h"
 #include "worker/profiler.h"
 #include "worker/torch_status.h"
@@ -102,7 +103,8 @@ std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
 // reports it in its progress file.
 absl::Status RunProfiler(const JobSpec& spec, int64_t global_batch, Model model, TokenDataset& data,
                          const WorkerTopology& topo, const ProcessGroups& groups,
-                         const std::string& out, std::chrono::milliseconds timeout) {
+                         const std::string& out, std::chrono::milliseconds timeout,
+                         torch::Device device) {
   ProfilerOptions po;
   po.model_key = ModelKey(spec.model);
   po.optimizer = spec.train.optimizer;
@@ -129,7 +131,7 @@ absl::Status RunProfiler(const JobSpec& spec, int64_t global_batch, Model model,
   std::vector<int> sizes;
   const int64_t cap = std::min<int64_t>(32, global_batch);
   for (int b = 1; b <= cap; b *= 2) sizes.push_back(b);
-  Profiler profiler(std::move(model), torch::Device(torch::kCPU), precision, po);
+  Profiler profiler(std::move(model), device, precision, po);
   auto get_batch = [&data](int n) { return data.Batch(0, n); };
   RETURN_IF_ERROR(profiler.Initialize(get_batch));
   const auto t0 = Clock::now();
@@ -254,11 +256,26 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
 
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
-  ASSIGN_OR_RETURN(ProcessGroups groups, CreateProcessGroups(topo, !model.tied().empty(), timeout));
+  absl::StatusOr<torch::Device> device = ResolveDevice(spec.train.device, topo.local_rank);
+  if (!device.ok()) return MarkBadInput(device.status());
+  // Ranks on this machine (the agent and torchrun set LOCAL_WORLD_SIZE): more than its GPUs
+  // means ranks share a GPU, which NCCL cannot do.
+  int local_world = topo.world_size;
+  if (auto w = GetEnv("LOCAL_WORLD_SIZE");
+      w && (!absl::SimpleAtoi(*w, &local_world) || local_world < 1)) {
+    local_world = topo.world_size;
+  }
+  absl::StatusOr<Backend> backend =
+      ChooseBackend(*device, local_world, device->is_cuda() ? CudaDeviceCount() : 0);
+  if (!backend.ok()) return MarkBadInput(backend.status());
+  LOG(INFO) << "rank=" << topo.rank << " device=" << device->str()
+            << " backend=" << BackendName(*backend);
+  ASSIGN_OR_RETURN(ProcessGroups groups,
+                   CreateProcessGroups(topo, !model.tied().empty(), timeout, *backend));
   if (!args.profile_out.empty()) {
     started->store(true);
     return RunProfiler(spec, profile_batch, std::move(model), data, topo, groups, args.profile_out,
-                       timeout);
+                       timeout, *device);
   }
   VarunaOptions opts;
   opts.schedule = policy;
@@ -268,9 +285,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   opts.init_loss_scale = spec.train.init_loss_scale;
   opts.loss_scale_window = spec.train.loss_scale_window;
   opts.stop_flag = &g_stop_requested;
-  ASSIGN_OR_RETURN(auto engine, Varuna::Create(std::move(model), topo.topology, topo.rank,
-                                               std::move(groups), data.Batch(0, 2),
-                                               topo.micro_batch, torch::Device(torch::kCPU), opts));
+  ASSIGN_OR_RETURN(auto engine,
+                   Varuna::Create(std::move(model), topo.topology, topo.rank, std::move(groups),
+                                  data.Batch(0, 2), topo.micro_batch, *device, opts));
   engine->set_optimizer(MakeOptimizer(spec.train, engine->named_parameters()));
   const TrainSpec train = spec.train;
   auto lr_at = [train](int64_t step) {

@@ -54,6 +54,20 @@ train: {lrr: 1}
   EXPECT_THAT(nested, StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'train.lrr'"));
 }
 
+TEST(JobSpecTest, DeviceIsAutoCpuOrCuda) {
+  for (const char* ok : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"}) {
+    auto spec = ParseJobSpec(absl::StrCat("data: {path: /x}\ntrain: {device: '", ok, "'}\n"));
+    ASSERT_TRUE(spec.ok()) << ok << ": " << spec.status();
+    EXPECT_EQ(spec->train.device, ok);
+  }
+  EXPECT_EQ(ParseJobSpec("data: {path: /x}\n")->train.device, "auto");
+  for (const char* bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", "CUDA", "cuda:99999"}) {
+    EXPECT_THAT(ParseJobSpec(absl::StrCat("data: {path: /x}\ntrain: {device: '", bad, "'}\n")),
+                StatusIs(absl::StatusCode::kInvalidArgument, "train.device"))
+        << bad;
+  }
+}
+
 TEST(JobSpecTest, BadValuesAreNamed) {
   EXPECT_THAT(ParseJobSpec("data: {path: /x}\ntrain: {lr: -1}\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, "train.lr"));

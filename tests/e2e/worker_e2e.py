@@ -228,6 +228,9 @@ class BadInputTest(Fixture):
         self.expect_error(["--job", good, "--resume_step", "latest"], "checkpoint.dir")
         mism = self.job("mism", parallel={"stages": 4})
         self.expect_error(["--job", mism, "--stage_to_rank_map", "0;1;"], "disagrees")
+        # A GPU asked for on this CPU-only build (or a machine without one) is named.
+        gpu = self.job("gpu", train={"device": "cuda"})
+        self.expect_error(["--job", gpu, "--stage_to_rank_map", "0;1;"], "train.device 'cuda'")
 
     def test_dead_peer_is_an_error_not_a_hang(self):
         # Rank 1 never starts: rank 0 must give up after the configured timeout.

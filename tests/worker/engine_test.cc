@@ -1,0 +1,229 @@
+// The engine with ranks as threads (worker/thread_process_group.h): parity of every P x D
+// shape and of a heterogeneous mix with one process, the overlapped all-reduce's bit-identity,
+// and a dead peer failing the survivors instead of hanging them.
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+#include "worker/thread_process_group.h"
+#include "worker/varuna.h"
+
+namespace varuna {
+namespace {
+
+using ::varuna::testing::StatusIs;
+
+constexpr int kSeqLen = 8;
+
+ModelSpec GptSpec() {
+  ModelSpec spec;
+  spec.layers = 4;
+  spec.d_model = 32;
+  spec.heads = 2;
+  spec.seq_len = kSeqLen;
+  spec.vocab = 64;
+  return spec;
+}
+
+// A fixed global batch: sample i of every step is the same on every shape.
+TensorMap Batch(int64_t step, int64_t n) {
+  torch::manual_seed(1000 + step);
+  auto ids = torch::randint(0, 64, {n, kSeqLen + 1}, torch::kLong);
+  return {{"input_ids", ids.narrow(1, 0, kSeqLen).contiguous()},
+          {"labels", ids.narrow(1, 1, kSeqLen).contiguous()}};
+}
+
+TensorMap Slice(const TensorMap& m, int64_t start, int64_t len) {
+  TensorMap out;
+  for (const auto& [k, t] : m) out[k] = t.narrow(0, start, len);
+  return out;
+}
+
+struct RankResult {
+  std::vector<double> losses;
+  std::vector<std::pair<std::string, torch::Tensor>> params;  // after the last step
+  absl::Status status;
+  int early_buckets = 0, buckets = 0;  // of the last step
+};
+
+struct RunOptions {
+  int steps = 3;
+  int chunk = 2;
+  bool overlap = true;
+  int64_t bucket_bytes = 25 << 20;
+  int64_t first_bucket_bytes = 1 << 20;
+  std::chrono::milliseconds timeout{20000};
+  int die_at_step = -1;  // rank 0 stops taking part before this step
+};
+
+// Trains `topology` with one thread per rank; returns each rank's results.
+std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
+  const int world = topology.world_size();
+  // Batches are drawn up front: the generator is shared by the rank threads.
+  std::vector<TensorMap> batches;
+  for (int s = 0; s < o.steps; ++s) batches.push_back(Batch(s, topology.global_batch()));
+  const TensorMap dummy = Batch(99, 2);
+  auto shared = std::make_shared<ThreadWorld>();
+  std::vector<RankResult> results(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      RankResult& out = results[r];
+      ThreadFactory factory(shared);
+      absl::StatusOr<Model> model = BuildModel(GptSpec());
+      if (!model.ok()) {
+        out.status = model.status();
+        return;
+      }
+      auto groups = CreateGroups(factory, topology, r, !model->tied().empty(), o.timeout);
+      if (!groups.ok()) {
+        out.status = groups.status();
+        return;
+      }
+      VarunaOptions opts;
+      opts.seed = 5;
+      opts.clip_grad_norm = 1.0;
+      opts.overlap_allreduce = o.overlap;
+      opts.bucket_bytes = o.bucket_bytes;
+      opts.first_bucket_bytes = o.first_bucket_bytes;
+      auto engine = Varuna::Create(*std::move(model), topology, r, *std::move(groups), dummy,
+                                   o.chunk, torch::kCPU, opts);
+      if (!engine.ok()) {
+        out.status = engine.status();
+        return;
+      }
+      (*engine)->set_optimizer(std::make_shared<torch::optim::AdamW>(
+          (*engine)->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0)));
+      const Topology& t = (*engine)->topology();
+      const int k = t.PipelineOf(r);
+      for (int s = 0; s < o.steps; ++s) {
+        if (r == 0 && s == o.die_at_step) return;  // a preempted machine
+        auto res = (*engine)->step(Slice(batches[s], t.SampleOffset(k), t.pipeline(k).samples));
+        if (!res.ok()) {
+          out.status = res.status();
+          return;
+        }
+        out.losses.push_back(res->loss);
+      }
+      out.early_buckets = (*engine)->last_early_buckets();
+      out.buckets = (*engine)->num_buckets();
+      for (auto& [name, p] : (*engine)->named_parameters()) {
+        out.params.emplace_back(name, p.detach().clone());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
+Topology Uniform(int P, int D, int64_t batch) {
+  Topology t = *Topology::Uniform(P, D, batch);
+  return t;
+}
+
+void ExpectClose(const std::vector<double>& a, const std::vector<double>& b, double rel) {
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_NEAR(a[i], b[i], rel * std::abs(b[i])) << "step " << i + 1;
+  }
+}
+
+TEST(EngineTest, EveryShapeMatchesOneProcess) {
+  const RunOptions o;
+  const auto reference = Train(Uniform(1, 1, 8), o);
+  ASSERT_TRUE(reference[0].status.ok()) << reference[0].status;
+  ASSERT_EQ(reference[0].losses.size(), 3u);
+  // The loss moves (the optimizer really steps).
+  EXPECT_NE(reference[0].losses[0], reference[0].losses[2]);
+  for (auto [P, D] : std::vector<std::pair<int, int>>{{2, 1}, {1, 2}, {2, 2}, {3, 1}, {1, 4}}) {
+    SCOPED_TRACE(absl::StrCat("P=", P, " D=", D));
+    const auto got = Train(Uniform(P, D, 8), o);
+    for (const auto& r : got) ASSERT_TRUE(r.status.ok()) << r.status;
+    // Every last stage reports the same global loss.
+    for (int k = 0; k < D; ++k) ExpectClose(got[k * P + P - 1].losses, reference[0].losses, 1e-5);
+  }
+}
+
+TEST(EngineTest, HeterogeneousPipelinesMatchOneProcess) {
+  const auto reference = Train(Uniform(1, 1, 8), RunOptions());
+  ASSERT_TRUE(reference[0].status.ok()) << reference[0].status;
+  // A 2-stage pipeline with 6 samples beside a 1-stage one with 2 (segments: embed, 4 blocks,
+  // head).
+  ASSERT_OK_AND_ASSIGN(Topology t, Topology::Parse("0,3,6:6;0,6:2"));
+  const auto got = Train(t, RunOptions());
+  for (const auto& r : got) ASSERT_TRUE(r.status.ok()) << r.status;
+  ExpectClose(got[1].losses, reference[0].losses, 1e-5);
+  ExpectClose(got[2].losses, reference[0].losses, 1e-5);
+}
+
+// Note [Overlapped all-reduce]: posting buckets from the backward's hooks changes when they are
+// summed, never what: losses and parameters are bit-identical to the non-overlapped path, with
+// many small buckets (so several are posted mid-backward) and with the default ones.
+TEST(EngineTest, OverlappedAllReduceIsBitIdentical) {
+  for (int64_t bucket : {int64_t{4096}, int64_t{25} << 20}) {
+    for (auto [P, D] : std::vector<std::pair<int, int>>{{1, 3}, {2, 2}}) {
+      SCOPED_TRACE(absl::StrCat("bucket=", bucket, " P=", P, " D=", D));
+      RunOptions o;
+      o.bucket_bytes = bucket;
+      o.first_bucket_bytes = std::min<int64_t>(bucket, 1024);
+      o.overlap = false;
+      const auto base = Train(Uniform(P, D, 12), o);
+      o.overlap = true;
+      const auto over = Train(Uniform(P, D, 12), o);
+      for (int r = 0; r < P * D; ++r) {
+        ASSERT_TRUE(base[r].status.ok()) << base[r].status;
+        ASSERT_TRUE(over[r].status.ok()) << over[r].status;
+        EXPECT_EQ(base[r].losses, over[r].losses) << "rank " << r;
+        EXPECT_EQ(base[r].early_buckets, 0);
+        // Small buckets: several are posted while the backward is still running.
+        if (bucket < 10000) EXPECT_GT(over[r].early_buckets, 1) << "rank " << r;
+        EXPECT_LT(over[r].early_buckets, over[r].buckets) << "tied buckets wait for the pipeline";
+        ASSERT_EQ(base[r].params.size(), over[r].params.size());
+        for (size_t i = 0; i < base[r].params.size(); ++i) {
+          EXPECT_TRUE(torch::equal(base[r].params[i].second, over[r].params[i].second))
+              << "rank " << r << " " << base[r].params[i].first;
+        }
+      }
+    }
+  }
+}
+
+// A rank that stops taking part mid-run (a preempted VM) fails its peers' next collective or
+// receive within the timeout: nobody hangs, and the error names a timeout.
+TEST(EngineTest, ADeadPeerFailsTheSurvivorsWithinTheTimeout) {
+  RunOptions o;
+  o.die_at_step = 1;
+  o.timeout = std::chrono::milliseconds(1500);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto got = Train(Uniform(2, 2, 8), o);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(s, 30.0);
+  for (int r = 1; r < 4; ++r) {
+    EXPECT_THAT(got[r].status, StatusIs(absl::StatusCode::kDeadlineExceeded, "timed out"))
+        << "rank " << r;
+    EXPECT_EQ(got[r].losses.size(), 1u) << "rank " << r;
+  }
+}
+
+TEST(EngineTest, GroupsThatDoNotMatchTheTopologyAreRefused) {
+  auto shared = std::make_shared<ThreadWorld>();
+  ThreadFactory factory(shared);
+  const Topology small = Uniform(1, 1, 8);
+  ASSERT_OK_AND_ASSIGN(ProcessGroups g,
+                       CreateGroups(factory, small, 0, true, std::chrono::seconds(5)));
+  ASSERT_OK_AND_ASSIGN(Model m, BuildModel(GptSpec()));
+  EXPECT_THAT(Varuna::Create(std::move(m), Uniform(2, 1, 8), 0, g, Batch(0, 2), 2, torch::kCPU,
+                             VarunaOptions())
+                  .status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "process groups do not match"));
+}
+
+}  // namespace
+}  // namespace varuna

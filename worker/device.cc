@@ -1,0 +1,91 @@
+#include "worker/device.h"
+
+#include <ATen/Context.h>
+#include <ATen/core/Generator.h>
+
+#include <mutex>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace varuna {
+namespace {
+
+at::Generator CudaGenerator(const torch::Device& device) {
+  // Through the hooks interface, so a CPU-only LibTorch links: it is never called there.
+  return at::detail::getCUDAHooks().getDefaultCUDAGenerator(device.has_index() ? device.index()
+                                                                               : -1);
+}
+
+torch::Tensor StateOf(at::Generator gen) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void Restore(at::Generator gen, const torch::Tensor& state) {
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+}  // namespace
+
+RngState GetRngState(const torch::Device& device) {
+  RngState s;
+  s.cpu = StateOf(at::detail::getDefaultCPUGenerator());
+  if (device.is_cuda()) s.cuda = StateOf(CudaGenerator(device));
+  return s;
+}
+
+void SetRngState(const torch::Device& device, const RngState& state) {
+  Restore(at::detail::getDefaultCPUGenerator(), state.cpu);
+  if (device.is_cuda() && state.cuda.defined()) Restore(CudaGenerator(device), state.cuda);
+}
+
+void SeedRng(const torch::Device& device, uint64_t seed) {
+  {
+    auto gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+  if (device.is_cuda()) {
+    auto gen = CudaGenerator(device);
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+}
+
+bool CudaAvailable() { return torch::cuda::is_available(); }
+int CudaDeviceCount() { return static_cast<int>(torch::cuda::device_count()); }
+
+absl::StatusOr<torch::Device> ResolveDevice(const std::string& want, int local_rank) {
+  if (want == "cpu" || (want == "auto" && !CudaAvailable())) return torch::Device(torch::kCPU);
+  int index = -1;
+  if (want.rfind("cuda:", 0) == 0) {
+    if (!absl::SimpleAtoi(want.substr(5), &index) || index < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.device '", want, "': expected auto, cpu, cuda or cuda:N"));
+    }
+  } else if (want != "cuda" && want != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.device '", want, "': expected auto, cpu, cuda or cuda:N"));
+  }
+  const int gpus = CudaAvailable() ? CudaDeviceCount() : 0;
+  if (gpus == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "train.device '", want, "' needs a GPU, but ",
+#ifdef VARUNA_WITH_CUDA
+        "none is visible (CUDA_VISIBLE_DEVICES, driver)"
+#else
+        "this varuna-worker was built against a CPU-only LibTorch (docs/gpu.md)"
+#endif
+        ));
+  }
+  if (index < 0) index = std::max(0, local_rank) % gpus;
+  if (index >= gpus) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.device '", want, "': this machine has ", gpus, " GPU(s)"));
+  }
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+}  // namespace varuna

@@ -1,0 +1,37 @@
+#pragma once
+
+// The compute device: which one a rank uses, and one RNG helper for the CPU and CUDA
+// generators (recompute replays a forward's dropout masks exactly: Note [Recompute RNG] in
+// varuna.cc).
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace varuna {
+
+// The state of the generators a forward on `device` draws from: the default CPU generator,
+// plus the device's default CUDA generator when `device` is a GPU.
+struct RngState {
+  torch::Tensor cpu;
+  torch::Tensor cuda;  // undefined on the CPU
+};
+
+RngState GetRngState(const torch::Device& device);
+void SetRngState(const torch::Device& device, const RngState& state);
+
+// Seeds the default CPU generator and, on a GPU, that device's generator.
+void SeedRng(const torch::Device& device, uint64_t seed);
+
+// Whether this LibTorch was built with CUDA and sees a GPU.
+bool CudaAvailable();
+int CudaDeviceCount();
+
+// The device for the job's `train.device` (auto | cpu | cuda | cuda:N) on the rank with
+// `local_rank`: `cuda` is GPU local_rank mod the GPU count (several ranks may share one);
+// `auto` is `cuda` when this build has CUDA and sees a GPU, else the CPU.
+absl::StatusOr<torch::Device> ResolveDevice(const std::string& want, int local_rank);
+
+}  // namespace varuna

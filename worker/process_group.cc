@@ -1,0 +1,269 @@
+#include "worker/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef VARUNA_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/torch_status.h"
+
+namespace varuna {
+namespace {
+
+// Note [Process groups]: c10d's groups (ProcessGroup in LibTorch 1.13, Backend in 2.x) share
+// the method names used here, so one adapter serves both for gloo and NCCL.
+class C10dWork : public Work {
+ public:
+  explicit C10dWork(c10::intrusive_ptr<c10d::Work> w) : w_(std::move(w)) {}
+  void Wait(std::chrono::milliseconds timeout) override { w_->wait(timeout); }
+  void Abort() override {
+    // Gloo's point-to-point works can be aborted; its collectives throw "not implemented"
+    // (they end on their own timeout): nothing more to do for those.
+    try {
+      w_->abort();
+    } catch (const std::exception&) {
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> w_;
+};
+
+template <typename PG>
+class C10dGroup : public ProcessGroup {
+ public:
+  C10dGroup(c10::intrusive_ptr<PG> pg, std::string backend, bool device_transfers)
+      : pg_(std::move(pg)), backend_(std::move(backend)), device_(device_transfers) {}
+  int rank() const override { return pg_->getRank(); }
+  int size() const override { return pg_->getSize(); }
+  std::string backend() const override { return backend_; }
+  bool device_transfers() const override { return device_; }
+  WorkPtr Send(const torch::Tensor& t, int peer, int tag) override {
+    std::vector<torch::Tensor> buf{t};
+    return std::make_shared<C10dWork>(pg_->send(buf, peer, tag));
+  }
+  WorkPtr Recv(const torch::Tensor& t, int peer, int tag) override {
+    std::vector<torch::Tensor> buf{t};
+    return std::make_shared<C10dWork>(pg_->recv(buf, peer, tag));
+  }
+  WorkPtr AllReduceSum(const torch::Tensor& t, std::chrono::milliseconds timeout) override {
+    std::vector<torch::Tensor> buf{t};
+    c10d::AllreduceOptions opts;
+    opts.timeout = timeout;
+    return std::make_shared<C10dWork>(pg_->allreduce(buf, opts));
+  }
+
+ private:
+  c10::intrusive_ptr<PG> pg_;
+  std::string backend_;
+  bool device_;
+};
+
+std::shared_ptr<::gloo::transport::Device> MakeGlooDevice(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  // Under varuna-agent: the address this machine is known by. The hostname may resolve to
+  // another interface (or to nothing) on multi-homed VMs.
+  if (const char* addr = std::getenv("VARUNA_NODE_ADDR");
+      addr != nullptr && *addr && std::string(addr) != "0.0.0.0" && std::string(addr) != "::") {
+    std::shared_ptr<::gloo::transport::Device> device;
+    const absl::Status s = TorchCall("gloo device for VARUNA_NODE_ADDR", [&] {
+      device = c10d::ProcessGroupGloo::createDeviceForHostname(addr);
+    });
+    if (s.ok()) return device;
+    // E.g. a NAT'd advertise_host that is not an address of this machine.
+    LOG(WARNING) << s.message() << "; using the hostname's address instead";
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+int IndexIn(const std::vector<int>& members, int rank) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rank) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+class GlooFactory : public ProcessGroupFactory {
+ public:
+  GlooFactory(c10::intrusive_ptr<c10d::Store> store, std::string master_addr,
+              std::chrono::milliseconds timeout)
+      : store_(std::move(store)), master_addr_(std::move(master_addr)), timeout_(timeout) {}
+  Backend backend() const override { return Backend::kGloo; }
+  absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
+                                         int rank) override {
+    ProcessGroupPtr out;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("gloo group ", name), [&] {
+      if (!device_) device_ = MakeGlooDevice(master_addr_);
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+      opts->devices.push_back(device_);
+      opts->threads = 2;
+      out = std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(
+          c10::make_intrusive<c10d::ProcessGroupGloo>(
+              c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
+              static_cast<int>(members.size()), opts),
+          "gloo", /*device_transfers=*/false);
+    }));
+    return out;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string master_addr_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+};
+
+#ifdef VARUNA_WITH_NCCL
+// Blocking wait makes Work::wait honour its timeout and abort the communicator on expiry, so
+// a dead peer fails the survivors' collectives instead of hanging them (morphing relies on it).
+class NcclFactory : public ProcessGroupFactory {
+ public:
+  NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout)
+      : store_(std::move(store)), timeout_(timeout) {
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+  }
+  Backend backend() const override { return Backend::kNccl; }
+  absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
+                                         int rank) override {
+    ProcessGroupPtr out;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("nccl group ", name), [&] {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout_;
+      out = std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(
+              c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
+              static_cast<int>(members.size()), opts),
+          "nccl", /*device_transfers=*/true);
+    }));
+    return out;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+};
+#endif
+
+}  // namespace
+
+const char* BackendName(Backend b) {
+  switch (b) {
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kThreads:
+      return "threads";
+  }
+  return "?";
+}
+
+absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const Topology& t,
+                                           int rank, bool has_tied,
+                                           std::chrono::milliseconds timeout) {
+  ProcessGroups g;
+  g.timeout = timeout;
+  std::vector<int> all(t.world_size());
+  for (int i = 0; i < t.world_size(); ++i) all[i] = i;
+  ASSIGN_OR_RETURN(g.world, factory.Create("world", all, rank));
+  for (const std::vector<int>& ranks : t.HolderSets()) {
+    if (IndexIn(ranks, rank) < 0) continue;
+    ASSIGN_OR_RETURN(g.holders[ranks],
+                     factory.Create(absl::StrCat("dp:", absl::StrJoin(ranks, ",")), ranks, rank));
+  }
+  for (int k = 0; has_tied && k < t.num_pipelines(); ++k) {
+    const PipelineLayout& p = t.pipeline(k);
+    if (p.stages() < 2) continue;
+    const std::vector<int> pair{p.first_rank, p.first_rank + p.stages() - 1};
+    if (IndexIn(pair, rank) < 0) continue;
+    ASSIGN_OR_RETURN(g.tied, factory.Create(absl::StrCat("tied", k), pair, rank));
+  }
+  return g;
+}
+
+absl::StatusOr<Backend> ChooseBackend(const torch::Device& device, int local_world_size, int gpus) {
+#ifdef VARUNA_WITH_NCCL
+  constexpr bool kHaveNccl = true;
+#else
+  constexpr bool kHaveNccl = false;
+#endif
+  if (const char* env = std::getenv("VARUNA_BACKEND"); env != nullptr && *env) {
+    const std::string b = env;
+    if (b == "gloo") return Backend::kGloo;
+    if (b == "nccl") {
+      if (!kHaveNccl) {
+        return absl::FailedPreconditionError(
+            "VARUNA_BACKEND=nccl, but this varuna-worker was built against a LibTorch without "
+            "NCCL (build against a CUDA LibTorch: docs/gpu.md)");
+      }
+      if (!device.is_cuda()) {
+        return absl::FailedPreconditionError("VARUNA_BACKEND=nccl needs a CUDA device");
+      }
+      return Backend::kNccl;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("VARUNA_BACKEND='", b, "': expected gloo or nccl"));
+  }
+  if (kHaveNccl && device.is_cuda() && local_world_size <= gpus) return Backend::kNccl;
+  return Backend::kGloo;
+}
+
+absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
+                                                  std::chrono::milliseconds timeout,
+                                                  Backend backend) {
+  c10::intrusive_ptr<c10d::Store> store;
+  const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
+  RETURN_IF_ERROR(TorchCall(where, [&] {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(topo.master_port);
+    o.isServer = topo.rank == 0 && !topo.store_is_external;
+    o.numWorkers =
+        topo.store_is_external ? c10::nullopt : c10::optional<std::size_t>(topo.world_size);
+    o.waitWorkers = false;
+    o.timeout = timeout;
+    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
+    // torchrun restarts workers against the same store: keys are per attempt, as in PyTorch.
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("varuna/attempt_", attempt != nullptr ? attempt : "0"), tcp);
+  }));
+  std::unique_ptr<ProcessGroupFactory> factory;
+  switch (backend) {
+    case Backend::kGloo:
+      factory = std::make_unique<GlooFactory>(store, topo.master_addr, timeout);
+      break;
+    case Backend::kNccl:
+#ifdef VARUNA_WITH_NCCL
+      factory = std::make_unique<NcclFactory>(store, timeout);
+      break;
+#else
+      return absl::FailedPreconditionError("this build has no NCCL");
+#endif
+    case Backend::kThreads:
+      return absl::InvalidArgumentError(
+          "thread process groups are made with ThreadWorld, not a rendezvous");
+  }
+  absl::StatusOr<ProcessGroups> g =
+      CreateGroups(*factory, topo.topology, topo.rank, has_tied, timeout);
+  if (!g.ok())
+    return absl::Status(g.status().code(), absl::StrCat(where, ": ", g.status().message()));
+  g->store = store;
+  LOG(INFO) << "rank=" << topo.rank << " process groups on " << BackendName(backend);
+  return g;
+}
+
+}  // namespace varuna
