@@ -173,9 +173,13 @@ for line in open(os.path.join(tmp, "others.txt")):
     s_, _, o = line.split()
     others.setdefault(s_, []).append(float(o))
 ddp, var = st.median(pooled["ddp"]), st.median(pooled["varuna"])
-ratio = var / ddp
 cpu_ratio = st.median(cpu_ratios)
-print(f"| all | {ddp:.2f} | {var:.2f} | {ratio:.3f} | | | {cpu_ratio:.3f} (median) |")
+# The headline is the median of the per-round ratios: each round runs both systems back to
+# back, so a slow stretch of the machine (VM steal) hits both; pooling steps across rounds
+# would let the slow rounds' mix decide.
+ratio = st.median(ratios)
+print(f"| median of rounds | | | {ratio:.3f} | | | {cpu_ratio:.3f} |")
+print(f"| all steps pooled | {ddp:.2f} | {var:.2f} | {var / ddp:.3f} | | | |")
 print("(samples/CPU-s: every sample of the whole run, start-up included, over the CPU seconds "
       "its processes were billed)")
 print(f"\ntarget varuna/ddp >= 1.05x: {'met' if ratio >= 1.05 else 'NOT met'} ({ratio:.3f}x "
