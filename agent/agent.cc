@@ -26,6 +26,7 @@
 #include "common/topology.h"
 #include "common/yaml_util.h"
 #include "glog/logging.h"
+#include "google/protobuf/util/json_util.h"
 
 extern char** environ;
 
@@ -102,6 +103,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "name") return str(&c->name);
         if (key == "manager") return str(&c->manager);
         if (key == "listen") return str(&c->listen);
+        if (key == "http_listen") return str(&c->http_listen);
         if (key == "advertise_host") return str(&c->advertise_host);
         if (key == "slots") return ReadInto(v, what, key, &c->slots);
         if (key == "work_dir") return str(&c->work_dir);
@@ -120,7 +122,8 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "notice_poll_period_s") return seconds(&c->notice_poll_period);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
-            "' (known: name, manager, listen, advertise_host, slots, work_dir, worker_binary, "
+            "' (known: name, manager, listen, http_listen, advertise_host, slots, work_dir, "
+            "worker_binary, "
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
             "notice_poll_period_s)"));
@@ -300,7 +303,11 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     LOG(INFO) << who << " rank=" << r.rank() << " started pid=" << w.pid;
     workers_[key] = std::move(w);
     ++started;
+    if (ever_started_.size() > 100000) ever_started_.clear();  // bounded
+    const bool restart = !ever_started_.insert(key).second;
+    if (metrics_) metrics_->OnWorkerStarted(req.job_id(), restart);
   }
+  UpdateWorkerMetrics();
   if (started == 0) VLOG(1) << who << " repeated launch; nothing new";
   return resp;
 }
@@ -374,6 +381,7 @@ void Agent::Reap() {
       w.running = false;
       w.exit_code = e.exit_code;
       w.signal = e.signal;
+      if (metrics_) metrics_->OnWorkerExited(w.job_id, e.exit_code, e.signal);
       w.exited_at = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
       urgent_ = true;
       ReadProgress(w);  // its last lines (how it ended) go with the exit
@@ -456,14 +464,24 @@ void Agent::ReadProgress(Worker& w) {
       if (saved.ok()) w.saved_step = std::max<int64_t>(0, *saved);
     }
     auto step = YamlAs<int64_t>(p["step"], "progress", "step");
-    if (!step.ok()) continue;
+    if (!step.ok() || *step < 1 || *step > INT_MAX) continue;
+    // A step line is the worker's StepMetrics as protobuf JSON (the --metrics_out schema).
     v1::StepMetrics m;
-    m.set_step(*step);
-    m.set_loss(num("loss").value_or(0));
-    m.set_step_time_s(num("step_time_s").value_or(0));
-    m.set_samples_per_s(num("samples_per_s").value_or(0));
-    m.set_tokens_per_s(num("tokens_per_s").value_or(0));
-    m.set_at(num("t").value_or(0));
+    google::protobuf::util::JsonParseOptions opts;
+    opts.ignore_unknown_fields = true;
+    if (!google::protobuf::util::JsonStringToMessage(std::string(line), &m, opts).ok()) {
+      // An older worker's hand-written line (or printf's "nan"): the fields that matter.
+      m.Clear();
+      m.set_step(static_cast<int32_t>(*step));
+      m.set_loss(num("loss").value_or(0));
+      m.set_step_time_s(num("step_time_s").value_or(0));
+      m.set_samples_per_s(num("samples_per_s").value_or(0));
+      m.set_tokens_per_s(num("tokens_per_s").value_or(0));
+      m.set_at(num("t").value_or(0));
+    }
+    // What the manager keeps per step is bounded: a worker cannot make it store a big list.
+    if (m.stage_busy_s_size() > 4096) m.clear_stage_busy_s();
+    if (m.stage_wait_s_size() > 4096) m.clear_stage_wait_s();
     m.set_stopped(stopped);
     w.last = m;
     if (*step > forwarded) {
@@ -475,6 +493,7 @@ void Agent::ReadProgress(Worker& w) {
 
 v1::HeartbeatRequest Agent::BuildHeartbeat() {
   Reap();
+  UpdateWorkerMetrics();
   v1::HeartbeatRequest hb;
   hb.set_name(config_.name);
   if (notice_) *hb.mutable_preemption() = *notice_;
@@ -500,6 +519,19 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     for (size_t i = 0; i < w.in_flight; ++i) *s->add_steps() = w.pending[i];
   }
   return hb;
+}
+
+void Agent::UpdateWorkerMetrics() {
+  if (!metrics_) return;
+  int running = 0, exited = 0;
+  for (const auto& [key, w] : workers_) (w.running ? running : exited) += 1;
+  metrics_->SetWorkers(running, exited);
+  if (notice_) {
+    const double now = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
+    metrics_->SetNotice(true, notice_->deadline_ms() > 0 ? notice_->deadline_ms() / 1e3 - now : 0);
+  } else {
+    metrics_->SetNotice(false, 0);
+  }
 }
 
 void Agent::SetPreemptionNotice(const v1::PreemptionNotice& notice) {

@@ -6,12 +6,14 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "agent/agent_metrics.h"
 #include "agent/process_launcher.h"
 #include "common/clock.h"
 #include "common/rpc.h"
@@ -23,6 +25,8 @@ struct AgentConfig {
   std::string name;     // node name; defaults to the hostname
   std::string manager;  // host:port of varuna-manager
   std::string listen = "0.0.0.0:0";
+  // Prometheus /metrics and /healthz (docs/observability.md); "" = off.
+  std::string http_listen;
   std::string advertise_host;  // host the manager and peers reach us at (wildcard listen)
   int slots = 1;
   std::string work_dir = "/var/lib/varuna-agent";
@@ -68,6 +72,8 @@ class Agent {
   // A preemption notice for this machine (from the file, the cloud poller or a test); sent
   // with every heartbeat from now on.
   void SetPreemptionNotice(const v1::PreemptionNotice& notice);
+  // Metrics (docs/observability.md), updated in the transitions from here on. Optional.
+  void set_metrics(AgentMetrics* m) { metrics_ = m; }
   bool has_preemption_notice() const { return notice_.has_value(); }
   // True once after a worker exited or a notice arrived: worth a heartbeat right away.
   bool TakeUrgent() { return std::exchange(urgent_, false); }
@@ -127,6 +133,9 @@ class Agent {
   std::map<std::string, int64_t> forwarded_step_;  // "job/gen" -> newest step queued
   std::optional<v1::PreemptionNotice> notice_;
   bool urgent_ = false;
+  AgentMetrics* metrics_ = nullptr;
+  std::set<Key> ever_started_;  // (job, rank) started here: a later start is a restart
+  void UpdateWorkerMetrics();
 };
 
 }  // namespace varuna

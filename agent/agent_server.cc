@@ -1,5 +1,7 @@
 #include "agent/agent_server.h"
 
+#include <chrono>
+
 #include "agent/preemption.h"
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +146,22 @@ absl::Status AgentServer::Start() {
   server_ = std::move(started->server);
   address_ = started->address;
   loop_.RunSync([this] { agent_.set_address(address_); });
+  if (!c.http_listen.empty()) {
+    metrics_registry_ = std::make_unique<MetricsRegistry>();
+    metrics_ = std::make_unique<AgentMetrics>(*metrics_registry_, c.slots);
+    loop_.RunSync([this] { agent_.set_metrics(metrics_.get()); });
+    http_ = std::make_unique<HttpServer>();
+    const MetricsRegistry* reg = metrics_registry_.get();
+    http_->Get("/metrics", [reg](const HttpServer::Request&) -> HttpServer::Response {
+      return {200, "text/plain; version=0.0.4; charset=utf-8", reg->Text()};
+    });
+    http_->Get("/healthz", [this](const HttpServer::Request&) -> HttpServer::Response {
+      const bool ok = registered_.load();
+      return {ok ? 200 : 503, "text/plain", ok ? "ok\n" : "not registered with the manager\n"};
+    });
+    RETURN_IF_ERROR(http_->Start("varuna-agent", c.http_listen, c.allow_insecure));
+    LOG(INFO) << "node=" << c.name << " /metrics on http://" << http_->address() << "/metrics";
+  }
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
             << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
   if (options_.background_heartbeats) hb_thread_ = std::thread([this] { HeartbeatLoop(); });
@@ -160,6 +178,7 @@ void AgentServer::Shutdown() {
     hb_stop_ = true;
   }
   hb_cv_.notify_all();
+  if (http_ != nullptr) http_->Stop();
   if (hb_thread_.joinable()) hb_thread_.join();
   if (notice_thread_.joinable()) notice_thread_.join();
   if (server_ != nullptr) {
@@ -194,7 +213,10 @@ absl::Status AgentServer::HeartbeatOnce() {
     AdoptHeartbeatPeriod(r->heartbeat_period_ms());
   }
   v1::HeartbeatRequest hb = loop_.RunSync([this] { return agent_.BuildHeartbeat(); });
+  hb.set_last_rtt_s(last_rtt_s_);
+  const auto t0 = std::chrono::steady_clock::now();
   auto resp = manager_->Heartbeat(hb);
+  last_rtt_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!resp.ok()) {
     if (resp.status().code() == absl::StatusCode::kNotFound) {
       registered_ = false;  // the manager forgot us: register on the next beat

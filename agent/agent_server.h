@@ -12,7 +12,10 @@
 
 #include "absl/status/statusor.h"
 #include "agent/agent.h"
+#include "agent/agent_metrics.h"
 #include "common/event_loop.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {
@@ -78,6 +81,16 @@ class AgentServer {
   std::thread notice_thread_;  // polls preemption_notice_url (agent/preemption.h)
   void NoticeLoop();
   std::atomic<bool> registered_{false};
+  double last_rtt_s_ = 0;
+  std::unique_ptr<MetricsRegistry> metrics_registry_;
+  std::unique_ptr<AgentMetrics> metrics_;
+  std::unique_ptr<HttpServer> http_;
+
+ public:
+  // The /metrics address (HOST:PORT), "" without --http_listen.
+  std::string http_address() const {
+    return http_ ? http_->address() : "";
+  }                                // the previous heartbeat's round trip (heartbeat thread only)
   bool manager_reachable_ = true;  // heartbeat thread only, for log de-duplication
   // The manager's heartbeat period from its Register reply (its SUSPECT/DEAD timeouts are
   // counted in it); the agent's own setting until then.

@@ -8,22 +8,28 @@
 # fresh manager and state dir. Prints a markdown table for docs/benchmarks.md.
 # Builds nothing: run after scripts/build.sh. About 40 s per configuration.
 # Usage: BUILD_DIR=/work/build bench/control_plane.sh
+# With METRICS="off on" (the default) every configuration runs twice, alternating: without
+# and with the metrics pipeline (--http_listen, heartbeat round trips into histograms, and a
+# scraper reading /metrics every SCRAPE_S seconds, far more often than Prometheus' default
+# 15 s); ROUNDS repeats the whole sweep.
 # Knobs: BUILD_DIR (default build), CONFIGS="100:0 1000:0 1000:8", PERIOD=1, DURATION=35,
-#   WARMUP=5, KEEP_TMP=0.
+#   WARMUP=5, METRICS="off on", ROUNDS=1, SCRAPE_S=1, KEEP_TMP=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-${VARUNA_BUILD_DIR:-build}}
 [[ $BUILD_DIR == /* ]] || BUILD_DIR=$PWD/$BUILD_DIR
 BIN=$BUILD_DIR/bin
 CONFIGS=${CONFIGS:-"100:0 1000:0 1000:8"}
+METRICS=${METRICS:-"off on"} ROUNDS=${ROUNDS:-1} SCRAPE_S=${SCRAPE_S:-1}
 PERIOD=${PERIOD:-1} DURATION=${DURATION:-35} WARMUP=${WARMUP:-5}
 for b in varuna-manager varunactl control_plane_load; do
   [[ -x $BIN/$b ]] || { echo "control_plane.sh: $BIN/$b not built (run scripts/build.sh)" >&2; exit 2; }
 done
 ulimit -n 65536 2>/dev/null || ulimit -n 4096
 tmp=$(mktemp -d /tmp/varuna_cp_bench.XXXXXX)
-mgr_pid= load_pid=
+mgr_pid= load_pid= scrape_pid=
 cleanup() {
+  [[ -n $scrape_pid ]] && kill -TERM "$scrape_pid" 2>/dev/null || true
   [[ -n $load_pid ]] && kill -TERM "$load_pid" 2>/dev/null || true
   [[ -n $mgr_pid ]] && kill -TERM "$mgr_pid" 2>/dev/null && wait "$mgr_pid" 2>/dev/null || true
   [[ ${KEEP_TMP:-0} == 1 ]] || rm -rf "$tmp"
@@ -32,13 +38,20 @@ trap cleanup EXIT
 hz=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
+free_port() {
+  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
 rows=()
+for ((round = 1; round <= ROUNDS; round++)); do
 for cfg in $CONFIGS; do
+for metrics in $METRICS; do
   agents=${cfg%%:*} workers=${cfg##*:}
-  port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  addr=127.0.0.1:$port
-  state=$tmp/state_${agents}_$workers
-  "$BIN/varuna-manager" --listen "$addr" --state_dir "$state" 2> "$tmp/manager_${agents}_$workers.log" &
+  addr=127.0.0.1:$(free_port)
+  state=$tmp/state_${agents}_${workers}_${metrics}_$round
+  http=()
+  [[ $metrics == on ]] && http=(--http_listen "127.0.0.1:$(free_port)")
+  "$BIN/varuna-manager" --listen "$addr" --state_dir "$state" "${http[@]}" \
+    2> "$tmp/manager_${agents}_$workers.log" &
   mgr_pid=$!
   for _ in $(seq 100); do
     "$BIN/varunactl" --manager "$addr" nodes -o json > /dev/null 2>&1 && break
@@ -57,12 +70,23 @@ for cfg in $CONFIGS; do
       { echo "control_plane.sh: $agents agents not registered within 120 s" >&2; exit 1; }
     sleep 0.2
   done
+  if [[ $metrics == on ]]; then
+    (while sleep "$SCRAPE_S"; do curl -sf "http://${http[1]}/metrics" > /dev/null || true; done) &
+    scrape_pid=$!
+  fi
   sleep "$WARMUP"
   c0=$(cpu_ticks "$mgr_pid") t0=$(date +%s.%N)
   window=$((DURATION - WARMUP - 2))
   ((window >= 1)) || window=1
   sleep "$window"
   c1=$(cpu_ticks "$mgr_pid") t1=$(date +%s.%N)
+  metrics_bytes=0
+  if [[ -n $scrape_pid ]]; then
+    metrics_bytes=$(curl -sf "http://${http[1]}/metrics" | wc -c)
+    kill -TERM "$scrape_pid" 2>/dev/null || true
+    wait "$scrape_pid" 2>/dev/null || true
+    scrape_pid=
+  fi
   t_nodes=$(date +%s.%N)
   "$BIN/varunactl" --manager "$addr" nodes -o json > /dev/null
   nodes_s=$(/usr/bin/python3 -c "print($(date +%s.%N) - $t_nodes)")
@@ -78,17 +102,22 @@ for cfg in $CONFIGS; do
   rss_kb=$(awk '/VmHWM/{print $2}' "/proc/$mgr_pid/status")
   kill -TERM "$mgr_pid"; wait "$mgr_pid" 2>/dev/null || true; mgr_pid=
   cpu=$(/usr/bin/python3 -c "print(f'{100 * ($c1 - $c0) / $hz / ($t1 - $t0):.1f}')")
-  echo "config $cfg: $(cat "$tmp/load.json") manager_cpu_pct=$cpu rss_mb=$((rss_kb / 1024)) nodes_cmd_s=$nodes_s"
-  rows+=("$(/usr/bin/python3 - "$tmp/load.json" "$cpu" "$rss_kb" "$nodes_s" <<'EOF'
+  echo "config $cfg metrics=$metrics round $round: $(cat "$tmp/load.json") manager_cpu_pct=$cpu" \
+    "rss_mb=$((rss_kb / 1024)) nodes_cmd_s=$nodes_s metrics_bytes=$metrics_bytes"
+  rows+=("$(/usr/bin/python3 - "$tmp/load.json" "$cpu" "$rss_kb" "$nodes_s" "$metrics" "$round" \
+            "$metrics_bytes" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print(f"| {r['agents']} | {r['workers_per_agent']} | {r['heartbeats_per_s']:.0f} | {r['errors']} "
+print(f"| {sys.argv[6]} | {r['agents']} | {r['workers_per_agent']} | {sys.argv[5]} "
+      f"| {r['heartbeats_per_s']:.0f} | {r['errors']} "
       f"| {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | {r['max_ms']:.1f} | {sys.argv[2]}% "
-      f"| {int(sys.argv[3]) // 1024} | {float(sys.argv[4]):.2f} |")
-EOF
+      f"| {int(sys.argv[3]) // 1024} | {float(sys.argv[4]):.2f} | {int(sys.argv[7]) // 1024} |")
+PY
 )")
 done
+done
+done
 echo
-echo "| agents | workers/agent | heartbeats/s | errors | p50 ms | p99 ms | max ms | manager CPU (1 core) | manager peak RSS MiB | \`varunactl nodes\` s |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| round | agents | workers/agent | metrics | heartbeats/s | errors | p50 ms | p99 ms | max ms | manager CPU (1 core) | manager peak RSS MiB | \`varunactl nodes\` s | /metrics KiB |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"

@@ -127,6 +127,8 @@ int main(int argc, char** argv) {
     const int i = static_cast<int>(k % agents);
     auto* call = new Call;
     call->req.set_name(name_of(i));
+    // As a real agent does: the previous heartbeat's round trip (the manager's histogram).
+    call->req.set_last_rtt_s(0.001 + 0.0001 * static_cast<double>(k % 7));
     for (int w = 0; w < absl::GetFlag(FLAGS_workers); ++w) {
       v1::WorkerStatus* ws = call->req.add_workers();
       ws->set_job_id("bench-unknown");

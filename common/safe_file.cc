@@ -125,6 +125,8 @@ absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t 
   }
   FileSlice slice;
   slice.size = st.st_size;
+  // A negative offset counts from the end (the last -offset bytes).
+  if (offset < 0) offset = offset < -slice.size ? 0 : slice.size + offset;
   slice.offset = std::clamp<int64_t>(offset, 0, slice.size);
   const int64_t n =
       std::clamp<int64_t>(slice.size - slice.offset, 0, std::max<int64_t>(max_bytes, 0));

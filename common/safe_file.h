@@ -34,6 +34,7 @@ struct FileSlice {
   int64_t offset = 0;
   int64_t size = 0;
 };
+// A negative `offset` reads from that many bytes before the end.
 absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,
                                                int64_t max_bytes, const std::string& what);
 

@@ -12,6 +12,9 @@
 #include "manager/manager_server.h"
 
 ABSL_FLAG(std::string, listen, "", "address to serve on, HOST:PORT (default 127.0.0.1:7070)");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT for the dashboard, its JSON API and Prometheus /metrics (port 0 picks one; "
+          "plain HTTP: loopback unless --allow_insecure)");
 ABSL_FLAG(std::string, state_dir, "", "directory for the state database (required)");
 ABSL_FLAG(std::string, config, "", "YAML config file; flags override it");
 ABSL_FLAG(std::string, machine_list, "", "optional file of hosts allowed to get work");
@@ -33,6 +36,7 @@ int Run() {
   }
   if (auto v = absl::GetFlag(FLAGS_listen); !v.empty()) config.listen = v;
   if (auto v = absl::GetFlag(FLAGS_state_dir); !v.empty()) config.state_dir = v;
+  if (auto v = absl::GetFlag(FLAGS_http_listen); !v.empty()) config.http_listen = v;
   if (auto v = absl::GetFlag(FLAGS_machine_list); !v.empty()) config.machine_list = v;
   if (auto v = absl::GetFlag(FLAGS_tls_ca); !v.empty()) config.tls.ca = v;
   if (auto v = absl::GetFlag(FLAGS_tls_cert); !v.empty()) config.tls.cert = v;

@@ -5,6 +5,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 #include "absl/strings/ascii.h"
@@ -117,6 +118,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         auto num = [&](auto* out) { return ReadInto(v, what, key, out); };
         auto seconds = [&](absl::Duration* out) { return ReadSeconds(v, what, key, out); };
         if (key == "listen") return str(&c->listen);
+        if (key == "http_listen") return str(&c->http_listen);
         if (key == "state_dir") return str(&c->state_dir);
         if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
         if (key == "suspect_after_missed") return num(&c->suspect_after_missed);
@@ -141,7 +143,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "morph_window_s") return seconds(&c->morph_window);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
-            "' (known: listen, state_dir, heartbeat_period_s, suspect_after_missed, "
+            "' (known: listen, http_listen, state_dir, heartbeat_period_s, suspect_after_missed, "
             "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
             "forget_dead_after_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
             "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
@@ -285,6 +287,9 @@ absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest
 
 absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequest& req) {
   ASSIGN_OR_RETURN(Node * found, nodes_.Heartbeat(req.name()));
+  if (metrics_ && req.last_rtt_s() > 0 && std::isfinite(req.last_rtt_s())) {
+    metrics_->OnHeartbeat(req.name(), req.last_rtt_s());
+  }
   Node& node = *found;
   if (req.has_preemption() && !node.rec.has_preemption()) {
     const std::string name = node.rec.name();
@@ -341,7 +346,7 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       job.progress_dirty = true;
     }
     if (p.stopped() && p.step() <= info.total_steps()) {
-      job.gen.stopped_after = std::max(job.gen.stopped_after, p.step());
+      job.gen.stopped_after = std::max<int64_t>(job.gen.stopped_after, p.step());
     }
     if (!running) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node.rec.name());
   }
@@ -481,6 +486,18 @@ void Manager::Tick() {
   }
   Schedule();
   CheckGrowth();
+  if (metrics_ && now - metrics_refreshed_ >= absl::Seconds(1)) RefreshMetrics();
+}
+
+// Note [Metrics]: counts by state (nodes, jobs) are refreshed at most once a second from the
+// tables, whatever changed them; everything event-like (steps, morphs, heartbeat round trips)
+// is recorded where it happens.
+void Manager::RefreshMetrics() {
+  metrics_refreshed_ = clock_->Now();
+  metrics_->SetNodes(ListNodes());
+  std::map<std::string, double> jobs;
+  for (const auto& [id, job] : jobs_) jobs[v1::JobState_Name(job.info().state())] += 1;
+  metrics_->SetJobs(jobs);
 }
 
 // ---- jobs -------------------------------------------------------------------------------

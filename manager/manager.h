@@ -22,6 +22,7 @@
 #include "common/job_spec.h"
 #include "common/rpc.h"
 #include "manager/agent_client.h"
+#include "manager/manager_metrics.h"
 #include "manager/node_table.h"
 #include "manager/placement.h"
 #include "manager/state_store.h"
@@ -31,6 +32,8 @@ namespace varuna {
 
 struct ManagerConfig {
   std::string listen = "127.0.0.1:7070";
+  // Dashboard, JSON API and Prometheus /metrics (docs/observability.md); "" = off.
+  std::string http_listen;
   std::string state_dir;
   absl::Duration heartbeat_period = absl::Seconds(1);  // what agents are told to use
   int suspect_after_missed = 3;                        // heartbeats missed before SUSPECT
@@ -103,6 +106,12 @@ class Manager : private NodeTable::Listener {
   void Tick();
 
   const ManagerConfig& config() const { return config_; }
+
+  // Metrics (docs/observability.md): updated in the transitions from here on. Optional.
+  void set_metrics(ManagerMetrics* m) { metrics_ = m; }
+  // The stage map of a job's current generation: which rank holds which layers on which node,
+  // each stage's share of its pipeline's compute, and pipeline 0's newest busy/wait times.
+  absl::StatusOr<v1::GetStagesResponse> GetStages(const std::string& id) const;
 
  private:
   using Node = NodeTable::Node;
@@ -243,6 +252,10 @@ class Manager : private NodeTable::Listener {
   // Events (varunactl events): the newest kMaxEvents, also in the state database.
   std::deque<v1::Event> events_;
   int64_t next_event_seq_ = 1;
+  ManagerMetrics* metrics_ = nullptr;
+  absl::Time metrics_refreshed_ = absl::InfinitePast();
+  std::map<std::string, v1::StepRecord> newest_step_;  // by job: for the stage map
+  void RefreshMetrics();
 };
 
 }  // namespace varuna

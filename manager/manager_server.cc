@@ -1,5 +1,7 @@
 #include "manager/manager_server.h"
 
+#include "manager/manager_http.h"
+
 #include "common/rpc.h"
 #include "common/safe_file.h"
 #include "common/status_macros.h"
@@ -277,6 +279,11 @@ absl::Status ManagerServer::Start() {
   store_ = *std::move(store);
   manager_ = std::make_unique<Manager>(config_, clock_, store_.get(), agents_.get(),
                                        [this](std::function<void()> fn) { loop_.Post(fn); });
+  if (!config_.http_listen.empty()) {
+    metrics_registry_ = std::make_unique<MetricsRegistry>();
+    metrics_ = std::make_unique<ManagerMetrics>(*metrics_registry_);
+    manager_->set_metrics(metrics_.get());
+  }
   if (absl::Status s = manager_->Recover(); !s.ok()) return s;
   loop_.Start();
   files_.Start();
@@ -288,6 +295,12 @@ absl::Status ManagerServer::Start() {
   if (!started.ok()) return started.status();
   server_ = std::move(started->server);
   address_ = started->address;
+  if (metrics_registry_) {
+    http_ = std::make_unique<HttpServer>();
+    RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_);
+    RETURN_IF_ERROR(http_->Start("varuna-manager", config_.http_listen, config_.allow_insecure));
+    LOG(INFO) << "manager dashboard and /metrics on http://" << http_->address() << "/";
+  }
   LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir
             << (tls.enabled ? " tls=mutual" : " tls=off")
             << (config_.tokens_file.empty() ? " tokens=off" : " tokens=on");
@@ -297,6 +310,7 @@ absl::Status ManagerServer::Start() {
 void ManagerServer::Shutdown() {
   if (stopped_) return;
   stopped_ = true;
+  if (http_ != nullptr) http_->Stop();  // its handlers wait on the loop
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }

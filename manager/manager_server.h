@@ -8,6 +8,8 @@
 
 #include "absl/status/status.h"
 #include "common/event_loop.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
 #include "manager/agent_client.h"
 #include "manager/manager.h"
 #include "manager/state_store.h"
@@ -33,6 +35,8 @@ class ManagerServer {
   void Shutdown();
 
   const std::string& address() const { return address_; }
+  // The dashboard / metrics address (HOST:PORT), "" without --http_listen.
+  std::string http_address() const { return http_ ? http_->address() : ""; }
   void Tick();
   EventLoop& loop() { return loop_; }
   Manager& manager() { return *manager_; }
@@ -52,6 +56,9 @@ class ManagerServer {
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
+  std::unique_ptr<MetricsRegistry> metrics_registry_;
+  std::unique_ptr<ManagerMetrics> metrics_;
+  std::unique_ptr<HttpServer> http_;
   bool stopped_ = false;
 };
 

@@ -218,6 +218,73 @@ absl::StatusOr<std::vector<v1::StepRecord>> StateStore::LoadSteps(const std::str
   return out;
 }
 
+// Note [Step series] in morph.cc: pairs of records in the older half are merged into one (the
+// first step of the pair, values averaged by how many raw steps each stands for).
+absl::Status StateStore::ThinSteps(const std::string& job_id, int max_records) {
+  sqlite3_stmt* count = nullptr;
+  if (sqlite3_prepare_v2(db_, "SELECT COUNT(*) FROM steps WHERE job = ?", -1, &count, nullptr) !=
+      SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(count, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+  int64_t n = 0;
+  if (sqlite3_step(count) == SQLITE_ROW) n = sqlite3_column_int64(count, 0);
+  sqlite3_finalize(count);
+  if (n <= max_records) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<v1::StepRecord> all, LoadSteps(job_id, 0, static_cast<int>(n)));
+  std::vector<v1::StepRecord> keep;
+  std::vector<int64_t> drop;
+  const size_t older = all.size() / 2;
+  for (size_t i = 0; i + 1 < older; i += 2) {
+    v1::StepRecord a = all[i];
+    const v1::StepRecord& b = all[i + 1];
+    const double wa = std::max(1, a.merged()), wb = std::max(1, b.merged()), w = wa + wb;
+    auto mean = [&](double x, double y) { return (x * wa + y * wb) / w; };
+    a.set_loss(mean(a.loss(), b.loss()));
+    a.set_samples_per_s(mean(a.samples_per_s(), b.samples_per_s()));
+    a.set_step_time_s(mean(a.step_time_s(), b.step_time_s()));
+    a.set_tokens_per_s(mean(a.tokens_per_s(), b.tokens_per_s()));
+    a.set_grad_norm(mean(a.grad_norm(), b.grad_norm()));
+    a.set_bubble_ratio(mean(a.bubble_ratio(), b.bubble_ratio()));
+    a.set_mfu(mean(a.mfu(), b.mfu()));
+    a.set_generation(std::max(a.generation(), b.generation()));
+    a.set_merged(static_cast<int32_t>(w));
+    keep.push_back(std::move(a));
+    drop.push_back(b.step());
+  }
+  RETURN_IF_ERROR(Exec("BEGIN"));
+  sqlite3_stmt* upd = nullptr;
+  sqlite3_stmt* del = nullptr;
+  absl::Status st;
+  if (sqlite3_prepare_v2(db_, "UPDATE steps SET gen = ?, record = ? WHERE job = ? AND step = ?", -1,
+                         &upd, nullptr) != SQLITE_OK ||
+      sqlite3_prepare_v2(db_, "DELETE FROM steps WHERE job = ? AND step = ?", -1, &del, nullptr) !=
+          SQLITE_OK) {
+    st = absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  for (size_t i = 0; st.ok() && i < keep.size(); ++i) {
+    const std::string blob = keep[i].SerializeAsString();
+    sqlite3_reset(upd);
+    sqlite3_bind_int64(upd, 1, keep[i].generation());
+    sqlite3_bind_blob(upd, 2, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_text(upd, 3, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_int64(upd, 4, keep[i].step());
+    sqlite3_reset(del);
+    sqlite3_bind_text(del, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+    sqlite3_bind_int64(del, 2, drop[i]);
+    if (sqlite3_step(upd) != SQLITE_DONE || sqlite3_step(del) != SQLITE_DONE) {
+      st = absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+    }
+  }
+  sqlite3_finalize(upd);
+  sqlite3_finalize(del);
+  if (!st.ok()) {
+    Exec("ROLLBACK").IgnoreError();
+    return st;
+  }
+  return Exec("COMMIT");
+}
+
 absl::StatusOr<std::vector<v1::JobRecord>> StateStore::LoadJobs() {
   return LoadAll<v1::JobRecord>(db_, "SELECT record FROM jobs ORDER BY seq", path_);
 }

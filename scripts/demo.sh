@@ -20,6 +20,8 @@ sed "s|@CORPUS@|$DEMO/fortunes.txt|" examples/jobs/gpt_fortunes.yaml > "$DEMO/jo
 
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export VARUNA_MANAGER=127.0.0.1:$port
+http_port=${VARUNA_DASHBOARD_PORT:-$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
+echo "dashboard: http://127.0.0.1:$http_port/  (Prometheus metrics: http://127.0.0.1:$http_port/metrics)"
 pids=()
 cleanup() {
   # Agents first (they stop their workers), then the manager.
@@ -29,7 +31,7 @@ cleanup() {
 trap cleanup EXIT
 
 "$BIN/varuna-manager" --listen "$VARUNA_MANAGER" --state_dir "$DEMO/cluster/manager" \
-  2> "$DEMO/cluster/manager.log" &
+  --http_listen "127.0.0.1:$http_port" 2> "$DEMO/cluster/manager.log" &
 pids+=($!)
 for n in 0 1; do
   "$BIN/varuna-agent" --manager "$VARUNA_MANAGER" --listen 127.0.0.1:0 --slots 2 \
@@ -46,4 +48,10 @@ rc=0
 "$BIN/varunactl" submit "$DEMO/job.yaml" --follow "$@" || rc=$?
 "$BIN/varunactl" list
 echo "logs: $DEMO/cluster (varunactl logs ID --rank R while the cluster runs)"
+echo "dashboard was at http://127.0.0.1:$http_port/ (the cluster stops with this script;" \
+  "VARUNA_DEMO_HOLD=1 keeps it up until Ctrl-C)"
+if [[ ${VARUNA_DEMO_HOLD:-0} == 1 ]]; then
+  echo "holding the cluster: the dashboard stays at http://127.0.0.1:$http_port/; Ctrl-C to stop"
+  while sleep 3600; do :; done
+fi
 exit $rc

@@ -12,7 +12,11 @@ PACKAGES=(
   fortunes fortunes-min
   iproute2 procps openssl
   clang-format
+  prometheus-cpp-dev libcpp-httplib-dev prometheus python3-prometheus-client chromium
 )
+
+# The dashboard is built with npm (Node's own packages, or Debian's when there is none).
+command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -2,7 +2,12 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#ifdef VARUNA_WITH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#endif
 
+#include <chrono>
+#include <cstdlib>
 #include <mutex>
 
 #include "absl/strings/numbers.h"
@@ -86,6 +91,44 @@ absl::StatusOr<torch::Device> ResolveDevice(const std::string& want, int local_r
         absl::StrCat("train.device '", want, "': this machine has ", gpus, " GPU(s)"));
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+double PeakFlops(const torch::Device& device, const std::string& precision) {
+  if (const char* env = std::getenv("VARUNA_PEAK_TFLOPS"); env != nullptr && *env) {
+    double v = 0;
+    if (absl::SimpleAtod(env, &v) && v > 0) return v * 1e12;
+  }
+  const bool half = precision == "bf16" || precision == "fp16";
+  if (device.is_cuda()) {
+#ifdef VARUNA_WITH_CUDA
+    const std::string name = at::cuda::getDeviceProperties(device.index())->name;
+#else
+    const std::string name;
+#endif
+    struct Known {
+      const char* substr;
+      double half_tflops, fp32_tflops;  // dense; fp32 = TF32 tensor cores
+    };
+    for (const Known& k : {Known{"H200", 989, 494}, Known{"H100", 989, 494},
+                           Known{"A100", 312, 156}, Known{"L4", 121, 60}}) {
+      if (name.find(k.substr) != std::string::npos) {
+        return (half ? k.half_tflops : k.fp32_tflops) * 1e12;
+      }
+    }
+    return 0;
+  }
+  torch::NoGradGuard no_grad;
+  const int64_t n = 512;
+  auto a = torch::randn({n, n}), b = torch::randn({n, n});
+  auto c = torch::mm(a, b);  // warm-up
+  double best = 0;
+  for (int i = 0; i < 5; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    c = torch::mm(a, b);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (s > 0) best = std::max(best, 2.0 * n * n * n / s);
+  }
+  return best;
 }
 
 }  // namespace varuna

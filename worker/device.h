@@ -34,4 +34,11 @@ int CudaDeviceCount();
 // `auto` is `cuda` when this build has CUDA and sees a GPU, else the CPU.
 absl::StatusOr<torch::Device> ResolveDevice(const std::string& want, int local_rank);
 
+// Note [MFU]: the peak FLOP/s one rank's device can do at `precision` (fp32 | bf16 | fp16),
+// the denominator of MFU. VARUNA_PEAK_TFLOPS overrides. GPUs: the dense tensor-core rate of
+// known models (H100/H200 989 TFLOP/s bf16; A100 312), else 0 (MFU not reported). CPU: no
+// datasheet number applies to a VM's share of a core, so it is measured: the best of a few
+// 512x512 fp32 matrix products on this process's threads (about 50 ms at start-up).
+double PeakFlops(const torch::Device& device, const std::string& precision);
+
 }  // namespace varuna

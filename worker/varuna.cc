@@ -288,7 +288,8 @@ absl::Status Varuna::BuildLocal() {
                            "CreateProcessGroups on the same topology)"));
         }
         it = group_of.emplace(holders, static_cast<int>(dp_groups_.size())).first;
-        dp_groups_.push_back({pg->second, {}, {}});
+        dp_groups_.emplace_back();
+        dp_groups_.back().pg = pg->second;
       }
       group = it->second;
     }
@@ -837,16 +838,29 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       if (!second_copy) squares.push_back(p.grad().pow(2).sum().to(torch::kDouble));
     }
     const double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
+    int64_t local_params = 0;
+    for (auto& p : params) {
+      bool second_copy = false;
+      for (auto& c : second_copies_) second_copy |= c.is_same(p);
+      if (!second_copy) local_params += p.numel();
+    }
     const bool local_overflow = !std::isfinite(norm_sq);
     // Note [Step agreement]: one world sum of [overflow, squared norm, loss, stop]. Pipeline 0
     // holds every layer once, so its ranks alone contribute the norm; every last stage adds
     // its pipeline's share of the loss; any rank's overflow or stop request counts. Every rank
     // then makes the same decision after the same step.
-    auto meta =
-        torch::tensor({local_overflow ? 1.0 : 0.0, local_overflow || pipeline_ != 0 ? 0.0 : norm_sq,
-                       is_last_stage() ? loss : 0.0, stop},
-                      torch::kDouble)
-            .to(xfer_device_);
+    // Then pipeline 0's parameter count, and each rank's busy and wait time in its own slots
+    // (Note [Step timing]).
+    const int W = topo_.world_size();
+    std::vector<double> values(5 + 2 * W, 0.0);
+    values[0] = local_overflow ? 1.0 : 0.0;
+    values[1] = local_overflow || pipeline_ != 0 ? 0.0 : norm_sq;
+    values[2] = is_last_stage() ? loss : 0.0;
+    values[3] = stop;
+    values[4] = pipeline_ == 0 ? static_cast<double>(local_params) : 0.0;
+    values[5 + rank_] = std::max(0.0, last_pipeline_s_ - last_wait_s_);
+    values[5 + W + rank_] = last_wait_s_;
+    auto meta = torch::tensor(values, torch::kDouble).to(xfer_device_);
     if (topo_.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(groups_.world, v, timeout_));
@@ -859,6 +873,19 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     result.grad_norm = std::sqrt(meta[1].item<double>());
     result.loss = meta[2].item<double>();
     result.stop = meta[3].item<double>() > 0;
+    result.model_parameters = static_cast<int64_t>(meta[4].item<double>());
+    {
+      const double* m = meta.data_ptr<double>();
+      const PipelineLayout& p0 = topo_.pipeline(0);
+      double busy = 0, longest = 0;
+      for (int r = p0.first_rank; r < p0.first_rank + p0.stages(); ++r) {
+        result.stage_busy_s.push_back(m[5 + r]);
+        result.stage_wait_s.push_back(m[5 + W + r]);
+        busy += m[5 + r];
+        longest = std::max(longest, m[5 + r] + m[5 + W + r]);
+      }
+      result.bubble_ratio = longest > 0 ? std::max(0.0, 1.0 - busy / (p0.stages() * longest)) : 0;
+    }
     const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
     if (!skip) {
       if (options_.clip_grad_norm > 0) {

@@ -73,6 +73,12 @@ struct StepResult {
   // Some rank asked to stop (request_stop(), SIGUSR1 in varuna-worker): every rank sees the
   // same value after the same step, so all checkpoint the same step and stop together.
   bool stop = false;
+  // Note [Step timing]: every rank's time in the schedule, computing and waiting on
+  // receives, gathered by the step's agreement all-reduce. For pipeline 0's stages, in order.
+  std::vector<double> stage_busy_s, stage_wait_s;
+  // 1 - sum(busy) / (stages * max(busy + wait)) over pipeline 0: its measured bubble.
+  double bubble_ratio = 0;
+  int64_t model_parameters = 0;  // of the whole model, tied weights once
 };
 
 class Varuna {

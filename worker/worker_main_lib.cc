@@ -24,6 +24,8 @@
 #include "common/lr_schedule.h"
 #include "common/profile.h"
 #include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "varuna/v1/types.pb.h"
 #include "worker/data.h"
 #include "worker/device.h"
 #include "worker/heterogeneous.h"
@@ -65,6 +67,15 @@ std::string JsonEscape(const std::string& s) {
 // ended ("stopped"/"rescued" with the step saved, or "error"). Each line is one write(2)
 // of less than PIPE_BUF on an O_APPEND file, so the agent never sees half a line from a
 // finished write.
+std::string StepMetricsJson(const v1::StepMetrics& m) {
+  google::protobuf::util::JsonPrintOptions opts;
+  opts.preserve_proto_field_names = true;
+  opts.always_print_primitive_fields = true;
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
+  return out;
+}
+
 void AppendProgress(const std::string& line) {
   const char* path = std::getenv("VARUNA_PROGRESS_FILE");
   if (path == nullptr || *path == '\0') return;
@@ -294,6 +305,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
   };
   engine->set_lr_schedule(lr_at);
+  const double peak_flops = PeakFlops(*device, spec.train.precision);
+  LOG(INFO) << who << " peak " << absl::StrFormat("%.3g", peak_flops)
+            << " FLOP/s per rank for MFU (docs/observability.md)";
 
   // Note [Resume]: the checkpoint records the model spec; a different one is refused. The
   // global batch is checked by the engine. Data position = step, so nothing else is needed.
@@ -392,22 +406,34 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     const StepResult r = *stepped;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double lr = lr_at(step);
+    // One schema for --metrics_out and the progress file: the StepMetrics message as JSON.
+    v1::StepMetrics m;
+    m.set_step(step);
+    m.set_loss(r.loss);
+    m.set_grad_norm(r.grad_norm);
+    m.set_lr(lr);
+    m.set_overflow(r.overflow);
+    m.set_step_time_s(dt);
+    m.set_samples_per_s(B / dt);
+    m.set_tokens_per_s(B * spec.model.seq_len / dt);
+    m.set_at(UnixNow());
+    m.set_pipeline_s(engine->last_pipeline_s());
+    m.set_recv_wait_s(engine->last_wait_s());
+    m.set_loss_scale(engine->loss_scale());
+    m.set_bubble_ratio(r.bubble_ratio);
+    // Note [MFU]: 6 N FLOPs per token (forward + backward) over the world's peak.
+    if (peak_flops > 0) {
+      m.set_mfu(6.0 * static_cast<double>(r.model_parameters) * m.tokens_per_s() /
+                (peak_flops * topo.world_size));
+    }
+    for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
+    for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
+    const std::string line = StepMetricsJson(m);
     if (writes_metrics) {
-      metrics << absl::StrFormat(
-                     "{\"step\": %d, \"loss\": %.9g, \"grad_norm\": %.9g, \"lr\": %.9g, "
-                     "\"overflow\": %s, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
-                     "\"tokens_per_s\": %.1f, \"pipeline_s\": %.6f, \"recv_wait_s\": %.6f, "
-                     "\"loss_scale\": %.1f}",
-                     step, r.loss, r.grad_norm, lr, r.overflow ? "true" : "false", dt, B / dt,
-                     B * spec.model.seq_len / dt, engine->last_pipeline_s(), engine->last_wait_s(),
-                     engine->loss_scale())
-              << "\n";
+      metrics << line << "\n";
       metrics.flush();
     }
-    AppendProgress(absl::StrFormat(
-        "{\"step\": %d, \"loss\": %.9g, \"step_time_s\": %.6f, \"samples_per_s\": %.3f, "
-        "\"tokens_per_s\": %.1f, \"t\": %.6f}",
-        step, r.loss, dt, B / dt, B * spec.model.seq_len / dt, UnixNow()));
+    AppendProgress(line);
     if (topo.rank == 0 || metrics_rank) {
       if (step == 1 || step % 10 == 0 || step == topo.steps) {
         LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)

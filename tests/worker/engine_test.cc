@@ -51,6 +51,7 @@ struct RankResult {
   std::vector<std::pair<std::string, torch::Tensor>> params;  // after the last step
   absl::Status status;
   int early_buckets = 0, buckets = 0;  // of the last step
+  StepResult last;
 };
 
 struct RunOptions {
@@ -111,6 +112,7 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
           return;
         }
         out.losses.push_back(res->loss);
+        out.last = *res;
       }
       out.early_buckets = (*engine)->last_early_buckets();
       out.buckets = (*engine)->num_buckets();
@@ -148,6 +150,29 @@ TEST(EngineTest, EveryShapeMatchesOneProcess) {
     for (const auto& r : got) ASSERT_TRUE(r.status.ok()) << r.status;
     // Every last stage reports the same global loss.
     for (int k = 0; k < D; ++k) ExpectClose(got[k * P + P - 1].losses, reference[0].losses, 1e-5);
+  }
+}
+
+// Note [Step timing]: every rank learns pipeline 0's per-stage busy and wait times, its bubble
+// and the model's parameter count from the step's agreement all-reduce.
+TEST(EngineTest, StepTimingIsSharedByEveryRank) {
+  const auto one = Train(Uniform(1, 1, 8), RunOptions());
+  ASSERT_TRUE(one[0].status.ok()) << one[0].status;
+  const int64_t n = one[0].last.model_parameters;
+  int64_t counted = 0;
+  for (const auto& [name, p] : one[0].params) counted += name == "head.lm_head" ? 0 : p.numel();
+  EXPECT_EQ(n, counted);  // the tied LM head once
+  EXPECT_EQ(one[0].last.stage_busy_s.size(), 1u);
+  const auto got = Train(Uniform(3, 2, 12), RunOptions());
+  for (const auto& r : got) {
+    ASSERT_TRUE(r.status.ok()) << r.status;
+    EXPECT_EQ(r.last.model_parameters, n);
+    ASSERT_EQ(r.last.stage_busy_s.size(), 3u);
+    ASSERT_EQ(r.last.stage_wait_s.size(), 3u);
+    EXPECT_EQ(r.last.stage_busy_s, got[0].last.stage_busy_s);  // the same on every rank
+    for (double b : r.last.stage_busy_s) EXPECT_GT(b, 0);
+    EXPECT_GE(r.last.bubble_ratio, 0);
+    EXPECT_LT(r.last.bubble_ratio, 1);
   }
 }
 

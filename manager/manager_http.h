@@ -1,0 +1,18 @@
+#pragma once
+
+// varuna-manager's HTTP side (docs/observability.md): GET /metrics (Prometheus), /healthz,
+// the dashboard at / (embedded assets), and the JSON API under /api/v1/ that the dashboard
+// reads: the same messages varunactl -o json prints. Handlers run on HTTP threads and reach
+// the manager's state only through its event loop.
+
+#include "common/event_loop.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+#include "manager/manager.h"
+
+namespace varuna {
+
+void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& manager,
+                         const MetricsRegistry& metrics);
+
+}  // namespace varuna

@@ -1,0 +1,114 @@
+#include "manager/manager_metrics.h"
+
+#include "absl/strings/match.h"
+
+namespace varuna {
+
+ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
+    : nodes_(r.Gauge("varuna_nodes", "Registered nodes by state")),
+      node_slots_(r.Gauge("varuna_node_slots", "Worker slots a node offers")),
+      jobs_(r.Gauge("varuna_jobs", "Jobs by state")),
+      job_step_(r.Gauge("varuna_job_step", "Newest optimizer step a job reported")),
+      job_loss_(r.Gauge("varuna_job_loss", "Training loss of the newest step")),
+      job_samples_(
+          r.Gauge("varuna_job_samples_per_second", "Samples per second of the newest step")),
+      job_step_seconds_(r.Histogram("varuna_job_step_seconds", "Wall-clock time per step")),
+      job_bubble_(r.Gauge("varuna_job_bubble_ratio",
+                          "Measured pipeline bubble of the newest step (pipeline 0)")),
+      job_mfu_(r.Gauge("varuna_job_mfu", "Model FLOP/s utilisation of the newest step")),
+      morphs_(r.Counter("varuna_morphs_total", "Finished morphs by the kind of their cause")),
+      morph_phase_(r.Histogram("varuna_morph_phase_seconds", "Duration of each morph phase")),
+      heartbeat_latency_(r.Histogram("varuna_heartbeat_latency_seconds",
+                                     "Round trip of an agent's heartbeat RPC, as it measured")) {
+  SetJobs({});
+  SetNodes({});
+}
+
+void ManagerMetrics::SetNodes(const std::vector<v1::NodeInfo>& nodes) {
+  std::map<std::string, double> by_state;
+  for (const v1::NodeInfo& n : nodes) {
+    by_state[v1::NodeState_Name(n.state())] += 1;
+    prometheus::Gauge*& g = slots_by_node_[n.name()];
+    if (g == nullptr) g = &node_slots_.Add({{"node", n.name()}});
+    g->Set(n.slots());
+  }
+  std::vector<std::string> all;
+  for (int s = v1::NodeState_MIN; s <= v1::NodeState_MAX; ++s) {
+    if (v1::NodeState_IsValid(s) && s != 0) all.push_back(v1::NodeState_Name(s));
+  }
+  SetCounts(nodes_, "state", by_state, all);
+}
+
+void ManagerMetrics::SetJobs(const std::map<std::string, double>& by_state) {
+  std::vector<std::string> all;
+  for (int s = v1::JobState_MIN; s <= v1::JobState_MAX; ++s) {
+    if (v1::JobState_IsValid(s) && s != 0) all.push_back(v1::JobState_Name(s));
+  }
+  SetCounts(jobs_, "state", by_state, all);
+}
+
+void ManagerMetrics::OnSteps(const std::string& job, const std::vector<v1::StepRecord>& steps) {
+  if (steps.empty()) return;
+  const prometheus::Labels l{{"job", job}};
+  auto& hist = job_step_seconds_.Add(
+      l, prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100});
+  const v1::StepRecord* newest = &steps[0];
+  for (const v1::StepRecord& s : steps) {
+    if (s.step_time_s() > 0) hist.Observe(s.step_time_s());
+    if (s.step() >= newest->step()) newest = &s;
+  }
+  job_step_.Add(l).Set(static_cast<double>(newest->step()));
+  job_loss_.Add(l).Set(newest->loss());
+  job_samples_.Add(l).Set(newest->samples_per_s());
+  job_bubble_.Add(l).Set(newest->bubble_ratio());
+  job_mfu_.Add(l).Set(newest->mfu());
+}
+
+std::string ManagerMetrics::ReasonKind(const std::string& reason) {
+  if (absl::StrContains(reason, "preempt") || absl::StrContains(reason, "notice")) {
+    return "preempted";
+  }
+  if (absl::StrContains(reason, "drain")) return "drained";
+  if (absl::StrContains(reason, " lost") || absl::StrContains(reason, "does not answer")) {
+    return "lost";
+  }
+  if (absl::StrContains(reason, "joined")) return "joined";
+  if (absl::StrContains(reason, "exit") || absl::StrContains(reason, "fail") ||
+      absl::StrContains(reason, "signal")) {
+    return "failed";
+  }
+  return "other";
+}
+
+void ManagerMetrics::OnMorph(const std::string& job, const v1::MorphRecord& morph) {
+  morphs_.Add({{"job", job}, {"reason", ReasonKind(morph.reason())}}).Increment();
+  for (const auto& [phase, seconds] : morph.phases()) {
+    if (phase == "total" || seconds < 0) continue;
+    morph_phase_
+        .Add({{"job", job}, {"phase", phase}},
+             prometheus::Histogram::BucketBoundaries{0.1, 0.3, 1, 3, 10, 30, 100, 300})
+        .Observe(seconds);
+  }
+}
+
+void ManagerMetrics::OnHeartbeat(const std::string& node, double latency_s) {
+  prometheus::Histogram*& h = latency_by_node_[node];
+  if (h == nullptr) {
+    h = &heartbeat_latency_.Add({{"node", node}}, prometheus::Histogram::BucketBoundaries{
+                                                      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3});
+  }
+  h->Observe(latency_s);
+}
+
+void ManagerMetrics::ForgetNode(const std::string& node) {
+  if (auto it = slots_by_node_.find(node); it != slots_by_node_.end()) {
+    node_slots_.Remove(it->second);
+    slots_by_node_.erase(it);
+  }
+  if (auto it = latency_by_node_.find(node); it != latency_by_node_.end()) {
+    heartbeat_latency_.Remove(it->second);
+    latency_by_node_.erase(it);
+  }
+}
+
+}  // namespace varuna

@@ -1,0 +1,51 @@
+#pragma once
+
+// varuna-manager's metrics (docs/observability.md has the list). Updated by Manager inside
+// its transitions, on the loop thread; read by GET /metrics from an HTTP thread
+// (prometheus-cpp's metrics are thread-safe).
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/metrics.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class ManagerMetrics {
+ public:
+  explicit ManagerMetrics(MetricsRegistry& r);
+
+  // Nodes by state and each node's slots (recomputed when a node changes state or slots).
+  void SetNodes(const std::vector<v1::NodeInfo>& nodes);
+  void SetJobs(const std::map<std::string, double>& by_state);
+  // New step records of a job (gauges to the newest, each step time into the histogram).
+  void OnSteps(const std::string& job, const std::vector<v1::StepRecord>& steps);
+  // A finished morph: counted by the kind of its reason; each phase's duration observed.
+  void OnMorph(const std::string& job, const v1::MorphRecord& morph);
+  void OnHeartbeat(const std::string& node, double latency_s);
+  // A node the manager forgot: its series go.
+  void ForgetNode(const std::string& node);
+
+  // The reason label of a morph: lost | preempted | drained | failed | joined | other.
+  static std::string ReasonKind(const std::string& reason);
+
+ private:
+  prometheus::Family<prometheus::Gauge>& nodes_;
+  prometheus::Family<prometheus::Gauge>& node_slots_;
+  prometheus::Family<prometheus::Gauge>& jobs_;
+  prometheus::Family<prometheus::Gauge>& job_step_;
+  prometheus::Family<prometheus::Gauge>& job_loss_;
+  prometheus::Family<prometheus::Gauge>& job_samples_;
+  prometheus::Family<prometheus::Histogram>& job_step_seconds_;
+  prometheus::Family<prometheus::Gauge>& job_bubble_;
+  prometheus::Family<prometheus::Gauge>& job_mfu_;
+  prometheus::Family<prometheus::Counter>& morphs_;
+  prometheus::Family<prometheus::Histogram>& morph_phase_;
+  prometheus::Family<prometheus::Histogram>& heartbeat_latency_;
+  std::map<std::string, prometheus::Gauge*> slots_by_node_;
+  std::map<std::string, prometheus::Histogram*> latency_by_node_;
+};
+
+}  // namespace varuna
