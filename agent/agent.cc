@@ -117,12 +117,14 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "tls_key") return str(&c->tls.key);
         if (key == "tls_manager_name") return str(&c->tls_manager_name);
         if (key == "allow_insecure") return ReadInto(v, what, key, &c->allow_insecure);
+        if (key == "http_allow_remote") return ReadInto(v, what, key, &c->http_allow_remote);
         if (key == "preemption_notice_file") return str(&c->preemption_notice_file);
         if (key == "preemption_notice_url") return str(&c->preemption_notice_url);
         if (key == "notice_poll_period_s") return seconds(&c->notice_poll_period);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
-            "' (known: name, manager, listen, http_listen, advertise_host, slots, work_dir, "
+            "' (known: name, manager, listen, http_listen, http_allow_remote, advertise_host, "
+            "slots, work_dir, "
             "worker_binary, "
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
@@ -479,6 +481,7 @@ void Agent::ReadProgress(Worker& w) {
       m.set_tokens_per_s(num("tokens_per_s").value_or(0));
       m.set_at(num("t").value_or(0));
     }
+    if (m.at() == 0) m.set_at(num("t").value_or(0));  // an older worker's "t"
     // What the manager keeps per step is bounded: a worker cannot make it store a big list.
     if (m.stage_busy_s_size() > 4096) m.clear_stage_busy_s();
     if (m.stage_wait_s_size() > 4096) m.clear_stage_wait_s();

@@ -27,7 +27,8 @@ struct AgentConfig {
   std::string listen = "0.0.0.0:0";
   // Prometheus /metrics and /healthz (docs/observability.md); "" = off.
   std::string http_listen;
-  std::string advertise_host;  // host the manager and peers reach us at (wildcard listen)
+  bool http_allow_remote = false;  // serve it beyond loopback (plain HTTP)
+  std::string advertise_host;      // host the manager and peers reach us at (wildcard listen)
   int slots = 1;
   std::string work_dir = "/var/lib/varuna-agent";
   std::string worker_binary;  // default: varuna-worker next to varuna-agent

@@ -159,7 +159,7 @@ absl::Status AgentServer::Start() {
       const bool ok = registered_.load();
       return {ok ? 200 : 503, "text/plain", ok ? "ok\n" : "not registered with the manager\n"};
     });
-    RETURN_IF_ERROR(http_->Start("varuna-agent", c.http_listen, c.allow_insecure));
+    RETURN_IF_ERROR(http_->Start("varuna-agent", c.http_listen, c.http_allow_remote));
     LOG(INFO) << "node=" << c.name << " /metrics on http://" << http_->address() << "/metrics";
   }
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
@@ -216,7 +216,9 @@ absl::Status AgentServer::HeartbeatOnce() {
   hb.set_last_rtt_s(last_rtt_s_);
   const auto t0 = std::chrono::steady_clock::now();
   auto resp = manager_->Heartbeat(hb);
-  last_rtt_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A failed call is not a latency sample (a timeout would read as a 10 s heartbeat).
+  last_rtt_s_ =
+      resp.ok() ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
   if (!resp.ok()) {
     if (resp.status().code() == absl::StatusCode::kNotFound) {
       registered_ = false;  // the manager forgot us: register on the next beat

@@ -20,7 +20,9 @@ ABSL_FLAG(std::string, manager, "", "varuna-manager address HOST:PORT");
 ABSL_FLAG(std::string, listen, "", "address to serve the agent API on (default 0.0.0.0:0)");
 ABSL_FLAG(std::string, http_listen, "",
           "HOST:PORT for Prometheus /metrics and /healthz (plain HTTP: loopback unless "
-          "--allow_insecure)");
+          "--http_allow_remote)");
+ABSL_FLAG(bool, http_allow_remote, false,
+          "allow --http_listen beyond loopback (plain HTTP, e.g. for a remote Prometheus)");
 ABSL_FLAG(std::string, advertise_host, "", "host the manager reaches this agent at");
 ABSL_FLAG(int, slots, 0, "worker slots (GPUs) on this machine (default 1)");
 ABSL_FLAG(std::string, name, "", "node name (default: hostname)");
@@ -61,6 +63,7 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_manager); !v.empty()) config.manager = v;
   if (auto v = absl::GetFlag(FLAGS_listen); !v.empty()) config.listen = v;
   if (auto v = absl::GetFlag(FLAGS_http_listen); !v.empty()) config.http_listen = v;
+  if (absl::GetFlag(FLAGS_http_allow_remote)) config.http_allow_remote = true;
   if (auto v = absl::GetFlag(FLAGS_advertise_host); !v.empty()) config.advertise_host = v;
   if (auto v = absl::GetFlag(FLAGS_slots); v != 0) config.slots = v;
   if (auto v = absl::GetFlag(FLAGS_name); !v.empty()) config.name = v;

@@ -10,17 +10,17 @@
 # Usage: BUILD_DIR=/work/build bench/control_plane.sh
 # With METRICS="off on" (the default) every configuration runs twice, alternating: without
 # and with the metrics pipeline (--http_listen, heartbeat round trips into histograms, and a
-# scraper reading /metrics every SCRAPE_S seconds, far more often than Prometheus' default
-# 15 s); ROUNDS repeats the whole sweep.
+# scraper reading /metrics every SCRAPE_S seconds (15, a common Prometheus scrape_interval; the default is 60
+# s)); ROUNDS repeats the whole sweep.
 # Knobs: BUILD_DIR (default build), CONFIGS="100:0 1000:0 1000:8", PERIOD=1, DURATION=35,
-#   WARMUP=5, METRICS="off on", ROUNDS=1, SCRAPE_S=1, KEEP_TMP=0.
+#   WARMUP=5, METRICS="off on", ROUNDS=1, SCRAPE_S=15, KEEP_TMP=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-${VARUNA_BUILD_DIR:-build}}
 [[ $BUILD_DIR == /* ]] || BUILD_DIR=$PWD/$BUILD_DIR
 BIN=$BUILD_DIR/bin
 CONFIGS=${CONFIGS:-"100:0 1000:0 1000:8"}
-METRICS=${METRICS:-"off on"} ROUNDS=${ROUNDS:-1} SCRAPE_S=${SCRAPE_S:-1}
+METRICS=${METRICS:-"off on"} ROUNDS=${ROUNDS:-1} SCRAPE_S=${SCRAPE_S:-15}
 PERIOD=${PERIOD:-1} DURATION=${DURATION:-35} WARMUP=${WARMUP:-5}
 for b in varuna-manager varunactl control_plane_load; do
   [[ -x $BIN/$b ]] || { echo "control_plane.sh: $BIN/$b not built (run scripts/build.sh)" >&2; exit 2; }

@@ -1,6 +1,9 @@
 #include "common/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+
+#include <chrono>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -12,10 +15,29 @@
 namespace varuna {
 
 HttpServer::HttpServer() : server_(std::make_unique<httplib::Server>()) {
-  // Keep-alive connections would each hold a worker thread; the dashboard polls anyway.
-  server_->set_keep_alive_max_count(20);
+  // An idle keep-alive connection holds a worker thread: keep them short, and the pool big
+  // enough for a few dashboard tabs plus scrapes and probes.
+  server_->set_keep_alive_max_count(5);
+  server_->set_keep_alive_timeout(1);
   server_->set_read_timeout(10, 0);
   server_->set_write_timeout(10, 0);
+  server_->new_task_queue = [] { return new httplib::ThreadPool(16); };
+  // Note [Host check]: a web page the operator visits could rebind its own name to 127.0.0.1
+  // and read the API through the browser (DNS rebinding). Only requests addressed to an IP
+  // literal, localhost or the bound host are served, when bound to loopback.
+  server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    std::string host = req.get_header_value("Host");
+    if (!host.empty() && host.front() == '[') {
+      host = host.substr(1, host.find(']') - 1);  // [v6]:port
+    } else if (host.find(':') != std::string::npos && host.find(':') == host.rfind(':')) {
+      host = host.substr(0, host.find(':'));  // name:port
+    }
+    if (HostAllowed(host)) return httplib::Server::HandlerResponse::Unhandled;
+    res.status = 403;
+    res.set_content("{\"error\": \"Host header not allowed (use an IP address or localhost)\"}",
+                    "application/json");
+    return httplib::Server::HandlerResponse::Handled;
+  });
 }
 
 HttpServer::~HttpServer() { Stop(); }
@@ -33,8 +55,17 @@ void HttpServer::Get(const std::string& pattern, Handler handler) {
   });
 }
 
+bool HttpServer::HostAllowed(const std::string& host) const {
+  // Bound beyond loopback (--http_allow_remote), the server is reachable by any name anyway.
+  if (!loopback_) return true;
+  if (host.empty() || host == "localhost" || host == bound_host_) return true;
+  struct in6_addr a6;
+  struct in_addr a4;
+  return inet_pton(AF_INET, host.c_str(), &a4) == 1 || inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+}
+
 absl::Status HttpServer::Start(const std::string& who, const std::string& listen,
-                               bool allow_insecure) {
+                               bool allow_remote) {
   const size_t colon = listen.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
@@ -42,11 +73,11 @@ absl::Status HttpServer::Start(const std::string& who, const std::string& listen
     return absl::InvalidArgumentError(
         absl::StrCat(who, ": --http_listen '", listen, "' is not HOST:PORT"));
   }
-  if (!IsLoopbackListen(listen) && !allow_insecure) {
+  if (!IsLoopbackListen(listen) && !allow_remote) {
     return absl::InvalidArgumentError(absl::StrCat(
         who, ": refusing to serve plain HTTP on ", listen,
         " (the dashboard and /metrics have no TLS): bind to 127.0.0.1 and tunnel, or pass "
-        "--allow_insecure"));
+        "--http_allow_remote"));
   }
   std::string host = listen.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
@@ -60,7 +91,17 @@ absl::Status HttpServer::Start(const std::string& who, const std::string& listen
     return absl::UnavailableError(absl::StrCat(who, ": cannot listen on ", listen, " (HTTP)"));
   }
   address_ = absl::StrCat(host, ":", port);
+  bound_host_ = host;
+  loopback_ = IsLoopbackListen(listen);
   thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // stop() is a no-op until the accept loop runs: wait for it, so Stop() cannot hang.
+  for (int i = 0; i < 500 && !server_->is_running(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  if (!server_->is_running()) {
+    return absl::InternalError(
+        absl::StrCat(who, ": the HTTP server on ", listen, " did not start"));
+  }
   return absl::OkStatus();
 }
 

@@ -42,16 +42,20 @@ class HttpServer {
   // Routes GET requests whose path fully matches `pattern` (ECMAScript regex).
   void Get(const std::string& pattern, Handler handler);
   // Binds `listen` (HOST:PORT; port 0 picks a free one) and serves on a background thread.
-  // Beyond loopback it needs `allow_insecure` (the server speaks plain HTTP).
-  absl::Status Start(const std::string& who, const std::string& listen, bool allow_insecure);
+  // Beyond loopback it needs `allow_remote` (the server speaks plain HTTP; the daemons'
+  // --http_allow_remote, separate from --allow_insecure, which concerns gRPC).
+  absl::Status Start(const std::string& who, const std::string& listen, bool allow_remote);
   // HOST:PORT actually bound ("" before Start).
   const std::string& address() const { return address_; }
   void Stop();
 
  private:
+  bool HostAllowed(const std::string& host) const;  // Note [Host check]
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   std::string address_;
+  std::string bound_host_;
+  bool loopback_ = true;
 };
 
 // Protobuf JSON as varunactl -o json prints it: field names as in the .proto, enums by name,

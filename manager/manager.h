@@ -34,6 +34,7 @@ struct ManagerConfig {
   std::string listen = "127.0.0.1:7070";
   // Dashboard, JSON API and Prometheus /metrics (docs/observability.md); "" = off.
   std::string http_listen;
+  bool http_allow_remote = false;  // serve it beyond loopback (plain HTTP)
   std::string state_dir;
   absl::Duration heartbeat_period = absl::Seconds(1);  // what agents are told to use
   int suspect_after_missed = 3;                        // heartbeats missed before SUSPECT

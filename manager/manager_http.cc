@@ -44,7 +44,7 @@ int64_t ParamInt(const Request& req, const std::string& key, int64_t fallback) {
   return v;
 }
 
-// The last `lines` lines of every rank's log of the job, at most 64 KiB each.
+// The last `lines` lines of every rank's log of the job, from its last 16 KiB.
 Response Logs(EventLoop& loop, Manager& m, const std::string& id, int lines) {
   auto job = loop.RunSync([&] { return m.GetJob(id); });
   if (!job.ok()) return Json(job);
@@ -148,6 +148,9 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
     return Json(loop.RunSync([&] { return m.GetStages(req.matches[0]); }));
   });
   http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/events)", [&](const Request& req) {
+    if (auto job = loop.RunSync([&] { return m.GetJob(req.matches[0]); }); !job.ok()) {
+      return Json(job);
+    }
     v1::ListEventsRequest q;
     q.set_job_id(req.matches[0]);
     q.set_after_seq(ParamInt(req, "after_seq", 0));

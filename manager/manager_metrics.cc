@@ -1,5 +1,7 @@
 #include "manager/manager_metrics.h"
 
+#include <set>
+
 #include "absl/strings/match.h"
 
 namespace varuna {
@@ -26,12 +28,20 @@ ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
 
 void ManagerMetrics::SetNodes(const std::vector<v1::NodeInfo>& nodes) {
   std::map<std::string, double> by_state;
+  std::set<std::string> present;
   for (const v1::NodeInfo& n : nodes) {
     by_state[v1::NodeState_Name(n.state())] += 1;
+    present.insert(n.name());
     prometheus::Gauge*& g = slots_by_node_[n.name()];
     if (g == nullptr) g = &node_slots_.Add({{"node", n.name()}});
     g->Set(n.slots());
   }
+  // Nodes the manager forgot (DEAD and idle past forget_dead_after): their series go.
+  std::vector<std::string> gone;
+  for (const auto& [name, g] : slots_by_node_) {
+    if (!present.count(name)) gone.push_back(name);
+  }
+  for (const std::string& name : gone) ForgetNode(name);
   std::vector<std::string> all;
   for (int s = v1::NodeState_MIN; s <= v1::NodeState_MAX; ++s) {
     if (v1::NodeState_IsValid(s) && s != 0) all.push_back(v1::NodeState_Name(s));
@@ -95,7 +105,7 @@ void ManagerMetrics::OnHeartbeat(const std::string& node, double latency_s) {
   prometheus::Histogram*& h = latency_by_node_[node];
   if (h == nullptr) {
     h = &heartbeat_latency_.Add({{"node", node}}, prometheus::Histogram::BucketBoundaries{
-                                                      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3});
+                                                      0.001, 0.003, 0.01, 0.03, 0.1, 1});
   }
   h->Observe(latency_s);
 }

@@ -298,7 +298,7 @@ absl::Status ManagerServer::Start() {
   if (metrics_registry_) {
     http_ = std::make_unique<HttpServer>();
     RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_);
-    RETURN_IF_ERROR(http_->Start("varuna-manager", config_.http_listen, config_.allow_insecure));
+    RETURN_IF_ERROR(http_->Start("varuna-manager", config_.http_listen, config_.http_allow_remote));
     LOG(INFO) << "manager dashboard and /metrics on http://" << http_->address() << "/";
   }
   LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir

@@ -136,8 +136,8 @@ absl::StatusOr<v1::GetStagesResponse> Manager::GetStages(const std::string& id) 
   if (!info.pipelines().empty()) {
     ASSIGN_OR_RETURN(topo, Topology::Parse(info.pipelines()));
   } else {
-    ASSIGN_OR_RETURN(
-        topo, Topology::Uniform(info.stages(), info.replicas(), job.spec.train.global_batch));
+    // Only the rank -> stage mapping matters here: any batch the replicas divide will do.
+    ASSIGN_OR_RETURN(topo, Topology::Uniform(info.stages(), info.replicas(), info.replicas()));
     if (info.boundaries_size() == info.stages() + 1) {
       RETURN_IF_ERROR(topo.SetUniformBoundaries(
           std::vector<int>(info.boundaries().begin(), info.boundaries().end())));
@@ -650,6 +650,9 @@ void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
 
 void Manager::RecordSteps(Job& job, const v1::WorkerStatus& w) {
   if (w.steps().empty()) return;
+  // Every rank reports every step, through one agent per node: the metrics take each step
+  // once per generation (the newest seen before this report).
+  const int64_t seen = job.gen.newest_step;
   std::vector<v1::StepRecord> records;
   for (const v1::StepMetrics& s : w.steps()) {
     // A non-finite loss (a diverged step) is recorded as it is: every step appears once.
@@ -673,7 +676,13 @@ void Manager::RecordSteps(Job& job, const v1::WorkerStatus& w) {
     records.push_back(std::move(r));
   }
   if (records.empty()) return;
-  if (metrics_) metrics_->OnSteps(job.info().id(), records);
+  if (metrics_) {
+    std::vector<v1::StepRecord> fresh;
+    for (const v1::StepRecord& r : records) {
+      if (r.step() > seen) fresh.push_back(r);
+    }
+    metrics_->OnSteps(job.info().id(), fresh);
+  }
   v1::StepRecord& newest = newest_step_[job.info().id()];
   for (const v1::StepRecord& r : records) {
     if (r.step() >= newest.step()) newest = r;

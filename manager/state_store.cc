@@ -3,6 +3,7 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -239,7 +240,12 @@ absl::Status StateStore::ThinSteps(const std::string& job_id, int max_records) {
     v1::StepRecord a = all[i];
     const v1::StepRecord& b = all[i + 1];
     const double wa = std::max(1, a.merged()), wb = std::max(1, b.merged()), w = wa + wb;
-    auto mean = [&](double x, double y) { return (x * wa + y * wb) / w; };
+    // A non-finite value (a diverged step) must not spread: average the finite ones.
+    auto mean = [&](double x, double y) {
+      const bool fx = std::isfinite(x), fy = std::isfinite(y);
+      if (fx && fy) return (x * wa + y * wb) / w;
+      return fx ? x : y;
+    };
     a.set_loss(mean(a.loss(), b.loss()));
     a.set_samples_per_s(mean(a.samples_per_s(), b.samples_per_s()));
     a.set_step_time_s(mean(a.step_time_s(), b.step_time_s()));

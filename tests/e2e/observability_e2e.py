@@ -103,6 +103,10 @@ class ObservabilityTest(Scenario):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_manager_metrics(self):
+        # Counts by state are refreshed once a second (Note [Metrics]): wait for the end.
+        wait_for(lambda: any(lab.get("state") == "SUCCEEDED" and v == 1 for lab, v in
+                             samples(get(self.base + "/metrics")[1]).get("varuna_jobs", [])),
+                 10, "varuna_jobs{state=SUCCEEDED} to read 1")
         status, text, ctype = get(self.base + "/metrics")
         self.assertEqual(status, 200)
         self.assertIn("text/plain", ctype)
@@ -176,7 +180,21 @@ class ObservabilityTest(Scenario):
         self.assertIn("no-such-job", json.loads(body)["error"])
         self.assertEqual(get(self.base + "/api/v1/bogus")[0], 404)
         self.assertEqual(get(self.base + "/api/v1/jobs/%2e%2e%2fx")[0], 404)
+        self.assertEqual(get(self.base + "/api/v1/jobs/no-such-job/events")[0], 404)
         self.assertEqual(get(self.base + "/healthz")[0], 200)
+        # Note [Host check]: a page whose DNS name was rebound to 127.0.0.1 is refused.
+        req = urllib.request.Request(self.base + "/api/v1/jobs", headers={"Host": "evil.example"})
+        with self.assertRaises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(req, timeout=10)
+        self.assertEqual(e.exception.code, 403)
+
+    def test_plain_http_beyond_loopback_needs_its_own_flag(self):
+        r = subprocess.run([os.path.join(BIN_DIR, "varuna-manager"), "--listen", "127.0.0.1:0",
+                            "--state_dir", os.path.join(self.c.dir, "other-state"),
+                            "--http_listen", "0.0.0.0:0", "--allow_insecure"],
+                           capture_output=True, text=True, timeout=30)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--http_allow_remote", r.stderr)
 
 
 class DashboardTest(Scenario):

@@ -277,7 +277,10 @@ async function refreshSelected(slow) {
       for (const e of r.events || []) js.events.set(num(e.seq), e);
       const keys = [...js.events.keys()].sort((a, b) => a - b);
       while (keys.length > MAX_EVENTS) js.events.delete(keys.shift());
-      const ls = num(r.last_seq);
+      // A full page (the manager returns at most 1000) may stop short of last_seq: continue
+      // from the newest event actually received.
+      const got = (r.events || []).map((e) => num(e.seq)).filter(Number.isFinite);
+      const ls = got.length >= 1000 ? Math.max(...got) : num(r.last_seq);
       if (Number.isFinite(ls) && ls > js.lastSeq) js.lastSeq = ls;
     }));
     // Logs fail while workers restart: shown quietly in the logs panel, not in the banner.
