@@ -9,8 +9,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/rpc.h"
-#include "google/protobuf/message.h"
-#include "google/protobuf/util/json_util.h"
 
 namespace varuna {
 
@@ -110,15 +108,6 @@ void HttpServer::Stop() {
     server_->stop();
     thread_.join();
   }
-}
-
-std::string ProtoJson(const google::protobuf::Message& m) {
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  opts.always_print_primitive_fields = true;
-  std::string out;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
-  return out;
 }
 
 std::string JsonString(std::string_view text) {

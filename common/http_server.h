@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/proto_json.h"
 
 namespace google::protobuf {
 class Message;
@@ -58,9 +59,6 @@ class HttpServer {
   bool loopback_ = true;
 };
 
-// Protobuf JSON as varunactl -o json prints it: field names as in the .proto, enums by name,
-// default values included.
-std::string ProtoJson(const google::protobuf::Message& m);
 HttpServer::Response JsonError(int status, const std::string& message);
 // `text` as a JSON string literal (quotes included); bytes outside printable ASCII become
 // \u escapes or '?', so any log line makes valid JSON.

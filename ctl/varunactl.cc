@@ -1,6 +1,5 @@
 #include "ctl/varunactl.h"
 
-#include <google/protobuf/util/json_util.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,6 +17,7 @@
 #include "absl/time/clock.h"
 #include "common/autoconfig.h"
 #include "common/profile.h"
+#include "common/proto_json.h"
 #include "common/rpc.h"
 #include "common/submission.h"
 #include "common/topology.h"
@@ -200,14 +200,7 @@ int Ctl::FailGrpc(const grpc::Status& s, const std::string& call) {
   return Fail(st);
 }
 
-std::string Ctl::Json(const google::protobuf::Message& m) const {
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  opts.always_print_primitive_fields = true;
-  std::string s;
-  (void)google::protobuf::util::MessageToJsonString(m, &s, opts);
-  return s;
-}
+std::string Ctl::Json(const google::protobuf::Message& m) const { return ProtoJson(m); }
 
 std::string Config(const v1::JobInfo& j) {
   if (j.stages() == 0) return "-";

@@ -23,8 +23,8 @@
 #include "common/logging.h"
 #include "common/lr_schedule.h"
 #include "common/profile.h"
+#include "common/proto_json.h"
 #include "common/status_macros.h"
-#include "google/protobuf/util/json_util.h"
 #include "varuna/v1/types.pb.h"
 #include "worker/data.h"
 #include "worker/device.h"
@@ -67,15 +67,6 @@ std::string JsonEscape(const std::string& s) {
 // ended ("stopped"/"rescued" with the step saved, or "error"). Each line is one write(2)
 // of less than PIPE_BUF on an O_APPEND file, so the agent never sees half a line from a
 // finished write.
-std::string StepMetricsJson(const v1::StepMetrics& m) {
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.preserve_proto_field_names = true;
-  opts.always_print_primitive_fields = true;
-  std::string out;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, opts);
-  return out;
-}
-
 void AppendProgress(const std::string& line) {
   const char* path = std::getenv("VARUNA_PROGRESS_FILE");
   if (path == nullptr || *path == '\0') return;
@@ -428,7 +419,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
     for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
-    const std::string line = StepMetricsJson(m);
+    const std::string line = ProtoJson(m);
     if (writes_metrics) {
       metrics << line << "\n";
       metrics.flush();
