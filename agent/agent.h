@@ -15,8 +15,8 @@
 #include "absl/time/time.h"
 #include "agent/agent_metrics.h"
 #include "agent/process_launcher.h"
-#include "common/clock.h"
-#include "common/rpc.h"
+#include "common/base/clock.h"
+#include "common/net/rpc.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "common/metrics.h"
+#include "common/net/metrics.h"
 
 namespace varuna {
 

@@ -5,8 +5,8 @@
 #include "agent/preemption.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/net/rpc.h"
 #include "glog/logging.h"
 
 namespace varuna {

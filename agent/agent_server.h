@@ -13,9 +13,9 @@
 #include "absl/status/statusor.h"
 #include "agent/agent.h"
 #include "agent/agent_metrics.h"
-#include "common/event_loop.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
+#include "common/base/event_loop.h"
+#include "common/net/http_server.h"
+#include "common/net/metrics.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "agent/agent_server.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(std::string, manager, "", "varuna-manager address HOST:PORT");

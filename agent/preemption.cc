@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "common/yaml_util.h"
+#include "common/base/yaml_util.h"
 
 namespace varuna {
 namespace {
@@ -69,7 +69,7 @@ std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const 
   if (text.empty() || (text[0] != '{' && text[0] != '[')) return std::nullopt;
   auto n = ParseYaml(text, "preemption notice reply");
   if (!n.ok() || !n->IsMap()) return std::nullopt;
-  try {  // Note [Parser boundary] (common/submission.cc).
+  try {  // Note [Parser boundary] (common/spec/submission.cc).
     return ParseJsonReply(*n);
   } catch (const std::exception&) {
     return std::nullopt;

@@ -40,7 +40,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
         absl::StrCat("program '", spec.argv[0], "' not found or not executable"));
   }
   // The log is in a directory the job's own processes can write: never block on (or follow)
-  // whatever they may have put there (common/safe_file.h).
+  // whatever they may have put there (common/base/safe_file.h).
   const int log_fd =
       open(spec.log_path.c_str(),
            O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);

@@ -12,10 +12,10 @@
 #include <string>
 
 #include "absl/strings/str_format.h"
-#include "common/job_spec.h"
-#include "common/logging.h"
-#include "common/lr_schedule.h"
+#include "common/base/logging.h"
+#include "common/spec/job_spec.h"
 #include "worker/data.h"
+#include "worker/lr_schedule.h"
 #include "worker/model.h"
 #include "worker/worker_main_lib.h"
 

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <iostream>
 
-#include "common/autoconfig.h"
-#include "common/profile.h"
+#include "common/planner/autoconfig.h"
+#include "common/planner/profile.h"
 
 int main(int argc, char** argv) {
   const int slots = argc > 1 ? std::atoi(argv[1]) : 1024;

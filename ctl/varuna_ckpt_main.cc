@@ -7,8 +7,8 @@
 #include <string>
 
 #include "absl/strings/numbers.h"
-#include "common/checkpoint_store.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
+#include "common/checkpoint/checkpoint_store.h"
 
 namespace {
 

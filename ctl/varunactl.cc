@@ -15,12 +15,12 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/autoconfig.h"
-#include "common/profile.h"
-#include "common/proto_json.h"
-#include "common/rpc.h"
-#include "common/submission.h"
-#include "common/topology.h"
+#include "common/net/proto_json.h"
+#include "common/net/rpc.h"
+#include "common/pipeline/topology.h"
+#include "common/planner/autoconfig.h"
+#include "common/planner/profile.h"
+#include "common/spec/submission.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {

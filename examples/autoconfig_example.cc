@@ -10,8 +10,8 @@
 #include <iostream>
 
 #include "absl/strings/str_join.h"
-#include "common/autoconfig.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
+#include "common/planner/autoconfig.h"
 #include "worker/profiler.h"
 
 namespace {

@@ -8,7 +8,7 @@
 
 #include <iostream>
 
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "worker/varuna.h"
 
 namespace {

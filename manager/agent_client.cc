@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "common/rpc.h"
+#include "common/net/rpc.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/rpc.h"
+#include "common/net/rpc.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {

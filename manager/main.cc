@@ -7,7 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 #include "glog/logging.h"
 #include "manager/manager_server.h"
 

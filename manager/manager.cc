@@ -13,13 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/autoconfig.h"
-#include "common/exit_codes.h"
-#include "common/profile.h"
-#include "common/rpc.h"
-#include "common/safe_file.h"
-#include "common/status_macros.h"
-#include "common/yaml_util.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/base/yaml_util.h"
+#include "common/launch/exit_codes.h"
+#include "common/net/rpc.h"
+#include "common/planner/autoconfig.h"
+#include "common/planner/profile.h"
 #include "glog/logging.h"
 
 namespace varuna {
@@ -242,7 +242,9 @@ absl::Status Manager::Recover() {
     }
     if (job.info().state() == v1::STARTING) SendLaunches(job);
     if (job.info().state() == v1::CANCELLING) SendStops(job);
-    // A morph in progress carries on where it was (Note [Morph recovery]).
+    // Note [Morph recovery]: a morph's phase is stored with the job at every transition, so a
+    // restarted manager carries the morph on from that phase by re-sending what the phase
+    // waits for: save requests (SAVING), stops (STOPPING) or launches (LAUNCHING).
     switch (job.rec.morph().phase()) {
       case v1::MorphState::SAVING:
         SendSaveRequests(job, !job.rec.morph().graceful());
@@ -319,8 +321,9 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
       continue;
     }
     Job& job = jit->second;
-    // Note [Peer limits]: a node speaks only for the ranks placed on it; anything else is
-    // a confused or hostile agent and is ignored (it must not fail, finish or advance a job).
+    // Note [Peer limits] (node_table.cc): a node speaks only for the ranks placed on it; anything
+    // else is a confused or hostile agent and is ignored (it must not fail, finish or advance a
+    // job).
     if (!PlacedOn(job, node.rec.name(), w.rank())) {
       LOG(WARNING) << "node=" << node.rec.name() << " reported rank " << w.rank() << " of "
                    << JobWho(job.info()) << ", which is not placed there; ignored";
@@ -930,7 +933,7 @@ void Manager::RecordExit(Job& job, int rank, int exit_code, int signal, const st
   const v1::JobState s = job.info().state();
   const bool live = s == v1::STARTING || s == v1::RUNNING || s == v1::RECONFIGURING;
   if (live && signal == 0 && exit_code == kExitBadInput) {
-    // Its input is wrong: no restart can fix that, so no morph (common/exit_codes.h).
+    // Its input is wrong: no restart can fix that, so no morph (common/launch/exit_codes.h).
     Fail(job, absl::StrCat(
                   "rank ", rank, " on node ", node, " cannot run the job: ",
                   job.gen.worker_error.empty() ? "bad input (see its log)" : job.gen.worker_error));

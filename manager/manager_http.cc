@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/web_assets.h"
+#include "manager/web_assets.h"
 
 namespace varuna {
 namespace {

@@ -5,9 +5,9 @@
 // reads: the same messages varunactl -o json prints. Handlers run on HTTP threads and reach
 // the manager's state only through its event loop.
 
-#include "common/event_loop.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
+#include "common/base/event_loop.h"
+#include "common/net/http_server.h"
+#include "common/net/metrics.h"
 #include "manager/manager.h"
 
 namespace varuna {

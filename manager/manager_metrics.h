@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/metrics.h"
+#include "common/net/metrics.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {

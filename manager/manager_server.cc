@@ -2,9 +2,9 @@
 
 #include "manager/manager_http.h"
 
-#include "common/rpc.h"
-#include "common/safe_file.h"
-#include "common/status_macros.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/net/rpc.h"
 #include "glog/logging.h"
 #include "manager/tokens.h"
 #include "varuna/v1/control.grpc.pb.h"

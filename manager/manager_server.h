@@ -7,9 +7,9 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/event_loop.h"
-#include "common/http_server.h"
-#include "common/metrics.h"
+#include "common/base/event_loop.h"
+#include "common/net/http_server.h"
+#include "common/net/metrics.h"
 #include "manager/agent_client.h"
 #include "manager/manager.h"
 #include "manager/state_store.h"

@@ -6,9 +6,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "common/rpc.h"
-#include "common/safe_file.h"
-#include "common/status_macros.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/net/rpc.h"
 #include "glog/logging.h"
 #include "manager/manager.h"
 
@@ -250,7 +250,7 @@ void NodeTable::ReloadMachineList() {
   const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
   if (mtime == machine_list_mtime_) return;
   machine_list_mtime_ = mtime;
-  // Non-blocking, bounded, regular files only (common/safe_file.h): the loop never waits.
+  // Non-blocking, bounded, regular files only (common/base/safe_file.h): the loop never waits.
   auto text = ReadRegularFile(config_.machine_list, 1 << 20, "machine_list");
   if (!text.ok()) {
     LOG(WARNING) << text.status().message() << "; every node is treated as draining";

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
+#include "common/base/clock.h"
 #include "manager/state_store.h"
 #include "varuna/v1/control.pb.h"
 
@@ -54,8 +54,9 @@ class NodeTable {
   // Loads the nodes from the store; each is SUSPECT until it heartbeats again.
   absl::Status Load();
 
-  // Note [Peer limits]: what an agent asks to be is checked and bounded. `idle(name)` says
-  // whether a DEAD node has no ranks left (only those are forgotten to make room).
+  // Note [Peer limits] (node_table.cc): what an agent asks to be is checked and bounded.
+  // `idle(name)` says whether a DEAD node has no ranks left (only those are forgotten to make
+  // room).
   absl::StatusOr<Node*> Register(const v1::RegisterRequest& req,
                                  const std::function<int(const std::string&)>& used);
   // A heartbeat from `name`: NOT_FOUND if the node is unknown (the agent registers again).

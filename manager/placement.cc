@@ -3,12 +3,13 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "common/autoconfig.h"
-#include "common/launch_args.h"
-#include "common/pipeline_template.h"
-#include "common/profile.h"
-#include "common/stage_map.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/launch/launch_args.h"
+#include "common/pipeline/pipeline_template.h"
+#include "common/pipeline/stage_map.h"
+#include "common/planner/autoconfig.h"
+#include "common/planner/profile.h"
+#include "common/spec/job_topology.h"
 
 namespace varuna {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "varuna/v1/control.pb.h"
 #include "varuna/v1/plan.pb.h"
 

@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "common/safe_file.h"
+#include "common/base/safe_file.h"
 
 namespace varuna {
 namespace {

@@ -1,5 +1,6 @@
 // Varuna::checkpoint / load_checkpoint: per-layer files keyed by parameter name, so any
-// (P', D', micro-batch) can load what any configuration wrote. Layout: common/checkpoint_store.h.
+// (P', D', micro-batch) can load what any configuration wrote. Layout:
+// common/checkpoint/checkpoint_store.h.
 
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
@@ -12,10 +13,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/checkpoint_store.h"
-#include "common/logging.h"
-#include "common/safe_file.h"
-#include "common/status_macros.h"
+#include "common/base/logging.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_store.h"
 #include "worker/torch_status.h"
 #include "worker/varuna.h"
 

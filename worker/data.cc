@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/safe_file.h"
+#include "common/base/safe_file.h"
 
 namespace varuna {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "worker/model.h"
 
 namespace varuna {

@@ -1,8 +1,8 @@
 #include "worker/heterogeneous.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/pipeline_template.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
+#include "common/pipeline/pipeline_template.h"
 
 namespace varuna {
 

@@ -12,15 +12,16 @@
 //   auto engine = varuna::Varuna::Create(model, plugin->topology(), rank, groups, ...);
 //
 // Templates are checked when made and pipelines when set, with the seed's errors (see
-// common/pipeline_template.h). The plugin's topology lays the pipelines out over contiguous
-// ranks in the given order; pipeline k reads num_microbatches[k] x microbatch_size samples.
+// common/pipeline/pipeline_template.h). The plugin's topology lays the pipelines out over
+// contiguous ranks in the given order; pipeline k reads num_microbatches[k] x microbatch_size
+// samples.
 
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/topology.h"
+#include "common/pipeline/topology.h"
 #include "worker/model.h"
 #include "worker/varuna.h"
 

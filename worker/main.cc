@@ -1,14 +1,14 @@
 // varuna-worker: one rank of a pipeline + data-parallel training job.
-// Usage: see WorkerUsage() (common/launch_args.cc) or `varuna-worker --help`.
-// Exit codes: common/exit_codes.h.
+// Usage: see WorkerUsage() (common/launch/launch_args.cc) or `varuna-worker --help`.
+// Exit codes: common/launch/exit_codes.h.
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_format.h"
-#include "common/exit_codes.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
+#include "common/launch/exit_codes.h"
 #include "worker/worker_main_lib.h"
 
 int main(int argc, char** argv) {

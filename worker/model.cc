@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "common/safe_file.h"
+#include "common/base/safe_file.h"
 #include "worker/torch_status.h"
 
 namespace varuna {

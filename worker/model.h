@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 
 namespace varuna {
 

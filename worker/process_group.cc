@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/logging.h"
-#include "common/status_macros.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
 #include "worker/torch_status.h"
 
 namespace varuna {

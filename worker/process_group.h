@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/launch_args.h"
-#include "common/topology.h"
+#include "common/launch/launch_args.h"
+#include "common/pipeline/topology.h"
 
 namespace varuna {
 

@@ -14,9 +14,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/logging.h"
-#include "common/profile.h"
-#include "common/status_macros.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/planner/profile.h"
 #include "worker/torch_status.h"
 
 namespace varuna {

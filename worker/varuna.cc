@@ -9,10 +9,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/launch_args.h"
-#include "common/logging.h"
-#include "common/partition.h"
-#include "common/status_macros.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/launch/launch_args.h"
+#include "common/pipeline/partition.h"
 #include "worker/device.h"
 #include "worker/torch_status.h"
 

@@ -27,11 +27,11 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/loss_scaler.h"
-#include "common/schedule.h"
-#include "common/stage_map.h"
-#include "common/topology.h"
+#include "common/pipeline/schedule.h"
+#include "common/pipeline/stage_map.h"
+#include "common/pipeline/topology.h"
 #include "worker/comm.h"
+#include "worker/loss_scaler.h"
 #include "worker/model.h"
 
 namespace varuna {
@@ -54,9 +54,9 @@ struct VarunaOptions {
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
   // The first bucket in backward order is smaller, so its all-reduce starts early (as DDP).
   int64_t first_bucket_bytes = 1 << 20;
-  // Note [Overlapped all-reduce]: post each bucket's all-reduce as soon as the last
-  // micro-batch's backward has produced all of its gradients, instead of after the pipeline.
-  // The result is bit-identical either way.
+  // Overlapped all-reduce (Note [Overlapped all-reduce] in varuna.cc): post each bucket's
+  // all-reduce as soon as the last micro-batch's backward has produced all of its gradients,
+  // instead of after the pipeline. The result is bit-identical either way.
   bool overlap_allreduce = true;
   double timeout_s = 300;  // rendezvous, p2p and collectives (seed-style Create only)
   // Stage boundaries (stages+1 segment indices) chosen by the planner; empty = balance the
@@ -241,8 +241,9 @@ class Varuna {
   std::mutex join_mu_;   // WaitForCheckpoint may run on the rescue thread too
   std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
   absl::Status upload_status_;
-  // Note [Data-parallel reduction]: this stage's parameters grouped by the holder set of
-  // their segment; each group's flat buckets, laid out once, in launch order.
+  // Data-parallel reduction (Note [Data-parallel reduction] in varuna.cc): this stage's parameters
+  // grouped by the holder set of their segment; each group's flat buckets, laid out once, in launch
+  // order.
   struct DpGroup {
     ProcessGroupPtr pg;
     std::vector<int> params;                  // indices into params_, layer order

@@ -17,18 +17,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/checkpoint_store.h"
-#include "common/exit_codes.h"
-#include "common/launch_args.h"
-#include "common/logging.h"
-#include "common/lr_schedule.h"
-#include "common/profile.h"
-#include "common/proto_json.h"
-#include "common/status_macros.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_store.h"
+#include "common/launch/exit_codes.h"
+#include "common/launch/launch_args.h"
+#include "common/net/proto_json.h"
+#include "common/planner/profile.h"
 #include "varuna/v1/types.pb.h"
 #include "worker/data.h"
 #include "worker/device.h"
 #include "worker/heterogeneous.h"
+#include "worker/lr_schedule.h"
 #include "worker/profiler.h"
 #include "worker/torch_status.h"
 #include "worker/varuna.h"
@@ -176,7 +176,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       t.join();
     }
   } stop_watch{startup_watch, *started};
-  // Everything wrong before the rendezvous is the input's fault (common/exit_codes.h).
+  // Everything wrong before the rendezvous is the input's fault (common/launch/exit_codes.h).
   absl::StatusOr<WorkerArgs> parsed = ParseWorkerArgs(argv);
   if (!parsed.ok()) return MarkBadInput(parsed.status());
   WorkerArgs args = *std::move(parsed);
@@ -412,7 +412,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     m.set_recv_wait_s(engine->last_wait_s());
     m.set_loss_scale(engine->loss_scale());
     m.set_bubble_ratio(r.bubble_ratio);
-    // Note [MFU]: 6 N FLOPs per token (forward + backward) over the world's peak.
+    // MFU (Note [MFU] in device.h): 6 N FLOPs per token (forward + backward) over the world's peak.
     if (peak_flops > 0) {
       m.set_mfu(6.0 * static_cast<double>(r.model_parameters) * m.tokens_per_s() /
                 (peak_flops * topo.world_size));

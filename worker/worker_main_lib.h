@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 
 namespace varuna {
 

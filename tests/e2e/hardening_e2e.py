@@ -83,7 +83,7 @@ class HostileInputTest(unittest.TestCase):
             for name in ("nonscalar_key", "env_list", "huge_steps"):
                 w = subprocess.run([WORKER, "--job", os.path.join(c.dir, name + ".yaml")],
                                    capture_output=True, text=True, timeout=60)
-                self.assertEqual(w.returncode, 3, name)  # bad input (common/exit_codes.h)
+                self.assertEqual(w.returncode, 3, name)  # bad input (common/launch/exit_codes.h)
                 self.assertIn(HOSTILE_SPECS[name][1], w.stderr, name)
             env = dict(os.environ, WORLD_SIZE="0")
             w = subprocess.run([WORKER, "--job", job], capture_output=True, text=True,

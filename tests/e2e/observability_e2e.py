@@ -182,7 +182,7 @@ class ObservabilityTest(Scenario):
         self.assertEqual(get(self.base + "/api/v1/jobs/%2e%2e%2fx")[0], 404)
         self.assertEqual(get(self.base + "/api/v1/jobs/no-such-job/events")[0], 404)
         self.assertEqual(get(self.base + "/healthz")[0], 200)
-        # Note [Host check]: a page whose DNS name was rebound to 127.0.0.1 is refused.
+        # Note [Host check] (common/net/http_server.cc): a page whose DNS name was rebound to 127.0.0.1 is refused.
         req = urllib.request.Request(self.base + "/api/v1/jobs", headers={"Host": "evil.example"})
         with self.assertRaises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(req, timeout=10)

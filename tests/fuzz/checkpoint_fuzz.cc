@@ -9,7 +9,7 @@
 #include <filesystem>
 #include <string>
 
-#include "common/checkpoint_store.h"
+#include "common/checkpoint/checkpoint_store.h"
 #include "tests/fuzz/fuzz_util.h"
 
 // Logging off: the code under test logs every refusal, which would drown the fuzzer.

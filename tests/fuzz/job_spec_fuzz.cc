@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/job_spec.h"
+#include "common/spec/job_spec.h"
 #include "tests/fuzz/fuzz_util.h"
 
 // Logging off: the code under test logs every refusal, which would drown the fuzzer.

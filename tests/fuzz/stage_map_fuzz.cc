@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "absl/strings/str_split.h"
-#include "common/launch_args.h"
-#include "common/stage_map.h"
+#include "common/launch/launch_args.h"
+#include "common/pipeline/stage_map.h"
 #include "tests/fuzz/fuzz_util.h"
 
 // Logging off: the code under test logs every refusal, which would drown the fuzzer.

@@ -6,7 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
-#include "common/submission.h"
+#include "common/spec/submission.h"
 #include "tests/fuzz/fuzz_util.h"
 
 // Logging off: the code under test logs every refusal, which would drown the fuzzer.

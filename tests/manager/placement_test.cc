@@ -1,6 +1,6 @@
 #include "manager/placement.h"
 
-#include "common/profile.h"
+#include "common/planner/profile.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -19,7 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent_server.h"
-#include "common/rpc.h"
+#include "common/net/rpc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "manager/manager_server.h"

@@ -1,7 +1,7 @@
 #pragma once
 
 #include "absl/synchronization/mutex.h"
-#include "common/clock.h"
+#include "common/base/clock.h"
 
 namespace varuna::testing {
 

@@ -153,8 +153,8 @@ TEST(EngineTest, EveryShapeMatchesOneProcess) {
   }
 }
 
-// Note [Step timing]: every rank learns pipeline 0's per-stage busy and wait times, its bubble
-// and the model's parameter count from the step's agreement all-reduce.
+// Note [Step timing] (worker/varuna.h): every rank learns pipeline 0's per-stage busy and wait
+// times, its bubble and the model's parameter count from the step's agreement all-reduce.
 TEST(EngineTest, StepTimingIsSharedByEveryRank) {
   const auto one = Train(Uniform(1, 1, 8), RunOptions());
   ASSERT_TRUE(one[0].status.ok()) << one[0].status;
@@ -188,9 +188,10 @@ TEST(EngineTest, HeterogeneousPipelinesMatchOneProcess) {
   ExpectClose(got[2].losses, reference[0].losses, 1e-5);
 }
 
-// Note [Overlapped all-reduce]: posting buckets from the backward's hooks changes when they are
-// summed, never what: losses and parameters are bit-identical to the non-overlapped path, with
-// many small buckets (so several are posted mid-backward) and with the default ones.
+// Note [Overlapped all-reduce] (worker/varuna.cc): posting buckets from the backward's hooks
+// changes when they are summed, never what: losses and parameters are bit-identical to the
+// non-overlapped path, with many small buckets (so several are posted mid-backward) and with the
+// default ones.
 TEST(EngineTest, OverlappedAllReduceIsBitIdentical) {
   for (int64_t bucket : {int64_t{4096}, int64_t{25} << 20}) {
     for (auto [P, D] : std::vector<std::pair<int, int>>{{1, 3}, {2, 2}}) {

@@ -1,0 +1,520 @@
+#include "common/spec/job_spec.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/base/yaml_util.h"
+#include "common/checkpoint/checkpoint_store.h"
+#include "common/pipeline/pipeline_template.h"
+#include "common/spec/job_topology.h"
+
+namespace varuna {
+namespace {
+
+absl::Status Bad(const std::string& key, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("job spec: '", key, "' ", what));
+}
+
+// Walks one YAML mapping, dispatching each key to a field reader; unknown keys, keys that
+// are not plain names and keys given twice are errors (ForEachEntry).
+class MapReader {
+ public:
+  MapReader(const YAML::Node& node, std::string prefix) : node_(node), prefix_(std::move(prefix)) {}
+
+  template <typename T>
+  MapReader& Field(const std::string& key, T* out) {
+    readers_[key] = [this, key, out](const YAML::Node& v) -> absl::Status {
+      if constexpr (std::is_same_v<T, std::string>) {
+        auto s = YamlScalar(v, "job spec", Path(key));
+        if (!s.ok()) return s.status();
+        *out = *std::move(s);
+      } else {
+        auto r = YamlAs<T>(v, "job spec", Path(key));
+        if (!r.ok()) return r.status();
+        *out = *std::move(r);
+      }
+      return absl::OkStatus();
+    };
+    return *this;
+  }
+  MapReader& Sub(const std::string& key, std::function<absl::Status(const YAML::Node&)> fn) {
+    readers_[key] = std::move(fn);
+    return *this;
+  }
+
+  absl::Status Read() {
+    if (!node_ || node_.IsNull()) return absl::OkStatus();
+    return ForEachEntry(node_, "job spec", prefix_,
+                        [&](const std::string& key, const YAML::Node& value) -> absl::Status {
+                          auto it = readers_.find(key);
+                          if (it == readers_.end()) {
+                            std::vector<std::string> known;
+                            for (const auto& [k, _] : readers_) known.push_back(k);
+                            return absl::InvalidArgumentError(
+                                absl::StrCat("job spec: unknown key '", Path(key),
+                                             "' (known: ", absl::StrJoin(known, ", "), ")"));
+                          }
+                          return it->second(value);
+                        });
+  }
+
+  std::string Path(const std::string& key) const {
+    return prefix_.empty() ? key : absl::StrCat(prefix_, ".", key);
+  }
+
+ private:
+  const YAML::Node& node_;
+  std::string prefix_;
+  std::map<std::string, std::function<absl::Status(const YAML::Node&)>> readers_;
+};
+
+absl::Status OneOf(const std::string& key, const std::string& value,
+                   const std::set<std::string>& allowed) {
+  if (allowed.count(value)) return absl::OkStatus();
+  return Bad(key,
+             absl::StrCat("is '", value, "'; expected one of: ", absl::StrJoin(allowed, ", ")));
+}
+
+template <typename T>
+absl::Status InRange(const std::string& key, T value, int64_t lo, int64_t hi) {
+  if (static_cast<int64_t>(value) >= lo && static_cast<int64_t>(value) <= hi) {
+    return absl::OkStatus();
+  }
+  return Bad(key, absl::StrCat("is ", value, "; must be in [", lo, ", ", hi, "]"));
+}
+
+absl::Status Finite(const std::string& key, double value, double lo, double hi,
+                    bool open_low = false) {
+  const bool ok = std::isfinite(value) && (open_low ? value > lo : value >= lo) && value <= hi;
+  if (ok) return absl::OkStatus();
+  return Bad(key, absl::StrCat("is ", value, "; must be a finite number in ", open_low ? "(" : "[",
+                               lo, ", ", hi, "]"));
+}
+
+// env: KEY: VALUE, every value a single scalar, every key a shell variable name.
+absl::Status ReadEnv(const YAML::Node& node, std::map<std::string, std::string>* env) {
+  if (!node || node.IsNull()) return absl::OkStatus();
+  return ForEachEntry(
+      node, "job spec", "env", [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+        if (!IsValidEnvKey(key)) {
+          return Bad(absl::StrCat("env.", key),
+                     "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)");
+        }
+        ASSIGN_OR_RETURN(std::string value, YamlScalar(v, "job spec", absl::StrCat("env.", key)));
+        (*env)[key] = std::move(value);
+        return absl::OkStatus();
+      });
+}
+
+}  // namespace
+
+bool IsValidEnvKey(absl::string_view key) {
+  if (key.empty() || key.size() > 256 || absl::ascii_isdigit(key[0])) return false;
+  for (char c : key) {
+    if (!absl::ascii_isalnum(c) && c != '_') return false;
+  }
+  return true;
+}
+
+// Note [Limits]: every number has a range a real job could use (docs/job_spec.md "Limits"),
+// so a typo or a hostile spec is refused at submit instead of exhausting memory, overflowing
+// an int32 on the wire, or running with an infinite timeout.
+absl::Status JobSpec::Validate() const {
+  if (name.empty()) return Bad("name", "must not be empty");
+  if (name.size() > 128) return Bad("name", "must be at most 128 characters");
+  RETURN_IF_ERROR(OneOf("model.kind", model.kind, {"gpt", "mlp", "torchscript"}));
+  RETURN_IF_ERROR(InRange("model.layers", model.layers, 1, kMaxLayers));
+  RETURN_IF_ERROR(InRange("model.d_model", model.d_model, 1, 65536));
+  RETURN_IF_ERROR(InRange("model.heads", model.heads, 1, 1024));
+  if (model.kind == "gpt" && model.d_model % model.heads != 0) {
+    return Bad("model.heads",
+               absl::StrCat("(", model.heads, ") must divide model.d_model (", model.d_model, ")"));
+  }
+  RETURN_IF_ERROR(InRange("model.seq_len", model.seq_len, 1, 1 << 17));
+  RETURN_IF_ERROR(InRange("model.vocab", model.vocab, 2, 1 << 22));
+  if (!(model.dropout >= 0 && model.dropout < 1)) return Bad("model.dropout", "must be in [0, 1)");
+  if (model.kind == "torchscript" && model.path.empty()) {
+    return Bad("model.path", "is required for model.kind torchscript");
+  }
+  RETURN_IF_ERROR(OneOf("data.kind", data.kind, {"text", "tokens"}));
+  if (data.path.empty()) return Bad("data.path", "is required");
+  RETURN_IF_ERROR(OneOf("data.dtype", data.dtype, {"uint16", "uint32"}));
+  if (data.kind == "text" && model.vocab < 256) {
+    return Bad("model.vocab",
+               absl::StrCat("is ", model.vocab, " but text data is bytes and needs vocab >= 256"));
+  }
+  RETURN_IF_ERROR(InRange("train.global_batch", train.global_batch, 1, kMaxGlobalBatch));
+  RETURN_IF_ERROR(InRange("train.steps", train.steps, 0, kMaxSteps));
+  RETURN_IF_ERROR(OneOf("train.optimizer", train.optimizer, {"adamw", "sgd"}));
+  RETURN_IF_ERROR(Finite("train.lr", train.lr, 0, 100, /*open_low=*/true));
+  if (!(train.min_lr >= 0 && train.min_lr <= train.lr)) {
+    return Bad("train.min_lr", "must be in [0, lr]");
+  }
+  RETURN_IF_ERROR(InRange("train.warmup", train.warmup, 0, kMaxSteps));
+  RETURN_IF_ERROR(OneOf("train.schedule", train.schedule, {"cosine", "linear", "constant"}));
+  RETURN_IF_ERROR(Finite("train.clip_grad_norm", train.clip_grad_norm, 0, 1e6));
+  RETURN_IF_ERROR(Finite("train.weight_decay", train.weight_decay, 0, 100));
+  if (!(train.beta1 >= 0 && train.beta1 < 1)) return Bad("train.beta1", "must be in [0, 1)");
+  if (!(train.beta2 >= 0 && train.beta2 < 1)) return Bad("train.beta2", "must be in [0, 1)");
+  if (!(train.momentum >= 0 && train.momentum < 1)) {
+    return Bad("train.momentum", "must be in [0, 1)");
+  }
+  RETURN_IF_ERROR(OneOf("train.precision", train.precision, {"fp32", "bf16", "fp16"}));
+  {
+    int index = 0;
+    const std::string& d = train.device;
+    const bool numbered = d.rfind("cuda:", 0) == 0 && d.size() > 5 && d.size() <= 8 &&
+                          absl::SimpleAtoi(d.substr(5), &index) && index >= 0;
+    if (d != "auto" && d != "cpu" && d != "cuda" && !numbered) {
+      return Bad("train.device", "must be auto, cpu, cuda or cuda:N");
+    }
+  }
+  RETURN_IF_ERROR(Finite("train.init_loss_scale", train.init_loss_scale, 1, 3.4e38));  // FLT_MAX
+  RETURN_IF_ERROR(InRange("train.loss_scale_window", train.loss_scale_window, 1, kMaxSteps));
+  if (parallel.stages != 0)
+    RETURN_IF_ERROR(InRange("parallel.stages", parallel.stages, 1, kMaxLayers));
+  if (parallel.micro_batch != 0) {
+    RETURN_IF_ERROR(InRange("parallel.micro_batch", parallel.micro_batch, 1, kMaxGlobalBatch));
+    if (parallel.micro_batch > train.global_batch) {
+      return Bad("parallel.micro_batch",
+                 absl::StrCat("(", parallel.micro_batch, ") is larger than train.global_batch (",
+                              train.global_batch, ")"));
+    }
+  }
+  if (parallel.replicas != 0) {
+    RETURN_IF_ERROR(InRange("parallel.replicas", parallel.replicas, 1, kMaxSlots));
+  }
+  RETURN_IF_ERROR(
+      OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b", "auto"}));
+  RETURN_IF_ERROR(ValidatePipelines());
+  RETURN_IF_ERROR(Finite("parallel.timeout_s", parallel.timeout_s, 0, 86400, /*open_low=*/true));
+  RETURN_IF_ERROR(InRange("checkpoint.every_steps", checkpoint.every_steps, 0, kMaxSteps));
+  RETURN_IF_ERROR(InRange("checkpoint.keep", checkpoint.keep, 0, 100000));
+  if (!checkpoint.resume.empty()) {
+    if (auto step = ParseResumeStep(checkpoint.resume); !step.ok()) {
+      return Bad("checkpoint.resume", std::string(step.status().message()));
+    }
+    if (checkpoint.dir.empty()) return Bad("checkpoint.resume", "needs checkpoint.dir");
+  }
+  RETURN_IF_ERROR(InRange("resources.min_slots", resources.min_slots, 1, kMaxSlots));
+  RETURN_IF_ERROR(InRange("resources.max_slots", resources.max_slots, 0, kMaxSlots));
+  RETURN_IF_ERROR(Finite("resources.max_wait_s", resources.max_wait_s, 0, 365.0 * 86400));
+  if (!code_dir.empty() && (code_dir[0] != '/' || code_dir.find('\0') != std::string::npos)) {
+    return Bad("code_dir", "must be an absolute path");
+  }
+  if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
+    return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
+  }
+  for (size_t i = 0; i < entrypoint.size(); ++i) {
+    if (entrypoint[i].find('\0') != std::string::npos || (i == 0 && entrypoint[i].empty())) {
+      return Bad(absl::StrCat("entrypoint[", i, "]"), "must be a non-empty word without NUL");
+    }
+  }
+  if (env.size() > kMaxEnvEntries) {
+    return Bad("env", absl::StrCat("has ", env.size(), " entries; the limit is ", kMaxEnvEntries));
+  }
+  for (const auto& [k, v] : env) {
+    if (!IsValidEnvKey(k)) {
+      return Bad(absl::StrCat("env.", k), "is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    if (v.find('\0') != std::string::npos) return Bad(absl::StrCat("env.", k), "contains NUL");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSpec::ValidatePipelines() const {
+  const auto& pipes = parallel.pipelines;
+  if (pipes.empty()) return absl::OkStatus();
+  if (parallel.stages != 0 || parallel.replicas != 0) {
+    return Bad("parallel.pipelines",
+               "replaces parallel.stages and parallel.replicas; set one or the other, not both");
+  }
+  if (parallel.micro_batch == 0) {
+    return Bad("parallel.micro_batch",
+               "must be set with parallel.pipelines (it is the micro-batch size of every "
+               "pipeline)");
+  }
+  int64_t microbatches = 0;
+  for (size_t i = 0; i < pipes.size(); ++i) {
+    const std::string key = absl::StrCat("parallel.pipelines[", i, "]");
+    const PipelineEntrySpec& e = pipes[i];
+    RETURN_IF_ERROR(InRange(key + ".count", e.count, 1, kMaxSlots));
+    if (e.microbatches == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job spec: All pipelines must have a corresponding number of "
+                       "microbatches. (",
+                       key, ".microbatches is missing)"));
+    }
+    RETURN_IF_ERROR(InRange(key + ".microbatches", e.microbatches, 1, kMaxGlobalBatch));
+    for (size_t j = 0; j < e.stages.size(); ++j) {
+      if (e.stages[j].empty()) return Bad(absl::StrCat(key, ".stages[", j, "]"), "is empty");
+    }
+    for (size_t k = 0; k < i; ++k) {
+      if (pipes[k].stages == e.stages && pipes[k].microbatches != e.microbatches) {
+        return Bad(key,
+                   absl::StrCat("has the same template as parallel.pipelines[", k, "] but ",
+                                e.microbatches, " microbatches instead of ", pipes[k].microbatches,
+                                ": identical templates must have the same number of "
+                                "microbatches"));
+      }
+    }
+    microbatches += static_cast<int64_t>(e.count) * e.microbatches;
+    if (microbatches > kMaxGlobalBatch) {
+      return Bad("parallel.pipelines",
+                 absl::StrCat("add up to more than ", kMaxGlobalBatch, " micro-batches per step"));
+    }
+  }
+  if (microbatches * parallel.micro_batch != train.global_batch) {
+    return Bad("train.global_batch",
+               absl::StrCat("is ", train.global_batch,
+                            ", inconsistent with the pipelines: parallel.micro_batch (",
+                            parallel.micro_batch, ") x their microbatches (", microbatches,
+                            ") = ", microbatches * parallel.micro_batch));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSpec::ValidateShape() const {
+  if (!parallel.pipelines.empty()) {
+    const int ranks = PipelineRanks(parallel);
+    if (ranks < resources.min_slots) {
+      return Bad("resources.min_slots",
+                 absl::StrCat("is ", resources.min_slots, " but parallel.pipelines uses ", ranks));
+    }
+    if (resources.max_slots != 0 && ranks > resources.max_slots) {
+      return Bad("resources.max_slots",
+                 absl::StrCat("is ", resources.max_slots, " but parallel.pipelines needs ", ranks));
+    }
+    if (model.kind != "torchscript") {  // TorchScript modules are checked by the worker
+      ASSIGN_OR_RETURN(std::vector<std::string> modules, BuiltinModules(model));
+      auto topo = TopologyFromSpec(*this, modules);
+      if (!topo.ok()) {
+        return absl::Status(topo.status().code(),
+                            absl::StrCat("job spec: ", topo.status().message()));
+      }
+    }
+  }
+  if (parallel.replicas > 0 && train.global_batch % parallel.replicas != 0) {
+    return Bad("train.global_batch",
+               absl::StrCat("(", train.global_batch, ") is not divisible by parallel.replicas (",
+                            parallel.replicas, ")"));
+  }
+  if (parallel.replicas > 0 && parallel.micro_batch > train.global_batch / parallel.replicas) {
+    return Bad("parallel.micro_batch",
+               absl::StrCat("(", parallel.micro_batch, ") is larger than the per-replica batch (",
+                            train.global_batch / parallel.replicas,
+                            " = train.global_batch / parallel.replicas)"));
+  }
+  if (parallel.stages > 0 && parallel.replicas > 0) {
+    const int64_t world = static_cast<int64_t>(parallel.stages) * parallel.replicas;
+    if (world < resources.min_slots) {
+      return Bad("resources.min_slots",
+                 absl::StrCat("is ", resources.min_slots, " but parallel.stages x replicas uses ",
+                              world, " slots"));
+    }
+  }
+  const int64_t fixed_world =
+      static_cast<int64_t>(std::max(parallel.stages, 1)) * std::max(parallel.replicas, 1);
+  if (resources.max_slots > 0 && fixed_world > resources.max_slots) {
+    return Bad(
+        "resources.max_slots",
+        absl::StrCat("is ", resources.max_slots, " but parallel.stages x replicas needs at least ",
+                     fixed_world, " slots"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobSpec::ValidateFiles() const {
+  RETURN_IF_ERROR(CheckRegularFile(data.path, "data.path"));
+  if (!env_file.empty()) RETURN_IF_ERROR(CheckRegularFile(env_file, "env_file"));
+  if (model.kind == "torchscript") {
+    RETURN_IF_ERROR(CheckRegularFile(model.path + "/segment_0.pt", "model.path segment_0.pt"));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Reads "auto" as 0, otherwise a positive integer.
+std::function<absl::Status(const YAML::Node&)> AutoInt(const std::string& key, int* out) {
+  return [key, out](const YAML::Node& v) -> absl::Status {
+    if (v.IsScalar() && v.Scalar() == "auto") {
+      *out = 0;
+      return absl::OkStatus();
+    }
+    auto n = YamlAs<int>(v, "job spec", key);
+    if (!n.ok()) {
+      return Bad(key, absl::StrCat("must be an integer or 'auto', got '", Describe(v), "'"));
+    }
+    *out = *n;
+    if (*out < 1) return Bad(key, "must be >= 1 or 'auto'");
+    return absl::OkStatus();
+  };
+}
+
+// parallel.pipelines: a list of {stages: [[module, ...], ...], count, microbatches}.
+absl::Status ReadPipelines(const YAML::Node& v, std::vector<PipelineEntrySpec>* out) {
+  if (!v.IsSequence()) return Bad("parallel.pipelines", "must be a list of pipelines");
+  if (v.size() > static_cast<size_t>(kMaxLayers)) {
+    return Bad("parallel.pipelines", absl::StrCat("has more than ", kMaxLayers, " entries"));
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string key = absl::StrCat("parallel.pipelines[", i, "]");
+    PipelineEntrySpec e;
+    MapReader r(v[i], key);
+    r.Sub("stages",
+          [&](const YAML::Node& s) -> absl::Status {
+            if (!s.IsSequence() || s.size() == 0) {
+              return Bad(key + ".stages", "must be a non-empty list of stages (lists of modules)");
+            }
+            for (size_t j = 0; j < s.size(); ++j) {
+              const std::string sk = absl::StrCat(key, ".stages[", j, "]");
+              if (!s[j].IsSequence()) return Bad(sk, "must be a list of module names");
+              std::vector<std::string> stage;
+              for (size_t m = 0; m < s[j].size(); ++m) {
+                ASSIGN_OR_RETURN(std::string name,
+                                 YamlScalar(s[j][m], "job spec", absl::StrCat(sk, "[", m, "]")));
+                stage.push_back(std::move(name));
+              }
+              e.stages.push_back(std::move(stage));
+            }
+            return absl::OkStatus();
+          })
+        .Field("count", &e.count)
+        .Field("microbatches", &e.microbatches);
+    if (!v[i].IsMap()) return Bad(key, "must be a mapping {stages, count, microbatches}");
+    RETURN_IF_ERROR(r.Read());
+    if (e.stages.empty()) return Bad(key + ".stages", "is missing");
+    out->push_back(std::move(e));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace {
+absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
+  if (yaml_text.size() > kMaxJobSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ", yaml_text.size(), " bytes; the limit is ", kMaxJobSpecBytes));
+  }
+  ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml_text, "job spec"));
+  if (!root || root.IsNull()) return absl::InvalidArgumentError("job spec: empty document");
+  JobSpec spec;
+  auto section = [](const std::string& name, auto fill) {
+    return [name, fill](const YAML::Node& v) -> absl::Status {
+      MapReader r(v, name);
+      fill(r);
+      return r.Read();
+    };
+  };
+  MapReader top(root, "");
+  top.Field("name", &spec.name)
+      .Sub("model", section("model",
+                            [&](MapReader& r) {
+                              r.Field("kind", &spec.model.kind)
+                                  .Field("layers", &spec.model.layers)
+                                  .Field("d_model", &spec.model.d_model)
+                                  .Field("heads", &spec.model.heads)
+                                  .Field("seq_len", &spec.model.seq_len)
+                                  .Field("vocab", &spec.model.vocab)
+                                  .Field("dropout", &spec.model.dropout)
+                                  .Field("path", &spec.model.path);
+                            }))
+      .Sub("data", section("data",
+                           [&](MapReader& r) {
+                             r.Field("kind", &spec.data.kind)
+                                 .Field("path", &spec.data.path)
+                                 .Field("dtype", &spec.data.dtype);
+                           }))
+      .Sub("train", section("train",
+                            [&](MapReader& r) {
+                              TrainSpec& t = spec.train;
+                              r.Field("global_batch", &t.global_batch)
+                                  .Field("steps", &t.steps)
+                                  .Field("optimizer", &t.optimizer)
+                                  .Field("lr", &t.lr)
+                                  .Field("min_lr", &t.min_lr)
+                                  .Field("warmup", &t.warmup)
+                                  .Field("schedule", &t.schedule)
+                                  .Field("clip_grad_norm", &t.clip_grad_norm)
+                                  .Field("weight_decay", &t.weight_decay)
+                                  .Field("beta1", &t.beta1)
+                                  .Field("beta2", &t.beta2)
+                                  .Field("momentum", &t.momentum)
+                                  .Field("precision", &t.precision)
+                                  .Field("device", &t.device)
+                                  .Field("init_loss_scale", &t.init_loss_scale)
+                                  .Field("loss_scale_window", &t.loss_scale_window)
+                                  .Field("seed", &t.seed);
+                            }))
+      .Sub("parallel",
+           section("parallel",
+                   [&](MapReader& r) {
+                     r.Sub("stages", AutoInt("parallel.stages", &spec.parallel.stages))
+                         .Sub("micro_batch",
+                              AutoInt("parallel.micro_batch", &spec.parallel.micro_batch))
+                         .Sub("replicas", AutoInt("parallel.replicas", &spec.parallel.replicas))
+                         .Field("schedule", &spec.parallel.schedule)
+                         .Field("timeout_s", &spec.parallel.timeout_s)
+                         .Sub("pipelines", [&](const YAML::Node& v) {
+                           return ReadPipelines(v, &spec.parallel.pipelines);
+                         });
+                   }))
+      .Sub("checkpoint", section("checkpoint",
+                                 [&](MapReader& r) {
+                                   r.Field("dir", &spec.checkpoint.dir)
+                                       .Field("every_steps", &spec.checkpoint.every_steps)
+                                       .Field("keep", &spec.checkpoint.keep)
+                                       .Field("tempdir", &spec.checkpoint.tempdir)
+                                       .Field("shard", &spec.checkpoint.shard)
+                                       .Field("resume", &spec.checkpoint.resume);
+                                 }))
+      .Sub("resources", section("resources",
+                                [&](MapReader& r) {
+                                  r.Field("min_slots", &spec.resources.min_slots)
+                                      .Field("max_slots", &spec.resources.max_slots)
+                                      .Field("max_wait_s", &spec.resources.max_wait_s);
+                                }))
+      .Field("entrypoint", &spec.entrypoint)
+      .Field("code_dir", &spec.code_dir)
+      .Field("morphing", &spec.morphing)
+      .Sub("env", [&](const YAML::Node& v) { return ReadEnv(v, &spec.env); })
+      .Field("env_file", &spec.env_file);
+  RETURN_IF_ERROR(top.Read());
+  RETURN_IF_ERROR(spec.Validate());
+  return spec;
+}
+}  // namespace
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& yaml_text) {
+  // Note [Parser boundary] (common/spec/submission.cc): the backstop for anything yaml-cpp throws.
+  try {
+    return ParseJobSpecUnguarded(yaml_text);
+  } catch (const std::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: cannot be read: ", e.what()));
+  }
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, kMaxJobSpecBytes, "job file"));
+  auto spec = ParseJobSpec(text);
+  if (!spec.ok()) {
+    return absl::Status(spec.status().code(), absl::StrCat(path, ": ", spec.status().message()));
+  }
+  return spec;
+}
+
+}  // namespace varuna

@@ -1,0 +1,235 @@
+#include "common/checkpoint/checkpoint_store.h"
+
+#include <gtest/gtest.h>
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varuna {
+namespace {
+
+namespace fs = std::filesystem;
+using ::varuna::testing::IsOk;
+using ::varuna::testing::StatusIs;
+
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           absl::StrCat("ckpt_store_test_", ::testing::UnitTest::GetInstance()->random_seed(), "_",
+                        getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A two-writer checkpoint with one layer file each, complete unless told otherwise.
+  void Write(int64_t step, bool complete = true, std::string common = "") {
+    const std::string path = CheckpointPath(dir_.string(), step);
+    fs::create_directories(path + "/layers");
+    if (common.empty()) common = Common(step, "[0, 1]", "[\"a\", \"b\"]");
+    ASSERT_THAT(WriteFileAtomic(path + "/common.json", common, 0), IsOk());
+    ASSERT_THAT(WriteFileAtomic(path + "/layers/a.pt", std::string(1000, 'a'), 0), IsOk());
+    ASSERT_THAT(WriteFileAtomic(path + "/layers/b.pt", std::string(500, 'b'), 1), IsOk());
+    ASSERT_THAT(WriteManifestAndMarker(path, 0,
+                                       {DigestBytes("common.json", common),
+                                        DigestBytes("layers/a.pt", std::string(1000, 'a'))}),
+                IsOk());
+    if (complete) {
+      ASSERT_THAT(
+          WriteManifestAndMarker(path, 1, {DigestBytes("layers/b.pt", std::string(500, 'b'))}),
+          IsOk());
+    }
+  }
+  std::string Path(int64_t step) { return CheckpointPath(dir_.string(), step); }
+  static std::string Common(int64_t step, const std::string& writers, const std::string& layers) {
+    return absl::StrCat("{\"step\": ", step,
+                        ", \"global_batch\": 8, \"stages\": 2, \"replicas\": 1, \"loss_scale\": 1, "
+                        "\"clean_steps\": 0, \"writers\": ",
+                        writers, ", \"layers\": ", layers, "}");
+  }
+  void Manifest(int64_t step, const std::string& json) {
+    ASSERT_THAT(WriteFileAtomic(Path(step) + "/manifest.rank0.json", json, 0), IsOk());
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(CheckpointStoreTest, CompleteCheckpointVerifies) {
+  Write(4);
+  EXPECT_THAT(VerifyCheckpoint(Path(4)), IsOk());
+  EXPECT_EQ(ListCheckpointSteps(dir_.string()), std::vector<int64_t>{4});
+}
+
+TEST_F(CheckpointStoreTest, DamageIsNamed) {
+  Write(1);
+  {
+    std::fstream f(Path(1) + "/layers/a.pt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(10);
+    f.put('X');
+  }
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+  EXPECT_THAT(VerifyCheckpoint(Path(1), /*checksums=*/false), IsOk());
+  fs::resize_file(Path(1) + "/layers/a.pt", 10);
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "10 bytes"));
+  Write(2, /*complete=*/false);
+  EXPECT_THAT(VerifyCheckpoint(Path(2)),
+              StatusIs(absl::StatusCode::kDataLoss, "writer rank 1 never finished"));
+  Write(3);
+  fs::remove(Path(3) + "/layers/b.pt");
+  EXPECT_THAT(VerifyCheckpoint(Path(3)), StatusIs(absl::StatusCode::kDataLoss, "missing file"));
+}
+
+TEST_F(CheckpointStoreTest, ResolveResumeStep) {
+  auto none = ResolveResumeStep(dir_.string(), std::nullopt);
+  ASSERT_THAT(none, IsOk());
+  EXPECT_FALSE(none->has_value());
+  Write(2, /*complete=*/false);
+  EXPECT_THAT(ResolveResumeStep(dir_.string(), std::nullopt),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "none is complete"));
+  Write(1);
+  Write(3, /*complete=*/false);
+  auto latest = ResolveResumeStep(dir_.string(), std::nullopt);
+  ASSERT_THAT(latest, IsOk());
+  EXPECT_EQ(**latest, 1);
+  EXPECT_THAT(ResolveResumeStep(dir_.string(), 3),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "varuna_ckpt_3"));
+}
+
+TEST_F(CheckpointStoreTest, RetentionKeepsNewestCompleteAndInProgress) {
+  Write(2);
+  Write(4);
+  Write(6);
+  Write(8, /*complete=*/false);  // maybe still being written
+  EXPECT_EQ(PruneCheckpoints(dir_.string(), 2), std::vector<int64_t>{2});
+  EXPECT_EQ(ListCheckpointSteps(dir_.string()), (std::vector<int64_t>{8, 6, 4}));
+  // Never deletes the newest complete one, even with keep = 1 and a newer incomplete one.
+  EXPECT_EQ(PruneCheckpoints(dir_.string(), 1), std::vector<int64_t>{4});
+  EXPECT_EQ(ListCheckpointSteps(dir_.string()), (std::vector<int64_t>{8, 6}));
+  EXPECT_TRUE(PruneCheckpoints(dir_.string(), 0).empty());
+}
+
+// Note [Parser boundary] (common/spec/submission.cc): what a checkpoint's metadata says is data,
+// not trusted.
+TEST_F(CheckpointStoreTest, EmptyWritersOrLayersAreNotComplete) {
+  Write(1, true, Common(1, "[]", "[]"));
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "no writers"));
+  Write(2, true, Common(2, "[0, 1]", "[]"));
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "no layers"));
+  // A layer of the model missing from the checkpoint: not complete for that model.
+  Write(3);
+  const std::vector<std::string> model = {"a", "b", "c"};
+  EXPECT_THAT(VerifyCheckpoint(Path(3), true, &model),
+              StatusIs(absl::StatusCode::kDataLoss, "no layer 'c'"));
+  auto latest = ResolveResumeStep(dir_.string(), std::nullopt, &model);
+  EXPECT_THAT(latest, StatusIs(absl::StatusCode::kFailedPrecondition, "no layer 'c'"));
+}
+
+TEST_F(CheckpointStoreTest, WrongTypesAndMissingFieldsAreDamageNotCrashes) {
+  Write(1, true, "{\"writers\": [0, 1], \"layers\": [\"a\", \"b\"]}");  // no step
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "'step'"));
+  EXPECT_THAT(ReadCheckpointCommon(Path(1)).status(),
+              StatusIs(absl::StatusCode::kDataLoss, "'step' is missing"));
+  Write(2);
+  Manifest(2, "{\"files\": [{\"path\": \"layers/a.pt\", \"size\": \"big\", \"crc32\": 1}]}");
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "'size'"));
+  EXPECT_THAT(VerifyCheckpoint(Path(2), false), StatusIs(absl::StatusCode::kDataLoss, "'size'"));
+  Manifest(2, "{\"files\": {\"a\": 1}}");
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "no files list"));
+  Write(3, true, Common(9, "[0, 1]", "[\"a\", \"b\"]"));  // step disagrees with the directory
+  EXPECT_THAT(VerifyCheckpoint(Path(3)), StatusIs(absl::StatusCode::kDataLoss, "directory"));
+  Write(4, true, Common(4, "[0, 5]", "[\"a\"]"));  // writer 5 outside 2 stages x 1 replica
+  EXPECT_THAT(VerifyCheckpoint(Path(4)), StatusIs(absl::StatusCode::kDataLoss, "writer rank 5"));
+  // The tool's and the resume's view: all damaged, none used, no crash.
+  EXPECT_THAT(ResolveResumeStep(dir_.string(), std::nullopt),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "none is complete"));
+}
+
+TEST_F(CheckpointStoreTest, PathsStayInsideAndOnlyRegularFilesAreRead) {
+  Write(1);
+  Manifest(1, "{\"files\": [{\"path\": \"../../../../dev/zero\", \"size\": 1, \"crc32\": 0}]}");
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), StatusIs(absl::StatusCode::kDataLoss, "'..'"));
+  Manifest(1, "{\"files\": [{\"path\": \"/etc/passwd\", \"size\": 1, \"crc32\": 0}]}");
+  EXPECT_THAT(VerifyCheckpoint(Path(1), false), StatusIs(absl::StatusCode::kDataLoss, "absolute"));
+  // A FIFO (or a link to a device) in place of a layer file: refused at once, not read.
+  Write(2);
+  fs::remove(Path(2) + "/layers/b.pt");
+  ASSERT_EQ(mkfifo((Path(2) + "/layers/b.pt").c_str(), 0600), 0);
+  const absl::Time t0 = absl::Now();
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
+  EXPECT_THAT(VerifyCheckpoint(Path(2), false), StatusIs(absl::StatusCode::kDataLoss, "b.pt"));
+  Write(3);
+  fs::remove(Path(3) + "/layers/a.pt");
+  fs::create_symlink("/dev/zero", Path(3) + "/layers/a.pt");
+  EXPECT_THAT(VerifyCheckpoint(Path(3)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
+  Write(4);
+  fs::remove(Path(4) + "/common.json");
+  ASSERT_EQ(mkfifo((Path(4) + "/common.json").c_str(), 0600), 0);
+  EXPECT_THAT(VerifyCheckpoint(Path(4)), StatusIs(absl::StatusCode::kDataLoss, "regular file"));
+  EXPECT_LT(absl::Now() - t0, absl::Seconds(2));
+}
+
+}  // namespace
+}  // namespace varuna
+
+namespace varuna {
+namespace {
+
+namespace fs = std::filesystem;
+using ::varuna::testing::IsOk;
+using ::varuna::testing::StatusIs;
+
+// Note [Rescue] (worker/checkpoint.cc): survivors of a failed step write their stage's layers and a
+// rescue record each; the checkpoint is complete when the rescuers cover every layer, and a rescuer
+// whose files are damaged is left out if the others still cover the model.
+TEST(RescueTest, RescueRecordsThatCoverTheModelMakeACompleteCheckpoint) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("rescue_test_", getpid());
+  fs::remove_all(dir);
+  const std::string path = CheckpointPath(dir.string(), 7);
+  fs::create_directories(path + "/layers");
+  auto common = [](int writer) {
+    return absl::StrCat(
+        "{\"step\": 7, \"global_batch\": 8, \"stages\": 2, \"replicas\": 2, \"loss_scale\": 1, "
+        "\"clean_steps\": 0, \"writers\": [",
+        writer, "], \"layers\": [\"a\", \"b\"], \"model_spec\": \"m\"}\n");
+  };
+  auto rescue = [&](int rank, const std::string& layer, const std::string& bytes) {
+    const std::string rel = absl::StrCat("layers/", layer, ".pt");
+    ASSERT_THAT(WriteFileAtomic(path + "/" + rel, bytes, rank), IsOk());
+    ASSERT_THAT(WriteRescueRecord(path, rank, common(rank), {DigestBytes(rel, bytes)}), IsOk());
+  };
+  const std::vector<std::string> layers = {"a", "b"};
+  rescue(0, "a", std::string(100, 'a'));  // stage 0, replica 0
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "layers/b.pt"))
+      << "layer b has no rescuer yet";
+  rescue(3, "b", std::string(50, 'b'));  // stage 1, replica 1
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers), IsOk());
+  auto c = ReadCheckpointCommon(path);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_EQ(c->step, 7);
+  EXPECT_EQ(c->model_spec, "m");
+  auto resolved = ResolveResumeStep(dir.string(), std::nullopt, &layers);
+  ASSERT_THAT(resolved.status(), IsOk());
+  EXPECT_EQ(*resolved, std::optional<int64_t>(7));
+
+  // A second rescuer of stage 1 whose record lies about a file is left out; coverage holds.
+  ASSERT_THAT(WriteRescueRecord(path, 1, common(1), {FileDigest{"layers/b.pt", 50, 12345u}}),
+              IsOk());
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers), IsOk());
+  // Damage the only copy of layer a: no longer complete, and the reason says why.
+  ASSERT_THAT(WriteFileAtomic(path + "/layers/a.pt", std::string(100, 'x'), 0), IsOk());
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace varuna
