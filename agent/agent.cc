@@ -10,7 +10,6 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <set>
 #include <sstream>
 
@@ -23,10 +22,10 @@
 #include "common/base/status_macros.h"
 #include "common/base/yaml_util.h"
 #include "common/checkpoint/checkpoint_store.h"
+#include "common/launch/worker_protocol.h"
 #include "common/net/rpc.h"
 #include "common/pipeline/topology.h"
 #include "glog/logging.h"
-#include "google/protobuf/util/json_util.h"
 
 extern char** environ;
 
@@ -253,7 +252,9 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     spec.env = base_env;
     spec.env["RANK"] = absl::StrCat(r.rank());
     spec.env["LOCAL_RANK"] = absl::StrCat(r.local_rank());
-    spec.env["VARUNA_PROGRESS_FILE"] = w.progress_path;
+    spec.env[kProgressFileEnv] = w.progress_path;
+    spec.control_fifo = absl::StrCat(gen_dir, "/control.rank", r.rank());
+    spec.env[kControlFifoEnv] = spec.control_fifo;
     if (req.entrypoint().empty()) {
       spec.argv = {config_.worker_binary, "--job", spec_path};
     } else {
@@ -341,18 +342,40 @@ v1::StopResponse Agent::Stop(const v1::StopRequest& req) {
   return resp;
 }
 
+const char* Agent::CommandWorker(const Worker& w, v1::AgentCommand command, int fallback_signal) {
+  command.set_generation(w.generation);
+  absl::StatusOr<std::string> line = SerializeAgentCommand(command);
+  const absl::Status sent = line.ok() ? launcher_->SendCommand(w.pid, *line) : line.status();
+  if (sent.ok()) return "command";
+  VLOG(1) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank << " "
+          << CommandKindName(command) << " by signal " << fallback_signal << ": " << sent.message();
+  return launcher_->Signal(w.pid, fallback_signal).ok() ? "signal" : "";
+}
+
 v1::CheckpointResponse Agent::Checkpoint(const v1::CheckpointRequest& req) {
   v1::CheckpointResponse resp;
-  int n = 0;
+  int commanded = 0, signalled = 0;
   for (auto& [key, w] : workers_) {
     if (key.first != req.job_id() || !w.running) continue;
     if (req.generation() != 0 && w.generation != req.generation()) continue;
-    if (launcher_->Signal(w.pid, req.abort_step() ? SIGUSR2 : SIGUSR1).ok()) ++n;
+    // A graceful save is the worker's stop (checkpoint at the step boundary, exit 0), an abort
+    // its checkpoint_now; each by the control FIFO, else by the signal that always meant it.
+    v1::AgentCommand command;
+    if (req.abort_step()) {
+      command.mutable_checkpoint_now();
+    } else {
+      command.mutable_stop();
+    }
+    const std::string how = CommandWorker(w, command, req.abort_step() ? SIGUSR2 : SIGUSR1);
+    commanded += how == "command" ? 1 : 0;
+    signalled += how == "signal" ? 1 : 0;
   }
   LOG(INFO) << "job=" << req.job_id() << " gen=" << req.generation()
-            << (req.abort_step() ? " abort-and-save (SIGUSR2)" : " checkpoint (SIGUSR1)")
-            << " requested from " << n << " workers";
-  resp.set_signalled(n);
+            << (req.abort_step() ? " abort-and-save (checkpoint_now/SIGUSR2)"
+                                 : " checkpoint-and-stop (stop/SIGUSR1)")
+            << " requested from " << commanded + signalled << " workers (" << commanded
+            << " by command, " << signalled << " by signal)";
+  resp.set_signalled(commanded + signalled);
   return resp;
 }
 
@@ -399,11 +422,13 @@ void Agent::Reap() {
 
 // Note [Progress file]: the worker (the job's code) owns this file, so it is read like any
 // outside input: non-blocking opens of a regular file only (a FIFO put there cannot freeze
-// the agent), at most 256 KiB per read, only complete lines, and fields of the wrong type are
-// ignored. Step records are forwarded once per job generation from this node, whichever of
-// its ranks wrote them first (every rank reports the same global loss).
+// the agent), at most 256 KiB per read, only complete lines, each through the protocol's codec
+// (ParseWorkerEvent: bounded, both line forms); a bad line is skipped, and the first one of a
+// worker is logged. Step records are forwarded once per job generation from this node,
+// whichever of its ranks wrote them first (every rank reports the same global loss).
 void Agent::ReadProgress(Worker& w) {
   constexpr int64_t kMaxRead = 256 << 10;
+  static_assert(kMaxRead > kMaxEventLineBytes, "a read must hold a whole line");
   auto slice = ReadRegularFileSlice(w.progress_path, w.progress_offset, kMaxRead, "progress file");
   if (!slice.ok() || slice->data.empty()) return;
   const size_t end = slice->data.rfind('\n');
@@ -416,80 +441,65 @@ void Agent::ReadProgress(Worker& w) {
   int64_t& forwarded = forwarded_step_[absl::StrCat(w.job_id, "/", w.generation)];
   for (absl::string_view line :
        absl::StrSplit(absl::string_view(slice->data).substr(0, end), '\n')) {
-    if (line.empty()) continue;
-    auto n = ParseYaml(std::string(line), "progress file");
-    if (!n.ok() || !n->IsMap()) continue;
-    const YAML::Node& p = *n;
-    auto num = [&](const char* key) -> std::optional<double> {
-      auto v = YamlAs<double>(p[key], "progress", key);
-      if (v.ok()) return *v;
-      // printf's spellings of the non-finite values (a diverged loss) are not YAML's.
-      auto text = YamlAs<std::string>(p[key], "progress", key);
-      if (!text.ok()) return std::nullopt;
-      if (*text == "nan" || *text == "-nan") return std::numeric_limits<double>::quiet_NaN();
-      if (*text == "inf") return std::numeric_limits<double>::infinity();
-      if (*text == "-inf") return -std::numeric_limits<double>::infinity();
-      return std::nullopt;
-    };
-    auto flag = [&](const char* key) {
-      auto v = YamlAs<bool>(p[key], "progress", key);
-      return v.ok() && *v;
-    };
-    if (flag("ready")) {
-      auto from = YamlAs<int64_t>(p["resumed_from"], "progress", "resumed_from");
-      w.resumed_from = from.ok() ? std::max<int64_t>(0, *from) : 0;
-      w.ready_at = num("t").value_or(0);
-      continue;
-    }
-    if (auto path = YamlAs<std::string>(p["profile"], "progress", "profile"); path.ok()) {
-      // Only the file this generation's worker was told to write (never a path of its own).
-      const std::string expected =
-          absl::StrCat(fs::path(w.progress_path).parent_path().string(), "/profile.json");
-      auto text = *path == expected ? ReadRegularFile(expected, kMaxProfileTransferBytes, "profile")
-                                    : absl::StatusOr<std::string>(absl::InvalidArgumentError(
-                                          "profile path is not the one the agent chose"));
-      if (text.ok()) {
-        w.profile_json = *std::move(text);
-      } else {
-        w.error = std::string(text.status().message()).substr(0, 2000);
+    if (absl::StripAsciiWhitespace(line).empty()) continue;
+    absl::StatusOr<v1::WorkerEvent> event = ParseWorkerEvent(line);
+    if (!event.ok()) {
+      if (w.bad_lines++ == 0) {
+        LOG(WARNING) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
+                     << " progress line skipped: " << event.status().message()
+                     << " (later bad lines are skipped silently)";
       }
       continue;
     }
-    if (auto e = YamlAs<std::string>(p["error"], "progress", "error"); e.ok()) {
-      w.error = e->substr(0, 2000);
-      continue;
-    }
-    const bool stopped = flag("stopped");
-    if (stopped || flag("rescued")) {
-      w.last.set_stopped(stopped);
-      auto saved = YamlAs<int64_t>(p["saved_step"], "progress", "saved_step");
-      if (saved.ok()) w.saved_step = std::max<int64_t>(0, *saved);
-    }
-    auto step = YamlAs<int64_t>(p["step"], "progress", "step");
-    if (!step.ok() || *step < 1 || *step > INT_MAX) continue;
-    // A step line is the worker's StepMetrics as protobuf JSON (the --metrics_out schema).
-    v1::StepMetrics m;
-    google::protobuf::util::JsonParseOptions opts;
-    opts.ignore_unknown_fields = true;
-    if (!google::protobuf::util::JsonStringToMessage(std::string(line), &m, opts).ok()) {
-      // An older worker's hand-written line (or printf's "nan"): the fields that matter.
-      m.Clear();
-      m.set_step(static_cast<int32_t>(*step));
-      m.set_loss(num("loss").value_or(0));
-      m.set_step_time_s(num("step_time_s").value_or(0));
-      m.set_samples_per_s(num("samples_per_s").value_or(0));
-      m.set_tokens_per_s(num("tokens_per_s").value_or(0));
-      m.set_at(num("t").value_or(0));
-    }
-    if (m.at() == 0) m.set_at(num("t").value_or(0));  // an older worker's "t"
-    // What the manager keeps per step is bounded: a worker cannot make it store a big list.
-    if (m.stage_busy_s_size() > 4096) m.clear_stage_busy_s();
-    if (m.stage_wait_s_size() > 4096) m.clear_stage_wait_s();
-    m.set_stopped(stopped);
-    w.last = m;
-    if (*step > forwarded) {
-      forwarded = *step;
-      if (w.pending.size() < 100000) w.pending.push_back(m);
+    switch (event->kind_case()) {
+      case v1::WorkerEvent::kReady:
+        w.resumed_from = event->ready().resumed_from();
+        w.ready_at = event->t();
+        break;
+      case v1::WorkerEvent::kProfile: {
+        // Only the file this generation's worker was told to write (never a path of its own).
+        const std::string expected =
+            absl::StrCat(fs::path(w.progress_path).parent_path().string(), "/profile.json");
+        auto text = event->profile().path() == expected
+                        ? ReadRegularFile(expected, kMaxProfileTransferBytes, "profile")
+                        : absl::StatusOr<std::string>(absl::InvalidArgumentError(
+                              "profile path is not the one the agent chose"));
+        if (text.ok()) {
+          w.profile_json = *std::move(text);
+        } else {
+          w.error = std::string(text.status().message()).substr(0, 2000);
+        }
+        break;
+      }
+      case v1::WorkerEvent::kError:
+        if (!event->error().command().empty()) {
+          // A command the worker cannot carry out; it keeps running.
+          LOG(WARNING) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
+                       << " refused " << event->error().command() << ": "
+                       << event->error().message();
+          break;
+        }
+        w.error = event->error().message();
+        break;
+      case v1::WorkerEvent::kStopped:
+        w.last.set_stopped(true);
+        w.saved_step = event->stopped().saved_step();
+        break;
+      case v1::WorkerEvent::kRescued:
+        w.last.set_stopped(false);
+        w.saved_step = event->rescued().saved_step();
+        break;
+      case v1::WorkerEvent::kStep: {
+        const v1::StepMetrics& m = event->step();
+        w.last = m;
+        if (m.step() > forwarded) {
+          forwarded = m.step();
+          if (w.pending.size() < 100000) w.pending.push_back(m);
+        }
+        break;
+      }
+      case v1::WorkerEvent::KIND_NOT_SET:
+        break;
     }
   }
 }

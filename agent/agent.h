@@ -18,6 +18,7 @@
 #include "common/base/clock.h"
 #include "common/net/rpc.h"
 #include "varuna/v1/control.pb.h"
+#include "varuna/v1/worker.pb.h"
 
 namespace varuna {
 
@@ -105,8 +106,10 @@ class Agent {
     std::string log_path;
     std::string progress_path;
     absl::Time kill_at = absl::InfiniteFuture();  // set once a stop was requested
-    // Note [Progress] (worker/worker_main_lib.cc): read incrementally from this offset.
+    // The worker's events (Note [Worker protocol] in common/launch/worker_protocol.cc), read
+    // incrementally from this offset.
     int64_t progress_offset = 0;
+    int64_t bad_lines = 0;                // progress lines the codec refused (the first is logged)
     v1::StepMetrics last;                 // the newest step line
     std::deque<v1::StepMetrics> pending;  // step records not yet acknowledged by the manager
     size_t in_flight = 0;                 // how many of `pending` the last heartbeat carried
@@ -123,6 +126,9 @@ class Agent {
   void CheckNoticeFile();
   int SignalWorkers(const std::string& job_id, int max_generation, int sig, bool arm_kill,
                     absl::Duration grace);
+  // Sends `command` over the worker's control FIFO, or `fallback_signal` when it does not
+  // arrive. Returns "command", "signal" or "" (neither reached the worker).
+  const char* CommandWorker(const Worker& w, v1::AgentCommand command, int fallback_signal);
 
   const AgentConfig config_;
   std::string address_;

@@ -8,7 +8,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -63,6 +65,13 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   const pid_t parent = getpid();
+  // The control FIFO (Note [Worker protocol] in common/launch/worker_protocol.cc), made fresh:
+  // whatever the job's code left at that path goes. Without it the worker gets signals only.
+  bool has_fifo = false;
+  if (!spec.control_fifo.empty()) {
+    unlink(spec.control_fifo.c_str());
+    has_fifo = mkfifo(spec.control_fifo.c_str(), 0600) == 0;
+  }
 
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();
@@ -90,6 +99,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   setpgid(pid, pid);  // also from the parent, so a signal right away reaches the group
   close(log_fd);
   live_.push_back(pid);
+  if (has_fifo) control_fifo_[pid] = spec.control_fifo;
   return static_cast<int>(pid);
 }
 
@@ -97,6 +107,54 @@ absl::Status RealProcessLauncher::Signal(int pid, int sig) {
   if (kill(-pid, sig) != 0 && kill(pid, sig) != 0) {
     if (errno == ESRCH) return absl::OkStatus();  // already gone; Reap() will report it
     return absl::InternalError(absl::StrCat("kill(", pid, ", ", sig, "): ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RealProcessLauncher::SendCommand(int pid, const std::string& line) {
+  std::string path;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = control_fifo_.find(pid);
+    if (it == control_fifo_.end()) {
+      return absl::UnimplementedError(absl::StrCat("process ", pid, " has no control FIFO"));
+    }
+    path = it->second;
+  }
+  const std::string l = absl::StrCat(line, "\n");
+  if (l.size() > PIPE_BUF) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("command of ", l.size(), " bytes is over PIPE_BUF (", PIPE_BUF, ")"));
+  }
+  // Non-blocking: ENXIO at once when no process holds the FIFO for reading. The job's code
+  // can write in its directory, so refuse a symlink or anything but a FIFO at that path.
+  const int fd = open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "control FIFO ", path, ": ", errno == ENXIO ? "nothing reads it" : std::strerror(errno)));
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("control path ", path, " is not a FIFO"));
+  }
+  // The reader may close between the open and the write: EPIPE, not a SIGPIPE that would end
+  // the agent. Blocked for this thread only, and a pending one is taken before unblocking.
+  sigset_t pipe_set, old_set;
+  sigemptyset(&pipe_set);
+  sigaddset(&pipe_set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
+  const ssize_t n = write(fd, l.data(), l.size());
+  const int err = errno;
+  if (n < 0 && err == EPIPE) {
+    const timespec zero{0, 0};
+    sigtimedwait(&pipe_set, nullptr, &zero);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
+  close(fd);
+  if (n != static_cast<ssize_t>(l.size())) {  // PIPE_BUF bytes are written whole or not at all
+    return absl::UnavailableError(
+        absl::StrCat("control FIFO ", path, ": ", err == EAGAIN ? "full" : std::strerror(err)));
   }
   return absl::OkStatus();
 }
@@ -118,15 +176,24 @@ std::vector<ProcessExit> RealProcessLauncher::Reap() {
       exits.push_back(e);
       // The worker's own children may outlive it; they share its process group.
       kill(-r, SIGKILL);
+      ForgetControlFifo(r);
       it = live_.erase(it);
     } else if (r < 0 && errno == ECHILD) {
       exits.push_back(ProcessExit{*it, 0, SIGKILL});
+      ForgetControlFifo(*it);
       it = live_.erase(it);
     } else {
       ++it;
     }
   }
   return exits;
+}
+
+void RealProcessLauncher::ForgetControlFifo(int pid) {
+  auto it = control_fifo_.find(pid);
+  if (it == control_fifo_.end()) return;
+  unlink(it->second.c_str());
+  control_fifo_.erase(it);
 }
 
 }  // namespace varuna

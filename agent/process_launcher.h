@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
@@ -17,6 +19,9 @@ struct ProcessSpec {
   std::map<std::string, std::string> env;  // the whole environment
   std::string log_path;                    // stdout and stderr are appended here
   std::string cwd;                         // empty = the agent's
+  // Where to make the FIFO the agent's commands go through (Note [Worker protocol] in
+  // common/launch/worker_protocol.cc); empty = none. It is removed when the process is reaped.
+  std::string control_fifo;
 };
 
 struct ProcessExit {
@@ -34,6 +39,14 @@ class ProcessLauncher {
   virtual absl::Status Signal(int pid, int sig) = 0;
   // Returns the processes that ended since the last call. Never blocks.
   virtual std::vector<ProcessExit> Reap() = 0;
+  // Writes one command line (common/launch/worker_protocol.h, without its newline) to the
+  // control FIFO of `pid`. Never blocks. Errors mean the command did not arrive and the
+  // caller should signal instead: UnavailableError when nothing reads the FIFO (a program
+  // that ignores it, a worker still starting) or it is full; UnimplementedError where there
+  // is no channel (this default, and a process launched without control_fifo).
+  virtual absl::Status SendCommand(int pid, const std::string& line) {
+    return absl::UnimplementedError("no control channel");
+  }
 };
 
 // fork/exec. Children die with the agent (PR_SET_PDEATHSIG), so a killed agent leaves no
@@ -43,10 +56,13 @@ class RealProcessLauncher final : public ProcessLauncher {
   absl::StatusOr<int> Launch(const ProcessSpec& spec) override;
   absl::Status Signal(int pid, int sig) override;
   std::vector<ProcessExit> Reap() override;
+  absl::Status SendCommand(int pid, const std::string& line) override;
 
  private:
   absl::Mutex mu_;
   std::vector<int> live_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int, std::string> control_fifo_ ABSL_GUARDED_BY(mu_);  // pid -> path
+  void ForgetControlFifo(int pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace varuna

@@ -136,7 +136,7 @@ class Gpt(nn.Module):
         super().__init__()
         layer = 0
 
-        def seed():  # Note [Init] in worker/varuna.cc: one RNG stream per layer index
+        def seed():  # Note [Init] in worker/model.h: one RNG stream per layer index
             nonlocal layer
             torch.manual_seed((a.seed * 1000003 + layer) & MASK64)
             layer += 1

@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
                  std::string((model.ok() ? data.status() : model.status()).message()).c_str());
     return 1;
   }
-  // Same per-layer init as the engine (Note [Init] in worker/varuna.cc).
+  // Same per-layer init as the engine (Note [Init] in worker/model.h).
   std::vector<std::shared_ptr<varuna::Layer>> layers;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (size_t k = 0; k < model->layers().size(); ++k) {

@@ -1,4 +1,4 @@
-// The seed's profiling + auto-configuration flow on libvaruna (docs/autoconfig.md):
+// The Python Varuna API's profiling + auto-configuration flow on libvaruna (docs/autoconfig.md):
 // Profiler measures a hand-built model on this machine, AutoConfig picks the shape for a
 // cluster of SLOTS slots (SLOTS_PER_NODE per node) and a global batch.
 //

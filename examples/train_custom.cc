@@ -1,5 +1,7 @@
 // A training program written on the libvaruna API instead of the generic varuna-worker:
-// a hand-built model (layers + CutPoints), synthetic data, torchrun environment.
+// a hand-built model (layers + CutPoints), synthetic data, torchrun environment. Under
+// varuna-agent (an `entrypoint:` job) it reports its progress in the worker protocol
+// (docs/architecture.md "Worker protocol"); run by hand, those reports do nothing.
 //
 //   torchrun --no-python --nproc_per_node 2 build/bin/train_custom --stage_to_rank_map "0;1;"
 //   build/bin/train_custom            # one process
@@ -9,6 +11,7 @@
 #include <iostream>
 
 #include "common/base/logging.h"
+#include "common/launch/worker_channel.h"
 #include "worker/varuna.h"
 
 namespace {
@@ -54,14 +57,23 @@ int main(int argc, char** argv) {
     auto x = torch::randn({n, 16});
     return varuna::TensorMap{{"x", x}, {"target", 0.25 * x.sum(1, true)}};
   };
-  // The seed's constructor: model, stage_to_rank_map, dummy inputs, global batch, chunk size,
-  // precision (and local rank, device, shared weights). Rank and rendezvous: torchrun env.
+  // The Python Varuna API's constructor: model, stage_to_rank_map, dummy inputs, global batch,
+  // chunk size, precision (and local rank, device, shared weights). Rank and rendezvous: torchrun
+  // env.
   auto engine = varuna::Varuna::Create(model, map_text, make_batch(0, 2), /*batch_size=*/32,
                                        /*chunk_size=*/8, varuna::Precision::kFp32);
-  if (!engine.ok()) {
-    std::cerr << "error: " << engine.status().message() << "\n";
+  // The agent shows the last event of a failed rank as the job's reason.
+  auto fail = [](const absl::Status& s) {
+    std::cerr << "error: " << s.message() << "\n";
+    varuna::v1::WorkerEvent e;
+    e.mutable_error()->set_message(std::string(s.message()));
+    (void)varuna::AppendWorkerEvent(e);
     return 1;
-  }
+  };
+  if (!engine.ok()) return fail(engine.status());
+  varuna::v1::WorkerEvent ready;
+  ready.mutable_ready()->set_resumed_from(0);
+  (void)varuna::AppendWorkerEvent(ready);
   auto& v = **engine;
   v.set_optimizer(std::make_shared<torch::optim::Adam>(v.parameters(), 1e-2));
   // This rank's pipeline reads its own contiguous share of every global batch.
@@ -72,10 +84,11 @@ int main(int argc, char** argv) {
     varuna::TensorMap mine;
     for (auto& [k, t] : full) mine[k] = t.narrow(0, offset, share);
     auto r = v.step(mine);
-    if (!r.ok()) {
-      std::cerr << "error: " << r.status().message() << "\n";
-      return 1;
-    }
+    if (!r.ok()) return fail(r.status());
+    varuna::v1::WorkerEvent progress;  // every rank: the loss is global after the step
+    progress.mutable_step()->set_step(static_cast<int32_t>(step));
+    progress.mutable_step()->set_loss(r->loss);
+    (void)varuna::AppendWorkerEvent(progress);
     if (v.is_last_stage() && (step == 1 || step % 10 == 0)) {
       std::cout << "step " << step << " loss " << r->loss << "\n";
     }

@@ -82,9 +82,14 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
 
 class ManagerServer::JobService final : public v1::JobApi::CallbackService {
  public:
-  JobService(EventLoop* loop, EventLoop* files, Manager* m, std::optional<TokenTable> tokens,
-             bool check_files)
-      : loop_(loop), files_(files), m_(m), tokens_(std::move(tokens)), check_files_(check_files) {}
+  JobService(EventLoop* loop, EventLoop* files, Manager* m, Clock* clock,
+             std::optional<TokenTable> tokens, bool check_files)
+      : loop_(loop),
+        files_(files),
+        m_(m),
+        clock_(clock),
+        tokens_(std::move(tokens)),
+        check_files_(check_files) {}
 
   // Note [Off the loop]: the spec's files are checked on the files thread (non-blocking
   // opens, regular files only), then the submission goes to the loop, which never touches
@@ -188,7 +193,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
       }
       v1::PreemptionNotice n;
       n.set_source("varunactl");
-      n.set_deadline_ms(absl::ToUnixMillis(absl::Now()) + req->in_ms());
+      n.set_deadline_ms(absl::ToUnixMillis(clock_->Now()) + req->in_ms());
       n.set_detail(by.empty() ? "by hand" : absl::StrCat("by ", by));
       auto r = m_->Preempt(req->node(), n);
       if (r.ok()) *resp->mutable_node() = *r;
@@ -252,6 +257,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   EventLoop* const loop_;
   EventLoop* const files_;
   Manager* const m_;
+  Clock* const clock_;
   const std::optional<TokenTable> tokens_;
   const bool check_files_;
 };
@@ -287,8 +293,8 @@ absl::Status ManagerServer::Start() {
   if (absl::Status s = manager_->Recover(); !s.ok()) return s;
   loop_.Start();
   files_.Start();
-  job_service_ = std::make_unique<JobService>(&loop_, &files_, manager_.get(), std::move(tokens),
-                                              config_.check_job_files);
+  job_service_ = std::make_unique<JobService>(&loop_, &files_, manager_.get(), clock_,
+                                              std::move(tokens), config_.check_job_files);
   registry_service_ = std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled);
   auto started = StartServer(config_.listen, {job_service_.get(), registry_service_.get()}, "", tls,
                              ClientCerts::kOptional);

@@ -10,7 +10,7 @@
 #include "common/base/status_macros.h"
 #include "common/net/rpc.h"
 #include "glog/logging.h"
-#include "manager/manager.h"
+#include "manager/manager_config.h"
 
 namespace varuna {
 namespace {

@@ -21,18 +21,19 @@ void SortFullestFirst(std::vector<FreeSlots>* nodes) {
   });
 }
 
-// Ranks in order onto the nodes in order (sorted fullest first).
+// Ranks onto the nodes (sorted fullest first) by the planner's packing rule.
 std::vector<v1::RankPlacement> Place(const std::vector<FreeSlots>& nodes, int world) {
+  std::vector<int> slots;
+  for (const auto& n : nodes) slots.push_back(std::max(0, n.free));
   std::vector<v1::RankPlacement> ranks;
-  int rank = 0;
-  for (const auto& n : nodes) {
-    for (int local = 0; local < n.free && rank < world; ++local, ++rank) {
-      v1::RankPlacement p;
-      p.set_rank(rank);
-      p.set_node(n.node);
-      p.set_local_rank(local);
-      ranks.push_back(p);
-    }
+  std::vector<int> used(nodes.size(), 0);
+  const std::vector<int> node_of = PackRanks(slots, world);
+  for (size_t r = 0; r < node_of.size(); ++r) {
+    v1::RankPlacement p;
+    p.set_rank(static_cast<int>(r));
+    p.set_node(nodes[node_of[r]].node);
+    p.set_local_rank(used[node_of[r]]++);
+    ranks.push_back(p);
   }
   return ranks;
 }

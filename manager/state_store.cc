@@ -219,7 +219,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> StateStore::LoadSteps(const std::str
   return out;
 }
 
-// Note [Step series] in morph.cc: pairs of records in the older half are merged into one (the
+// Note [Step series] in step_series.cc: pairs of records in the older half are merged into one (the
 // first step of the pair, values averaged by how many raw steps each stands for).
 absl::Status StateStore::ThinSteps(const std::string& job_id, int max_records) {
   sqlite3_stmt* count = nullptr;

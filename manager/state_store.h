@@ -36,7 +36,7 @@ class StateStore {
   // Per-step records of a job (varunactl metrics), one per step (Note [Step records]).
   absl::Status SaveSteps(const std::string& job_id, const std::vector<v1::StepRecord>& steps);
   // Keeps at most about `max_records` step records for the job by merging pairs of older
-  // ones (Note [Step series] in manager/morph.cc).
+  // ones (Note [Step series] in manager/step_series.cc).
   absl::Status ThinSteps(const std::string& job_id, int max_records);
   absl::StatusOr<std::vector<v1::StepRecord>> LoadSteps(const std::string& job_id,
                                                         int64_t after_step, int limit);

@@ -102,7 +102,7 @@ std::string Varuna::CommonJson(const std::vector<int>& writers,
       "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
       " \"world\": %d, \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"pipelines\": \"%s\",\n"
       " \"loss_scale\": %.17g, \"clean_steps\": %d,\n \"writers\": [",
-      iteration_, global_batch_, topo_.pipeline(0).stages(), topo_.num_pipelines(),
+      iteration_, topo_.global_batch(), topo_.pipeline(0).stages(), topo_.num_pipelines(),
       topo_.world_size(), chunk_size_, topo_.uniform() ? topo_.ToStageMap().ToString() : "",
       topo_.ToString(), scaler_.scale(), scaler_.clean_steps());
   for (size_t i = 0; i < writers.size(); ++i) absl::StrAppend(&json, i ? ", " : "", writers[i]);
@@ -179,7 +179,7 @@ absl::Status Varuna::checkpoint(const std::string& dir,
   // uniform topologies balance a stage's layers over its replicas by bytes (largest first,
   // to the least-loaded replica, ties to the lower one); heterogeneous ones take model layer
   // i's holder in pipeline i mod D. Every rank computes the same assignment locally.
-  std::vector<bool> mine(layers_.size(), !shard && pipeline_ == 0);
+  std::vector<bool> mine(layers_.size(), !shard && replica() == 0);
   const int D = topo_.num_pipelines();
   if (shard && topo_.uniform()) {
     std::vector<int64_t> bytes(layers_.size(), 0);
@@ -194,7 +194,7 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     for (size_t i : order) {
       const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
       load[r] += bytes[i];
-      mine[i] = r == pipeline_;
+      mine[i] = r == replica();
     }
   }
   // The writer list for common.json (and, sharded heterogeneous, this rank's layers).
@@ -266,25 +266,25 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     return absl::OkStatus();
   };
   if (!upload) return write_all();
-  upload_ = std::thread([this, write_all = std::move(write_all), stage_path, rank] {
+  upload_.thread = std::thread([this, write_all = std::move(write_all), stage_path, rank] {
     absl::Status st = write_all();
     std::error_code ec;
     std::filesystem::remove_all(stage_path, ec);
     if (!st.ok()) LOG(ERROR) << "rank=" << rank << " checkpoint upload failed: " << st;
-    std::lock_guard<std::mutex> l(upload_mu_);
-    upload_status_ = st;
+    std::lock_guard<std::mutex> l(upload_.mu);
+    upload_.status = st;
   });
   return absl::OkStatus();
 }
 
 absl::Status Varuna::WaitForCheckpoint() {
   {
-    std::lock_guard<std::mutex> j(join_mu_);
-    if (upload_.joinable()) upload_.join();
+    std::lock_guard<std::mutex> j(upload_.join_mu);
+    if (upload_.thread.joinable()) upload_.thread.join();
   }
-  std::lock_guard<std::mutex> l(upload_mu_);
-  absl::Status st = upload_status_;
-  upload_status_ = absl::OkStatus();
+  std::lock_guard<std::mutex> l(upload_.mu);
+  absl::Status st = upload_.status;
+  upload_.status = absl::OkStatus();
   return st;
 }
 
@@ -293,10 +293,10 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
   const int64_t step = common.step;
   const int64_t batch = common.global_batch;
-  if (batch != global_batch_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", ckpt_path, " was written with global batch ", batch,
-                     "; this run has ", global_batch_, " (it must not change across a resume)"));
+  if (batch != topo_.global_batch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", ckpt_path, " was written with global batch ", batch, "; this run has ",
+        topo_.global_batch(), " (it must not change across a resume)"));
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string file = absl::StrCat(ckpt_path, "/layers/", layer_names_[i], ".pt");

@@ -2,7 +2,7 @@
 
 // The compute device: which one a rank uses, and one RNG helper for the CPU and CUDA
 // generators (recompute replays a forward's dropout masks exactly: Note [Recompute RNG] in
-// varuna.cc).
+// pipeline_executor.cc).
 
 #include <torch/torch.h>
 

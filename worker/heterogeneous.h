@@ -1,6 +1,7 @@
 #pragma once
 
-// Heterogeneous pipelines, the seed-004 API in C++ (docs/heterogeneous.md):
+// Heterogeneous pipelines, the Python Varuna API's PipelineTemplate and
+// HeterogeneousParallelPlugin in C++ (docs/heterogeneous.md):
 //
 //   auto modules = varuna::PipelineTemplate::GetModules(model);   // embed blocks.0 ... head
 //   auto t1 = varuna::PipelineTemplate::Create("gpt", {{"embed", "blocks.0"},
@@ -11,7 +12,7 @@
 //   plugin->SetPipelines({*t1, *t1, *t2}, {{*t1, 4}, {*t2, 2}}, world_size);
 //   auto engine = varuna::Varuna::Create(model, plugin->topology(), rank, groups, ...);
 //
-// Templates are checked when made and pipelines when set, with the seed's errors (see
+// Templates are checked when made and pipelines when set, with the Python Varuna API's errors (see
 // common/pipeline/pipeline_template.h). The plugin's topology lays the pipelines out over
 // contiguous ranks in the given order; pipeline k reads num_microbatches[k] x microbatch_size
 // samples.

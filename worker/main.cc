@@ -6,7 +6,6 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/launch/exit_codes.h"
 #include "worker/worker_main_lib.h"
@@ -19,9 +18,10 @@ int main(int argc, char** argv) {
     const std::string msg(st.message());
     std::fprintf(stderr, "varuna-worker: error: %s\n", msg.c_str());
     const bool bad_input = varuna::IsBadInput(st);
-    varuna::AppendProgress(absl::StrFormat("{\"error\": \"%s\", \"bad_input\": %s}",
-                                           varuna::JsonEscape(msg.substr(0, 1000)),
-                                           bad_input ? "true" : "false"));
+    varuna::v1::WorkerEvent e;  // the agent's copy of how it ended
+    e.mutable_error()->set_message(msg);
+    e.mutable_error()->set_bad_input(bad_input);
+    varuna::ReportToAgent(std::move(e));
     return bad_input ? varuna::kExitBadInput : 1;
   }
   return 0;

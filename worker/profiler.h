@@ -1,11 +1,11 @@
 #pragma once
 
-// varuna::Profiler (seed 001's API; docs/autoconfig.md "Profiling"): measures what a model
-// costs on this device so AutoConfig can simulate any shape. Per segment and micro-batch size:
-// forward (with and without the graph), recompute and backward time, activation bytes at the
-// cut, bytes the graph holds and the peak; per segment the optimizer update. With a process
-// group of 2+ ranks, also one-way transfer time by size (same host and, when two ranks are on
-// different hosts, across hosts) and all-reduce time by size. Medians after warm-up.
+// varuna::Profiler (the Python Varuna API's profiler; docs/autoconfig.md "Profiling"): measures
+// what a model costs on this device so AutoConfig can simulate any shape. Per segment and
+// micro-batch size: forward (with and without the graph), recompute and backward time, activation
+// bytes at the cut, bytes the graph holds and the peak; per segment the optimizer update. With a
+// process group of 2+ ranks, also one-way transfer time by size (same host and, when two ranks are
+// on different hosts, across hosts) and all-reduce time by size. Medians after warm-up.
 //
 //   varuna::Profiler profiler(model, torch::kCPU, varuna::Precision::kFp32);
 //   profiler.Initialize(get_batch);   // get_batch(n) -> n samples of every input

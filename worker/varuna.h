@@ -12,11 +12,15 @@
 // Unlike Python Varuna, step() also applies the optimizer update (skipped on overflow), with
 // the learning rate from set_lr_schedule(), so every rank makes the same decision.
 // All methods must be called from one thread, the same on every rank, in the same order.
+//
+// Varuna holds start-up (agreement, tied weights, dry run), the step that ties the parts
+// together, and checkpoints (checkpoint.cc). Its parts: a PipelineExecutor
+// (worker/pipeline_executor.h) runs the stage's schedule, a GradientReducer
+// (worker/gradient_reducer.h) all-reduces the gradients.
 
 #include <torch/torch.h>
 
 #include <atomic>
-#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,19 +34,13 @@
 #include "common/pipeline/schedule.h"
 #include "common/pipeline/stage_map.h"
 #include "common/pipeline/topology.h"
-#include "worker/comm.h"
+#include "worker/gradient_reducer.h"
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
+#include "worker/pipeline_executor.h"
+#include "worker/process_group.h"
 
 namespace varuna {
-
-enum class Precision { kFp32, kBf16, kFp16 };
-absl::StatusOr<Precision> ParsePrecision(const std::string& name);
-
-// Runs `layers` in order on (x, inputs) with the precision's autocast (the engine's forward).
-torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
-                            const torch::Tensor& x, const TensorMap& inputs, Precision precision,
-                            torch::Device device);
 
 struct VarunaOptions {
   SchedulePolicy schedule = SchedulePolicy::kVaruna;
@@ -54,7 +52,7 @@ struct VarunaOptions {
   int64_t bucket_bytes = 25 << 20;  // data-parallel all-reduce bucket size
   // The first bucket in backward order is smaller, so its all-reduce starts early (as DDP).
   int64_t first_bucket_bytes = 1 << 20;
-  // Overlapped all-reduce (Note [Overlapped all-reduce] in varuna.cc): post each bucket's
+  // Overlapped all-reduce (Note [Overlapped all-reduce] in gradient_reducer.cc): post each bucket's
   // all-reduce as soon as the last micro-batch's backward has produced all of its gradients,
   // instead of after the pipeline. The result is bit-identical either way.
   bool overlap_allreduce = true;
@@ -157,47 +155,37 @@ class Varuna {
 
   int64_t iteration() const { return iteration_; }
   const Topology& topology() const { return topo_; }
-  int stage() const { return stage_; }
+  int stage() const { return topo_.StageOf(rank_); }
   // Depth of this rank's pipeline.
-  int stages() const { return topo_.pipeline(pipeline_).stages(); }
+  int stages() const { return topo_.pipeline(replica()).stages(); }
   // This rank's pipeline, and how many there are (the data-parallel width).
-  int replica() const { return pipeline_; }
+  int replica() const { return topo_.PipelineOf(rank_); }
   int replicas() const { return topo_.num_pipelines(); }
-  bool is_last_stage() const { return stage_ == stages() - 1; }
-  // First and one-past-last segment index of this stage.
-  std::pair<int, int> segment_range() const { return {first_segment_, last_segment_}; }
+  bool is_last_stage() const { return stage() == stages() - 1; }
   double loss_scale() const { return scaler_.scale(); }
   // Time the last step spent in the pipeline schedule vs waiting on receives (seconds).
-  double last_pipeline_s() const { return last_pipeline_s_; }
-  double last_wait_s() const { return last_wait_s_; }
+  double last_pipeline_s() const { return executor_->last_timing().pipeline_s; }
+  double last_wait_s() const { return executor_->last_timing().wait_s; }
   // Data-parallel buckets the last step posted during the backward (Note [Overlapped
-  // all-reduce]), and how many there are.
-  int last_early_buckets() const { return last_early_buckets_; }
-  int num_buckets() const {
-    int n = 0;
-    for (const auto& g : dp_groups_) n += static_cast<int>(g.bucket_of.size());
-    return n;
-  }
+  // all-reduce] in gradient_reducer.cc), and how many there are.
+  int last_early_buckets() const { return reducer_->last_early_buckets(); }
+  int num_buckets() const { return reducer_->num_buckets(); }
 
  private:
+  // The background checkpoint upload (Note [Background upload] in checkpoint.cc).
+  struct Upload {
+    std::thread thread;
+    std::mutex mu;       // guards status
+    std::mutex join_mu;  // WaitForCheckpoint may run on the rescue thread too
+    absl::Status status;
+  };
+
   Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
          torch::Device device, VarunaOptions options);
   absl::Status Build(const TensorMap& dummy_inputs);
   absl::Status BuildLocal();
-  absl::Status AgreeOnStartup(const absl::Status& local);
-  absl::Status TieAtStart();
-  absl::Status DryRun(const TensorMap& dummy_inputs, bool ok_so_far);
+  absl::Status DryRun(const TensorMap& dummy_inputs, bool ok_so_far, StageConfig* config);
   absl::Status CheckInputs(const TensorMap& inputs, int64_t want) const;
-  torch::Tensor StageForward(const torch::Tensor& x, const TensorMap& inputs);
-  std::vector<TensorMap> Split(const TensorMap& inputs, std::vector<int64_t>* sizes) const;
-  TensorSpec BoundarySpec(const std::vector<int64_t>& meta, int64_t batch) const;
-  absl::Status RunPipeline(const std::vector<TensorMap>& mbs, const std::vector<int64_t>& sizes,
-                           double weight_denominator, bool train, double* loss_partial);
-  absl::Status ReduceTiedGradients();
-  absl::Status ReduceDataParallel();
-  void RegisterGradHooks();
-  void OnGradReady(int param);
-  void LaunchReadyBuckets();  // dp_mu_ held
   absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
   SnapshotLayers(const std::vector<bool>& mine) const;
   std::string CommonJson(const std::vector<int>& writers,
@@ -205,30 +193,19 @@ class Varuna {
 
   Model model_;
   Topology topo_;
-  int rank_, pipeline_, stage_;
+  int rank_;
   ProcessGroups groups_;
-  int64_t global_batch_;
   int chunk_size_;
   torch::Device device_;
   VarunaOptions options_;
-  std::chrono::milliseconds timeout_;
 
-  int first_segment_ = 0, last_segment_ = 0;
-  std::vector<std::string> layer_names_;
-  std::vector<int> layer_segment_;  // segment of each of this stage's layers
+  // This stage: its layers (model order), their names, and their parameters with model-wide
+  // names.
   std::vector<std::shared_ptr<Layer>> layers_;
+  std::vector<std::string> layer_names_;
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;
-  std::vector<torch::Tensor> params_;
-  // Tied parameters on this stage: (tensor, is_second_copy, local partner or undefined).
-  struct Tied {
-    torch::Tensor param;
-    bool second;
-    torch::Tensor local_partner;
-  };
-  std::vector<Tied> tied_;
-  std::vector<torch::Tensor> second_copies_;  // not counted twice in the gradient norm
-  // Dry-run metadata: [ndim, dtype, shape@batch1..., shape@batch2...] of the input and output.
-  std::vector<int64_t> in_meta_, out_meta_;
+  std::unique_ptr<GradientReducer> reducer_;    // built by BuildLocal()
+  std::unique_ptr<PipelineExecutor> executor_;  // built by Build(), after the dry run
 
   std::shared_ptr<torch::optim::Optimizer> optimizer_;
   std::function<double(int64_t)> lr_fn_;
@@ -236,35 +213,8 @@ class Varuna {
   int64_t iteration_ = 0;
   bool broken_ = false;  // a step failed midway: refuse further steps
   std::atomic<bool> stop_requested_{false};
-  std::thread upload_;  // background checkpoint upload (Note [Background upload])
-  std::mutex upload_mu_;
-  std::mutex join_mu_;   // WaitForCheckpoint may run on the rescue thread too
   std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
-  absl::Status upload_status_;
-  // Data-parallel reduction (Note [Data-parallel reduction] in varuna.cc): this stage's parameters
-  // grouped by the holder set of their segment; each group's flat buckets, laid out once, in launch
-  // order.
-  struct DpGroup {
-    ProcessGroupPtr pg;
-    std::vector<int> params;                  // indices into params_, layer order
-    std::vector<std::vector<int>> bucket_of;  // params per flat bucket, in launch order
-    std::vector<torch::Tensor> buckets;
-    // Per step: gradients still missing per bucket, the next bucket to post, works posted.
-    std::vector<int> missing;
-    size_t next = 0;
-    std::vector<WorkPtr> works;
-  };
-  std::vector<DpGroup> dp_groups_;
-  std::vector<std::pair<int, int>> bucket_of_param_;  // (group, bucket) per params_ index
-  std::vector<std::shared_ptr<torch::autograd::Node>> grad_accs_;  // kept alive for the hooks
-  std::mutex dp_mu_;    // the autograd thread posts buckets while the compute thread may flush
-  bool armed_ = false;  // hooks post buckets (during the last micro-batch's backward)
-  torch::Device xfer_device_{torch::kCPU};  // where boundary tensors travel
-  double last_pipeline_s_ = 0, last_wait_s_ = 0;
-  int last_early_buckets_ = 0;
-
-  std::unique_ptr<Receiver> act_rx_, grad_rx_;
-  std::unique_ptr<Sender> act_tx_, grad_tx_;
+  Upload upload_;
 };
 
 }  // namespace varuna

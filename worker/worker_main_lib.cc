@@ -8,7 +8,6 @@
 #include <map>
 #include <thread>
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <yaml-cpp/yaml.h>
@@ -22,6 +21,8 @@
 #include "common/checkpoint/checkpoint_store.h"
 #include "common/launch/exit_codes.h"
 #include "common/launch/launch_args.h"
+#include "common/launch/worker_channel.h"
+#include "common/launch/worker_protocol.h"
 #include "common/net/proto_json.h"
 #include "common/planner/profile.h"
 #include "varuna/v1/types.pb.h"
@@ -52,32 +53,81 @@ double UnixNow() {
 
 }  // namespace
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += static_cast<unsigned char>(c) < 0x20 ? ' ' : c;
+// Every report goes through the protocol's codec (Note [Worker protocol] in
+// common/launch/worker_protocol.cc): a "ready" event after the rendezvous and resume, one
+// "step" per step, and a last event saying how the worker ended.
+void ReportToAgent(v1::WorkerEvent event) {
+  absl::Status s = AppendWorkerEvent(std::move(event));
+  if (!s.ok()) LOG(WARNING) << "report to the agent lost: " << s.message();
+}
+
+namespace {
+
+v1::WorkerEvent ErrorEvent(std::string message) {
+  v1::WorkerEvent e;
+  e.mutable_error()->set_message(std::move(message));
+  return e;
+}
+
+// How the worker ended after saving `step` (0: nothing saved): stopped on request, or
+// rescued after an abort.
+v1::WorkerEvent SavedEvent(bool rescued, int64_t step) {
+  v1::WorkerEvent e;
+  const auto saved = static_cast<int32_t>(step);
+  if (rescued) {
+    e.mutable_rescued()->set_saved_step(saved);
+  } else {
+    e.mutable_stopped()->set_saved_step(saved);
   }
-  return out;
+  return e;
 }
 
-// Note [Progress]: one JSON line per event, appended to VARUNA_PROGRESS_FILE (the agent reads
-// new lines on every heartbeat and forwards each step to the manager once): a "ready" line
-// after the rendezvous and resume, one line per step, and a last line saying how the worker
-// ended ("stopped"/"rescued" with the step saved, or "error"). Each line is one write(2)
-// of less than PIPE_BUF on an O_APPEND file, so the agent never sees half a line from a
-// finished write.
-void AppendProgress(const std::string& line) {
-  const char* path = std::getenv("VARUNA_PROGRESS_FILE");
-  if (path == nullptr || *path == '\0') return;
-  const int fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-  if (fd < 0) return;
-  const std::string l = line + "\n";
-  [[maybe_unused]] ssize_t n = ::write(fd, l.data(), l.size());
-  ::close(fd);
+// The agent's commands do what its signals do: stop is SIGUSR1, checkpoint_now SIGUSR2.
+// Runs on the listener's thread.
+void OnAgentCommand(const v1::AgentCommand& c) {
+  switch (c.kind_case()) {
+    case v1::AgentCommand::kStop:
+      LOG(INFO) << "the agent asks to stop after this step (checkpoint, exit)";
+      g_stop_requested.store(true);
+      break;
+    case v1::AgentCommand::kCheckpointNow:
+      LOG(INFO) << "the agent asks to abort the step and save the last completed one";
+      g_rescue_requested.store(true);
+      break;
+    case v1::AgentCommand::kReconfigure: {
+      // An honest gap, not a fake: the manager relaunches instead (docs/morphing.md).
+      const std::string msg =
+          absl::StrCat("reconfigure to generation ", c.reconfigure().generation(),
+                       " is not supported by varuna-worker yet (no morph in place); keeps running");
+      LOG(WARNING) << msg;
+      v1::WorkerEvent e = ErrorEvent(msg);
+      e.mutable_error()->set_command(CommandKindName(c));
+      ReportToAgent(std::move(e));
+      break;
+    }
+    case v1::AgentCommand::KIND_NOT_SET:
+      break;
+  }
 }
 
-namespace {}  // namespace
+// The agent's control FIFO (VARUNA_CONTROL_FIFO), or null: without it (a worker run by hand,
+// a FIFO that cannot be opened) the agent's signals still work.
+std::unique_ptr<AgentCommandListener> ListenToAgent() {
+  const std::optional<std::string> path = GetEnv(kControlFifoEnv);
+  if (!path || path->empty()) return nullptr;
+  int generation = 0;
+  if (auto g = GetEnv("VARUNA_GENERATION"); g && !absl::SimpleAtoi(*g, &generation)) {
+    generation = 0;
+  }
+  auto listener = AgentCommandListener::Start(*path, generation, OnAgentCommand);
+  if (!listener.ok()) {
+    LOG(WARNING) << listener.status().message() << "; the agent's commands come as signals only";
+    return nullptr;
+  }
+  return *std::move(listener);
+}
+
+}  // namespace
 
 std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
     const TrainSpec& t, const std::vector<std::pair<std::string, torch::Tensor>>& named_params) {
@@ -140,13 +190,14 @@ absl::Status RunProfiler(const JobSpec& spec, int64_t global_batch, Model model,
   ASSIGN_OR_RETURN(v1::Profile profile, profiler.ProfileAll(get_batch, sizes, ""));
   if (topo.rank == 0) {
     RETURN_IF_ERROR(WriteProfileFile(out, profile));
-    AppendProgress(
-        absl::StrFormat("{\"profile\": \"%s\", \"t\": %.6f}", JsonEscape(out), UnixNow()));
+    v1::WorkerEvent e;
+    e.mutable_profile()->set_path(out);
+    ReportToAgent(std::move(e));
     LOG(INFO) << "profile of " << profile.model_key() << " (" << profile.segments_size()
               << " segments, micro-batches " << absl::StrJoin(sizes, ",") << ") written to " << out
               << " in " << std::chrono::duration<double>(Clock::now() - t0).count() << " s";
   }
-  AppendProgress(absl::StrFormat("{\"stopped\": true, \"t\": %.6f}", UnixNow()));
+  ReportToAgent(SavedEvent(/*rescued=*/false, 0));
   return absl::OkStatus();
 }
 
@@ -154,6 +205,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // Installed first: a SIGUSR1/2 during start-up must not kill the process (default action).
   std::signal(SIGUSR1, OnSigusr1);
   std::signal(SIGUSR2, OnSigusr2);
+  // The agent's commands (the same requests as those signals) from here on.
+  const std::unique_ptr<AgentCommandListener> agent_commands = ListenToAgent();
   // Until the engine is up, an abort (SIGUSR2: a peer is gone) means exit at once: nothing
   // was trained, so the checkpoint this rank would resume from is the state. Without this a
   // rank blocked in the rendezvous with a dead peer would wait for timeout_s.
@@ -161,8 +214,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   std::thread startup_watch([started] {
     while (!started->load()) {
       if (g_rescue_requested.load()) {
-        AppendProgress(
-            absl::StrFormat("{\"rescued\": true, \"saved_step\": 0, \"t\": %.6f}", UnixNow()));
+        ReportToAgent(SavedEvent(/*rescued=*/true, 0));
         std::_Exit(kExitRescued);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -188,8 +240,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   JobSpec spec;
   std::optional<Model> built;
   WorkerTopology topo;
-  SchedulePolicy policy;
-  Precision precision;
+  SchedulePolicy policy = SchedulePolicy::kVaruna;
+  Precision precision = Precision::kFp32;
   std::optional<TokenDataset> opened;
   int64_t profile_batch = 0;  // the job's global batch, for a profile run
   absl::Status input = [&]() -> absl::Status {
@@ -357,22 +409,20 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     if (ckpt_dir.empty()) {
       LOG(WARNING) << who << " step aborted; the job has no checkpoint.dir, nothing saved";
-      AppendProgress("{\"error\": \"step aborted with no checkpoint.dir: nothing saved\"}");
+      ReportToAgent(ErrorEvent("step aborted with no checkpoint.dir: nothing saved"));
       std::_Exit(1);
     }
     const auto c0 = Clock::now();
     absl::StatusOr<int64_t> saved = eng->rescue(ckpt_dir, ckpt_info);
     if (!saved.ok()) {
       LOG(ERROR) << who << " rescue failed: " << saved.status();
-      AppendProgress(absl::StrFormat("{\"error\": \"rescue failed: %s\"}",
-                                     JsonEscape(std::string(saved.status().message()))));
+      ReportToAgent(ErrorEvent(absl::StrCat("rescue failed: ", saved.status().message())));
       std::_Exit(1);
     }
     LOG(INFO) << who << " rescued step " << *saved << " in "
               << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
               << " s; exiting";
-    AppendProgress(
-        absl::StrFormat("{\"rescued\": true, \"saved_step\": %d, \"t\": %.6f}", *saved, UnixNow()));
+    ReportToAgent(SavedEvent(/*rescued=*/true, *saved));
     std::_Exit(kExitRescued);
   });
   struct JoinOnReturn {
@@ -383,8 +433,11 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       t.join();
     }
   } join_rescuer{rescuer, *finished};
-  AppendProgress(absl::StrFormat("{\"ready\": true, \"resumed_from\": %d, \"t\": %.6f}",
-                                 first_step - 1, UnixNow()));
+  {
+    v1::WorkerEvent ready;
+    ready.mutable_ready()->set_resumed_from(static_cast<int32_t>(first_step - 1));
+    ReportToAgent(std::move(ready));
+  }
   for (int64_t step = first_step; step <= topo.steps; ++step) {
     const auto t0 = Clock::now();
     TensorMap batch = data.Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
@@ -397,7 +450,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     const StepResult r = *stepped;
     const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     const double lr = lr_at(step);
-    // One schema for --metrics_out and the progress file: the StepMetrics message as JSON.
+    // One schema for --metrics_out and the agent: the StepMetrics message (as JSON here, as
+    // the step event's payload there).
     v1::StepMetrics m;
     m.set_step(step);
     m.set_loss(r.loss);
@@ -419,12 +473,16 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
     for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
-    const std::string line = ProtoJson(m);
     if (writes_metrics) {
-      metrics << line << "\n";
+      metrics << ProtoJson(m) << "\n";
       metrics.flush();
     }
-    AppendProgress(line);
+    {
+      v1::WorkerEvent e;
+      e.set_t(m.at());
+      *e.mutable_step() = m;
+      ReportToAgent(std::move(e));
+    }
     if (topo.rank == 0 || metrics_rank) {
       if (step == 1 || step % 10 == 0 || step == topo.steps) {
         LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
@@ -450,8 +508,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     if (r.stop) {
       RETURN_IF_ERROR(engine->WaitForCheckpoint());
-      AppendProgress(absl::StrFormat("{\"stopped\": true, \"saved_step\": %d, \"t\": %.6f}",
-                                     ckpt_dir.empty() ? 0 : step, UnixNow()));
+      ReportToAgent(SavedEvent(/*rescued=*/false, ckpt_dir.empty() ? 0 : step));
       LOG(INFO) << who << " stop requested: "
                 << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
                 << " step=" << step << "; exiting";

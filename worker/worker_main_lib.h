@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "common/spec/job_spec.h"
+#include "varuna/v1/worker.pb.h"
 
 namespace varuna {
 
@@ -18,12 +19,9 @@ namespace varuna {
 // Returns OK after the last step; any error is a status whose message is one clear line.
 absl::Status RunWorker(const std::vector<std::string>& argv);
 
-// `s` as the inside of a JSON string: quotes and backslashes escaped, control characters
-// replaced by spaces.
-std::string JsonEscape(const std::string& s);
-
-// Appends one line to the progress file the agent reads (VARUNA_PROGRESS_FILE; Note [Progress]).
-void AppendProgress(const std::string& line);
+// Reports `event` to the agent (AppendWorkerEvent, common/launch/worker_channel.h), logging
+// a failure: the report is best effort, training goes on without it.
+void ReportToAgent(v1::WorkerEvent event);
 
 // The job's optimizer over `named_params`: AdamW or SGD, weight decay on matrices only.
 std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(

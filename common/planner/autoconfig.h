@@ -38,6 +38,11 @@ struct PlanRequest {
 absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& profile,
                                        const PlanRequest& request);
 
+// The one rank-packing rule (the planner simulates it, the manager places by it): ranks in
+// order fill the nodes with the most slots first, ties in the given order. Returns the node
+// index of each of the first `world` ranks (fewer when the slots run out).
+std::vector<int> PackRanks(const std::vector<int>& slots_per_node, int world);
+
 // Simulates one shape on the slots (rank r = stage r mod P of replica r div P, packed onto
 // the fullest nodes first, as the manager places them). `rejected` is set when it does not
 // fit in memory.
@@ -48,7 +53,7 @@ absl::StatusOr<v1::Plan> SimulateShape(const JobSpec& spec, const v1::Profile& p
 // Stage boundaries (P+1 segment indices) balancing the profiled per-micro-batch compute.
 absl::StatusOr<std::vector<int>> StageBoundaries(const v1::Profile& profile, int stages);
 
-// The seed's Python API (seed 001), for programs using libvaruna directly.
+// The Python Varuna API's AutoConfig, for programs using libvaruna directly.
 class AutoConfig {
  public:
   struct Choice {

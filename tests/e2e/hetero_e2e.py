@@ -211,7 +211,7 @@ class ClusterTest(Fixture):
         self.assertEqual(self.c.status(jid)["pipelines"], "0,1,6:4;0,4,6:4;0,6:4")
         text = self.c.ctl("status", jid, check=0).stdout
         self.assertIn("pipeline 2:        1 stage, rank 4, segments 0,6, 4 samples/step", text)
-        # Every template error is refused at submit with the seed's text.
+        # Every template error is refused at submit with the Python Varuna API's text.
         bad = [
             (pipelines(([["embed", "blocks.1", "blocks.0"], MODULES[3:]], 4, 1), (cut(6), 2, 1)),
              "Modules in the pipeline template do not match the modules in the model."),

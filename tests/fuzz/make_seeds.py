@@ -129,4 +129,37 @@ put("rpc_fuzz", "bad_submit", frame(2, SUB_BAD) + frame(5, GETLOGS) + frame(3, b
 put("rpc_fuzz", "agent", frame(6, LAUNCH) + frame(6, LAUNCH_BAD) + frame(9, LOGS) +
     frame(8, b"") + frame(7, STOP) + frame(10, b"") + frame(11, b""))
 put("rpc_fuzz", "garbage", b"\x00\xff\xff\xff\xfe\x01\x02")
+# The worker <-> agent protocol: typed events and commands, the flat lines user programs write,
+# and hostile lines (one input may hold several lines).
+WORKER_PROTOCOL = {
+    "typed_events": '{"t":1700000000.5,"ready":{"resumed_from":0}}\n'
+                    '{"t":1700000001,"step":{"step":1,"loss":10.8,"grad_norm":1.5,"lr":0.0006,'
+                    '"stage_busy_s":[0.1,0.2],"stage_wait_s":[0,0.01]}}\n'
+                    '{"t":2,"stopped":{"saved_step":1}}\n{"t":3,"rescued":{"saved_step":0}}\n'
+                    '{"t":4,"profile":{"path":"/w/gen1/profile.json"}}\n'
+                    '{"t":5,"error":{"message":"rescue failed","bad_input":false,"command":""}}\n',
+    "flat_lines": '{"ready": true, "resumed_from": 3, "t": 1.5}\n'
+                  '{"step": 7, "loss": 2.5, "step_time_s": 0.1, "samples_per_s": 80}\n'
+                  '{"step": 7, "loss": 2.5, "stopped": true}\n'
+                  '{"stopped": true, "saved_step": 20, "t": 2}\n{"rescued": true, "saved_step": 6}\n'
+                  '{"profile": "/w/profile.json"}\n'
+                  '{"error": "data.path is not a regular file", "bad_input": true}\n',
+    "nan": '{"step": 2, "loss": nan, "grad_norm": -inf, "lr": "Infinity", "t": -nan}\n'
+           '{"step": {"step": 3, "loss": "NaN"}}\n{"error": "loss is nan"}\n',
+    "bad_lines": '\n   \nstep 3 loss 2\n[1, 2]\n{"loss": 2.5}\n{"step": 0}\n{"step": 2.5}\n'
+                 '{"step": 1e300}\n{"step": "7"}\n{"stopped": true, "saved_step": -1}\n'
+                 '{"ready": {}, "step": {"step": 1}}\n{"step": {"step": "many"}}\n'
+                 '{"profile": {"path": ""}}\n{"a": 1, "a": 2}\n{"step": 1} trailing\n'
+                 '{"error": "bad \xff\xfe utf-8 \xc3"}\n',
+    "deep": '{"a": ' + "[" * 3000 + "]" * 3000 + '}\n{"step": {"stage_busy_s": [' +
+            ",".join(["1"] * 5000) + ']}}\n',
+    "long_line": '{"error": "' + "x" * 70000 + '"}\n{"stop": {}, "x": "' + "y" * 5000 + '"}\n',
+    "commands": '{"generation":3,"stop":{}}\n{"checkpoint_now":{}}\n'
+                '{"generation":1,"reconfigure":{"generation":2,"pipelines":"0,3,6:12;0,6:4",'
+                '"rank":2,"micro_batch":4,"master_addr":"10.0.0.1","master_port":29500}}\n'
+                '{"reconfigure":{"generation":2,"pipelines":"0,6:4","rank":9}}\n'
+                '{"generation":-1,"stop":{}}\n{"stop":{},"checkpoint_now":{}}\nSIGUSR1\n',
+}
+for name, text in WORKER_PROTOCOL.items():
+    put("worker_protocol_fuzz", name, text.encode("latin-1"))  # \xff: that byte, not UTF-8
 print("seeds written under", ROOT)

@@ -12,6 +12,8 @@ import sys
 
 DIRS = ("common", "manager", "agent", "worker", "ctl", "proto", "tests", "bench", "examples")
 NOTE = re.compile(r"Note \[([^\]]+)\](:?)")
+# A reference that says where the Note is: "Note [X] in file.cc" or "Note [X] (dir/file.cc)".
+WHERE = re.compile(r"\s*(?:in|\()\s*`?([\w./-]+\.(?:cc|h|py|proto))`?")
 WRAP = re.compile(r"\n[ \t]*(//|#)[ \t]*")
 
 
@@ -20,6 +22,7 @@ def main():
     root = os.path.abspath(root)
     defs = collections.defaultdict(list)
     refs = collections.defaultdict(list)
+    located = []  # (title, file named by the reference, referring file)
     for top in DIRS:
         for dirpath, dirnames, files in os.walk(os.path.join(root, top)):
             dirnames[:] = [d for d in dirnames if d not in ("node_modules", "corpus")]
@@ -35,6 +38,9 @@ def main():
                 for m in NOTE.finditer(text):
                     title = " ".join(m.group(1).split())
                     (defs if m.group(2) else refs)[title].append(rel)
+                    where = WHERE.match(text, m.end())
+                    if not m.group(2) and where:
+                        located.append((title, where.group(1), rel))
     bad = []
     for title, where in sorted(defs.items()):
         if len(where) > 1:
@@ -43,6 +49,12 @@ def main():
         if title not in defs:
             bad.append(f"Note [{title}] is referenced ({', '.join(sorted(set(where)))}) "
                        "but never defined")
+    for title, named, rel in located:
+        if title not in defs or len(defs[title]) != 1:
+            continue
+        actual = defs[title][0]
+        if not (actual == named or actual.endswith("/" + named)):
+            bad.append(f"{rel}: Note [{title}] is said to be in {named}, but it is in {actual}")
     for b in bad:
         print(b)
     print(f"notes: {len(defs)} defined, {sum(len(w) for w in refs.values())} references, "

@@ -188,8 +188,8 @@ TEST(EngineTest, HeterogeneousPipelinesMatchOneProcess) {
   ExpectClose(got[2].losses, reference[0].losses, 1e-5);
 }
 
-// Note [Overlapped all-reduce] (worker/varuna.cc): posting buckets from the backward's hooks
-// changes when they are summed, never what: losses and parameters are bit-identical to the
+// Note [Overlapped all-reduce] (worker/gradient_reducer.cc): posting buckets from the backward's
+// hooks changes when they are summed, never what: losses and parameters are bit-identical to the
 // non-overlapped path, with many small buckets (so several are posted mid-backward) and with the
 // default ones.
 TEST(EngineTest, OverlappedAllReduceIsBitIdentical) {

@@ -1,4 +1,4 @@
-// The morph: how a running job survives lost, leaving and joining machines
+// The morph controller: how a running job survives lost, leaving and joining machines
 // (docs/morphing.md). Every trigger ends in Trigger(); the phases are
 //
 //   RUNNING --Trigger--> RECONFIGURING: SAVING    workers save (graceful: checkpoint at the
@@ -14,31 +14,22 @@
 // Triggers that arrive before LAUNCHING join the morph in progress (coalescing); later ones
 // start the next morph. The state is in JobRecord.morph, so a restarted manager carries on.
 
+#include "manager/morph_controller.h"
+
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "common/base/status_macros.h"
 #include "common/launch/exit_codes.h"
-#include "common/net/rpc.h"
-#include "common/pipeline/partition.h"
-#include "common/pipeline/pipeline_template.h"
 #include "common/pipeline/topology.h"
-#include "common/planner/profile.h"
-#include "common/spec/job_topology.h"
 #include "glog/logging.h"
-#include "manager/manager.h"
+#include "manager/planning.h"
 
 namespace varuna {
 namespace {
-
-constexpr int kMaxStepPoints = 4000;  // Note [Step series]
-
-std::string JobWho(const v1::JobInfo& j) {
-  return absl::StrCat("job=", j.id(), " gen=", j.generation());
-}
 
 const char* PhaseName(v1::MorphState::Phase p) {
   switch (p) {
@@ -80,141 +71,31 @@ std::string ShapeText(const v1::Shape& s) {
 
 }  // namespace
 
-double Manager::UnixNow() const { return absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch()); }
+MorphController::MorphController(const ManagerConfig& config, Clock* clock, JobTable* jobs,
+                                 NodeTable* nodes, AgentClientPool* agents, Post post,
+                                 EventLog* events, ProfileStore* profiles, JobLifecycle* lifecycle)
+    : config_(config),
+      clock_(clock),
+      jobs_(jobs),
+      nodes_(nodes),
+      agents_(agents),
+      post_(std::move(post)),
+      events_(events),
+      profiles_(profiles),
+      lifecycle_(lifecycle) {}
 
-bool Manager::MorphAllowed(const Job& job) const {
+bool MorphController::Allowed(const Job& job) const {
   return job.spec.morphing && !job.spec.checkpoint.dir.empty() && !job.info().profile_job();
 }
 
-void Manager::Emit(const std::string& kind, const std::string& job_id, const std::string& node,
-                   const std::string& message) {
-  v1::Event e;
-  e.set_seq(next_event_seq_++);
-  e.set_at(Now());
-  e.set_job_id(job_id);
-  e.set_node(node);
-  e.set_kind(kind);
-  e.set_message(message);
-  absl::Status s = store_->SaveEvent(e);
-  if (!s.ok()) LOG(WARNING) << "cannot persist event: " << s.message();
-  events_.push_back(std::move(e));
-  constexpr size_t kMaxEvents = 10000;
-  while (events_.size() > kMaxEvents) events_.pop_front();
-}
-
-v1::ListEventsResponse Manager::ListEvents(const v1::ListEventsRequest& req) const {
-  v1::ListEventsResponse resp;
-  const int limit = req.limit() > 0 ? std::min(req.limit(), 10000) : 1000;
-  for (const v1::Event& e : events_) {
-    if (e.seq() <= req.after_seq()) continue;
-    if (!req.job_id().empty() && e.job_id() != req.job_id()) continue;
-    if (resp.events_size() >= limit) break;
-    *resp.add_events() = e;
-  }
-  resp.set_last_seq(next_event_seq_ - 1);
-  return resp;
-}
-
-absl::StatusOr<v1::GetMetricsResponse> Manager::GetMetrics(const v1::GetMetricsRequest& req) const {
-  if (!jobs_.count(req.job_id())) {
-    return absl::NotFoundError(absl::StrCat("no job with id '", req.job_id(), "'"));
-  }
-  ASSIGN_OR_RETURN(std::vector<v1::StepRecord> steps,
-                   store_->LoadSteps(req.job_id(), req.after_step(), 100000));
-  v1::GetMetricsResponse resp;
-  for (auto& s : steps) *resp.add_steps() = std::move(s);
-  return resp;
-}
-
-absl::StatusOr<v1::GetStagesResponse> Manager::GetStages(const std::string& id) const {
-  auto it = jobs_.find(id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
-  const Job& job = it->second;
-  const v1::JobInfo& info = job.info();
-  v1::GetStagesResponse resp;
-  if (info.placement().empty() || info.stages() < 1) return resp;  // not placed yet
-  Topology topo;
-  if (!info.pipelines().empty()) {
-    ASSIGN_OR_RETURN(topo, Topology::Parse(info.pipelines()));
-  } else {
-    // Only the rank -> stage mapping matters here: any batch the replicas divide will do.
-    ASSIGN_OR_RETURN(topo, Topology::Uniform(info.stages(), info.replicas(), info.replicas()));
-    if (info.boundaries_size() == info.stages() + 1) {
-      RETURN_IF_ERROR(topo.SetUniformBoundaries(
-          std::vector<int>(info.boundaries().begin(), info.boundaries().end())));
-    }
-  }
-  // Costs per segment: the stored profile, else the built-in cost model (FLOPs).
-  const v1::Profile* stored = FindProfile(job.spec);
-  absl::StatusOr<v1::Profile> profile =
-      stored ? absl::StatusOr<v1::Profile>(*stored) : BuiltinProfile(job.spec);
-  std::vector<double> cost, forward;
-  if (profile.ok()) {
-    for (const auto& seg : profile->segments()) {
-      const SegmentTimes t = CostAt(seg, std::max(1, info.micro_batch()));
-      cost.push_back(t.forward_s + t.backward_s);
-      forward.push_back(t.forward_s);
-    }
-  }
-  // No boundaries in the plan (placement rule): the workers cut by the same FLOP costs.
-  if (!topo.has_boundaries() && !forward.empty() && topo.uniform()) {
-    if (auto bounds = PartitionByCost(forward, info.stages()); bounds.ok()) {
-      topo.SetUniformBoundaries(*bounds).IgnoreError();
-    }
-  }
-  std::vector<std::string> modules;
-  if (topo.has_boundaries()) {
-    if (auto m = ModulesOf(job.spec.model, topo.pipeline(0).boundaries.back()); m.ok()) {
-      modules = *std::move(m);
-    }
-    if (static_cast<int>(cost.size()) != topo.pipeline(0).boundaries.back()) cost.clear();
-  }
-  std::map<int, std::string> node_of;
-  for (const auto& p : info.placement()) node_of[p.rank()] = p.node();
-  auto newest = newest_step_.find(id);
-  for (int r = 0; r < topo.world_size(); ++r) {
-    v1::StageInfo* s = resp.add_stages();
-    s->set_rank(r);
-    s->set_node(node_of.count(r) ? node_of[r] : "");
-    const int k = topo.PipelineOf(r), st = topo.StageOf(r);
-    s->set_pipeline(k);
-    s->set_stage(st);
-    if (!topo.has_boundaries()) continue;
-    const auto [a, b] = topo.SegmentsOf(r);
-    for (int g = a; g < b && g < static_cast<int>(modules.size()); ++g) s->add_layers(modules[g]);
-    if (static_cast<int>(cost.size()) >= b) {
-      double mine = 0, total = 0;
-      for (int g = 0; g < static_cast<int>(cost.size()); ++g) {
-        total += cost[g];
-        if (g >= a && g < b) mine += cost[g];
-      }
-      s->set_cost(total > 0 ? mine / total : 0);
-    }
-    if (k == 0 && newest != newest_step_.end() &&
-        newest->second.generation() == info.generation() &&
-        st < newest->second.stage_busy_s_size() && st < newest->second.stage_wait_s_size()) {
-      s->set_busy_s(newest->second.stage_busy_s(st));
-      s->set_wait_s(newest->second.stage_wait_s(st));
-    }
-  }
-  return resp;
-}
-
-void Manager::NewGeneration(Job& job) {
-  job.gen = Generation();
-  job.gen.starting_since = clock_->Now();
-  job.rec.clear_exits();
-}
-
-// ---- triggers ----------------------------------------------------------------------------
-
-void Manager::Trigger(Job& job, const Cause& cause) {
+void MorphController::Trigger(Job& job, const Cause& cause) {
   const v1::JobState s = job.info().state();
   if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) return;
-  if (!MorphAllowed(job)) {
-    Fail(job, absl::StrCat(cause.reason, job.spec.morphing
-                                             ? " (set checkpoint.dir so the job can survive this)"
-                                             : " (morphing: false)"));
+  if (!Allowed(job)) {
+    lifecycle_->Fail(
+        job, absl::StrCat(cause.reason, job.spec.morphing
+                                            ? " (set checkpoint.dir so the job can survive this)"
+                                            : " (morphing: false)"));
     return;
   }
   const auto phase = job.rec.morph().phase();
@@ -243,14 +124,14 @@ void Manager::Trigger(Job& job, const Cause& cause) {
       m.mutable_record()->set_graceful(false);
       SendSaveRequests(job, /*abort_step=*/true);
     }
-    Persist(job);
+    jobs_->Persist(job);
     return;
   }
-  if (phase == v1::MorphState::RESUMING) FinishMorph(job);  // what it measured so far
+  if (phase == v1::MorphState::RESUMING) Finish(job);  // what it measured so far
   BeginMorph(job, cause);
 }
 
-void Manager::BeginMorph(Job& job, const Cause& cause) {
+void MorphController::BeginMorph(Job& job, const Cause& cause) {
   const absl::Time now = clock_->Now();
   // The restart budget: max_morphs within morph_window, then FAILED with the history.
   int recent = 0;
@@ -265,9 +146,10 @@ void Manager::BeginMorph(Job& job, const Cause& cause) {
     }
   }
   if (recent >= config_.max_morphs) {
-    Fail(job, absl::StrCat(cause.reason, "; not morphing again: ", recent, " morphs within ",
-                           absl::FormatDuration(config_.morph_window), " (max_morphs=",
-                           config_.max_morphs, "): ", absl::StrJoin(history, "; ")));
+    lifecycle_->Fail(job,
+                     absl::StrCat(cause.reason, "; not morphing again: ", recent, " morphs within ",
+                                  absl::FormatDuration(config_.morph_window), " (max_morphs=",
+                                  config_.max_morphs, "): ", absl::StrJoin(history, "; ")));
     return;
   }
   v1::JobInfo& info = job.info();
@@ -275,12 +157,12 @@ void Manager::BeginMorph(Job& job, const Cause& cause) {
   m.Clear();
   m.set_graceful(cause.graceful);
   for (const auto& n : cause.leaving) m.add_lost_nodes(n);
-  m.set_began(UnixNow());
+  m.set_began(UnixSeconds(clock_->Now()));
   m.set_step_before(std::max<int64_t>(info.step(), job.gen.newest_step));
   v1::MorphRecord* r = m.mutable_record();
   r->set_reason(cause.reason);
   *r->mutable_from() = ShapeOf(info);
-  r->set_at(Now());
+  r->set_at(TimeText(clock_->Now()));
   r->set_graceful(cause.graceful);
   (*r->mutable_phases())["detect"] = absl::ToDoubleSeconds(cause.detect);
   job.cause_priority = cause.priority;
@@ -289,22 +171,22 @@ void Manager::BeginMorph(Job& job, const Cause& cause) {
   info.set_reason(cause.reason);
   LOG(WARNING) << JobWho(info) << " RECONFIGURING (" << (cause.graceful ? "graceful" : "abort")
                << "): " << cause.reason;
-  Emit("morph_begin", info.id(), "",
-       absl::StrCat(cause.graceful ? "checkpoint and move: " : "recover: ", cause.reason));
+  events_->Emit("morph_begin", info.id(), "",
+                absl::StrCat(cause.graceful ? "checkpoint and move: " : "recover: ", cause.reason));
   SetPhase(job, v1::MorphState::SAVING);
-  Persist(job);
+  jobs_->Persist(job);
   SendSaveRequests(job, !cause.graceful);
-  AdvanceMorph(job);  // nothing may be left running
+  Advance(job);  // nothing may be left running
 }
 
 // Asks every live node of the job's generation to have its workers save and exit. An agent
 // that does not answer is treated as gone for this morph: its ranks are lost.
-void Manager::SendSaveRequests(Job& job, bool abort_step) {
+void MorphController::SendSaveRequests(Job& job, bool abort_step) {
   std::set<std::string> nodes;
   for (const auto& p : job.info().placement()) nodes.insert(p.node());
   const auto& lost = job.rec.morph().lost_nodes();
   for (const std::string& name : nodes) {
-    const Node* nit = nodes_.Find(name);
+    const NodeTable::Node* nit = nodes_->Find(name);
     if (nit == nullptr || nit->dead) continue;
     // A node that leaves (notice, drain, machine_list) still saves its ranks; one that
     // did not answer (suspect) is not asked again.
@@ -323,19 +205,19 @@ void Manager::SendSaveRequests(Job& job, bool abort_step) {
   }
 }
 
-void Manager::OnSaveRequestFailed(const std::string& job_id, int generation,
-                                  const std::string& node, const absl::Status& status) {
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return;
-  Job& job = it->second;
+void MorphController::OnSaveRequestFailed(const std::string& job_id, int generation,
+                                          const std::string& node, const absl::Status& status) {
+  Job* found = jobs_->Find(job_id);
+  if (found == nullptr) return;
+  Job& job = *found;
   if (job.info().generation() != generation || !job.morphing()) return;
   LOG(WARNING) << JobWho(job.info()) << " node " << node
                << " did not take the save request: " << status.message()
                << "; its ranks count as lost";
-  const Node* nit = nodes_.Find(node);
+  const NodeTable::Node* nit = nodes_->Find(node);
   if (nit != nullptr && !nit->dead) {
-    nodes_.MarkUnreachable(node);  // unschedulable until it heartbeats again
-    Emit("node_unreachable", "", node, std::string(status.message()));
+    nodes_->MarkUnreachable(node);  // unschedulable until it heartbeats again
+    events_->Emit("node_unreachable", "", node, std::string(status.message()));
   }
   Cause c;
   c.reason =
@@ -343,12 +225,12 @@ void Manager::OnSaveRequestFailed(const std::string& job_id, int generation,
   c.leaving = {node};
   c.priority = 3;
   Trigger(job, c);
-  AdvanceMorph(job);
+  Advance(job);
 }
 
-void Manager::OnNodeLeaving(const std::string& node, const std::string& why, absl::Duration detect,
-                            bool graceful) {
-  for (auto& [id, job] : jobs_) {
+void MorphController::OnNodeLeaving(const std::string& node, const std::string& why,
+                                    absl::Duration detect, bool graceful) {
+  for (auto& [id, job] : jobs_->all()) {
     const v1::JobState s = job.info().state();
     if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) continue;
     bool placed = false;
@@ -364,11 +246,9 @@ void Manager::OnNodeLeaving(const std::string& node, const std::string& why, abs
   }
 }
 
-// ---- phases ------------------------------------------------------------------------------
-
-void Manager::SetPhase(Job& job, v1::MorphState::Phase phase) {
+void MorphController::SetPhase(Job& job, v1::MorphState::Phase phase) {
   v1::MorphState& m = job.morph();
-  const double now = UnixNow();
+  const double now = UnixSeconds(clock_->Now());
   if (m.phase() != v1::MorphState::NONE && m.phase_since() > 0) {
     (*m.mutable_record()->mutable_phases())[PhaseName(m.phase())] += now - m.phase_since();
   }
@@ -376,13 +256,13 @@ void Manager::SetPhase(Job& job, v1::MorphState::Phase phase) {
   m.set_phase_since(now);
 }
 
-bool Manager::AllRanksGone(const Job& job) const {
+bool MorphController::AllRanksGone(const Job& job) const {
   std::set<int> exited;
   for (const auto& e : job.rec.exits()) exited.insert(e.rank());
   const auto& lost = job.rec.morph().lost_nodes();
   for (const auto& p : job.info().placement()) {
     if (exited.count(p.rank())) continue;
-    const Node* nit = nodes_.Find(p.node());
+    const NodeTable::Node* nit = nodes_->Find(p.node());
     if (nit == nullptr || nit->dead) continue;
     const bool gone_node =
         std::find(lost.begin(), lost.end(), p.node()) != lost.end() && (nit->suspect || nit->dead);
@@ -392,7 +272,7 @@ bool Manager::AllRanksGone(const Job& job) const {
   return true;
 }
 
-bool Manager::FinishedTraining(const Job& job) const {
+bool MorphController::FinishedTraining(const Job& job) const {
   if (job.rec.exits_size() < job.info().placement_size()) return false;
   for (const auto& e : job.rec.exits()) {
     if (e.exit_code() != 0 || e.signal() != 0) return false;
@@ -402,10 +282,31 @@ bool Manager::FinishedTraining(const Job& job) const {
          (job.gen.stopped_after == 0 || job.gen.stopped_after >= steps);
 }
 
-void Manager::AdvanceMorph(Job& job) {
+void MorphController::Tick(Job& job) {
+  const absl::Time now = clock_->Now();
+  const v1::JobState s = job.info().state();
+  const auto phase = job.rec.morph().phase();
+  if (s == v1::RECONFIGURING && phase == v1::MorphState::LAUNCHING &&
+      now - job.gen.starting_since > config_.start_timeout) {
+    Cause c;
+    c.reason = absl::StrCat("the relaunch did not start within ",
+                            absl::FormatDuration(config_.start_timeout), " (no answer from ",
+                            absl::StrJoin(job.gen.launch_pending, ","), ")");
+    c.leaving = job.gen.launch_pending;
+    c.priority = 3;
+    Trigger(job, c);
+  } else if (s == v1::RUNNING && phase == v1::MorphState::RESUMING &&
+             now - job.gen.running_since > config_.start_timeout) {
+    // Workers that never write the ready line (a user program): record what is known.
+    Finish(job);
+  }
+  Advance(job);
+}
+
+void MorphController::Advance(Job& job) {
   if (!job.morphing()) return;
   v1::MorphState& m = job.morph();
-  const double now = UnixNow();
+  const double now = UnixSeconds(clock_->Now());
   const double in_phase = now - m.phase_since();
   switch (m.phase()) {
     case v1::MorphState::SAVING: {
@@ -414,12 +315,12 @@ void Manager::AdvanceMorph(Job& job) {
         LOG(INFO) << JobWho(job.info()) << " finished training during the morph; no relaunch";
         job.rec.clear_morph();
         job.info().set_state(v1::RUNNING);
-        Succeed(job);
+        lifecycle_->Succeed(job);
         return;
       }
       if (AllRanksGone(job)) {
         SetPhase(job, v1::MorphState::STOPPING);
-        Persist(job);
+        jobs_->Persist(job);
         break;  // STOPPING next time round (or right below)
       }
       const double timeout = absl::ToDoubleSeconds(config_.morph_save_timeout);
@@ -430,12 +331,12 @@ void Manager::AdvanceMorph(Job& job) {
         m.mutable_record()->set_graceful(false);
         SendSaveRequests(job, /*abort_step=*/true);
         SetPhase(job, v1::MorphState::SAVING);  // counted in save; a second window to abort
-        Persist(job);
+        jobs_->Persist(job);
       } else if (!m.graceful() && in_phase > timeout) {
         LOG(WARNING) << JobWho(job.info()) << " workers did not save within " << timeout
                      << " s; stopping them";
         SetPhase(job, v1::MorphState::STOPPING);
-        Persist(job);
+        jobs_->Persist(job);
       }
       return;
     }
@@ -448,36 +349,36 @@ void Manager::AdvanceMorph(Job& job) {
   }
   if (m.phase() == v1::MorphState::STOPPING) {
     if (!AllRanksGone(job)) {
-      if (clock_->Now() - job.last_stop_sent > absl::Seconds(5)) SendStops(job);
+      if (clock_->Now() - job.last_stop_sent > absl::Seconds(5)) lifecycle_->SendStops(job);
       if (in_phase < absl::ToDoubleSeconds(config_.stop_grace) + 5) return;
       LOG(WARNING) << JobWho(job.info()) << " ranks still reported after the stop grace; "
                    << "the next generation's launch kills them";
     }
     SetPhase(job, v1::MorphState::PLANNING);
     m.set_waiting_since(now);
-    Persist(job);
+    jobs_->Persist(job);
   }
   if (m.phase() == v1::MorphState::PLANNING) {
     if (clock_->Now() - job.last_trigger < config_.morph_coalesce) return;
     const std::set<std::string> exclude(m.lost_nodes().begin(), m.lost_nodes().end());
-    auto plan = Plan(job, FreeSlotsFor(&job, exclude));
+    auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, exclude), *profiles_);
     if (!plan.ok()) {
       if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
-        Fail(job, absl::StrCat("re-plan after '", m.record().reason(),
-                               "' failed: ", plan.status().message()));
+        lifecycle_->Fail(job, absl::StrCat("re-plan after '", m.record().reason(),
+                                           "' failed: ", plan.status().message()));
         return;
       }
       const double waited = now - m.waiting_since();
       if (waited > job.spec.resources.max_wait_s) {
-        Fail(job, absl::StrCat("gave up after waiting ", static_cast<int64_t>(waited),
-                               " s for slots (resources.max_wait_s) after '", m.record().reason(),
-                               "': ", plan.status().message()));
+        lifecycle_->Fail(job, absl::StrCat("gave up after waiting ", static_cast<int64_t>(waited),
+                                           " s for slots (resources.max_wait_s) after '",
+                                           m.record().reason(), "': ", plan.status().message()));
         return;
       }
       const std::string reason = absl::StrCat("waiting for slots: ", plan.status().message());
       if (job.info().reason() != reason) {
         job.info().set_reason(reason);
-        Emit("morph_waiting", job.info().id(), "", reason);
+        events_->Emit("morph_waiting", job.info().id(), "", reason);
       }
       return;
     }
@@ -485,32 +386,9 @@ void Manager::AdvanceMorph(Job& job) {
   }
 }
 
-std::vector<FreeSlots> Manager::FreeSlotsFor(const Job* job,
-                                             const std::set<std::string>& exclude) const {
-  std::map<std::string, int> used = UsedSlots();
-  if (job != nullptr) {
-    // The job's own live ranks would be replaced by the new generation.
-    const bool reserving = Reserving(*job);
-    std::set<int> exited;
-    for (const auto& e : job->rec.exits()) exited.insert(e.rank());
-    for (const auto& p : job->info().placement()) {
-      if ((reserving || !exited.count(p.rank())) && Active(job->info().state())) {
-        --used[p.node()];
-      }
-    }
-  }
-  std::vector<FreeSlots> free;
-  for (const auto& [name, n] : nodes_.all()) {
-    if (!nodes_.Schedulable(n) || exclude.count(name)) continue;
-    const int f = n.rec.slots() - std::max(0, used[name]);
-    if (f > 0) free.push_back({name, f});
-  }
-  return free;
-}
-
 // Stages of which no rank saved on its way out (exit 75, or exit 0 after a stop request):
 // every replica of them was lost at once, so the newest step cannot be complete.
-std::vector<int> Manager::UnsavedStages(const Job& job) const {
+std::vector<int> MorphController::UnsavedStages(const Job& job) const {
   // Heterogeneous pipelines: the savers' segments together must cover each of the first
   // pipeline's stages (other pipelines cut the model elsewhere).
   absl::StatusOr<Topology> topo = absl::NotFoundError("uniform");
@@ -543,7 +421,7 @@ std::vector<int> Manager::UnsavedStages(const Job& job) const {
   return missing;
 }
 
-void Manager::Relaunch(Job& job, const JobPlan& plan) {
+void MorphController::Relaunch(Job& job, const JobPlan& plan) {
   v1::JobInfo& info = job.info();
   v1::MorphState& m = job.morph();
   if (const std::vector<int> missing = UnsavedStages(job);
@@ -553,36 +431,28 @@ void Manager::Relaunch(Job& job, const JobPlan& plan) {
         " was left to save the newest step: resumed from the newest complete checkpoint"));
   }
   SetPhase(job, v1::MorphState::LAUNCHING);
-  m.set_launched_at(UnixNow());
+  m.set_launched_at(UnixSeconds(clock_->Now()));
   info.set_generation(info.generation() + 1);
   info.set_reason("");
-  info.set_stages(plan.stages);
-  info.set_replicas(plan.replicas);
-  info.set_micro_batch(plan.micro_batch);
-  info.set_stage_to_rank_map(plan.stage_to_rank_map);
-  SetPlan(info, plan);
-  info.clear_placement();
-  for (const auto& p : plan.ranks) *info.add_placement() = p;
-  const Node& first = *nodes_.Find(plan.ranks[0].node());
-  auto hp = SplitHostPort(first.rec.address());
-  info.set_master(absl::StrCat(hp.ok() ? hp->first : first.rec.address(), ":0"));
+  ApplyPlan(info, plan, nodes_->Find(plan.ranks[0].node())->rec.address());
   *m.mutable_record()->mutable_to() = ShapeOf(info);
   m.mutable_record()->set_generation(info.generation());
   m.clear_lost_nodes();
-  NewGeneration(job);
-  Persist(job);
+  NewGeneration(job, clock_->Now());
+  jobs_->Persist(job);
   std::set<std::string> used_nodes;
   for (const auto& p : plan.ranks) used_nodes.insert(p.node());
   LOG(INFO) << JobWho(info) << " relaunching " << ShapeText(m.record().from()) << " -> "
             << ShapeText(m.record().to()) << " map=" << plan.stage_to_rank_map
             << " nodes=" << absl::StrJoin(used_nodes, ",");
-  Emit("morph_relaunch", info.id(), "",
-       absl::StrCat("generation ", info.generation(), ": ", ShapeText(m.record().from()), " -> ",
-                    ShapeText(m.record().to()), " on ", absl::StrJoin(used_nodes, ",")));
-  SendLaunches(job);
+  events_->Emit(
+      "morph_relaunch", info.id(), "",
+      absl::StrCat("generation ", info.generation(), ": ", ShapeText(m.record().from()), " -> ",
+                   ShapeText(m.record().to()), " on ", absl::StrJoin(used_nodes, ",")));
+  lifecycle_->SendLaunches(job);
 }
 
-void Manager::FinishMorph(Job& job) {
+void MorphController::Finish(Job& job) {
   v1::MorphState& m = job.morph();
   if (m.phase() == v1::MorphState::NONE) return;
   SetPhase(job, v1::MorphState::NONE);
@@ -609,15 +479,15 @@ void Manager::FinishMorph(Job& job) {
   LOG(INFO) << JobWho(job.info()) << " morph done: " << r.reason() << "; " << ShapeText(r.from())
             << " -> " << ShapeText(r.to()) << ", steps lost " << r.steps_lost() << ", " << total
             << " s";
-  Emit("morph_done", job.info().id(), "",
-       absl::StrCat(ShapeText(r.from()), " -> ", ShapeText(r.to()), ", resumed after step ",
-                    r.resumed_from(), ", steps lost ", r.steps_lost(), ", ",
-                    absl::StrFormat("%.2f", total), " s"));
-  Persist(job);
+  events_->Emit("morph_done", job.info().id(), "",
+                absl::StrCat(ShapeText(r.from()), " -> ", ShapeText(r.to()),
+                             ", resumed after step ", r.resumed_from(), ", steps lost ",
+                             r.steps_lost(), ", ", absl::StrFormat("%.2f", total), " s"));
+  jobs_->Persist(job);
 }
 
 // What a worker of the current generation says about its rendezvous and its saves.
-void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
+void MorphController::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
   Generation& g = job.gen;
   if (w.resumed_from() >= 0 && !g.ready.count(w.rank())) {
     g.ready.insert(w.rank());
@@ -636,70 +506,22 @@ void Manager::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
       !phases.count("rendezvous")) {
     // From the acks to every rank ready: the workers' clocks say when, where they did
     // (finer than the heartbeat period the manager sees it at).
-    const double ready = g.last_ready_at > 0 ? std::min(g.last_ready_at, UnixNow()) : UnixNow();
+    const double ready = g.last_ready_at > 0 ? std::min(g.last_ready_at, UnixSeconds(clock_->Now()))
+                                             : UnixSeconds(clock_->Now());
     phases["rendezvous"] = std::max(0.0, ready - m.phase_since());
     m.set_phase_since(ready);
     job.info().set_step(static_cast<int32_t>(std::max<int64_t>(0, g.resumed_from)));
   }
   if (phases.count("rendezvous") && g.newest_step > g.resumed_from && g.resumed_from >= 0) {
-    const double first = g.first_step_at > 0 ? std::min(g.first_step_at, UnixNow()) : UnixNow();
+    const double first = g.first_step_at > 0 ? std::min(g.first_step_at, UnixSeconds(clock_->Now()))
+                                             : UnixSeconds(clock_->Now());
     phases["first_step"] = std::max(0.0, first - m.phase_since());
     m.set_phase_since(0);  // FinishMorph must not add the phase again
-    FinishMorph(job);
+    Finish(job);
   }
 }
 
-void Manager::RecordSteps(Job& job, const v1::WorkerStatus& w) {
-  if (w.steps().empty()) return;
-  // Every rank reports every step, through one agent per node: the metrics take each step
-  // once per generation (the newest seen before this report).
-  const int64_t seen = job.gen.newest_step;
-  std::vector<v1::StepRecord> records;
-  for (const v1::StepMetrics& s : w.steps()) {
-    // A non-finite loss (a diverged step) is recorded as it is: every step appears once.
-    if (s.step() < 1 || s.step() > job.info().total_steps()) continue;
-    v1::StepRecord r;
-    r.set_step(s.step());
-    r.set_loss(s.loss());
-    r.set_generation(job.info().generation());
-    r.set_samples_per_s(std::isfinite(s.samples_per_s()) ? s.samples_per_s() : 0);
-    r.set_step_time_s(std::isfinite(s.step_time_s()) ? s.step_time_s() : 0);
-    auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };
-    r.set_tokens_per_s(finite(s.tokens_per_s()));
-    r.set_grad_norm(finite(s.grad_norm()));
-    r.set_lr(finite(s.lr()));
-    r.set_bubble_ratio(finite(s.bubble_ratio()));
-    r.set_mfu(finite(s.mfu()));
-    for (double v : s.stage_busy_s()) r.add_stage_busy_s(finite(v));
-    for (double v : s.stage_wait_s()) r.add_stage_wait_s(finite(v));
-    r.set_merged(1);
-    job.gen.newest_step = std::max<int64_t>(job.gen.newest_step, s.step());
-    records.push_back(std::move(r));
-  }
-  if (records.empty()) return;
-  if (metrics_) {
-    std::vector<v1::StepRecord> fresh;
-    for (const v1::StepRecord& r : records) {
-      if (r.step() > seen) fresh.push_back(r);
-    }
-    metrics_->OnSteps(job.info().id(), fresh);
-  }
-  v1::StepRecord& newest = newest_step_[job.info().id()];
-  for (const v1::StepRecord& r : records) {
-    if (r.step() >= newest.step()) newest = r;
-  }
-  absl::Status st = store_->SaveSteps(job.info().id(), records);
-  if (!st.ok()) LOG(WARNING) << JobWho(job.info()) << " cannot store step records: " << st;
-  // Note [Step series]: at most kMaxStepPoints records per job; past that the older half is
-  // thinned (each removed record merged into its kept neighbour), so a week-long job keeps
-  // its whole curve at decreasing resolution and the newest steps at full.
-  st = store_->ThinSteps(job.info().id(), kMaxStepPoints);
-  if (!st.ok()) LOG(WARNING) << JobWho(job.info()) << " cannot thin step records: " << st;
-}
-
-// ---- growth ------------------------------------------------------------------------------
-
-void Manager::NoteJoined(const std::string& node) {
+void MorphController::NoteJoined(const std::string& node) {
   joined_.insert(node);
   grow_check_at_ = clock_->Now() + config_.scale_up_delay;
 }
@@ -707,15 +529,15 @@ void Manager::NoteJoined(const std::string& node) {
 // Jobs grow onto joined slots after scale_up_delay, by a graceful morph, only if the plan
 // for the larger slot set differs from the shape they run (a morph that would not change
 // the world is skipped). Pending jobs were scheduled first and took what they needed.
-void Manager::CheckGrowth() {
+void MorphController::CheckGrowth() {
   if (clock_->Now() < grow_check_at_) return;
   grow_check_at_ = absl::InfiniteFuture();
   const std::string joined = absl::StrJoin(joined_, ",");
   joined_.clear();
-  for (const std::string& id : order_) {
-    Job& job = jobs_.at(id);
-    if (job.info().state() != v1::RUNNING || job.morphing() || !MorphAllowed(job)) continue;
-    auto plan = Plan(job, FreeSlotsFor(&job, {}));
+  for (const std::string& id : jobs_->order()) {
+    Job& job = *jobs_->Find(id);
+    if (job.info().state() != v1::RUNNING || job.morphing() || !Allowed(job)) continue;
+    auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, {}), *profiles_);
     if (!plan.ok()) continue;
     const int now_slots = job.info().slots();
     const int plan_slots = static_cast<int>(plan->ranks.size());

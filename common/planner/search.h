@@ -1,0 +1,83 @@
+#pragma once
+
+// The planner's search internals, shared by its two searches: the uniform P x D search
+// (autoconfig.cc) and the heterogeneous one (mix_search.cc). Not part of the planner's
+// interface: only common/planner/ includes this.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/pipeline/schedule.h"
+#include "common/planner/autoconfig.h"
+#include "common/planner/profile.h"
+#include "common/planner/simulator.h"
+#include "common/spec/job_spec.h"
+#include "varuna/v1/plan.pb.h"
+
+namespace varuna::search {
+
+inline constexpr double kPruneFactor = 1.5;
+// Larger steps are rejected rather than simulated (memory and time grow with P x M).
+inline constexpr int64_t kMaxSimulatedMicroBatches = 8192;
+// Tasks simulated per plan, about 1-2 s here: past it, the remaining shapes (the least
+// promising: candidates go in order of their bound) are listed with their bound only.
+inline constexpr int64_t kSimulationBudgetTasks = 20'000'000;
+
+// Segment costs at each micro-batch size, interpolated once.
+class SegmentCache {
+ public:
+  explicit SegmentCache(const v1::Profile& profile) : profile_(profile) {}
+  const std::vector<SegmentTimes>& At(int mb) {
+    auto it = cache_.find(mb);
+    if (it != cache_.end()) return it->second;
+    std::vector<SegmentTimes>& v = cache_[mb];
+    for (const auto& seg : profile_.segments()) v.push_back(CostAt(seg, mb));
+    return v;
+  }
+
+ private:
+  const v1::Profile& profile_;
+  std::map<int, std::vector<SegmentTimes>> cache_;
+};
+
+// "1.25 GiB".
+std::string GiB(double bytes);
+// Optimizer state tensors per parameter: 1 for SGD (momentum), 2 for Adam.
+double OptimizerStates(const std::string& optimizer);
+
+// The costs of the stages cut by `bounds` (P+1) at one micro-batch size: compute, optimizer
+// and memory; no links, no all-reduce. `data_parallel`: a gradient bucket is resident.
+// *param_bytes gets each stage's parameter bytes.
+std::vector<SimStage> StageCosts(const JobSpec& spec, const v1::Profile& profile,
+                                 const std::vector<SegmentTimes>& seg_times,
+                                 const std::vector<int>& bounds, bool data_parallel,
+                                 std::vector<double>* param_bytes);
+
+// One uniform shape (P stages cut by `bounds`, D replicas, micro-batch `mb`) simulated on
+// the request's slots.
+absl::StatusOr<v1::Plan> Simulate(const JobSpec& spec, const v1::Profile& profile,
+                                  SegmentCache& cache, const std::vector<int>& bounds, int P, int D,
+                                  int mb, SchedulePolicy policy, const PlanRequest& req);
+
+// A shape listed with the reason it was not simulated or does not fit.
+v1::Plan Rejected(int P, int D, int mb, const std::string& schedule, const std::string& why);
+
+// The divisors of n in increasing order (n <= kMaxGlobalBatch).
+std::vector<int> Divisors(int64_t n);
+
+// spec.parallel.pipelines as given (TopologyFromSpec on the profile's modules), simulated with
+// each allowed schedule (mix_search.cc). Errors: the pipelines do not fit the model or the
+// batch.
+absl::Status PlanFixedPipelines(const JobSpec& spec, const v1::Profile& profile,
+                                SegmentCache& cache, const std::vector<SchedulePolicy>& policies,
+                                int cap, const PlanRequest& req, v1::PlanSet* out);
+
+// The heterogeneous mixes on exactly `cap` slots (mix_search.cc). Adds plans (and rejected
+// ones) to *out, lowers *best; returns the tasks simulated.
+int64_t PlanMixes(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
+                  const std::vector<SchedulePolicy>& policies, int cap, const PlanRequest& req,
+                  int64_t simulated_before, double* best, v1::PlanSet* out);
+
+}  // namespace varuna::search

@@ -1,0 +1,49 @@
+#include "ctl/session.h"
+
+#include <ostream>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/net/proto_json.h"
+#include "common/net/rpc.h"
+
+namespace varuna::ctl {
+
+absl::Status Session::Connect(const ManagerOptions& options) {
+  RETURN_IF_ERROR(SplitHostPort(options.address).status());
+  TlsFiles files;
+  files.ca = options.tls_ca;
+  ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(files, /*need_cert=*/false, "varunactl"));
+  manager_ = options.address;
+  token_ = options.token;
+  tls_ = tls.enabled;
+  stub_ = v1::JobApi::NewStub(MakeChannel(manager_, tls));
+  return absl::OkStatus();
+}
+
+std::unique_ptr<grpc::ClientContext> Session::Context(absl::Duration timeout) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  SetDeadline(ctx.get(), timeout);
+  if (!token_.empty()) ctx->AddMetadata("authorization", absl::StrCat("Bearer ", token_));
+  return ctx;
+}
+
+absl::Status Session::CallError(const grpc::Status& s, const std::string& call) const {
+  if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("manager ", manager_, " refused ", call, ": ", s.error_message()));
+  }
+  absl::Status st = FromGrpcStatus(s, absl::StrCat("manager ", manager_, " (", call, ")"));
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    // A TLS manager and a plaintext client (or the reverse) look like an unreachable peer.
+    return absl::UnavailableError(absl::StrCat(
+        st.message(),
+        tls_ ? " (TLS handshake: is the manager using TLS with a certificate from this CA?)"
+             : " (if the manager uses TLS, pass --tls_ca or set VARUNA_TLS_CA)"));
+  }
+  return st;
+}
+
+std::string Session::Json(const google::protobuf::Message& m) const { return ProtoJson(m); }
+
+}  // namespace varuna::ctl

@@ -1,0 +1,96 @@
+#pragma once
+
+// The job controller: a job's life from submit to its terminal state (PENDING -> STARTING ->
+// RUNNING -> SUCCEEDED | FAILED(reason), CANCELLING -> CANCELLED; RECONFIGURING belongs to
+// the MorphController). Admission, placement, launch, stop, exit attribution and the job
+// timers. Every method runs on the manager's loop thread; answers that need an agent come
+// back through `post`. docs/architecture.md "Control plane" draws the machine.
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "manager/agent_client.h"
+#include "manager/event_log.h"
+#include "manager/job.h"
+#include "manager/job_table.h"
+#include "manager/manager_config.h"
+#include "manager/node_table.h"
+#include "manager/profile_store.h"
+#include "manager/step_series.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class MorphController;
+
+// What the morph controller may ask of a job's lifecycle (implemented by JobController).
+class JobLifecycle {
+ public:
+  virtual ~JobLifecycle() = default;
+  virtual void Fail(Job& job, const std::string& reason) = 0;
+  virtual void Succeed(Job& job) = 0;
+  virtual void SendStops(Job& job) = 0;
+  virtual void SendLaunches(Job& job) = 0;
+};
+
+class JobController final : public JobLifecycle {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  JobController(const ManagerConfig& config, Clock* clock, JobTable* jobs, NodeTable* nodes,
+                AgentClientPool* agents, Post post, EventLog* events, ProfileStore* profiles,
+                StepSeries* steps);
+  // Wiring (Manager): the morph controller this one hands running jobs' failures to.
+  void set_morph(MorphController* morph) { morph_ = morph; }
+
+  // After JobTable::Load: carries recovered active jobs on (exits seen before the restart,
+  // launches and stops in flight, a morph in progress: Note [Morph recovery]).
+  void ResumeRecovered();
+
+  // `user` is the token's name ("" without tokens), recorded on the job. Submit never
+  // touches the filesystem: the server checks files off the loop first.
+  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, const std::string& user);
+  absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user);
+  // Places pending jobs, in submission order, on the free schedulable slots.
+  void Schedule();
+  // What one worker of the job's current generation, placed on `node`, reported.
+  void OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node);
+  void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node);
+  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent);
+  // Launch timeouts, held failures, repeated stops, morph timers, progress flush.
+  void Tick();
+
+  // JobLifecycle.
+  void Fail(Job& job, const std::string& reason) override;
+  void Succeed(Job& job) override;
+  void SendStops(Job& job) override;
+  void SendLaunches(Job& job) override;
+
+ private:
+  void StartJob(Job& job, const JobPlan& plan);
+  v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
+  void OnLaunchDone(const std::string& job_id, int generation, const std::string& node,
+                    absl::StatusOr<v1::LaunchResponse> r);
+  void MarkRunning(Job& job);
+  void CheckAllExited(Job& job);
+  void SettleFailure(Job& job);
+  void MarkCancelled(Job& job, const std::string& reason);
+  // A profile job's rank 0 reported its profile: validate and store it.
+  void StoreProfile(Job& job, const std::string& json);
+
+  const ManagerConfig& config_;
+  Clock* const clock_;
+  JobTable* const jobs_;
+  NodeTable* const nodes_;
+  AgentClientPool* const agents_;
+  const Post post_;
+  EventLog* const events_;
+  ProfileStore* const profiles_;
+  StepSeries* const steps_;
+  MorphController* morph_ = nullptr;
+  absl::Time last_flush_;
+};
+
+}  // namespace varuna

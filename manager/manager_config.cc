@@ -1,0 +1,92 @@
+#include "manager/manager_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+#include "common/base/yaml_util.h"
+
+namespace varuna {
+
+absl::Status ManagerConfig::Validate() const {
+  if (state_dir.empty()) return absl::InvalidArgumentError("manager: --state_dir is required");
+  if (heartbeat_period < absl::Milliseconds(1)) {
+    return absl::InvalidArgumentError("manager: heartbeat_period_s must be >= 0.001");
+  }
+  if (suspect_after_missed < 1 || dead_after_missed <= suspect_after_missed) {
+    return absl::InvalidArgumentError(
+        "manager: need 1 <= suspect_after_missed < dead_after_missed");
+  }
+  if (stop_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("manager: stop_grace_s must be >= 0");
+  }
+  if (max_nodes < 1 || max_slots_per_node < 1) {
+    return absl::InvalidArgumentError("manager: max_nodes and max_slots_per_node must be >= 1");
+  }
+  if (morph_save_timeout <= absl::ZeroDuration() || morph_coalesce < absl::ZeroDuration() ||
+      scale_up_delay < absl::ZeroDuration() || morph_window <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        "manager: morph_save_timeout_s and morph_window_s must be > 0, morph_coalesce_s and "
+        "scale_up_delay_s >= 0");
+  }
+  if (max_morphs < 0) return absl::InvalidArgumentError("manager: max_morphs must be >= 0");
+  if (forget_dead_after < dead_after()) {
+    return absl::InvalidArgumentError(
+        "manager: forget_dead_after_s must be at least the time to DEAD");
+  }
+  RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", listen, tls.enabled(), allow_insecure));
+  if (!IsLoopbackListen(listen) && tokens_file.empty() && !allow_insecure) {
+    // TLS alone lets anyone who trusts the CA in: the job API (and so every agent's
+    // programs) needs tokens beyond loopback.
+    return absl::FailedPreconditionError(
+        "manager: refusing to serve " + listen +
+        " without --tokens_file: anyone who reaches it could submit jobs (or give "
+        "--allow_insecure on a trusted network)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
+  return ForEachConfigEntry(
+      path, "manager config",
+      [&](const std::string& what, const std::string& key, const YAML::Node& v) -> absl::Status {
+        auto str = [&](std::string* out) { return ReadInto(v, what, key, out); };
+        auto num = [&](auto* out) { return ReadInto(v, what, key, out); };
+        auto seconds = [&](absl::Duration* out) { return ReadSeconds(v, what, key, out); };
+        if (key == "listen") return str(&c->listen);
+        if (key == "http_listen") return str(&c->http_listen);
+        if (key == "state_dir") return str(&c->state_dir);
+        if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
+        if (key == "suspect_after_missed") return num(&c->suspect_after_missed);
+        if (key == "dead_after_missed") return num(&c->dead_after_missed);
+        if (key == "stop_grace_s") return seconds(&c->stop_grace);
+        if (key == "start_timeout_s") return seconds(&c->start_timeout);
+        if (key == "agent_rpc_timeout_s") return seconds(&c->agent_rpc_timeout);
+        if (key == "forget_dead_after_s") return seconds(&c->forget_dead_after);
+        if (key == "max_nodes") return num(&c->max_nodes);
+        if (key == "max_slots_per_node") return num(&c->max_slots_per_node);
+        if (key == "machine_list") return str(&c->machine_list);
+        if (key == "check_job_files") return num(&c->check_job_files);
+        if (key == "tls_ca") return str(&c->tls.ca);
+        if (key == "tls_cert") return str(&c->tls.cert);
+        if (key == "tls_key") return str(&c->tls.key);
+        if (key == "tokens_file") return str(&c->tokens_file);
+        if (key == "allow_insecure") return num(&c->allow_insecure);
+        if (key == "http_allow_remote") return num(&c->http_allow_remote);
+        if (key == "morph_save_timeout_s") return seconds(&c->morph_save_timeout);
+        if (key == "morph_coalesce_s") return seconds(&c->morph_coalesce);
+        if (key == "scale_up_delay_s") return seconds(&c->scale_up_delay);
+        if (key == "max_morphs") return num(&c->max_morphs);
+        if (key == "morph_window_s") return seconds(&c->morph_window);
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": unknown key '", key,
+            "' (known: listen, http_listen, http_allow_remote, state_dir, heartbeat_period_s, "
+            "suspect_after_missed, "
+            "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
+            "forget_dead_after_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
+            "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
+            "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s)"));
+      });
+}
+
+}  // namespace varuna

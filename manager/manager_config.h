@@ -1,0 +1,54 @@
+#pragma once
+
+// The manager's configuration: flags and the YAML config file (docs/operations.md), checked
+// once by Validate() before anything uses it.
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/net/rpc.h"
+
+namespace varuna {
+
+struct ManagerConfig {
+  std::string listen = "127.0.0.1:7070";
+  // Dashboard, JSON API and Prometheus /metrics (docs/observability.md); "" = off.
+  std::string http_listen;
+  bool http_allow_remote = false;  // serve it beyond loopback (plain HTTP)
+  std::string state_dir;
+  absl::Duration heartbeat_period = absl::Seconds(1);  // what agents are told to use
+  int suspect_after_missed = 3;                        // heartbeats missed before SUSPECT
+  int dead_after_missed = 10;                          // heartbeats missed before DEAD
+  absl::Duration stop_grace = absl::Seconds(10);       // SIGTERM -> SIGKILL on cancel/failure
+  absl::Duration start_timeout = absl::Seconds(120);   // STARTING longer than this fails
+  absl::Duration agent_rpc_timeout = absl::Seconds(5);
+  std::string machine_list;     // optional: only nodes (name or host) listed here get work
+  bool check_job_files = true;  // data.path etc. must be readable by the manager at submit
+  // What a peer can make the manager keep (Note [Peer limits] in node_table.cc).
+  int max_nodes = 10000;
+  int max_slots_per_node = 1024;
+  absl::Duration forget_dead_after = absl::Hours(24);  // DEAD this long and idle: forgotten
+  // Security (docs/operations.md "Security"): mutual TLS with agents, bearer tokens for
+  // varunactl. Empty = plaintext / no tokens, allowed only on loopback or with allow_insecure.
+  TlsFiles tls;
+  std::string tokens_file;  // lines "NAME TOKEN"
+  bool allow_insecure = false;
+  // Morphing (docs/morphing.md): how long workers get to save before the manager stops
+  // waiting, how long after the last trigger the re-plan waits for more (coalescing), how
+  // long a joined node must stay before a job grows onto it, and the restart budget.
+  absl::Duration morph_save_timeout = absl::Seconds(60);
+  absl::Duration morph_coalesce = absl::Seconds(1);
+  absl::Duration scale_up_delay = absl::Seconds(10);
+  int max_morphs = 20;
+  absl::Duration morph_window = absl::Hours(1);
+
+  absl::Status Validate() const;
+  absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }
+  absl::Duration dead_after() const { return heartbeat_period * dead_after_missed; }
+};
+
+// Reads a manager config file (YAML; durations as *_s in seconds). Unknown keys are errors.
+absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* config);
+
+}  // namespace varuna

@@ -1,0 +1,86 @@
+#pragma once
+
+// The morph controller: how a running job survives lost, leaving and joining machines
+// (docs/morphing.md). Trigger -> SAVING -> STOPPING -> PLANNING -> LAUNCHING (generation+1)
+// -> RUNNING (RESUMING) -> Finish; Advance moves a job along when what its phase waits for
+// has happened or the phase's timer ran out. The phase is stored in JobRecord.morph, so a
+// restarted manager carries on (Note [Morph recovery] in job_controller.cc). Loop thread only.
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "manager/agent_client.h"
+#include "manager/event_log.h"
+#include "manager/job.h"
+#include "manager/job_controller.h"
+#include "manager/job_table.h"
+#include "manager/manager_config.h"
+#include "manager/manager_metrics.h"
+#include "manager/node_table.h"
+#include "manager/profile_store.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class MorphController {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  MorphController(const ManagerConfig& config, Clock* clock, JobTable* jobs, NodeTable* nodes,
+                  AgentClientPool* agents, Post post, EventLog* events, ProfileStore* profiles,
+                  JobLifecycle* lifecycle);
+  void set_metrics(ManagerMetrics* m) { metrics_ = m; }
+
+  // Whether the job can morph at all: morphing on, a checkpoint.dir, not a profile job.
+  bool Allowed(const Job& job) const;
+  // Something happened that the job must survive: begin a morph, or join the one in
+  // progress (coalescing), or fail the job when it cannot morph or its budget is spent.
+  void Trigger(Job& job, const Cause& cause);
+  // Moves the job's morph along: what its phase waits for, or its timers.
+  void Advance(Job& job);
+  // The timers: a relaunch that does not start within start_timeout is a new trigger; a
+  // generation whose workers never report ready closes its morph record after it. Then Advance.
+  void Tick(Job& job);
+  // Records the morph (phases, steps lost) and clears it.
+  void Finish(Job& job);
+  // Enters `phase`, adding the time spent in the previous one to the morph's record.
+  void SetPhase(Job& job, v1::MorphState::Phase phase);
+  // Asks every live node of the job's generation to have its workers save and exit.
+  void SendSaveRequests(Job& job, bool abort_step);
+  // A worker of the current generation reported: rendezvous done, first step.
+  void NoteWorkerReport(Job& job, const v1::WorkerStatus& w);
+  // `node` leaves (drain, notice, machine_list): every job on it moves off.
+  void OnNodeLeaving(const std::string& node, const std::string& why, absl::Duration detect,
+                     bool graceful);
+  // `node` joined: jobs may grow onto it after scale_up_delay (CheckGrowth).
+  void NoteJoined(const std::string& node);
+  void CheckGrowth();
+
+ private:
+  void BeginMorph(Job& job, const Cause& cause);
+  void OnSaveRequestFailed(const std::string& job_id, int generation, const std::string& node,
+                           const absl::Status& status);
+  void Relaunch(Job& job, const JobPlan& plan);
+  bool AllRanksGone(const Job& job) const;
+  bool FinishedTraining(const Job& job) const;
+  std::vector<int> UnsavedStages(const Job& job) const;
+
+  const ManagerConfig& config_;
+  Clock* const clock_;
+  JobTable* const jobs_;
+  NodeTable* const nodes_;
+  AgentClientPool* const agents_;
+  const Post post_;
+  EventLog* const events_;
+  ProfileStore* const profiles_;
+  JobLifecycle* const lifecycle_;
+  ManagerMetrics* metrics_ = nullptr;
+  // Growth: when a node joined, jobs may grow onto it after scale_up_delay.
+  absl::Time grow_check_at_ = absl::InfiniteFuture();
+  std::set<std::string> joined_;
+};
+
+}  // namespace varuna

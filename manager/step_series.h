@@ -1,0 +1,45 @@
+#pragma once
+
+// Each job's step series (varunactl metrics, the dashboard): every step once per
+// generation, bounded in the state database (Note [Step series]), plus the newest record of
+// each job for its stage map. Loop thread only.
+
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "manager/job.h"
+#include "manager/manager_metrics.h"
+#include "manager/state_store.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class StepSeries {
+ public:
+  static constexpr int kMaxStepPoints = 4000;  // Note [Step series]
+
+  explicit StepSeries(StateStore* store) : store_(store) {}
+  void set_metrics(ManagerMetrics* m) { metrics_ = m; }
+
+  // The steps one worker reported in a heartbeat: stored, counted into the metrics once per
+  // generation, and job.gen.newest_step advanced.
+  void Record(Job& job, const v1::WorkerStatus& w);
+  // The stored series of job `req.job_id` after `req.after_step`.
+  absl::StatusOr<v1::GetMetricsResponse> Get(const v1::GetMetricsRequest& req) const;
+  // The newest step record of a job this manager has seen, or nullptr.
+  const v1::StepRecord* Newest(const std::string& job_id) const;
+
+ private:
+  StateStore* const store_;
+  ManagerMetrics* metrics_ = nullptr;
+  std::map<std::string, v1::StepRecord> newest_;  // by job
+};
+
+// The stage map of a job's current generation (varunactl stages, the dashboard): which rank
+// holds which layers on which node, each stage's share of its pipeline's compute (from
+// `profile`, else the built-in cost model), and pipeline 0's newest busy/wait times.
+absl::StatusOr<v1::GetStagesResponse> DescribeStages(const Job& job, const v1::Profile* profile,
+                                                     const v1::StepRecord* newest);
+
+}  // namespace varuna

@@ -1,0 +1,198 @@
+// The agent's end of the worker protocol (Note [Worker protocol] in
+// common/launch/worker_protocol.cc): commands over the control FIFO with signals as the
+// fallback, and progress lines of both forms through the codec.
+
+#include "agent/agent.h"
+
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/launch/worker_protocol.h"
+#include "tests/testing/fake_clock.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varuna {
+namespace {
+
+using ::varuna::testing::FakeClock;
+using ::varuna::testing::IsOk;
+
+// Records what the agent asks of its processes; a process "listens" on its control FIFO
+// unless the test says it ignores it (a user program that never opens it).
+class RecordingLauncher final : public ProcessLauncher {
+ public:
+  struct Proc {
+    ProcessSpec spec;
+    std::vector<int> signals;
+    std::vector<std::string> commands;
+    bool listens = true;
+  };
+
+  absl::StatusOr<int> Launch(const ProcessSpec& spec) override {
+    procs_[next_pid_].spec = spec;
+    return next_pid_++;
+  }
+  absl::Status Signal(int pid, int sig) override {
+    procs_[pid].signals.push_back(sig);
+    return absl::OkStatus();
+  }
+  std::vector<ProcessExit> Reap() override { return {}; }
+  absl::Status SendCommand(int pid, const std::string& line) override {
+    if (!procs_[pid].listens) return absl::UnavailableError("nothing reads it");
+    procs_[pid].commands.push_back(line);
+    return absl::OkStatus();
+  }
+
+  std::map<int, Proc> procs_;
+  int next_pid_ = 100;
+};
+
+class AgentProtocolTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "/agent_test_", getpid());
+    std::filesystem::remove_all(dir_);
+    AgentConfig c;
+    c.name = "a";
+    c.manager = "127.0.0.1:1";
+    c.work_dir = dir_;
+    c.slots = 2;
+    agent_ = std::make_unique<Agent>(c, &clock_, &launcher_);
+    v1::LaunchRequest launch;
+    launch.set_job_id("j");
+    launch.set_generation(4);
+    launch.set_spec_yaml("x: 1");
+    launch.set_world_size(2);
+    launch.add_ranks()->set_rank(0);
+    launch.add_ranks()->set_rank(1);
+    ASSERT_THAT(agent_->Launch(launch).status(), IsOk());
+    ASSERT_EQ(launcher_.procs_.size(), 2u);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  RecordingLauncher::Proc& Rank(int r) { return launcher_.procs_.at(100 + r); }
+  void Write(int rank, const std::string& text) {
+    std::ofstream(Rank(rank).spec.env.at(kProgressFileEnv), std::ios::app) << text;
+  }
+  v1::WorkerStatus Beat(int rank) {
+    const v1::HeartbeatRequest hb = agent_->BuildHeartbeat();
+    for (const auto& w : hb.workers()) {
+      if (w.rank() == rank) return w;
+    }
+    ADD_FAILURE() << "no rank " << rank;
+    return {};
+  }
+
+  std::string dir_;
+  FakeClock clock_;
+  RecordingLauncher launcher_;
+  std::unique_ptr<Agent> agent_;
+};
+
+TEST_F(AgentProtocolTest, EveryWorkerGetsItsOwnControlFifoNextToItsProgressFile) {
+  for (int r : {0, 1}) {
+    const ProcessSpec& spec = Rank(r).spec;
+    const std::string gen = absl::StrCat(dir_, "/jobs/j/gen4");
+    EXPECT_EQ(spec.control_fifo, absl::StrCat(gen, "/control.rank", r));
+    EXPECT_EQ(spec.env.at(kControlFifoEnv), spec.control_fifo);
+    EXPECT_EQ(spec.env.at(kProgressFileEnv), absl::StrCat(gen, "/progress.rank", r));
+  }
+}
+
+TEST_F(AgentProtocolTest, SavesGoAsCommandsWithTheWorkersGeneration) {
+  v1::CheckpointRequest save;
+  save.set_job_id("j");
+  EXPECT_EQ(agent_->Checkpoint(save).signalled(), 2);
+  save.set_abort_step(true);
+  EXPECT_EQ(agent_->Checkpoint(save).signalled(), 2);
+  for (int r : {0, 1}) {
+    EXPECT_TRUE(Rank(r).signals.empty()) << "the command arrived: no signal";
+    ASSERT_EQ(Rank(r).commands.size(), 2u);
+    ASSERT_OK_AND_ASSIGN(v1::AgentCommand graceful, ParseAgentCommand(Rank(r).commands[0]));
+    EXPECT_TRUE(graceful.has_stop()) << "a graceful save is the worker's stop";
+    EXPECT_EQ(graceful.generation(), 4);
+    ASSERT_OK_AND_ASSIGN(v1::AgentCommand abort, ParseAgentCommand(Rank(r).commands[1]));
+    EXPECT_TRUE(abort.has_checkpoint_now());
+  }
+}
+
+TEST_F(AgentProtocolTest, AWorkerThatIgnoresTheChannelGetsTheSignal) {
+  Rank(1).listens = false;
+  v1::CheckpointRequest save;
+  save.set_job_id("j");
+  EXPECT_EQ(agent_->Checkpoint(save).signalled(), 2);
+  save.set_abort_step(true);
+  EXPECT_EQ(agent_->Checkpoint(save).signalled(), 2);
+  EXPECT_EQ(Rank(0).commands.size(), 2u);
+  EXPECT_TRUE(Rank(0).signals.empty());
+  EXPECT_TRUE(Rank(1).commands.empty());
+  EXPECT_EQ(Rank(1).signals, (std::vector<int>{SIGUSR1, SIGUSR2}));
+
+  // Another generation's save reaches nobody; a stop is still SIGTERM (then SIGKILL).
+  save.set_generation(3);
+  EXPECT_EQ(agent_->Checkpoint(save).signalled(), 0);
+  v1::StopRequest stop;
+  stop.set_job_id("j");
+  EXPECT_EQ(agent_->Stop(stop).signalled(), 2);
+  EXPECT_EQ(Rank(0).signals, std::vector<int>{SIGTERM});
+}
+
+TEST_F(AgentProtocolTest, TypedAndFlatLinesReachTheHeartbeat) {
+  // varuna-worker's typed lines on rank 0.
+  auto line = [](const v1::WorkerEvent& e) { return *SerializeWorkerEvent(e) + "\n"; };
+  v1::WorkerEvent ready;
+  ready.set_t(10);
+  ready.mutable_ready()->set_resumed_from(5);
+  v1::WorkerEvent step;
+  step.set_t(11);
+  step.mutable_step()->set_step(6);
+  step.mutable_step()->set_loss(2.25);
+  Write(0, line(ready) + line(step));
+  v1::WorkerStatus w = Beat(0);
+  EXPECT_EQ(w.resumed_from(), 5);
+  EXPECT_DOUBLE_EQ(w.ready_at(), 10);
+  EXPECT_EQ(w.progress().step(), 6);
+  EXPECT_DOUBLE_EQ(w.progress().at(), 11);
+  ASSERT_EQ(w.steps_size(), 1);
+  EXPECT_DOUBLE_EQ(w.steps(0).loss(), 2.25);
+
+  // A command the worker refuses is logged, not taken for how it ended.
+  v1::WorkerEvent refused;
+  refused.mutable_error()->set_message("reconfigure is not supported yet");
+  refused.mutable_error()->set_command("reconfigure");
+  v1::WorkerEvent stopped;
+  stopped.mutable_stopped()->set_saved_step(6);
+  Write(0, line(refused) + line(stopped));
+  w = Beat(0);
+  EXPECT_EQ(w.error(), "");
+  EXPECT_TRUE(w.progress().stopped());
+  EXPECT_EQ(w.saved_step(), 6);
+
+  // A user program's flat lines on rank 1, with bad lines between: skipped, the rest read.
+  Write(1, "{\"ready\": true}\nnot json\n{\"step\": 0}\n" +
+               std::string(kMaxEventLineBytes + 1, 'x') + "\n" +
+               "{\"step\": 3, \"loss\": nan, \"t\": 7}\n{\"rescued\": true, \"saved_step\": 2}\n" +
+               "{\"error\": \"lost a peer\"}\n{\"step\": 4");  // half a line: not yet
+  w = Beat(1);
+  EXPECT_EQ(w.resumed_from(), 0);
+  EXPECT_EQ(w.progress().step(), 3);
+  EXPECT_TRUE(std::isnan(w.progress().loss()));
+  EXPECT_DOUBLE_EQ(w.progress().at(), 7);
+  EXPECT_FALSE(w.progress().stopped());
+  EXPECT_EQ(w.saved_step(), 2);
+  EXPECT_EQ(w.error(), "lost a peer");
+  Write(1, ", \"loss\": 1}\n");
+  EXPECT_EQ(Beat(1).progress().step(), 4);
+}
+
+}  // namespace
+}  // namespace varuna

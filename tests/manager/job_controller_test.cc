@@ -1,0 +1,181 @@
+// The job controller on its own, synchronously: fake clock, fake agents, no gRPC.
+
+#include "manager/job_controller.h"
+
+#include <signal.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/launch/exit_codes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/manager/controller_fixture.h"
+
+namespace varuna {
+namespace {
+
+using ::testing::HasSubstr;
+
+class JobControllerTest : public testing::ControllerFixture {};
+
+TEST_F(JobControllerTest, LaunchesRankZerosNodeFirstThenTheRestThenRuns) {
+  AddNode("a", 1);
+  AddNode("b", 1);
+  const std::string id = Submit(Spec());
+  EXPECT_EQ(State(id), v1::STARTING);
+  EXPECT_EQ(Job(id).info().generation(), 1);
+  // Note [Launch order] (job_controller.cc): rank 0's node alone until its agent says which port it picked.
+  ASSERT_EQ(agents_.launches.size(), 1u);
+  EXPECT_EQ(agents_.launches[0].address, Job(id).info().placement(0).node() + ":7071");
+  EXPECT_EQ(agents_.launches[0].req.master_port(), 0);
+  agents_.AnswerLaunches(29555);
+  loop_.Run();
+  ASSERT_EQ(agents_.launches.size(), 2u);  // both nodes now (a repeat is harmless)
+  EXPECT_EQ(agents_.launches[0].req.master_port(), 29555);
+  EXPECT_EQ(State(id), v1::STARTING);
+  AnswerLaunches();
+  EXPECT_EQ(State(id), v1::RUNNING);
+  EXPECT_THAT(Job(id).info().master(), HasSubstr(":29555"));
+}
+
+TEST_F(JobControllerTest, SucceedsWhenEveryRankExitsZero) {
+  AddNode("a", 2);
+  const std::string id = Submit(Spec());
+  AnswerLaunches();
+  ASSERT_EQ(State(id), v1::RUNNING);
+  v1::WorkerStatus w = Worker(id, 0, true);
+  w.mutable_progress()->set_step(20);
+  w.mutable_progress()->set_loss(1.5);
+  Beat("a", {w, Worker(id, 1, true)});
+  EXPECT_EQ(Job(id).info().step(), 20);
+  Beat("a", {Worker(id, 0, false), Worker(id, 1, true)});
+  EXPECT_EQ(State(id), v1::RUNNING);  // one rank still running
+  Beat("a", RanksOn(id, "a", false));
+  EXPECT_EQ(State(id), v1::SUCCEEDED);
+}
+
+TEST_F(JobControllerTest, StartTimeoutFailsAJobWhoseLaunchIsNeverAnswered) {
+  AddNode("a", 2);
+  const std::string id = Submit(Spec());
+  Advance(config_.start_timeout - absl::Seconds(1));
+  Beat("a", {});
+  Tick();
+  EXPECT_EQ(State(id), v1::STARTING);
+  Advance(absl::Seconds(2));
+  Beat("a", {});
+  Tick();
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("did not start within"));
+}
+
+TEST_F(JobControllerTest, FailureIsHeldSoALostNodeIsNamedAsTheCause) {
+  // Note [Failure attribution] (manager/job.h): without morphing, rank 1's exit waits two heartbeat
+  // periods; node a went silent meanwhile, so a is named first.
+  AddNode("a", 1);
+  AddNode("b", 1);
+  const std::string id = Submit(Spec("parallel: {stages: 2}\nmorphing: false"));
+  AnswerLaunches();
+  ASSERT_EQ(State(id), v1::RUNNING);
+  const std::string first = Job(id).info().placement(0).node();
+  const std::string second = Job(id).info().placement(1).node();
+  Beat(second, {Worker(id, 1, false, 1)});
+  EXPECT_EQ(State(id), v1::RUNNING);  // held
+  Advance(absl::Seconds(2));
+  Beat(second, RanksOn(id, second, false, 1));
+  Tick();
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(),
+              HasSubstr(absl::StrCat("node ", first, " lost (no heartbeat")));
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("then rank 1 on node " + second));
+}
+
+TEST_F(JobControllerTest, BadInputExitFailsAtOnceEvenWhenTheJobCouldMorph) {
+  AddNode("a", 2);
+  const std::string id = Submit(MorphSpec());
+  AnswerLaunches();
+  v1::WorkerStatus w = Worker(id, 0, false, kExitBadInput);
+  w.set_error("data.path: no such file");
+  Beat("a", {w, Worker(id, 1, true)});
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("cannot run the job: data.path: no such file"));
+  EXPECT_FALSE(Job(id).morphing());
+}
+
+TEST_F(JobControllerTest, CancelStopsTheWorkersAndEndsWhenTheyAreGone) {
+  AddNode("a", 2);
+  const std::string id = Submit(Spec());
+  AnswerLaunches();
+  ASSERT_TRUE(jobs_ctl_->Cancel(id, "alice").ok());
+  EXPECT_EQ(State(id), v1::CANCELLING);
+  EXPECT_EQ(Job(id).info().cancelled_by(), "alice");
+  ASSERT_EQ(agents_.stops.size(), 1u);
+  EXPECT_EQ(agents_.stops[0].req.grace_ms(), 5000);
+  // A lost Stop is sent again after 5 s.
+  Advance(absl::Seconds(6));
+  Beat("a", RanksOn(id, "a", true));
+  Tick();
+  EXPECT_EQ(agents_.stops.size(), 2u);
+  Beat("a", RanksOn(id, "a", false, 0));
+  EXPECT_EQ(State(id), v1::CANCELLED);
+  // Cancelling again changes nothing.
+  EXPECT_EQ(jobs_ctl_->Cancel(id, "bob")->state(), v1::CANCELLED);
+}
+
+TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
+  AddNode("a", 4);
+  const std::string a = Submit(Spec(), "req-1");
+  const std::string b = Submit(Spec(), "req-1");
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(jobs_->order().size(), 1u);
+  v1::SubmitRequest long_id;
+  long_id.set_spec_yaml(Spec());
+  long_id.set_request_id(std::string(129, 'x'));
+  EXPECT_THAT(jobs_ctl_->Submit(long_id, "").status().message(), HasSubstr("request_id"));
+}
+
+TEST_F(JobControllerTest, PendingJobWaitsForSlotsThenStarts) {
+  AddNode("a", 1);
+  const std::string id = Submit(Spec());
+  EXPECT_EQ(State(id), v1::PENDING);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("waiting for slots"));
+  AddNode("b", 1);
+  Tick();
+  EXPECT_EQ(State(id), v1::STARTING);
+}
+
+TEST_F(JobControllerTest, RanksTheAgentNoLongerReportsAreChargedToTheJob) {
+  AddNode("a", 1);
+  AddNode("b", 1);
+  const std::string id = Submit(Spec("parallel: {stages: 2}\nmorphing: false"));
+  AnswerLaunches();
+  const std::string second = Job(id).info().placement(1).node();
+  const std::string first = Job(id).info().placement(0).node();
+  Advance(absl::Seconds(3));
+  Beat(first, RanksOn(id, first, true));
+  Beat(second, {});  // its agent restarted: rank 1 is gone without an exit
+  Advance(absl::Seconds(3));
+  Beat(first, RanksOn(id, first, true));
+  Beat(second, {});
+  Tick();
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("no longer known to its agent"));
+}
+
+TEST_F(JobControllerTest, RecoveredJobResendsItsLaunches) {
+  AddNode("a", 2);
+  const std::string id = Submit(Spec());
+  ASSERT_EQ(State(id), v1::STARTING);
+  agents_.launches.clear();
+  Build();  // a manager restart on the same state directory
+  ASSERT_TRUE(nodes_->Load().ok());
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
+  jobs_ctl_->ResumeRecovered();
+  loop_.Run();
+  EXPECT_EQ(State(id), v1::STARTING);
+  EXPECT_EQ(agents_.launches.size(), 1u);
+  Beat("a", {});
+  AnswerLaunches();
+  EXPECT_EQ(State(id), v1::RUNNING);
+}
+
+}  // namespace
+}  // namespace varuna

@@ -1,0 +1,286 @@
+// The morph state machine on its own, synchronously: every phase, timer and trigger path,
+// with a fake clock and fake agents (docs/morphing.md).
+
+#include "manager/morph_controller.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/launch/exit_codes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/manager/controller_fixture.h"
+
+namespace varuna {
+namespace {
+
+using ::testing::HasSubstr;
+
+class MorphControllerTest : public testing::ControllerFixture {
+ protected:
+  // Four one-slot nodes running a 4-replica job (one stage): any node can go.
+  std::string RunningJob(const std::string& extra = "parallel: {stages: 1}") {
+    for (const std::string n : {"a", "b", "c", "d"}) AddNode(n, 1);
+    const std::string id = Submit(MorphSpec(extra));
+    AnswerLaunches();
+    EXPECT_EQ(State(id), v1::RUNNING);
+    // Every rank reports steps up to 6.
+    EXPECT_EQ(Job(id).info().slots(), 4);
+    for (const std::string n : {"a", "b", "c", "d"}) {
+      std::vector<v1::WorkerStatus> ws = RanksOn(id, n, true);
+      for (auto& w : ws) {
+        w.set_resumed_from(0);
+        for (int s = 1; s <= 6; ++s) w.add_steps()->set_step(s);
+        w.mutable_progress()->set_step(6);
+      }
+      Beat(n, ws);
+    }
+    return id;
+  }
+
+  // The survivors on `nodes` save their last step and exit (kExitRescued).
+  void SaveAndExit(const std::string& id, const std::vector<std::string>& nodes) {
+    for (const auto& n : nodes) Beat(n, RanksOn(id, n, false, kExitRescued));
+  }
+
+  // The new generation's workers report ready (resumed after `step`) and one more step.
+  void Resume(const std::string& id, int64_t step) {
+    std::set<std::string> nodes;
+    for (const auto& p : Job(id).info().placement()) nodes.insert(p.node());
+    for (const auto& n : nodes) {
+      std::vector<v1::WorkerStatus> ws = RanksOn(id, n, true);
+      for (auto& w : ws) {
+        w.set_resumed_from(step);
+        w.add_steps()->set_step(step + 1);
+        w.mutable_progress()->set_step(step + 1);
+      }
+      Beat(n, ws);
+    }
+  }
+};
+
+TEST_F(MorphControllerTest, LostNodeGoesThroughEveryPhaseAndRecordsTheMorph) {
+  config_.morph_coalesce = absl::Seconds(5);  // so PLANNING is seen before the re-plan
+  Build();
+  const std::string id = RunningJob();
+  // d stops heartbeating: DEAD after dead_after_missed periods.
+  for (int i = 0; i < 11; ++i) {
+    Advance(absl::Seconds(1));
+    for (const std::string n : {"a", "b", "c"}) Beat(n, RanksOn(id, n, true));
+    Tick();
+  }
+  EXPECT_EQ(State(id), v1::RECONFIGURING);
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("node d lost"));
+  // The survivors were asked to abort the step and save (not graceful: a peer is gone).
+  ASSERT_EQ(agents_.checkpoints.size(), 3u);
+  EXPECT_TRUE(agents_.checkpoints[0].req.abort_step());
+  agents_.AnswerCheckpoints();
+  SaveAndExit(id, {"a", "b", "c"});
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::PLANNING);  // through STOPPING: nothing left running
+  Advance(config_.morph_coalesce + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c"}) Beat(n, {});
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::LAUNCHING);
+  EXPECT_EQ(Job(id).info().generation(), 2);
+  EXPECT_GE(Job(id).info().slots(), 1);
+  EXPECT_LE(Job(id).info().slots(), 3);
+  for (const auto& p : Job(id).info().placement()) EXPECT_NE(p.node(), "d");
+  AnswerLaunches();
+  EXPECT_EQ(State(id), v1::RUNNING);
+  EXPECT_EQ(Phase(id), v1::MorphState::RESUMING);
+  Resume(id, 6);
+  EXPECT_FALSE(Job(id).morphing());
+  ASSERT_EQ(Job(id).info().morphs_size(), 1);
+  const v1::MorphRecord& r = Job(id).info().morphs(0);
+  EXPECT_EQ(r.resumed_from(), 6);
+  EXPECT_EQ(r.steps_lost(), 0);
+  EXPECT_EQ(r.from().replicas(), 4);
+  EXPECT_EQ(r.to().replicas(), Job(id).info().replicas());
+  for (const char* phase : {"save", "plan", "launch", "rendezvous", "first_step", "total"}) {
+    EXPECT_TRUE(r.phases().count(phase)) << phase;
+  }
+}
+
+TEST_F(MorphControllerTest, GracefulSaveTimesOutToAbortThenToStop) {
+  const std::string id = RunningJob();
+  ASSERT_TRUE(nodes_->Drain("d", false).ok());
+  loop_.Run();
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_TRUE(Job(id).rec.morph().graceful());
+  ASSERT_EQ(agents_.checkpoints.size(), 4u);  // a draining node still saves its ranks
+  EXPECT_FALSE(agents_.checkpoints[0].req.abort_step());
+  agents_.AnswerCheckpoints();
+  // Nobody checkpoints within morph_save_timeout: the step is aborted instead.
+  Advance(config_.morph_save_timeout + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, RanksOn(id, n, true));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_FALSE(Job(id).rec.morph().graceful());
+  ASSERT_EQ(agents_.checkpoints.size(), 4u);
+  EXPECT_TRUE(agents_.checkpoints[0].req.abort_step());
+  agents_.AnswerCheckpoints();
+  // Still nothing: the workers are stopped.
+  Advance(config_.morph_save_timeout + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, RanksOn(id, n, true));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::STOPPING);
+  Advance(absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, RanksOn(id, n, true));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::STOPPING);
+  EXPECT_FALSE(agents_.stops.empty());  // SIGTERM, then SIGKILL after the grace
+  // Past the stop grace the morph re-plans; the next generation's launch kills what remains.
+  Advance(config_.stop_grace + absl::Seconds(6));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, RanksOn(id, n, true));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::LAUNCHING);
+  for (const auto& p : Job(id).info().placement()) EXPECT_NE(p.node(), "d");
+}
+
+TEST_F(MorphControllerTest, SecondTriggerJoinsTheMorphAndTheHigherPriorityReasonWins) {
+  const std::string id = RunningJob();
+  // a's rank saved after losing a peer (priority 1) ...
+  Beat("a", RanksOn(id, "a", false, kExitRescued));
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_THAT(Job(id).rec.morph().record().reason(), HasSubstr("lost a peer mid-step"));
+  // ... then node b is drained (a node event, priority 3): one morph, b's reason, b excluded.
+  ASSERT_TRUE(nodes_->Drain("b", false).ok());
+  loop_.Run();
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_THAT(Job(id).rec.morph().record().reason(), HasSubstr("b"));
+  EXPECT_THAT(Job(id).rec.morph().lost_nodes(), ::testing::Contains("b"));
+  SaveAndExit(id, {"b", "c", "d"});
+  Advance(absl::Seconds(2));
+  for (const std::string n : {"a", "c", "d"}) Beat(n, {});
+  Tick();
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::LAUNCHING);
+  for (const auto& p : Job(id).info().placement()) EXPECT_NE(p.node(), "b");
+}
+
+TEST_F(MorphControllerTest, PlanningWaitsForSlotsThenGivesUpAfterMaxWait) {
+  const std::string id =
+      RunningJob("parallel: {stages: 1}\nresources: {min_slots: 4, max_wait_s: 30}");
+  ASSERT_TRUE(nodes_->Drain("d", false).ok());
+  loop_.Run();
+  SaveAndExit(id, {"a", "b", "c", "d"});
+  Advance(absl::Seconds(2));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::PLANNING);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("waiting for slots"));
+  Advance(absl::Seconds(20));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, {});
+  Tick();
+  EXPECT_EQ(State(id), v1::RECONFIGURING);
+  Advance(absl::Seconds(15));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, {});
+  Tick();
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("gave up after waiting"));
+}
+
+TEST_F(MorphControllerTest, RestartBudgetFailsTheJobWithItsHistory) {
+  config_.max_morphs = 1;
+  Build();
+  const std::string id = RunningJob();
+  Beat("a", RanksOn(id, "a", false, 1));  // rank 0 fails: morph 1
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  SaveAndExit(id, {"b", "c", "d"});
+  Advance(absl::Seconds(2));
+  Beat("a", {});
+  Tick();
+  Tick();
+  AnswerLaunches();
+  Resume(id, 6);
+  ASSERT_FALSE(Job(id).morphing());
+  Beat("b", RanksOn(id, "b", false, 1));  // and again, within the window
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("not morphing again: 1 morphs within"));
+}
+
+TEST_F(MorphControllerTest, JobGrowsOntoAJoinedNodeAfterTheScaleUpDelay) {
+  AddNode("a", 1);
+  AddNode("b", 1);
+  const std::string id = Submit(MorphSpec("parallel: {stages: 1}"));
+  AnswerLaunches();
+  ASSERT_EQ(Job(id).info().slots(), 2);
+  AddNode("c", 1);
+  AddNode("d", 1);
+  Tick();
+  EXPECT_FALSE(Job(id).morphing());  // not before scale_up_delay
+  Advance(config_.scale_up_delay + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, RanksOn(id, n, true));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_TRUE(Job(id).rec.morph().graceful());
+  EXPECT_THAT(Job(id).rec.morph().record().reason(), HasSubstr("joined"));
+}
+
+TEST_F(MorphControllerTest, JobWithoutCheckpointDirFailsInsteadOfMorphing) {
+  AddNode("a", 1);
+  AddNode("b", 1);
+  const std::string id = Submit(Spec());
+  AnswerLaunches();
+  EXPECT_FALSE(morph_->Allowed(Job(id)));
+  ASSERT_TRUE(nodes_->Drain("b", false).ok());
+  loop_.Run();
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("set checkpoint.dir"));
+}
+
+TEST_F(MorphControllerTest, RelaunchThatNeverStartsIsANewTriggerWithoutThoseNodes) {
+  const std::string id = RunningJob();
+  ASSERT_TRUE(nodes_->Drain("d", false).ok());
+  loop_.Run();
+  SaveAndExit(id, {"a", "b", "c", "d"});
+  Advance(absl::Seconds(2));
+  Tick();
+  ASSERT_EQ(Phase(id), v1::MorphState::LAUNCHING);
+  agents_.launches.clear();  // rank 0's agent never answers
+  Advance(config_.start_timeout + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c"}) Beat(n, {});
+  Tick();
+  // It joins the morph (the drain's reason stays: same priority) and stops the new
+  // generation; the next plan leaves out the nodes that did not answer.
+  EXPECT_EQ(State(id), v1::RECONFIGURING);
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_THAT(Job(id).rec.morph().lost_nodes(), ::testing::Contains("a"));
+}
+
+TEST_F(MorphControllerTest, WorkersThatNeverReportReadyCloseTheMorphAfterTheStartTimeout) {
+  const std::string id = RunningJob();
+  Beat("a", RanksOn(id, "a", false, 1));
+  SaveAndExit(id, {"b", "c", "d"});
+  Advance(absl::Seconds(2));
+  Beat("a", {});
+  Tick();
+  Tick();
+  AnswerLaunches();
+  ASSERT_EQ(Phase(id), v1::MorphState::RESUMING);
+  Advance(config_.start_timeout + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c", "d"}) Beat(n, RanksOn(id, n, true));
+  Tick();
+  EXPECT_FALSE(Job(id).morphing());
+  ASSERT_EQ(Job(id).info().morphs_size(), 1);
+  EXPECT_EQ(Job(id).info().morphs(0).steps_lost(), -1);  // never said where it resumed
+}
+
+TEST_F(MorphControllerTest, MorphInProgressCarriesOnAfterAManagerRestart) {
+  // Note [Morph recovery]
+  const std::string id = RunningJob();
+  ASSERT_TRUE(nodes_->Drain("d", false).ok());
+  loop_.Run();
+  ASSERT_EQ(Phase(id), v1::MorphState::SAVING);
+  agents_.checkpoints.clear();
+  Build();
+  ASSERT_TRUE(nodes_->Load().ok());
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
+  jobs_ctl_->ResumeRecovered();
+  loop_.Run();
+  EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
+  // The save requests again, to every node but the one leaving (SUSPECT until it heartbeats).
+  EXPECT_EQ(agents_.checkpoints.size(), 3u);
+}
+
+}  // namespace
+}  // namespace varuna

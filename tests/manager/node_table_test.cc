@@ -1,0 +1,87 @@
+// The node table on its own: liveness by missed heartbeats, draining, peer limits, restarts.
+
+#include "manager/node_table.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/manager/controller_fixture.h"
+
+namespace varuna {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+class NodeTableTest : public testing::ControllerFixture {};
+
+TEST_F(NodeTableTest, AliveThenSuspectThenDeadByMissedHeartbeatsThenBack) {
+  AddNode("a", 2);
+  const NodeTable::Node* a = nodes_->Find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_TRUE(nodes_->Schedulable(*a));
+  node_events_.clear();
+  Advance(absl::Seconds(3) + absl::Milliseconds(1));  // suspect_after_missed = 3
+  nodes_->Tick([](const std::string&) { return 0; });
+  EXPECT_TRUE(a->suspect);
+  EXPECT_FALSE(a->dead);
+  EXPECT_FALSE(nodes_->Schedulable(*a));
+  Advance(absl::Seconds(7));  // dead_after_missed = 10
+  nodes_->Tick([](const std::string&) { return 0; });
+  EXPECT_TRUE(a->dead);
+  EXPECT_THAT(node_events_, ::testing::Contains("lost a"));
+  Beat("a", {});
+  EXPECT_FALSE(a->dead);
+  EXPECT_FALSE(a->suspect);
+  EXPECT_TRUE(nodes_->Schedulable(*a));
+  EXPECT_THAT(node_events_, ::testing::Contains("joined a"));
+}
+
+TEST_F(NodeTableTest, DrainTellsTheListenerAndUndrainJoinsAgain) {
+  AddNode("a", 2);
+  node_events_.clear();
+  ASSERT_TRUE(nodes_->Drain("a", false).ok());
+  EXPECT_FALSE(nodes_->Schedulable(*nodes_->Find("a")));
+  EXPECT_THAT(nodes_->DrainReason(*nodes_->Find("a")), HasSubstr("drained"));
+  ASSERT_TRUE(nodes_->Drain("a", true).ok());
+  EXPECT_TRUE(nodes_->Schedulable(*nodes_->Find("a")));
+  EXPECT_THAT(node_events_,
+              ElementsAre("node_drained a", "leaving a", "node_undrained a", "joined a"));
+  EXPECT_EQ(nodes_->Drain("nope", false).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodeTableTest, UnknownNodeHeartbeatIsNotFoundSoTheAgentRegistersAgain) {
+  EXPECT_EQ(nodes_->Heartbeat("ghost").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(NodeTableTest, RegistrationIsBoundedByThePeerLimits) {
+  config_.max_nodes = 2;
+  config_.max_slots_per_node = 8;
+  Build();
+  AddNode("a", 1);
+  AddNode("b", 1);
+  v1::RegisterRequest c;
+  c.set_name("c");
+  c.set_address("c:7071");
+  c.set_slots(1);
+  EXPECT_FALSE(nodes_->Register(c, [](const std::string&) { return 0; }).ok());
+  v1::RegisterRequest big;
+  big.set_name("a");
+  big.set_address("a:7071");
+  big.set_slots(9);
+  EXPECT_FALSE(nodes_->Register(big, [](const std::string&) { return 0; }).ok());
+}
+
+TEST_F(NodeTableTest, NodesSurviveARestartAsSuspectUntilTheyHeartbeat) {
+  AddNode("a", 3);
+  Build();
+  ASSERT_TRUE(nodes_->Load().ok());
+  const NodeTable::Node* a = nodes_->Find("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->rec.slots(), 3);
+  EXPECT_TRUE(a->suspect);
+  Beat("a", {});
+  EXPECT_TRUE(nodes_->Schedulable(*nodes_->Find("a")));
+}
+
+}  // namespace
+}  // namespace varuna
