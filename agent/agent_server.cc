@@ -164,7 +164,7 @@ absl::Status AgentServer::Start() {
   }
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
             << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
-  if (options_.background_heartbeats) hb_thread_ = std::thread([this] { HeartbeatLoop(); });
+  if (options_.background_heartbeats) hb_.thread = std::thread([this] { HeartbeatLoop(); });
   if (!agent_.config().preemption_notice_url.empty()) {
     notice_thread_ = std::thread([this] { NoticeLoop(); });
   }
@@ -173,13 +173,13 @@ absl::Status AgentServer::Start() {
 
 void AgentServer::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(hb_mu_);
-    if (hb_stop_) return;
-    hb_stop_ = true;
+    std::lock_guard<std::mutex> lock(hb_.mu);
+    if (hb_.stop) return;
+    hb_.stop = true;
   }
-  hb_cv_.notify_all();
+  hb_.cv.notify_all();
   if (http_ != nullptr) http_->Stop();
-  if (hb_thread_.joinable()) hb_thread_.join();
+  if (hb_.thread.joinable()) hb_.thread.join();
   if (notice_thread_.joinable()) notice_thread_.join();
   if (server_ != nullptr) {
     const int n = loop_.RunSync([this] { return agent_.StopAll(); });
@@ -245,9 +245,9 @@ void AgentServer::NoticeLoop() {
       loop_.Post([this, n = *notice] { agent_.SetPreemptionNotice(n); });
       return;  // one notice per machine lifetime
     }
-    std::unique_lock<std::mutex> lock(hb_mu_);
-    if (hb_cv_.wait_for(lock, absl::ToChronoNanoseconds(c.notice_poll_period),
-                        [this] { return hb_stop_; })) {
+    std::unique_lock<std::mutex> lock(hb_.mu);
+    if (hb_.cv.wait_for(lock, absl::ToChronoNanoseconds(c.notice_poll_period),
+                        [this] { return hb_.stop; })) {
       return;
     }
   }
@@ -255,10 +255,10 @@ void AgentServer::NoticeLoop() {
 
 void AgentServer::WakeHeartbeat() {
   {
-    std::lock_guard<std::mutex> lock(hb_mu_);
-    hb_wake_ = true;
+    std::lock_guard<std::mutex> lock(hb_.mu);
+    hb_.wake = true;
   }
-  hb_cv_.notify_all();
+  hb_.cv.notify_all();
 }
 
 void AgentServer::AdoptHeartbeatPeriod(int64_t period_ms) {
@@ -283,11 +283,11 @@ void AgentServer::HeartbeatLoop() {
       LOG(INFO) << "node=" << agent_.config().name << " manager reachable again";
     }
     manager_reachable_ = s.ok();
-    std::unique_lock<std::mutex> lock(hb_mu_);
-    if (hb_cv_.wait_for(lock, absl::ToChronoNanoseconds(period),
-                        [this] { return hb_stop_ || hb_wake_; })) {
-      if (hb_wake_ && !hb_stop_) {
-        hb_wake_ = false;
+    std::unique_lock<std::mutex> lock(hb_.mu);
+    if (hb_.cv.wait_for(lock, absl::ToChronoNanoseconds(period),
+                        [this] { return hb_.stop || hb_.wake; })) {
+      if (hb_.wake && !hb_.stop) {
+        hb_.wake = false;
         continue;
       }
       return;

@@ -67,17 +67,20 @@ class AgentServer {
   std::unique_ptr<ManagerClient> manager_;
   const Options options_;
   // Before loop_: its tick may wake the heartbeat thread.
-  std::mutex hb_mu_;
-  std::condition_variable hb_cv_;
-  bool hb_stop_ = false;
-  bool hb_wake_ = false;  // heartbeat now (WakeHeartbeat)
+  // The heartbeat thread and what wakes or stops it.
+  struct HeartbeatThread {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool stop = false;
+    bool wake = false;  // heartbeat now (WakeHeartbeat)
+    std::thread thread;
+  } hb_;
   void WakeHeartbeat();
   EventLoop loop_;
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 
-  std::thread hb_thread_;
   std::thread notice_thread_;  // polls preemption_notice_url (agent/preemption.h)
   void NoticeLoop();
   std::atomic<bool> registered_{false};

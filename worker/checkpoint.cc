@@ -98,29 +98,20 @@ Varuna::SnapshotLayers(const std::vector<bool>& mine) const {
 
 std::string Varuna::CommonJson(const std::vector<int>& writers,
                                const std::map<std::string, std::string>& info) const {
-  std::string json = absl::StrFormat(
-      "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
-      " \"world\": %d, \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"pipelines\": \"%s\",\n"
-      " \"loss_scale\": %.17g, \"clean_steps\": %d,\n \"writers\": [",
-      iteration_, topo_.global_batch(), topo_.pipeline(0).stages(), topo_.num_pipelines(),
-      topo_.world_size(), chunk_size_, topo_.uniform() ? topo_.ToStageMap().ToString() : "",
-      topo_.ToString(), scaler_.scale(), scaler_.clean_steps());
-  for (size_t i = 0; i < writers.size(); ++i) absl::StrAppend(&json, i ? ", " : "", writers[i]);
-  json += "],\n \"layers\": [";
-  for (size_t i = 0; i < model_.layers().size(); ++i) {
-    absl::StrAppend(&json, i ? ", " : "", "\"", model_.layers()[i].name, "\"");
-  }
-  json += "]";
-  for (const auto& [k, v] : info) {
-    std::string escaped;
-    for (char c : v) {
-      if (c == '"' || c == '\\') escaped += '\\';
-      escaped += c == '\n' ? ' ' : c;
-    }
-    absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
-  }
-  json += "}\n";
-  return json;
+  CheckpointCommon c;
+  c.step = iteration_;
+  c.global_batch = topo_.global_batch();
+  c.stages = topo_.pipeline(0).stages();
+  c.replicas = topo_.num_pipelines();
+  c.world = topo_.world_size();
+  c.micro_batch = chunk_size_;
+  c.stage_to_rank_map = topo_.uniform() ? topo_.ToStageMap().ToString() : "";
+  c.pipelines = topo_.ToString();
+  c.loss_scale = scaler_.scale();
+  c.clean_steps = scaler_.clean_steps();
+  c.writers = writers;
+  for (const auto& layer : model_.layers()) c.layers.push_back(layer.name);
+  return FormatCheckpointCommon(c, info);
 }
 
 // Note [Rescue]: a survivor of a failed step saves the state of its last completed step

@@ -430,6 +430,10 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   RETURN_IF_ERROR(reducer_->Finish());
 
   StepResult result;
+  result.pipeline_s = piped->timing.pipeline_s;
+  result.wait_s = piped->timing.wait_s;
+  result.early_buckets = reducer_->last_early_buckets();
+  result.buckets = reducer_->num_buckets();
   absl::Status st = TorchCall("optimizer step", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     if (fp16) {

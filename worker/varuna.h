@@ -77,6 +77,11 @@ struct StepResult {
   // 1 - sum(busy) / (stages * max(busy + wait)) over pipeline 0: its measured bubble.
   double bubble_ratio = 0;
   int64_t model_parameters = 0;  // of the whole model, tied weights once
+  // This rank: its time in the pipeline schedule and, of that, waiting on receives (s).
+  double pipeline_s = 0, wait_s = 0;
+  // Data-parallel buckets this rank posted during the backward (Note [Overlapped all-reduce]
+  // in gradient_reducer.cc), and how many it has.
+  int early_buckets = 0, buckets = 0;
 };
 
 class Varuna {
@@ -163,13 +168,6 @@ class Varuna {
   int replicas() const { return topo_.num_pipelines(); }
   bool is_last_stage() const { return stage() == stages() - 1; }
   double loss_scale() const { return scaler_.scale(); }
-  // Time the last step spent in the pipeline schedule vs waiting on receives (seconds).
-  double last_pipeline_s() const { return executor_->last_timing().pipeline_s; }
-  double last_wait_s() const { return executor_->last_timing().wait_s; }
-  // Data-parallel buckets the last step posted during the backward (Note [Overlapped
-  // all-reduce] in gradient_reducer.cc), and how many there are.
-  int last_early_buckets() const { return reducer_->last_early_buckets(); }
-  int num_buckets() const { return reducer_->num_buckets(); }
 
  private:
   // The background checkpoint upload (Note [Background upload] in checkpoint.cc).

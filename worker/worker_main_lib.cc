@@ -462,8 +462,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     m.set_samples_per_s(B / dt);
     m.set_tokens_per_s(B * spec.model.seq_len / dt);
     m.set_at(UnixNow());
-    m.set_pipeline_s(engine->last_pipeline_s());
-    m.set_recv_wait_s(engine->last_wait_s());
+    m.set_pipeline_s(r.pipeline_s);
+    m.set_recv_wait_s(r.wait_s);
     m.set_loss_scale(engine->loss_scale());
     m.set_bubble_ratio(r.bubble_ratio);
     // MFU (Note [MFU] in device.h): 6 N FLOPs per token (forward + backward) over the world's peak.

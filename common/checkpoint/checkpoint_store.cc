@@ -489,4 +489,30 @@ absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(
                    newest_reason, "); refusing to start over (remove them to start fresh)"));
 }
 
+std::string FormatCheckpointCommon(const CheckpointCommon& c,
+                                   const std::map<std::string, std::string>& info) {
+  std::string json = absl::StrFormat(
+      "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
+      " \"world\": %d, \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"pipelines\": "
+      "\"%s\",\n \"loss_scale\": %.17g, \"clean_steps\": %d,\n \"writers\": [",
+      c.step, c.global_batch, c.stages, c.replicas, c.world, c.micro_batch, c.stage_to_rank_map,
+      c.pipelines, c.loss_scale, c.clean_steps);
+  for (size_t i = 0; i < c.writers.size(); ++i) absl::StrAppend(&json, i ? ", " : "", c.writers[i]);
+  json += "],\n \"layers\": [";
+  for (size_t i = 0; i < c.layers.size(); ++i) {
+    absl::StrAppend(&json, i ? ", " : "", "\"", c.layers[i], "\"");
+  }
+  json += "]";
+  for (const auto& [k, v] : info) {
+    std::string escaped;
+    for (char ch : v) {
+      if (ch == '"' || ch == '\\') escaped += '\\';
+      escaped += ch == '\n' ? ' ' : ch;
+    }
+    absl::StrAppend(&json, ",\n \"", k, "\": \"", escaped, "\"");
+  }
+  json += "}\n";
+  return json;
+}
+
 }  // namespace varuna

@@ -12,6 +12,7 @@
 // manifest, and every file in every manifest has the recorded size and checksum.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -68,7 +69,15 @@ struct CheckpointCommon {
   std::vector<int> writers;
   std::vector<std::string> layers;
   std::string model_spec;
+  // Written for people and tools, not read back:
+  int micro_batch = 0;
+  std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)
 };
+// common.json's text for `c` (format 1), with `info` added as string fields (the worker
+// records the job spec there as model_spec). The one writer of the format; the reader is
+// ReadCheckpointCommon.
+std::string FormatCheckpointCommon(const CheckpointCommon& c,
+                                   const std::map<std::string, std::string>& info);
 // Falls back to the first readable rescue record when common.json cannot be read.
 absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_path);
 

@@ -23,7 +23,8 @@ TEST_F(JobControllerTest, LaunchesRankZerosNodeFirstThenTheRestThenRuns) {
   const std::string id = Submit(Spec());
   EXPECT_EQ(State(id), v1::STARTING);
   EXPECT_EQ(Job(id).info().generation(), 1);
-  // Note [Launch order] (job_controller.cc): rank 0's node alone until its agent says which port it picked.
+  // Note [Launch order] (job_controller.cc): rank 0's node alone until its agent says which port it
+  // picked.
   ASSERT_EQ(agents_.launches.size(), 1u);
   EXPECT_EQ(agents_.launches[0].address, Job(id).info().placement(0).node() + ":7071");
   EXPECT_EQ(agents_.launches[0].req.master_port(), 0);

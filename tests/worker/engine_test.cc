@@ -114,8 +114,8 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
         out.losses.push_back(res->loss);
         out.last = *res;
       }
-      out.early_buckets = (*engine)->last_early_buckets();
-      out.buckets = (*engine)->num_buckets();
+      out.early_buckets = out.last.early_buckets;
+      out.buckets = out.last.buckets;
       for (auto& [name, p] : (*engine)->named_parameters()) {
         out.params.emplace_back(name, p.detach().clone());
       }

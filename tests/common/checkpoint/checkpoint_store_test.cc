@@ -68,6 +68,35 @@ TEST_F(CheckpointStoreTest, CompleteCheckpointVerifies) {
   EXPECT_EQ(ListCheckpointSteps(dir_.string()), std::vector<int64_t>{4});
 }
 
+TEST_F(CheckpointStoreTest, FormattedCommonReadsBack) {
+  CheckpointCommon c;
+  c.step = 7;
+  c.global_batch = 8;
+  c.stages = 2;
+  c.replicas = 1;
+  c.world = 2;
+  c.micro_batch = 4;
+  c.stage_to_rank_map = "0;1;";
+  c.pipelines = "0,1|2";
+  c.loss_scale = 65536.5;
+  c.clean_steps = 3;
+  c.writers = {0, 1};
+  c.layers = {"a", "b"};
+  const std::string spec = "model: {kind: \"gpt\"}\nname: a\\b";
+  Write(7, true, FormatCheckpointCommon(c, {{"model_spec", spec}}));
+  EXPECT_THAT(VerifyCheckpoint(Path(7)), IsOk());
+  auto back = ReadCheckpointCommon(Path(7));
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->step, 7);
+  EXPECT_EQ(back->world, 2);
+  EXPECT_EQ(back->pipelines, "0,1|2");
+  EXPECT_EQ(back->loss_scale, 65536.5);
+  EXPECT_EQ(back->clean_steps, 3);
+  EXPECT_EQ(back->writers, c.writers);
+  EXPECT_EQ(back->layers, c.layers);
+  EXPECT_EQ(back->model_spec, "model: {kind: \"gpt\"} name: a\\b");  // newlines become spaces
+}
+
 TEST_F(CheckpointStoreTest, DamageIsNamed) {
   Write(1);
   {
