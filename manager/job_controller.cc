@@ -130,13 +130,9 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   if (w.state() != v1::WORKER_RUNNING) RecordExit(job, w.rank(), w.exit_code(), w.signal(), node);
 }
 
-absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req,
-                                                  const std::string& user) {
+absl::StatusOr<JobSpec> JobController::Admit(const v1::SubmitRequest& req) {
   if (req.request_id().size() > 128) {
     return absl::InvalidArgumentError("submit: request_id is longer than 128 characters");
-  }
-  if (!req.request_id().empty()) {
-    if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
   }
   ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
   RETURN_IF_ERROR(spec.ValidateShape());
@@ -148,20 +144,28 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req,
     return absl::InvalidArgumentError(
         "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
   }
+  return spec;
+}
+
+absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, JobSpec spec,
+                                                  const std::string& user) {
+  if (!req.request_id().empty()) {
+    if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
+  }
   Job job;
-  job.spec = spec;
+  job.spec = std::move(spec);
   job.rec.set_spec_yaml(req.spec_yaml());
   job.rec.set_request_id(req.request_id());
   v1::JobInfo& info = job.info();
-  info.set_name(spec.name);
+  info.set_name(job.spec.name);
   info.set_state(v1::PENDING);
-  info.set_total_steps(static_cast<int32_t>(spec.train.steps));
+  info.set_total_steps(static_cast<int32_t>(job.spec.train.steps));
   info.set_submitted_at(TimeText(clock_->Now()));
   info.set_reason("waiting for slots");
   info.set_submitted_by(user);
   info.set_profile_job(req.profile());
   Job& added = jobs_->Add(std::move(job));
-  LOG(INFO) << "job=" << added.info().id() << " submitted name=" << spec.name
+  LOG(INFO) << "job=" << added.info().id() << " submitted name=" << added.spec.name
             << (user.empty() ? "" : absl::StrCat(" by=", user));
   post_([this] { Schedule(); });
   return added.info();

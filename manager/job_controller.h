@@ -49,9 +49,14 @@ class JobController final : public JobLifecycle {
   // launches and stops in flight, a morph in progress: Note [Morph recovery]).
   void ResumeRecovered();
 
-  // `user` is the token's name ("" without tokens), recorded on the job. Submit never
-  // touches the filesystem: the server checks files off the loop first.
-  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, const std::string& user);
+  // What a submit asks for, checked: the request id, the spec parsed (bounded: Note [Alias
+  // bombs] in yaml_util.cc) and its shape validated. The server calls it off the loop, so no
+  // caller-supplied parsing runs on the loop; any thread may call it.
+  static absl::StatusOr<JobSpec> Admit(const v1::SubmitRequest& req);
+  // Queues an admitted job (`spec` from Admit). `user` is the token's name ("" without
+  // tokens), recorded on the job. Never touches the filesystem.
+  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
+                                     const std::string& user);
   absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user);
   // Places pending jobs, in submission order, on the free schedulable slots.
   void Schedule();

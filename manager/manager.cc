@@ -104,8 +104,9 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
   return reconciler_.Heartbeat(req);
 }
 
-absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, const std::string& user) {
-  return job_controller_.Submit(req, user);
+absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, JobSpec spec,
+                                            const std::string& user) {
+  return job_controller_.Submit(req, std::move(spec), user);
 }
 
 std::vector<v1::JobInfo> Manager::ListJobs() const {
@@ -173,8 +174,8 @@ absl::StatusOr<v1::GetMetricsResponse> Manager::GetMetrics(const v1::GetMetricsR
   return steps_.Get(req);
 }
 
-absl::StatusOr<v1::PlanJobResponse> Manager::PlanJob(const v1::PlanJobRequest& req) const {
-  return PlanOnCluster(req, nodes_, profiles_);
+PlanInputs Manager::PlanInputsFor(const JobSpec& spec) const {
+  return ::varuna::PlanInputsFor(spec, nodes_, profiles_);
 }
 
 v1::GetProfileResponse Manager::GetProfile(const v1::GetProfileRequest& req) const {

@@ -28,6 +28,7 @@
 #include "manager/manager_metrics.h"
 #include "manager/morph_controller.h"
 #include "manager/node_table.h"
+#include "manager/planning.h"
 #include "manager/profile_store.h"
 #include "manager/reconciler.h"
 #include "manager/state_store.h"
@@ -56,7 +57,9 @@ class Manager {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req);
 
   // JobApi.
-  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, const std::string& user = "");
+  // `spec` from JobController::Admit(req), which the server runs off the loop.
+  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
+                                     const std::string& user = "");
   std::vector<v1::JobInfo> ListJobs() const;
   absl::StatusOr<v1::JobInfo> GetJob(const std::string& id) const;
   absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user = "");
@@ -69,8 +72,9 @@ class Manager {
   absl::StatusOr<v1::NodeInfo> Preempt(const std::string& node, const v1::PreemptionNotice& n);
   v1::ListEventsResponse ListEvents(const v1::ListEventsRequest& req) const;
   absl::StatusOr<v1::GetMetricsResponse> GetMetrics(const v1::GetMetricsRequest& req) const;
-  // AutoConfig for a job spec on the schedulable slots now (varunactl plan).
-  absl::StatusOr<v1::PlanJobResponse> PlanJob(const v1::PlanJobRequest& req) const;
+  // What varunactl plan needs (slots, stored profile); the planning runs off the loop
+  // (PlanOnCluster in planning.h).
+  PlanInputs PlanInputsFor(const JobSpec& spec) const;
   v1::GetProfileResponse GetProfile(const v1::GetProfileRequest& req) const;
   // The stage map of a job's current generation (varunactl stages).
   absl::StatusOr<v1::GetStagesResponse> GetStages(const std::string& id) const;

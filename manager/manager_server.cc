@@ -91,34 +91,28 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
         tokens_(std::move(tokens)),
         check_files_(check_files) {}
 
-  // Note [Off the loop]: the spec's files are checked on the files thread (non-blocking
-  // opens, regular files only), then the submission goes to the loop, which never touches
-  // the filesystem for a request.
+  // Note [Off the loop]: the spec is parsed and checked (JobController::Admit) and its files
+  // (non-blocking opens, regular files only) on the files thread; the loop gets the parsed
+  // spec and never parses or touches the filesystem for a request.
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
                                    v1::SubmitResponse* resp) override {
     auto user = Authenticate(*ctx);
     if (!user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    auto submit = [this, reactor, req, resp, user = *user] {
-      loop_->Post([this, reactor, req, resp, user] {
-        auto r = m_->Submit(*req, user);
+    files_->Post([this, reactor, req, resp, user = *user] {
+      absl::StatusOr<JobSpec> spec = JobController::Admit(*req);
+      if (spec.ok() && check_files_) {
+        if (absl::Status s = spec->ValidateFiles(); !s.ok()) spec = s;
+      }
+      if (!spec.ok()) {
+        reactor->Finish(ToGrpcStatus(spec.status()));
+        return;
+      }
+      loop_->Post([this, reactor, req, resp, user, spec = *std::move(spec)]() mutable {
+        auto r = m_->Submit(*req, std::move(spec), user);
         if (r.ok()) *resp->mutable_job() = *r;
         reactor->Finish(ToGrpcStatus(r.status()));
       });
-    };
-    if (!check_files_) {
-      submit();
-      return reactor;
-    }
-    files_->Post([reactor, req, submit] {
-      auto spec = ParseJobSpec(req->spec_yaml());
-      if (spec.ok()) {
-        if (absl::Status s = spec->ValidateFiles(); !s.ok()) {
-          reactor->Finish(ToGrpcStatus(s));
-          return;
-        }
-      }
-      submit();  // a spec that does not parse is refused, with its reason, by Manager::Submit
     });
     return reactor;
   }
@@ -222,11 +216,25 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* PlanJob(grpc::CallbackServerContext* ctx, const v1::PlanJobRequest* req,
                                     v1::PlanJobResponse* resp) override {
     if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
-    return OnLoop(loop_, ctx, [=] {
-      auto r = m_->PlanJob(*req);
-      if (r.ok()) *resp = *std::move(r);
-      return r.status();
+    // Parsing and planning are the caller's work: off the loop (Note [Off the loop]); the loop
+    // only copies the slots and the stored profile.
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    files_->Post([this, reactor, req, resp] {
+      absl::StatusOr<JobSpec> spec = ParseJobSpec(req->spec_yaml());
+      if (!spec.ok()) {
+        reactor->Finish(ToGrpcStatus(spec.status()));
+        return;
+      }
+      loop_->Post([this, reactor, req, resp, spec = *std::move(spec)] {
+        PlanInputs in = m_->PlanInputsFor(spec);
+        files_->Post([reactor, req, resp, spec, in = std::move(in)] {
+          auto r = PlanOnCluster(*req, spec, in);
+          if (r.ok()) *resp = *std::move(r);
+          reactor->Finish(ToGrpcStatus(r.status()));
+        });
+      });
     });
+    return reactor;
   }
   grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
                                        const v1::GetProfileRequest* req,

@@ -32,30 +32,35 @@ absl::StatusOr<JobPlan> PlanForJob(const Job& job, std::vector<FreeSlots> free,
   return PlanWithProfile(job.spec, std::move(free), profiles.Find(job.spec));
 }
 
-absl::StatusOr<v1::PlanJobResponse> PlanOnCluster(const v1::PlanJobRequest& req,
-                                                  const NodeTable& nodes,
-                                                  const ProfileStore& profiles) {
-  ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
+PlanInputs PlanInputsFor(const JobSpec& spec, const NodeTable& nodes,
+                         const ProfileStore& profiles) {
   // Every alive, schedulable slot (busy or not): the shape the job would get on this cluster.
+  PlanInputs in;
+  for (const auto& [name, n] : nodes.all()) {
+    if (!nodes.Schedulable(n) || n.rec.slots() <= 0) continue;
+    in.slots_per_node.push_back(n.rec.slots());
+  }
+  if (const v1::Profile* stored = profiles.Find(spec)) in.stored = *stored;
+  return in;
+}
+
+absl::StatusOr<v1::PlanJobResponse> PlanOnCluster(const v1::PlanJobRequest& req,
+                                                  const JobSpec& spec, const PlanInputs& in) {
   v1::PlanJobResponse resp;
   PlanRequest pr;
   pr.all = req.all();
   pr.heterogeneous = true;
-  for (const auto& [name, n] : nodes.all()) {
-    if (!nodes.Schedulable(n) || n.rec.slots() <= 0) continue;
-    pr.slots_per_node.push_back(n.rec.slots());
-    resp.add_slots_per_node(n.rec.slots());
-  }
-  const v1::Profile* stored = profiles.Find(spec);
+  pr.slots_per_node = in.slots_per_node;
+  for (int s : in.slots_per_node) resp.add_slots_per_node(s);
   absl::StatusOr<v1::Profile> builtin;
-  const v1::Profile* profile = stored;
+  const v1::Profile* profile = in.stored ? &*in.stored : nullptr;
   if (profile == nullptr) {
     builtin = BuiltinProfile(spec);
     if (!builtin.ok()) return builtin.status();
     profile = &*builtin;
   }
   ASSIGN_OR_RETURN(v1::PlanSet set, PlanShapes(spec, *profile, pr));
-  if (stored == nullptr) {
+  if (!in.stored) {
     set.add_notes(absl::StrCat("no stored profile of '", ModelKey(spec.model),
                                "': jobs of this model run under the placement rule until one "
                                "is stored (varunactl profile JOB.yaml)"));

@@ -2,6 +2,7 @@
 
 // How the manager asks the planner (common/planner, manager/placement.h) for a job's shape.
 
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -18,10 +19,17 @@ namespace varuna {
 absl::StatusOr<JobPlan> PlanForJob(const Job& job, std::vector<FreeSlots> free,
                                    const ProfileStore& profiles);
 
-// varunactl plan: the ranked shapes a job spec would get on every schedulable slot of the
-// cluster, busy or not.
+// What varunactl plan needs of the manager's state, copied on the loop: every alive,
+// schedulable node's slots (busy or not) and the stored profile of the spec's model.
+struct PlanInputs {
+  std::vector<int> slots_per_node;
+  std::optional<v1::Profile> stored;
+};
+PlanInputs PlanInputsFor(const JobSpec& spec, const NodeTable& nodes, const ProfileStore& profiles);
+
+// varunactl plan: the ranked shapes `spec` would get on those slots. Runs the planner (within
+// its simulation budget), so the server calls it off the loop; any thread may call it.
 absl::StatusOr<v1::PlanJobResponse> PlanOnCluster(const v1::PlanJobRequest& req,
-                                                  const NodeTable& nodes,
-                                                  const ProfileStore& profiles);
+                                                  const JobSpec& spec, const PlanInputs& in);
 
 }  // namespace varuna

@@ -3,14 +3,67 @@
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "common/base/safe_file.h"
 
 namespace varuna {
 
+namespace {
+
+// Note [Alias bombs]: yaml-cpp loads an alias as a reference to its anchored node, so a small
+// document can stand for an exponentially large tree (a list of aliases of lists of
+// aliases...); every reader then walks the expansion (a 40 KB job spec once expanded to 10^7
+// module names and froze the manager). ParseYaml walks the expansion once, counting nodes and
+// scalar bytes as a reader would meet them, and refuses the document as soon as either passes
+// a budget proportional to its own size: no honest document exceeds it, with or without
+// anchors, and the walk stops at the budget.
+absl::Status CheckExpansion(const YAML::Node& root, size_t text_bytes, const std::string& what) {
+  const int64_t max_nodes = 4 * static_cast<int64_t>(text_bytes) + 1024;
+  const int64_t max_bytes = 4 * static_cast<int64_t>(text_bytes) + (64 << 10);
+  int64_t nodes = 0, bytes = 0;
+  std::vector<YAML::Node> pending{root};
+  auto too_big = [&](const char* of) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the document expands (through its aliases) to more ", of, " than its ", text_bytes,
+        " bytes can hold; refused (write the values out, or use fewer aliases)"));
+  };
+  while (!pending.empty()) {
+    const YAML::Node n = pending.back();
+    pending.pop_back();
+    if (++nodes > max_nodes) return too_big("nodes");
+    switch (n.Type()) {
+      case YAML::NodeType::Scalar:
+        bytes += static_cast<int64_t>(n.Scalar().size());
+        if (bytes > max_bytes) return too_big("text");
+        break;
+      case YAML::NodeType::Sequence:
+        for (const YAML::Node& child : n) {
+          pending.push_back(child);
+          if (static_cast<int64_t>(pending.size()) + nodes > max_nodes) return too_big("nodes");
+        }
+        break;
+      case YAML::NodeType::Map:
+        for (const auto& kv : n) {
+          pending.push_back(kv.first);
+          pending.push_back(kv.second);
+          if (static_cast<int64_t>(pending.size()) + nodes > max_nodes) return too_big("nodes");
+        }
+        break;
+      default:
+        break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<YAML::Node> ParseYaml(const std::string& text, const std::string& what) {
   try {
-    return YAML::Load(text);
+    YAML::Node root = YAML::Load(text);
+    if (absl::Status s = CheckExpansion(root, text.size(), what); !s.ok()) return s;
+    return root;
   } catch (const std::exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": malformed YAML: ", e.what()));
   }

@@ -117,7 +117,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       case 2: {
         SubmitRequest r;
-        if (ParseInto(bytes, &r)) (void)manager.Submit(r, "fuzz");
+        if (ParseInto(bytes, &r)) {
+          auto spec = varuna::JobController::Admit(r);  // what the server runs off the loop
+          if (spec.ok()) (void)manager.Submit(r, *std::move(spec), "fuzz");
+        }
         break;
       }
       case 3:

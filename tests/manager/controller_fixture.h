@@ -158,7 +158,10 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
     v1::SubmitRequest req;
     req.set_spec_yaml(yaml);
     req.set_request_id(request_id);
-    auto info = jobs_ctl_->Submit(req, "");
+    auto spec = JobController::Admit(req);
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    if (!spec.ok()) return "";
+    auto info = jobs_ctl_->Submit(req, *std::move(spec), "");
     EXPECT_TRUE(info.ok()) << info.status();
     loop_.Run();  // Schedule
     return info.ok() ? info->id() : "";

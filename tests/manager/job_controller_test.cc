@@ -130,7 +130,7 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
   v1::SubmitRequest long_id;
   long_id.set_spec_yaml(Spec());
   long_id.set_request_id(std::string(129, 'x'));
-  EXPECT_THAT(jobs_ctl_->Submit(long_id, "").status().message(), HasSubstr("request_id"));
+  EXPECT_THAT(JobController::Admit(long_id).status().message(), HasSubstr("request_id"));
 }
 
 TEST_F(JobControllerTest, PendingJobWaitsForSlotsThenStarts) {

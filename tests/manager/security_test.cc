@@ -446,7 +446,9 @@ TEST(PeerLimitsTest, ANodeSpeaksOnlyForItsOwnRanks) {
   req.set_spec_yaml(
       "data: {path: /x}\nmodel: {layers: 2, d_model: 8, heads: 2, seq_len: 4}\n"
       "train: {global_batch: 2, steps: 5}\nparallel: {stages: 1, replicas: 1}\n");
-  auto job = m.Submit(req);
+  auto spec = JobController::Admit(req);
+  ASSERT_THAT(spec.status(), IsOk());
+  auto job = m.Submit(req, *spec);
   ASSERT_THAT(job.status(), IsOk());
   drain();
   v1::JobInfo info = *m.GetJob(job->id());

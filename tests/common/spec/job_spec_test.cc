@@ -127,6 +127,25 @@ TEST(JobSpecTest, MalformedYaml) {
               StatusIs(absl::StatusCode::kInvalidArgument, "must be a mapping"));
 }
 
+// Note [Alias bombs] (common/base/yaml_util.cc): under 1 KB of aliases standing for 10^8
+// module names, refused at parse time (the test would not finish otherwise), while aliases
+// used honestly still work.
+TEST(JobSpecTest, AliasBombIsRefusedWhileParsing) {
+  std::string bomb = "x0: &a0 [m, m, m, m, m, m, m, m, m, m]\n";
+  for (int level = 1; level <= 8; ++level) {
+    bomb += "x" + std::to_string(level) + ": &a" + std::to_string(level) + " [";
+    for (int k = 0; k < 10; ++k) bomb += (k ? ", *a" : "*a") + std::to_string(level - 1);
+    bomb += "]\n";
+  }
+  bomb += "parallel: {pipelines: [{stages: [*a8], count: 1}]}\n";
+  ASSERT_LT(bomb.size(), 1024u);
+  EXPECT_THAT(ParseJobSpec(bomb), StatusIs(absl::StatusCode::kInvalidArgument, "expands"));
+  auto honest = ParseJobSpec(
+      std::string(kGood).replace(std::string(kGood).find("/etc/hostname"), 13, "&p /etc/hostname") +
+      "code_dir: *p\n");
+  EXPECT_THAT(honest.status(), IsOk());
+}
+
 TEST(JobSpecTest, MissingFiles) {
   EXPECT_THAT(LoadJobSpec("/nonexistent/job.yaml"),
               StatusIs(absl::StatusCode::kNotFound, "/nonexistent/job.yaml"));
