@@ -504,6 +504,12 @@ void Agent::ReadProgress(Worker& w) {
   }
 }
 
+// Note [Heartbeat budget]: a heartbeat must always fit the manager's request limit (gRPC's
+// 4 MiB), whatever the workers wrote: a refused heartbeat is refused again next time, and the
+// node would stay DEAD. So each worker's status is small (errors are cut, the progress copy
+// carries no per-stage lists), and what can be large goes in only while the request stays
+// under kMaxHeartbeatBytes: profiles, then step records oldest first; what does not fit
+// follows in later heartbeats (they are kept until the manager acknowledges them).
 v1::HeartbeatRequest Agent::BuildHeartbeat() {
   Reap();
   UpdateWorkerMetrics();
@@ -511,6 +517,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
   hb.set_name(config_.name);
   if (notice_) *hb.mutable_preemption() = *notice_;
   constexpr size_t kMaxStepsPerBeat = 1000;
+  std::vector<std::pair<Worker*, v1::WorkerStatus*>> statuses;
   for (auto& [key, w] : workers_) {
     if (w.running) ReadProgress(w);
     v1::WorkerStatus* s = hb.add_workers();
@@ -521,15 +528,33 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_state(w.running ? v1::WORKER_RUNNING : v1::WORKER_EXITED);
     s->set_exit_code(w.exit_code);
     s->set_signal(w.signal);
-    s->set_error(w.error);
+    s->set_error(w.error.substr(0, kMaxErrorBytes));
     *s->mutable_progress() = w.last;
+    s->mutable_progress()->clear_stage_busy_s();  // in the step records, not here
+    s->mutable_progress()->clear_stage_wait_s();
     s->set_resumed_from(w.resumed_from);
     s->set_ready_at(w.ready_at);
     s->set_exited_at(w.exited_at);
     s->set_saved_step(w.saved_step);
-    s->set_profile_json(w.profile_json);
-    w.in_flight = std::min(w.pending.size(), kMaxStepsPerBeat);
-    for (size_t i = 0; i < w.in_flight; ++i) *s->add_steps() = w.pending[i];
+    w.in_flight = 0;
+    statuses.emplace_back(&w, s);
+  }
+  size_t bytes = hb.ByteSizeLong();
+  for (auto& [w, s] : statuses) {
+    if (w->profile_json.empty()) continue;
+    if (bytes + w->profile_json.size() + 16 > kMaxHeartbeatBytes) continue;  // a later one
+    s->set_profile_json(w->profile_json);
+    bytes += w->profile_json.size() + 16;
+  }
+  for (auto& [w, s] : statuses) {
+    while (w->in_flight < std::min(w->pending.size(), kMaxStepsPerBeat)) {
+      const v1::StepMetrics& m = w->pending[w->in_flight];
+      const size_t size = m.ByteSizeLong() + 8;
+      if (bytes + size > kMaxHeartbeatBytes) break;
+      *s->add_steps() = m;
+      bytes += size;
+      ++w->in_flight;
+    }
   }
   return hb;
 }

@@ -66,8 +66,16 @@ void StepSeries::Record(Job& job, const v1::WorkerStatus& w) {
 absl::StatusOr<v1::GetMetricsResponse> StepSeries::Get(const v1::GetMetricsRequest& req) const {
   ASSIGN_OR_RETURN(std::vector<v1::StepRecord> steps,
                    store_->LoadSteps(req.job_id(), req.after_step(), 100000));
+  // A page: at most kMaxReplyBytes (at least one record); the caller asks again after the
+  // last step it got (varunactl metrics and the dashboard do), so no series is too big to read.
   v1::GetMetricsResponse resp;
-  for (auto& s : steps) *resp.add_steps() = std::move(s);
+  size_t bytes = 0;
+  for (auto& s : steps) {
+    const size_t size = s.ByteSizeLong() + 8;
+    if (resp.steps_size() > 0 && bytes + size > kMaxReplyBytes) break;
+    bytes += size;
+    *resp.add_steps() = std::move(s);
+  }
   return resp;
 }
 

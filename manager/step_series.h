@@ -17,7 +17,8 @@ namespace varuna {
 
 class StepSeries {
  public:
-  static constexpr int kMaxStepPoints = 4000;  // Note [Step series]
+  static constexpr int kMaxStepPoints = 4000;        // Note [Step series]
+  static constexpr size_t kMaxReplyBytes = 1 << 20;  // one page of Get()
 
   explicit StepSeries(StateStore* store) : store_(store) {}
   void set_metrics(ManagerMetrics* m) { metrics_ = m; }
@@ -25,7 +26,8 @@ class StepSeries {
   // The steps one worker reported in a heartbeat: stored, counted into the metrics once per
   // generation, and job.gen.newest_step advanced.
   void Record(Job& job, const v1::WorkerStatus& w);
-  // The stored series of job `req.job_id` after `req.after_step`.
+  // The stored series of job `req.job_id` after `req.after_step`: one page of at most
+  // kMaxReplyBytes (and at least one record), oldest first; ask again after its last step.
   absl::StatusOr<v1::GetMetricsResponse> Get(const v1::GetMetricsRequest& req) const;
   // The newest step record of a job this manager has seen, or nullptr.
   const v1::StepRecord* Newest(const std::string& job_id) const;

@@ -196,3 +196,42 @@ TEST_F(AgentProtocolTest, TypedAndFlatLinesReachTheHeartbeat) {
 
 }  // namespace
 }  // namespace varuna
+
+namespace varuna {
+namespace {
+
+// Note [Heartbeat budget] (agent/agent.cc): a program that writes huge step records cannot
+// push a heartbeat past the manager's limit; every record still arrives, once, in order.
+TEST_F(AgentProtocolTest, HeartbeatsStayUnderTheBudgetAndEveryStepFollows) {
+  std::string stages;
+  for (int i = 0; i < 1500; ++i) absl::StrAppend(&stages, i ? "," : "", "0.12345678901234");
+  constexpr int kSteps = 150;
+  for (int s = 1; s <= kSteps; ++s) {
+    Write(0, absl::StrCat(R"({"step": )", s, R"(, "loss": 1, "stage_busy_s": [)", stages,
+                          R"(], "stage_wait_s": [)", stages, "]}\n"));
+  }
+  // The manager is away: nothing is acknowledged, records pile up.
+  size_t largest = 0;
+  for (int beat = 0; beat < 60; ++beat) {
+    const v1::HeartbeatRequest hb = agent_->BuildHeartbeat();
+    largest = std::max(largest, hb.ByteSizeLong());
+    ASSERT_LE(hb.ByteSizeLong(), kMaxHeartbeatBytes);
+    for (const auto& w : hb.workers()) EXPECT_EQ(w.progress().stage_busy_s_size(), 0);
+  }
+  EXPECT_GT(largest, kMaxHeartbeatBytes / 2);  // the budget, not the input, bounded it
+  // The manager is back: every record arrives once, in order, under the budget.
+  std::vector<int64_t> seen;
+  for (int beat = 0; beat < 100 && static_cast<int>(seen.size()) < kSteps; ++beat) {
+    const v1::HeartbeatRequest hb = agent_->BuildHeartbeat();
+    ASSERT_LE(hb.ByteSizeLong(), kMaxHeartbeatBytes);
+    for (const auto& w : hb.workers()) {
+      for (const auto& m : w.steps()) seen.push_back(m.step());
+    }
+    agent_->OnHeartbeatResponse(v1::HeartbeatResponse());
+  }
+  ASSERT_EQ(static_cast<int>(seen.size()), kSteps);
+  for (int s = 1; s <= kSteps; ++s) EXPECT_EQ(seen[s - 1], s);
+}
+
+}  // namespace
+}  // namespace varuna

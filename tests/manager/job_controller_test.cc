@@ -178,5 +178,38 @@ TEST_F(JobControllerTest, RecoveredJobResendsItsLaunches) {
   EXPECT_EQ(State(id), v1::RUNNING);
 }
 
+TEST_F(JobControllerTest, StepSeriesIsReadInPagesWhateverTheRecordsWeigh) {
+  // A program that reports thousands of per-stage values every step: the series is still
+  // readable, one bounded page at a time (varunactl metrics follows the pages).
+  AddNode("a", 2);
+  const std::string id = Submit(Spec());
+  AnswerLaunches();
+  v1::WorkerStatus w = Worker(id, 0, true);
+  for (int s = 1; s <= 20; ++s) {
+    v1::StepMetrics* m = w.add_steps();
+    m->set_step(s);
+    for (int k = 0; k < 4000; ++k) {
+      m->add_stage_busy_s(k);
+      m->add_stage_wait_s(k);
+    }
+  }
+  Beat("a", {w, Worker(id, 1, true)});
+  v1::GetMetricsRequest req;
+  req.set_job_id(id);
+  std::vector<int64_t> seen;
+  int pages = 0;
+  for (;; ++pages) {
+    auto page = steps_->Get(req);
+    ASSERT_TRUE(page.ok());
+    if (page->steps().empty()) break;
+    EXPECT_LE(page->ByteSizeLong(), StepSeries::kMaxReplyBytes + 100000);
+    for (const auto& r : page->steps()) seen.push_back(r.step());
+    req.set_after_step(seen.back());
+  }
+  EXPECT_GT(pages, 1);
+  ASSERT_EQ(seen.size(), 20u);
+  for (int s = 1; s <= 20; ++s) EXPECT_EQ(seen[s - 1], s);
+}
+
 }  // namespace
 }  // namespace varuna
