@@ -119,6 +119,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "http_allow_remote") return ReadInto(v, what, key, &c->http_allow_remote);
         if (key == "preemption_notice_file") return str(&c->preemption_notice_file);
         if (key == "preemption_notice_url") return str(&c->preemption_notice_url);
+        if (key == "cloud_vm_name") return str(&c->cloud_vm_name);
         if (key == "notice_poll_period_s") return seconds(&c->notice_poll_period);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
@@ -127,6 +128,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
             "worker_binary, "
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
+            "cloud_vm_name, "
             "notice_poll_period_s)"));
       });
 }

@@ -48,6 +48,9 @@ struct AgentConfig {
   // instance/preempted, AWS spot/instance-action).
   std::string preemption_notice_file;
   std::string preemption_notice_url;
+  // This VM's name in Azure's Scheduled Events (Resources); the node name and the hostname
+  // are also tried (Note [Whose notice] in preemption.cc).
+  std::string cloud_vm_name;
   absl::Duration notice_poll_period = absl::Seconds(1);
 
   absl::Status Validate() const;

@@ -1,5 +1,7 @@
 #include "agent/agent_server.h"
 
+#include <unistd.h>
+
 #include <chrono>
 
 #include "agent/preemption.h"
@@ -234,6 +236,9 @@ absl::Status AgentServer::HeartbeatOnce() {
 // heartbeats); a notice is handed to the agent, whose heartbeats then carry it.
 void AgentServer::NoticeLoop() {
   const AgentConfig& c = agent_.config();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const std::vector<std::string> vm_names = {c.cloud_vm_name, c.name, host};
   bool warned = false;
   for (;;) {
     auto reply = HttpGet(c.preemption_notice_url, absl::Seconds(2));
@@ -241,7 +246,7 @@ void AgentServer::NoticeLoop() {
       if (!warned)
         LOG(WARNING) << "node=" << c.name << " preemption notice poll: " << reply.status();
       warned = true;
-    } else if (auto notice = ParsePreemptionReply(reply->status, reply->body)) {
+    } else if (auto notice = ParsePreemptionReply(reply->status, reply->body, vm_names)) {
       loop_.Post([this, n = *notice] { agent_.SetPreemptionNotice(n); });
       return;  // one notice per machine lifetime
     }

@@ -39,6 +39,9 @@ ABSL_FLAG(bool, allow_insecure, false, "allow a non-loopback --listen without TL
 ABSL_FLAG(std::string, preemption_notice_file, "",
           "a file whose appearance means this machine is being preempted (first line: seconds "
           "left, optional)");
+ABSL_FLAG(std::string, cloud_vm_name, "",
+          "this VM's name in the cloud's scheduled events (Azure Resources); the node name and "
+          "the hostname are also tried");
 ABSL_FLAG(std::string, preemption_notice_url, "",
           "http:// metadata endpoint to poll for a preemption notice (Azure Scheduled Events, "
           "GCE instance/preempted, AWS spot/instance-action)");
@@ -77,6 +80,7 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_preemption_notice_file); !v.empty()) {
     config.preemption_notice_file = v;
   }
+  if (auto v = absl::GetFlag(FLAGS_cloud_vm_name); !v.empty()) config.cloud_vm_name = v;
   if (auto v = absl::GetFlag(FLAGS_preemption_notice_url); !v.empty()) {
     config.preemption_notice_url = v;
   }

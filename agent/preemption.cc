@@ -17,13 +17,33 @@ namespace {
 
 int64_t ToUnixMs(absl::Time t) { return absl::ToUnixMillis(t); }
 
-std::optional<v1::PreemptionNotice> ParseJsonReply(const YAML::Node& n) {
-  // Azure: any Preempt event (Spot eviction) in the list.
+// Note [Whose notice]: Azure's Scheduled Events list every event of the VM's availability
+// set or scale set, for any of its VMs, and keep finished ones for a while. An event is this
+// machine's only when its Resources name this VM and its EventStatus is not Completed or
+// Canceled; otherwise one Spot eviction would drain every node of a scale set.
+bool AzureEventIsMine(const YAML::Node& e, const std::vector<std::string>& vm_names) {
+  auto status = YamlAs<std::string>(e["EventStatus"], "azure", "EventStatus");
+  if (status.ok() && (*status == "Completed" || *status == "Canceled")) return false;
+  if (!e["Resources"] || !e["Resources"].IsSequence()) return false;
+  for (const auto& r : e["Resources"]) {
+    auto name = YamlAs<std::string>(r, "azure", "Resources");
+    if (!name.ok()) continue;
+    for (const std::string& mine : vm_names) {
+      if (!mine.empty() && absl::EqualsIgnoreCase(*name, mine)) return true;
+    }
+  }
+  return false;
+}
+
+std::optional<v1::PreemptionNotice> ParseJsonReply(const YAML::Node& n,
+                                                   const std::vector<std::string>& vm_names) {
+  // Azure: a Preempt event (Spot eviction) for this VM that has not ended.
   if (n["Events"] && n["Events"].IsSequence()) {
     for (const auto& e : n["Events"]) {
       if (!e.IsMap()) continue;
       auto type = YamlAs<std::string>(e["EventType"], "azure", "EventType");
       if (!type.ok() || *type != "Preempt") continue;
+      if (!AzureEventIsMine(e, vm_names)) continue;
       v1::PreemptionNotice notice;
       notice.set_source("azure");
       auto not_before = YamlAs<std::string>(e["NotBefore"], "azure", "NotBefore");
@@ -57,7 +77,8 @@ std::optional<v1::PreemptionNotice> ParseJsonReply(const YAML::Node& n) {
 
 }  // namespace
 
-std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const std::string& body) {
+std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const std::string& body,
+                                                         const std::vector<std::string>& vm_names) {
   if (http_status != 200) return std::nullopt;  // AWS answers 404 until there is a notice
   const std::string text(absl::StripAsciiWhitespace(body));
   if (absl::EqualsIgnoreCase(text, "TRUE")) {  // GCE instance/preempted
@@ -70,7 +91,7 @@ std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const 
   auto n = ParseYaml(text, "preemption notice reply");
   if (!n.ok() || !n->IsMap()) return std::nullopt;
   try {  // Note [Parser boundary] (common/spec/submission.cc).
-    return ParseJsonReply(*n);
+    return ParseJsonReply(*n, vm_names);
   } catch (const std::exception&) {
     return std::nullopt;
   }
@@ -119,9 +140,23 @@ absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout
     close(fd);
     return absl::UnavailableError("cannot send the request");
   }
+  // One deadline for the whole reply: an endpoint that trickles a byte at a time cannot hold
+  // the poll (and the agent's shutdown behind it) longer than `timeout`.
+  const absl::Time deadline = absl::Now() + timeout;
   std::string reply;
   char buf[4096];
   while (reply.size() < (64 << 10)) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) {
+      close(fd);
+      return absl::DeadlineExceededError(absl::StrCat("no complete reply from ", hostport,
+                                                      " within ", absl::FormatDuration(timeout)));
+    }
+    timeval rtv{};
+    rtv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(left));
+    rtv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(left) % 1000000);
+    if (rtv.tv_sec == 0 && rtv.tv_usec == 0) rtv.tv_usec = 1;
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rtv, sizeof(rtv));
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
     if (n <= 0) break;
     reply.append(buf, static_cast<size_t>(n));

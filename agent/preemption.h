@@ -13,6 +13,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -20,15 +21,18 @@
 
 namespace varuna {
 
-// The notice in one reply (HTTP status and body), or nullopt if there is none. Never throws.
-std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const std::string& body);
+// The notice in one reply (HTTP status and body), or nullopt if there is none. `vm_names`: the
+// names this machine may have in Azure's Resources lists (an Azure event for another VM, or
+// one already Completed or Canceled, is no notice: Note [Whose notice]). Never throws.
+std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const std::string& body,
+                                                         const std::vector<std::string>& vm_names);
 
 struct HttpReply {
   int status = 0;
   std::string body;
 };
 // A plain HTTP/1.0 GET of http://HOST[:PORT]/PATH with both clouds' metadata headers; at most
-// 64 KiB of body; every socket operation bounded by `timeout`.
+// 64 KiB of body; connecting and sending each bounded by `timeout`, and the whole reply too.
 absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout);
 
 }  // namespace varuna
