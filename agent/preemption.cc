@@ -1,5 +1,6 @@
 #include "agent/preemption.h"
 
+#include <errno.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -158,7 +159,8 @@ absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout
     if (rtv.tv_sec == 0 && rtv.tv_usec == 0) rtv.tv_usec = 1;
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rtv, sizeof(rtv));
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) break;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;  // timed
+    if (n <= 0) break;  // the end of the reply (or a broken connection)
     reply.append(buf, static_cast<size_t>(n));
   }
   close(fd);

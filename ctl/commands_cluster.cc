@@ -25,9 +25,10 @@ absl::StatusOr<int> RunNodes(Session& s, const ParsedArgs&) {
   s.out() << absl::StrFormat("%-16s %-22s %-5s %-4s %-9s %-9s %s\n", "NAME", "ADDRESS", "SLOTS",
                              "USED", "STATE", "HEARTBEAT", "REASON");
   for (const auto& n : resp.nodes()) {
-    s.out() << absl::StrFormat("%-16s %-22s %-5d %-4d %-9s %-9s %s\n", n.name(), n.address(),
-                               n.slots(), n.used_slots(), v1::NodeState_Name(n.state()),
-                               absl::StrFormat("%.1fs", n.last_heartbeat_age_s()), n.reason());
+    s.out() << absl::StrFormat(
+        "%-16s %-22s %-5d %-4d %-9s %-9s %s\n", Printable(n.name()), Printable(n.address()),
+        n.slots(), n.used_slots(), v1::NodeState_Name(n.state()),
+        absl::StrFormat("%.1fs", n.last_heartbeat_age_s()), Printable(n.reason()));
   }
   return kExitOk;
 }

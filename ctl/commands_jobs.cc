@@ -28,10 +28,10 @@ void PrintJobsTable(std::ostream& out, const std::vector<v1::JobInfo>& jobs) {
   out << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4s %-20s %s\n", "ID", "NAME", "STATE",
                          "STEP", "CONFIG", "GEN", "SUBMITTED", "REASON");
   for (const auto& j : jobs) {
-    out << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4d %-20s %s\n", j.id(), j.name(),
-                           v1::JobState_Name(j.state()),
+    out << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4d %-20s %s\n", j.id(),
+                           Printable(j.name()), v1::JobState_Name(j.state()),
                            absl::StrCat(j.step(), "/", j.total_steps()), Config(j), j.generation(),
-                           j.submitted_at(), j.reason());
+                           j.submitted_at(), Printable(j.reason()));
   }
 }
 
@@ -76,9 +76,9 @@ void PrintJob(std::ostream& out, const v1::JobInfo& j) {
     if (!v.empty()) out << absl::StrFormat("%-18s %s\n", k + ":", v);
   };
   line("id", j.id());
-  line("name", j.name());
+  line("name", Printable(j.name()));
   line("state", v1::JobState_Name(j.state()));
-  line("reason", j.reason());
+  line("reason", Printable(j.reason()));
   line("step", absl::StrCat(j.step(), "/", j.total_steps()));
   if (j.step() > 0) {
     line("loss", absl::StrFormat("%.4f", j.loss()));
@@ -217,7 +217,7 @@ absl::StatusOr<int> RunSubmit(Session& s, const ParsedArgs& a) {
     if (s.json()) {
       json_parts.push_back(s.Json(resp.job()));
     } else {
-      s.out() << "submitted job " << resp.job().id() << " (" << resp.job().name() << ")";
+      s.out() << "submitted job " << resp.job().id() << " (" << Printable(resp.job().name()) << ")";
       if (sub.commands.size() > 1) s.out() << ": " << absl::StrJoin(sub.commands[i], " ");
       s.out() << "\n";
     }
@@ -313,7 +313,7 @@ absl::StatusOr<int> FollowJobs(Session& s, const std::vector<std::string>& ids) 
           log << " (" << j.stages() << " stages x " << j.replicas() << " replicas, micro-batch "
               << j.micro_batch() << ", generation " << j.generation() << ")";
         }
-        if (!j.reason().empty()) log << ": " << j.reason();
+        if (!j.reason().empty()) log << ": " << Printable(j.reason());
         log << "\n";
       };
       // At most one line a second while running; the final step always.

@@ -77,7 +77,8 @@ absl::StatusOr<int> RunEvents(Session& s, const ParsedArgs& a) {
         const std::string subject = !e.job_id().empty() ? absl::StrCat("job ", e.job_id())
                                     : !e.node().empty() ? absl::StrCat("node ", e.node())
                                                         : "manager";
-        s.out() << absl::StrFormat("%s %-12s %-18s %s\n", e.at(), subject, e.kind(), e.message());
+        s.out() << absl::StrFormat("%s %-12s %-18s %s\n", e.at(), Printable(subject), e.kind(),
+                                   Printable(e.message()));
       }
       req.set_after_seq(e.seq());
     }

@@ -9,8 +9,26 @@
 
 namespace varuna::ctl {
 
+std::string Printable(const std::string& text) {
+  std::string out = text;
+  for (char& c : out) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) c = '?';
+  }
+  return out;
+}
+
 absl::Status Session::Connect(const ManagerOptions& options) {
   RETURN_IF_ERROR(SplitHostPort(options.address).status());
+  // A header carries printable ASCII only; gRPC aborts the process on anything else.
+  for (char c : options.token) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x21 || u > 0x7e) {
+      return absl::InvalidArgumentError(
+          "the token (--token or $VARUNA_TOKEN) holds a character a header cannot carry (a "
+          "space, a newline or a control character): check how it was copied");
+    }
+  }
   TlsFiles files;
   files.ca = options.tls_ca;
   ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(files, /*need_cert=*/false, "varunactl"));

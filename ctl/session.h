@@ -26,6 +26,10 @@ struct ManagerOptions {
   std::string token;    // bearer token; empty = none sent
 };
 
+// `text` with every control character (ESC and the rest of C0, DEL) shown as '?': what a peer
+// or another user wrote never drives this terminal.
+std::string Printable(const std::string& text);
+
 class Session {
  public:
   // `json`: -o json (machine-readable output) instead of tables.

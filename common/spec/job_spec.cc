@@ -134,6 +134,12 @@ bool IsValidEnvKey(absl::string_view key) {
 absl::Status JobSpec::Validate() const {
   if (name.empty()) return Bad("name", "must not be empty");
   if (name.size() > 128) return Bad("name", "must be at most 128 characters");
+  for (char c : name) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      return Bad("name", "must not hold control characters (it is shown in terminals)");
+    }
+  }
   RETURN_IF_ERROR(OneOf("model.kind", model.kind, {"gpt", "mlp", "torchscript"}));
   RETURN_IF_ERROR(InRange("model.layers", model.layers, 1, kMaxLayers));
   RETURN_IF_ERROR(InRange("model.d_model", model.d_model, 1, 65536));

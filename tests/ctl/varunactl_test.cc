@@ -234,6 +234,7 @@ class FakeJobApi final : public v1::JobApi::Service {
     j->set_id("1");
     j->set_name("first");
     j->set_state(v1::RUNNING);
+    j->set_reason("a peer wrote \x1b]0;owned\x07 here");
     j->set_step(5);
     j->set_total_steps(20);
     return grpc::Status::OK;
@@ -292,6 +293,24 @@ TEST_F(FakeManagerTest, ListAsTableAndJson) {
   ASSERT_EQ(json.code, kExitOk) << json.err;
   EXPECT_THAT(json.out, StartsWith("[{"));
   EXPECT_THAT(json.out, HasSubstr("\"name\":\"first\""));
+}
+
+TEST_F(FakeManagerTest, WhatOthersWroteCannotDriveTheTerminal) {
+  const Result table = Ctl({"list"}, env_);
+  ASSERT_EQ(table.code, kExitOk) << table.err;
+  EXPECT_EQ(table.out.find('\x1b'), std::string::npos);
+  EXPECT_THAT(table.out, HasSubstr("a peer wrote ?]0;owned? here"));
+}
+
+TEST_F(FakeManagerTest, ATokenAHeaderCannotCarryIsAnErrorNotACrash) {
+  for (const std::string& token :
+       std::vector<std::string>{"abc\n", "a b", std::string("a\0b", 3), "t\x7f"}) {
+    CtlEnvironment env = env_;
+    env.token = token;
+    const Result r = Ctl({"list"}, env);
+    EXPECT_NE(r.code, kExitOk);
+    EXPECT_THAT(r.err, HasSubstr("token")) << r.err;
+  }
 }
 
 TEST_F(FakeManagerTest, RefusedRequestIsExitOne) {

@@ -146,6 +146,12 @@ TEST(JobSpecTest, AliasBombIsRefusedWhileParsing) {
   EXPECT_THAT(honest.status(), IsOk());
 }
 
+TEST(JobSpecTest, NamesHoldNoControlCharacters) {
+  std::string spec = kGood;
+  spec.replace(spec.find("name: tiny"), 10, "name: \"a\\e[2Jb\"");
+  EXPECT_THAT(ParseJobSpec(spec), StatusIs(absl::StatusCode::kInvalidArgument, "control"));
+}
+
 TEST(JobSpecTest, MissingFiles) {
   EXPECT_THAT(LoadJobSpec("/nonexistent/job.yaml"),
               StatusIs(absl::StatusCode::kNotFound, "/nonexistent/job.yaml"));
