@@ -28,7 +28,6 @@ class EventLog {
             const std::string& message);
   // Events after req.after_seq (of req.job_id if set), at most req.limit (default 1000).
   v1::ListEventsResponse List(const v1::ListEventsRequest& req) const;
-  const std::deque<v1::Event>& events() const { return events_; }
 
  private:
   Clock* const clock_;
