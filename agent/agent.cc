@@ -107,6 +107,9 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "slots") return ReadInto(v, what, key, &c->slots);
         if (key == "work_dir") return str(&c->work_dir);
         if (key == "worker_binary") return str(&c->worker_binary);
+        if (key == "worker_user") return str(&c->worker_user);
+        if (key == "allowed_worker_users") return ReadInto(v, what, key, &c->allowed_worker_users);
+        if (key == "allow_root_workers") return ReadInto(v, what, key, &c->allow_root_workers);
         if (key == "labels") return ReadInto(v, what, key, &c->labels);
         if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
         if (key == "stop_grace_s") return seconds(&c->stop_grace);
@@ -125,7 +128,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
             what, ": unknown key '", key,
             "' (known: name, manager, listen, http_listen, http_allow_remote, advertise_host, "
             "slots, work_dir, "
-            "worker_binary, "
+            "worker_binary, worker_user, allowed_worker_users, allow_root_workers, "
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
             "cloud_vm_name, "
@@ -189,6 +192,29 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     // A new generation replaces whatever an older one left running.
     SignalWorkers(req.job_id(), req.generation() - 1, SIGKILL, false, absl::ZeroDuration());
     newest = req.generation();
+  }
+
+  // Note [Worker user]: a job's program is the submitter's code, so an agent running as root
+  // (as a systemd service does) never hands it root by default. Workers run as the Unix user
+  // the submitter's token maps to (`NAME TOKEN USER` in the manager's tokens file; it comes in
+  // the launch request) if this agent's --allowed_worker_users lists it, else as
+  // --worker_user (default `varuna`, which scripts/install_deps.sh creates). Root only with
+  // --allow_root_workers, which also makes workers without a token user run as the agent
+  // itself. An agent that is not root runs workers as itself (a Slurm job step, a user's
+  // own agent): it could not switch anyway. The launcher gives the generation's directory
+  // and control FIFO to that user; the agent keeps the logs and reads what the workers write
+  // as untrusted (common/base/safe_file.h).
+  std::string run_as;
+  if (!req.run_as_user().empty()) {
+    const auto& ok = config_.allowed_worker_users;
+    if (std::find(ok.begin(), ok.end(), req.run_as_user()) == ok.end()) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("launch ", who, ": this agent does not run workers as '", req.run_as_user(),
+                       "' (not in its --allowed_worker_users)"));
+    }
+    run_as = req.run_as_user();
+  } else if (!config_.allow_root_workers) {
+    run_as = config_.worker_user;
   }
 
   v1::LaunchResponse resp;
@@ -256,6 +282,9 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     spec.env["LOCAL_RANK"] = absl::StrCat(r.local_rank());
     spec.env[kProgressFileEnv] = w.progress_path;
     spec.control_fifo = absl::StrCat(gen_dir, "/control.rank", r.rank());
+    spec.user = run_as;
+    spec.allow_root = config_.allow_root_workers;
+    spec.owned_paths = {gen_dir};
     spec.env[kControlFifoEnv] = spec.control_fifo;
     if (req.entrypoint().empty()) {
       spec.argv = {config_.worker_binary, "--job", spec_path};

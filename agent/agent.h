@@ -33,6 +33,10 @@ struct AgentConfig {
   int slots = 1;
   std::string work_dir = "/var/lib/varuna-agent";
   std::string worker_binary;  // default: varuna-worker next to varuna-agent
+  // Note [Worker user] in agent.cc: who the workers run as when the agent is root.
+  std::string worker_user = "varuna";
+  std::vector<std::string> allowed_worker_users;  // a token's USER must be listed here
+  bool allow_root_workers = false;  // also: workers without a token user run as the agent
   std::map<std::string, std::string> labels;
   absl::Duration heartbeat_period = absl::Seconds(1);
   absl::Duration stop_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL

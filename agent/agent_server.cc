@@ -1,5 +1,6 @@
 #include "agent/agent_server.h"
 
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -154,20 +155,38 @@ absl::Status AgentServer::Start() {
     loop_.RunSync([this] { agent_.set_metrics(metrics_.get()); });
     http_ = std::make_unique<HttpServer>();
     const MetricsRegistry* reg = metrics_registry_.get();
-    http_->Get("/metrics", [reg](const HttpServer::Request&) -> HttpServer::Response {
-      return {200, "text/plain; version=0.0.4; charset=utf-8", reg->Text()};
-    });
-    http_->Get("/healthz", [this](const HttpServer::Request&) -> HttpServer::Response {
-      const bool ok = registered_.load();
-      return {ok ? 200 : 503, "text/plain", ok ? "ok\n" : "not registered with the manager\n"};
-    });
-    RETURN_IF_ERROR(http_->Start("varuna-agent", c.http_listen, c.http_allow_remote));
-    LOG(INFO) << "node=" << c.name << " /metrics on http://" << http_->address() << "/metrics";
+    // The agent's HTTP holds no job data beyond metrics: both routes are public (it has no
+    // tokens); HTTPS with the agent's certificate when it has one.
+    using Access = HttpServer::Access;
+    http_->Get(
+        "/metrics",
+        [reg](const HttpServer::Request&) -> HttpServer::Response {
+          return {200, "text/plain; version=0.0.4; charset=utf-8", reg->Text(), {}};
+        },
+        Access::kPublic);
+    http_->Get(
+        "/healthz",
+        [this](const HttpServer::Request&) -> HttpServer::Response {
+          const bool ok = registered_.load();
+          return {
+              ok ? 200 : 503, "text/plain", ok ? "ok\n" : "not registered with the manager\n", {}};
+        },
+        Access::kPublic, /*priority=*/true);
+    HttpServer::Options o;
+    o.who = "varuna-agent";
+    o.listen = c.http_listen;
+    o.allow_remote = c.http_allow_remote;
+    o.tls_cert_file = c.tls.cert;
+    o.tls_key_file = c.tls.key;
+    RETURN_IF_ERROR(http_->Start(o));
+    LOG(INFO) << "node=" << c.name << " /metrics on " << (http_->tls() ? "https" : "http") << "://"
+              << http_->address() << "/metrics";
   }
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
             << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
   if (options_.background_heartbeats) hb_.thread = std::thread([this] { HeartbeatLoop(); });
   if (!agent_.config().preemption_notice_url.empty()) {
+    notice_cancel_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     notice_thread_ = std::thread([this] { NoticeLoop(); });
   }
   return absl::OkStatus();
@@ -180,9 +199,15 @@ void AgentServer::Shutdown() {
     hb_.stop = true;
   }
   hb_.cv.notify_all();
+  if (notice_cancel_fd_ >= 0) {  // a poll in flight ends now, not at its deadline
+    const uint64_t one = 1;
+    (void)!write(notice_cancel_fd_, &one, sizeof one);
+  }
   if (http_ != nullptr) http_->Stop();
   if (hb_.thread.joinable()) hb_.thread.join();
   if (notice_thread_.joinable()) notice_thread_.join();
+  if (notice_cancel_fd_ >= 0) close(notice_cancel_fd_);
+  notice_cancel_fd_ = -1;
   if (server_ != nullptr) {
     const int n = loop_.RunSync([this] { return agent_.StopAll(); });
     if (n > 0) LOG(INFO) << "node=" << agent_.config().name << " stopping " << n << " workers";
@@ -241,7 +266,8 @@ void AgentServer::NoticeLoop() {
   const std::vector<std::string> vm_names = {c.cloud_vm_name, c.name, host};
   bool warned = false;
   for (;;) {
-    auto reply = HttpGet(c.preemption_notice_url, absl::Seconds(2));
+    auto reply = HttpGet(c.preemption_notice_url, absl::Seconds(2), notice_cancel_fd_);
+    if (absl::IsCancelled(reply.status())) return;
     if (!reply.ok()) {
       if (!warned)
         LOG(WARNING) << "node=" << c.name << " preemption notice poll: " << reply.status();

@@ -82,6 +82,7 @@ class AgentServer {
   std::string address_;
 
   std::thread notice_thread_;  // polls preemption_notice_url (agent/preemption.h)
+  int notice_cancel_fd_ = -1;  // an eventfd: Shutdown() ends a poll in flight at once
   void NoticeLoop();
   std::atomic<bool> registered_{false};
   double last_rtt_s_ = 0;

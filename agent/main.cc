@@ -28,6 +28,13 @@ ABSL_FLAG(int, slots, 0, "worker slots (GPUs) on this machine (default 1)");
 ABSL_FLAG(std::string, name, "", "node name (default: hostname)");
 ABSL_FLAG(std::string, work_dir, "", "where job specs and worker logs go");
 ABSL_FLAG(std::string, worker_binary, "", "varuna-worker path (default: next to varuna-agent)");
+ABSL_FLAG(std::string, worker_user, "",
+          "run as root, start workers as this Unix user (default varuna; ignored when not root)");
+ABSL_FLAG(std::string, allowed_worker_users, "",
+          "comma-separated Unix users a job's token may ask its workers to run as");
+ABSL_FLAG(bool, allow_root_workers, false,
+          "allow workers to run as root; workers of a token without a user then run as the "
+          "agent itself");
 ABSL_FLAG(std::string, labels, "", "comma-separated key=value labels");
 ABSL_FLAG(std::string, config, "", "YAML config file; flags override it");
 ABSL_FLAG(std::string, tls_ca, "", "cluster CA (PEM): the manager's certificate must chain to it");
@@ -72,6 +79,11 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_name); !v.empty()) config.name = v;
   if (auto v = absl::GetFlag(FLAGS_work_dir); !v.empty()) config.work_dir = v;
   if (auto v = absl::GetFlag(FLAGS_worker_binary); !v.empty()) config.worker_binary = v;
+  if (auto v = absl::GetFlag(FLAGS_worker_user); !v.empty()) config.worker_user = v;
+  if (auto v = absl::GetFlag(FLAGS_allowed_worker_users); !v.empty()) {
+    config.allowed_worker_users = absl::StrSplit(v, ',', absl::SkipEmpty());
+  }
+  if (absl::GetFlag(FLAGS_allow_root_workers)) config.allow_root_workers = true;
   if (auto v = absl::GetFlag(FLAGS_tls_ca); !v.empty()) config.tls.ca = v;
   if (auto v = absl::GetFlag(FLAGS_tls_cert); !v.empty()) config.tls.cert = v;
   if (auto v = absl::GetFlag(FLAGS_tls_key); !v.empty()) config.tls.key = v;

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 #include <netdb.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -98,7 +99,7 @@ std::optional<v1::PreemptionNotice> ParsePreemptionReply(int http_status, const 
   }
 }
 
-absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout) {
+absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout, int cancel_fd) {
   if (!absl::StartsWith(url, "http://")) {
     return absl::InvalidArgumentError(
         absl::StrCat("preemption_notice_url must start with http:// (got '", url, "')"));
@@ -119,47 +120,66 @@ absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout
   if (getaddrinfo(host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
     return absl::UnavailableError(absl::StrCat("cannot resolve ", hostport));
   }
-  const int fd = socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC, res->ai_protocol);
+  // One deadline for everything (connecting, sending, the whole reply): an endpoint that
+  // accepts slowly or trickles a byte at a time cannot hold the poll longer than `timeout`,
+  // and `cancel_fd` turning readable (the agent shutting down) ends it at once.
+  const absl::Time deadline = absl::Now() + timeout;
+  const int fd =
+      socket(res->ai_family, res->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, res->ai_protocol);
   if (fd < 0) {
     freeaddrinfo(res);
     return absl::InternalError("socket() failed");
   }
-  timeval tv{};
-  tv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(timeout));
-  tv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(timeout) % 1000000);
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // also bounds connect()
+  // Waits until fd is ready for `events`: OK, DeadlineExceeded, or Cancelled.
+  auto wait = [&](short events) -> absl::Status {
+    for (;;) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        return absl::DeadlineExceededError(absl::StrCat("no complete reply from ", hostport,
+                                                        " within ", absl::FormatDuration(timeout)));
+      }
+      pollfd fds[2] = {{fd, events, 0}, {cancel_fd, POLLIN, 0}};
+      const int n =
+          poll(fds, cancel_fd >= 0 ? 2 : 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (cancel_fd >= 0 && fds[1].revents != 0) return absl::CancelledError("shutting down");
+      if (n > 0) return absl::OkStatus();
+    }
+  };
   const int rc = connect(fd, res->ai_addr, res->ai_addrlen);
   freeaddrinfo(res);
-  if (rc != 0) {
+  if (rc != 0 && errno != EINPROGRESS) {
     close(fd);
     return absl::UnavailableError(absl::StrCat("cannot connect to ", hostport));
   }
+  if (rc != 0) {
+    if (absl::Status s = wait(POLLOUT); !s.ok()) {
+      close(fd);
+      return s;
+    }
+    int err = 0;
+    socklen_t len = sizeof err;
+    if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      close(fd);
+      return absl::UnavailableError(absl::StrCat("cannot connect to ", hostport));
+    }
+  }
   const std::string req = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: ", host,
                                        "\r\nMetadata: true\r\nMetadata-Flavor: Google\r\n\r\n");
+  // A few hundred bytes into an empty socket buffer: one send.
   if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) {
     close(fd);
     return absl::UnavailableError("cannot send the request");
   }
-  // One deadline for the whole reply: an endpoint that trickles a byte at a time cannot hold
-  // the poll (and the agent's shutdown behind it) longer than `timeout`.
-  const absl::Time deadline = absl::Now() + timeout;
   std::string reply;
   char buf[4096];
   while (reply.size() < (64 << 10)) {
-    const absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) {
+    if (absl::Status s = wait(POLLIN); !s.ok()) {
       close(fd);
-      return absl::DeadlineExceededError(absl::StrCat("no complete reply from ", hostport,
-                                                      " within ", absl::FormatDuration(timeout)));
+      return s;
     }
-    timeval rtv{};
-    rtv.tv_sec = static_cast<time_t>(absl::ToInt64Seconds(left));
-    rtv.tv_usec = static_cast<suseconds_t>(absl::ToInt64Microseconds(left) % 1000000);
-    if (rtv.tv_sec == 0 && rtv.tv_usec == 0) rtv.tv_usec = 1;
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &rtv, sizeof(rtv));
     const ssize_t n = recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;  // timed
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
     if (n <= 0) break;  // the end of the reply (or a broken connection)
     reply.append(buf, static_cast<size_t>(n));
   }

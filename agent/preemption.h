@@ -32,7 +32,9 @@ struct HttpReply {
   std::string body;
 };
 // A plain HTTP/1.0 GET of http://HOST[:PORT]/PATH with both clouds' metadata headers; at most
-// 64 KiB of body; connecting and sending each bounded by `timeout`, and the whole reply too.
-absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout);
+// 64 KiB of body; connecting, sending and the whole reply within `timeout`. If `cancel_fd`
+// (>= 0) turns readable meanwhile, returns Cancelled at once (the agent's shutdown).
+absl::StatusOr<HttpReply> HttpGet(const std::string& url, absl::Duration timeout,
+                                  int cancel_fd = -1);
 
 }  // namespace varuna

@@ -1,6 +1,8 @@
 #include "agent/process_launcher.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -12,6 +14,8 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -30,6 +34,50 @@ std::string ResolveProgram(const std::string& name, const std::map<std::string, 
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
+}
+
+// Who the child becomes (Note [Worker user] in agent/agent.cc); resolved in the parent, since
+// getpwnam and getgrouplist are not async-signal-safe.
+struct Identity {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+  std::string name;
+  std::string home;
+};
+
+absl::StatusOr<std::optional<Identity>> ResolveUser(const ProcessSpec& spec) {
+  if (geteuid() != 0 || spec.user.empty()) return std::nullopt;
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (getpwnam_r(spec.user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || !found) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker user '", spec.user,
+                     "' does not exist on this machine: create it (useradd "
+                     "--system ",
+                     spec.user,
+                     "; scripts/install_deps.sh makes 'varuna'), or give the agent "
+                     "another --worker_user"));
+  }
+  if (pw.pw_uid == 0 && !spec.allow_root) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("refusing to run workers as root ('", spec.user,
+                     "'): give the agent --allow_root_workers to allow it"));
+  }
+  Identity id;
+  id.uid = pw.pw_uid;
+  id.gid = pw.pw_gid;
+  id.name = pw.pw_name;
+  id.home = pw.pw_dir;
+  int n = 64;
+  id.groups.resize(n);
+  if (getgrouplist(pw.pw_name, pw.pw_gid, id.groups.data(), &n) < 0) {
+    id.groups.resize(n);
+    getgrouplist(pw.pw_name, pw.pw_gid, id.groups.data(), &n);
+  }
+  id.groups.resize(std::max(n, 0));
+  return std::optional<Identity>(std::move(id));
 }
 
 }  // namespace
@@ -57,8 +105,26 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
         absl::StrCat("log ", spec.log_path, " is not a regular file"));
   }
   fcntl(log_fd, F_SETFL, fcntl(log_fd, F_GETFL) & ~O_NONBLOCK);
+  auto identity = ResolveUser(spec);
+  if (!identity.ok()) {
+    close(log_fd);
+    return identity.status();
+  }
+  std::map<std::string, std::string> env = spec.env;
+  if (*identity) {
+    env["USER"] = env["LOGNAME"] = (*identity)->name;
+    env["HOME"] = (*identity)->home;
+    for (const auto& p : spec.owned_paths) {
+      // The agent made these; lchown never follows a link the job may have planted.
+      if (lchown(p.c_str(), (*identity)->uid, (*identity)->gid) != 0) {
+        close(log_fd);
+        return absl::PermissionDeniedError(
+            absl::StrCat("cannot give ", p, " to ", spec.user, ": ", std::strerror(errno)));
+      }
+    }
+  }
   std::vector<std::string> env_strings;
-  for (const auto& [k, v] : spec.env) env_strings.push_back(absl::StrCat(k, "=", v));
+  for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
   std::vector<char*> argv, envp;
   for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -71,7 +137,11 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   if (!spec.control_fifo.empty()) {
     unlink(spec.control_fifo.c_str());
     has_fifo = mkfifo(spec.control_fifo.c_str(), 0600) == 0;
+    if (has_fifo && *identity) {
+      has_fifo = lchown(spec.control_fifo.c_str(), (*identity)->uid, (*identity)->gid) == 0;
+    }
   }
+  const Identity* as = *identity ? &**identity : nullptr;
 
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();
@@ -81,6 +151,13 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   }
   if (pid == 0) {
     setpgid(0, 0);
+    // Credentials first: changing them clears the parent-death signal set below.
+    if (as != nullptr && (setgroups(as->groups.size(), as->groups.data()) != 0 ||
+                          setgid(as->gid) != 0 || setuid(as->uid) != 0)) {
+      const char msg[] = "varuna-agent: cannot switch to the worker user\n";
+      (void)!write(log_fd, msg, sizeof(msg) - 1);
+      _exit(126);
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the agent died before prctl
     sigset_t none;

@@ -236,10 +236,18 @@ absl::StatusOr<int> RunSubmit(Session& s, const ParsedArgs& a) {
 }
 
 absl::StatusOr<int> RunList(Session& s, const ParsedArgs&) {
-  v1::ListJobsResponse resp;
-  grpc::Status st = s.stub()->ListJobs(s.Context().get(), v1::ListJobsRequest(), &resp);
-  if (!st.ok()) return s.CallError(st, "ListJobs");
-  std::vector<v1::JobInfo> jobs(resp.jobs().begin(), resp.jobs().end());
+  // Every page (Note [Pages] in manager/manager.cc); a manager keeps a bounded number of jobs
+  // (retention), and a token that does not advance ends the loop.
+  std::vector<v1::JobInfo> jobs;
+  v1::ListJobsRequest req;
+  for (int page = 0; page < 10000; ++page) {
+    v1::ListJobsResponse resp;
+    grpc::Status st = s.stub()->ListJobs(s.Context().get(), req, &resp);
+    if (!st.ok()) return s.CallError(st, "ListJobs");
+    jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
+    if (resp.next_page_token().empty() || resp.next_page_token() == req.page_token()) break;
+    req.set_page_token(resp.next_page_token());
+  }
   if (s.json()) {
     std::vector<std::string> parts;
     for (const auto& j : jobs) parts.push_back(s.Json(j));

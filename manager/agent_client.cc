@@ -12,10 +12,11 @@ namespace {
 
 class GrpcAgentClient final : public AgentClient {
  public:
-  GrpcAgentClient(const std::string& address, absl::Duration timeout, const TlsConfig& tls)
+  GrpcAgentClient(const std::string& node, const std::string& address, absl::Duration timeout,
+                  const TlsConfig& tls)
       : address_(address),
         timeout_(timeout),
-        stub_(v1::AgentApi::NewStub(MakeChannel(address, tls))) {}
+        stub_(v1::AgentApi::NewStub(MakeChannel(address, tls, /*peer_name=*/node))) {}
 
   void Launch(const v1::LaunchRequest& req, Done<v1::LaunchResponse> done) override {
     Call(req, std::move(done), "Launch", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
@@ -69,10 +70,16 @@ class GrpcAgentClientPool final : public AgentClientPool {
  public:
   GrpcAgentClientPool(absl::Duration timeout, TlsConfig tls)
       : timeout_(timeout), tls_(std::move(tls)) {}
-  std::shared_ptr<AgentClient> For(const std::string& address) override {
+  // Note [Agent identity]: an agent's address is what it claims at registration, so the
+  // manager does not trust it to name the machine: over TLS the channel checks the agent's
+  // certificate against the node's name (make_certs.sh puts NAME in every certificate's
+  // subjectAltName), not against the address. An agent that registers with another node's
+  // address (node_table.cc refuses a live one's) then fails the handshake at the victim
+  // instead of running the other node's ranks there.
+  std::shared_ptr<AgentClient> For(const std::string& node, const std::string& address) override {
     absl::MutexLock lock(&mu_);
-    auto& c = clients_[address];
-    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(address, timeout_, tls_);
+    auto& c = clients_[{node, address}];
+    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(node, address, timeout_, tls_);
     return c;
   }
 
@@ -80,7 +87,8 @@ class GrpcAgentClientPool final : public AgentClientPool {
   const absl::Duration timeout_;
   const TlsConfig tls_;
   absl::Mutex mu_;
-  std::map<std::string, std::shared_ptr<AgentClient>> clients_ ABSL_GUARDED_BY(mu_);
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<AgentClient>> clients_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

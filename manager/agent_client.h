@@ -25,14 +25,15 @@ class AgentClient {
   virtual void FetchLogs(const v1::FetchLogsRequest& req, Done<v1::FetchLogsResponse> done) = 0;
 };
 
-// Hands out one client per agent address (channels are reused).
+// Hands out one client per agent (node name and address; channels are reused).
 class AgentClientPool {
  public:
   virtual ~AgentClientPool() = default;
-  virtual std::shared_ptr<AgentClient> For(const std::string& address) = 0;
+  virtual std::shared_ptr<AgentClient> For(const std::string& node, const std::string& address) = 0;
 };
 
-// With `tls` enabled, calls present the manager's certificate (agents accept no one else).
+// With `tls` enabled, calls present the manager's certificate (agents accept no one else), and
+// the agent's certificate must be issued to `node` (Note [Agent identity] in agent_client.cc).
 std::unique_ptr<AgentClientPool> MakeGrpcAgentClientPool(absl::Duration timeout,
                                                          const TlsConfig& tls = {});
 

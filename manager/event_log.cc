@@ -37,13 +37,22 @@ void EventLog::Emit(const std::string& kind, const std::string& job_id, const st
 v1::ListEventsResponse EventLog::List(const v1::ListEventsRequest& req) const {
   v1::ListEventsResponse resp;
   const int limit = req.limit() > 0 ? std::min<int>(req.limit(), kMaxEvents) : 1000;
+  // A page ends at `limit` events or kMaxReplyBytes; then last_seq is the page's last event,
+  // so a client polling from it gets the rest next time (never skips any).
+  size_t bytes = 0;
+  bool full = false;
   for (const v1::Event& e : events_) {
     if (e.seq() <= req.after_seq()) continue;
     if (!req.job_id().empty() && e.job_id() != req.job_id()) continue;
-    if (resp.events_size() >= limit) break;
+    const size_t size = e.ByteSizeLong();
+    if (resp.events_size() >= limit || (resp.events_size() > 0 && bytes + size > kMaxReplyBytes)) {
+      full = true;
+      break;
+    }
+    bytes += size;
     *resp.add_events() = e;
   }
-  resp.set_last_seq(next_seq_ - 1);
+  resp.set_last_seq(full ? resp.events(resp.events_size() - 1).seq() : next_seq_ - 1);
   return resp;
 }
 

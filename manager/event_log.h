@@ -18,6 +18,7 @@ namespace varuna {
 class EventLog {
  public:
   static constexpr size_t kMaxEvents = 10000;
+  static constexpr size_t kMaxReplyBytes = 1 << 20;  // one List page
 
   EventLog(Clock* clock, StateStore* store) : clock_(clock), store_(store) {}
 

@@ -148,9 +148,21 @@ absl::StatusOr<JobSpec> JobController::Admit(const v1::SubmitRequest& req) {
 }
 
 absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                                  const std::string& user) {
+                                                  const std::string& user,
+                                                  const std::string& run_as) {
   if (!req.request_id().empty()) {
     if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
+  }
+  // Note [Retention] in job_table.cc: one submitter cannot queue without bound.
+  int pending = 0;
+  for (const auto& [id, j] : jobs_->all()) {
+    pending += j.info().state() == v1::PENDING && j.info().submitted_by() == user;
+  }
+  if (pending >= config_.max_pending_jobs_per_user) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "submit: ", user.empty() ? "the cluster" : absl::StrCat("user '", user, "'"),
+        " already has ", pending, " pending jobs (max_pending_jobs_per_user=",
+        config_.max_pending_jobs_per_user, "); wait for some to start or cancel them"));
   }
   Job job;
   job.spec = std::move(spec);
@@ -163,6 +175,7 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, 
   info.set_submitted_at(TimeText(clock_->Now()));
   info.set_reason("waiting for slots");
   info.set_submitted_by(user);
+  info.set_run_as_user(run_as);
   info.set_profile_job(req.profile());
   Job& added = jobs_->Add(std::move(job));
   LOG(INFO) << "job=" << added.info().id() << " submitted name=" << added.spec.name
@@ -275,13 +288,14 @@ v1::LaunchRequest JobController::MakeLaunch(const Job& job, const std::string& n
   req.set_job_id(info.id());
   req.set_generation(info.generation());
   req.set_job_name(info.name());
-  req.set_spec_yaml(job.rec.spec_yaml());
+  req.set_spec_yaml(jobs_->SpecYaml(info.id()));
   req.set_world_size(info.slots());
   auto hp = SplitHostPort(info.master());
   req.set_master_addr(hp.ok() ? hp->first : "");
   req.set_master_port(hp.ok() ? hp->second : 0);
   req.set_stage_to_rank_map(info.stage_to_rank_map());
   req.set_pipelines(info.pipelines());
+  req.set_run_as_user(info.run_as_user());
   req.set_micro_batch(info.micro_batch());
   // A profile job's shape is one sample per slot (the worker ignores it).
   req.set_per_replica_batch(
@@ -323,7 +337,7 @@ void JobController::SendLaunches(Job& job) {
   for (const std::string& node_name : targets) {
     const NodeTable::NodeTable::Node* nit = nodes_->Find(node_name);
     if (nit == nullptr) continue;
-    auto client = agents_->For(nit->rec.address());
+    auto client = agents_->For(nit->rec.name(), nit->rec.address());
     const std::string id = info.id();
     const int gen = info.generation();
     client->Launch(MakeLaunch(job, node_name),
@@ -398,9 +412,10 @@ void JobController::SendStops(Job& job) {
     req.set_generation(job.info().generation());
     req.set_grace_ms(static_cast<int32_t>(absl::ToInt64Milliseconds(config_.stop_grace)));
     const std::string who = JobWho(job.info());
-    agents_->For(nit->rec.address())->Stop(req, [who, name](absl::StatusOr<v1::StopResponse> r) {
-      if (!r.ok()) LOG(WARNING) << who << " stop on node " << name << ": " << r.status();
-    });
+    agents_->For(nit->rec.name(), nit->rec.address())
+        ->Stop(req, [who, name](absl::StatusOr<v1::StopResponse> r) {
+          if (!r.ok()) LOG(WARNING) << who << " stop on node " << name << ": " << r.status();
+        });
   }
 }
 

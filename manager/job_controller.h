@@ -54,9 +54,10 @@ class JobController final : public JobLifecycle {
   // caller-supplied parsing runs on the loop; any thread may call it.
   static absl::StatusOr<JobSpec> Admit(const v1::SubmitRequest& req);
   // Queues an admitted job (`spec` from Admit). `user` is the token's name ("" without
-  // tokens), recorded on the job. Never touches the filesystem.
+  // tokens), recorded on the job; `run_as` the Unix user its token maps to (the agents run
+  // its workers as that user; "" = their default). Never touches the filesystem.
   absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                     const std::string& user);
+                                     const std::string& user, const std::string& run_as = "");
   absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user);
   // Places pending jobs, in submission order, on the free schedulable slots.
   void Schedule();

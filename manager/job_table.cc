@@ -13,7 +13,16 @@ absl::Status JobTable::Load(absl::Time now) {
   ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, store_->LoadJobs());
   for (auto& rec : jobs) {
     Job job;
-    auto spec = ParseJobSpec(rec.spec_yaml());
+    std::string yaml;
+    if (!rec.spec_yaml().empty()) {  // a state directory older than Note [Retention]; move it
+      yaml = rec.spec_yaml();
+      RETURN_IF_ERROR(store_->SaveSpec(rec.info().id(), yaml));
+      rec.clear_spec_yaml();
+      RETURN_IF_ERROR(store_->SaveJob(rec));
+    } else {
+      ASSIGN_OR_RETURN(yaml, store_->LoadSpec(rec.info().id()));
+    }
+    auto spec = ParseJobSpec(yaml);
     if (!spec.ok()) {
       return absl::DataLossError(
           absl::StrCat("state database: job ", rec.info().id(),
@@ -35,14 +44,58 @@ absl::Status JobTable::Load(absl::Time now) {
   return absl::OkStatus();
 }
 
+// Note [Retention]: what a manager keeps grows with what users submit, so each part is
+// bounded: a job's spec text (up to 1 MiB) is written once to the store's specs table and read
+// back only to launch workers, never held in memory or rewritten with every record update;
+// pending jobs are capped per submitter (JobController::Submit); finished jobs beyond
+// max_finished_jobs, or finished longer than finished_job_ttl_s ago, are pruned with their
+// records, specs and step series (Prune, from the manager's tick).
 Job& JobTable::Add(Job job) {
   job.rec.set_seq(next_seq_++);
   job.info().set_id(absl::StrCat(job.rec.seq()));
   const std::string id = job.info().id();
+  const absl::Status saved = store_->SaveSpec(id, job.rec.spec_yaml());
+  CHECK(saved.ok()) << "manager: cannot write job " << id << "'s spec: " << saved.message();
+  job.rec.clear_spec_yaml();
   Persist(job);
   if (!job.rec.request_id().empty()) by_request_[job.rec.request_id()] = id;
   order_.push_back(id);
   return jobs_[id] = std::move(job);
+}
+
+std::string JobTable::SpecYaml(const std::string& id) const {
+  auto yaml = store_->LoadSpec(id);
+  CHECK(yaml.ok()) << "manager: cannot read job " << id << "'s spec: " << yaml.status().message();
+  return *std::move(yaml);
+}
+
+std::vector<std::string> JobTable::Prune(absl::Time now, int max_finished, absl::Duration ttl) {
+  std::vector<std::string> finished;  // oldest first
+  for (const std::string& id : order_) {
+    if (Terminal(jobs_.at(id).info().state())) finished.push_back(id);
+  }
+  std::vector<std::string> pruned;
+  const size_t over = finished.size() > static_cast<size_t>(std::max(0, max_finished))
+                          ? finished.size() - static_cast<size_t>(std::max(0, max_finished))
+                          : 0;
+  for (size_t i = 0; i < finished.size(); ++i) {
+    const v1::JobInfo& info = jobs_.at(finished[i]).info();
+    absl::Time at;
+    std::string err;
+    const bool expired = ttl > absl::ZeroDuration() &&
+                         absl::ParseTime(absl::RFC3339_full, info.finished_at(), &at, &err) &&
+                         now - at > ttl;
+    if (i < over || expired) pruned.push_back(finished[i]);
+  }
+  for (const std::string& id : pruned) {
+    const absl::Status s = store_->DeleteJob(id);
+    CHECK(s.ok()) << "manager: cannot delete job " << id << ": " << s.message();
+    const Job& job = jobs_.at(id);
+    if (!job.rec.request_id().empty()) by_request_.erase(job.rec.request_id());
+    jobs_.erase(id);
+    order_.erase(std::find(order_.begin(), order_.end(), id));
+  }
+  return pruned;
 }
 
 Job* JobTable::Find(const std::string& id) {

@@ -39,6 +39,12 @@ class JobTable {
   // Writes the job's record. Losing the state database is not something to run on through:
   // a failed write stops the manager (CHECK).
   void Persist(Job& job);
+  // The job's spec text, from the store (Note [Retention] in job_table.cc); CHECKs like Persist.
+  std::string SpecYaml(const std::string& id) const;
+  // Removes finished jobs past the retention policy (the oldest beyond `max_finished`, and
+  // those finished more than `ttl` ago; ttl 0 = no age limit) from memory and the store.
+  // Returns their ids.
+  std::vector<std::string> Prune(absl::Time now, int max_finished, absl::Duration ttl);
 
   // Slots in use per node: the live ranks of active jobs (a job between generations keeps
   // all of its slots) and workers of no active launch.

@@ -35,7 +35,7 @@ void ProxyLogs(const Job& job, const NodeTable& nodes, AgentClientPool* agents,
   fetch.set_offset(req.offset());
   fetch.set_max_bytes(req.max_bytes());
   const bool finished = Terminal(job.info().state());
-  agents->For(nit->rec.address())
+  agents->For(nit->rec.name(), nit->rec.address())
       ->FetchLogs(fetch, [done = std::move(done), node_name,
                           finished](absl::StatusOr<v1::FetchLogsResponse> r) {
         if (!r.ok()) {

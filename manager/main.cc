@@ -14,9 +14,12 @@
 ABSL_FLAG(std::string, listen, "", "address to serve on, HOST:PORT (default 127.0.0.1:7070)");
 ABSL_FLAG(std::string, http_listen, "",
           "HOST:PORT for the dashboard, its JSON API and Prometheus /metrics (port 0 picks one; "
-          "plain HTTP: loopback unless --http_allow_remote)");
+          "HTTPS with --tls_cert/--tls_key, else plain HTTP on loopback unless "
+          "--http_allow_remote)");
 ABSL_FLAG(bool, http_allow_remote, false,
-          "allow --http_listen beyond loopback (plain HTTP: metrics, dashboard, job logs)");
+          "allow plain HTTP beyond loopback (metrics, dashboard, job logs; HTTPS needs no flag)");
+ABSL_FLAG(bool, http_open_metrics, false,
+          "with --tokens_file, serve /metrics without a bearer token (the API always needs one)");
 ABSL_FLAG(std::string, state_dir, "", "directory for the state database (required)");
 ABSL_FLAG(std::string, config, "", "YAML config file; flags override it");
 ABSL_FLAG(std::string, machine_list, "", "optional file of hosts allowed to get work");
@@ -40,6 +43,7 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_state_dir); !v.empty()) config.state_dir = v;
   if (auto v = absl::GetFlag(FLAGS_http_listen); !v.empty()) config.http_listen = v;
   if (absl::GetFlag(FLAGS_http_allow_remote)) config.http_allow_remote = true;
+  if (absl::GetFlag(FLAGS_http_open_metrics)) config.http_open_metrics = true;
   if (auto v = absl::GetFlag(FLAGS_machine_list); !v.empty()) config.machine_list = v;
   if (auto v = absl::GetFlag(FLAGS_tls_ca); !v.empty()) config.tls.ca = v;
   if (auto v = absl::GetFlag(FLAGS_tls_cert); !v.empty()) config.tls.cert = v;

@@ -92,6 +92,17 @@ void Manager::Tick() {
   job_controller_.Schedule();
   morph_controller_.CheckGrowth();
   if (metrics_ && clock_->Now() - metrics_refreshed_ >= absl::Seconds(1)) RefreshMetrics();
+  if (clock_->Now() - pruned_at_ >= absl::Seconds(10)) {  // Note [Retention] in job_table.cc
+    pruned_at_ = clock_->Now();
+    for (const std::string& id :
+         jobs_.Prune(clock_->Now(), config_.max_finished_jobs, config_.finished_job_ttl)) {
+      LOG(INFO) << "job=" << id
+                << " pruned (retention: max_finished_jobs=" << config_.max_finished_jobs
+                << ", finished_job_ttl_s=" << absl::ToInt64Seconds(config_.finished_job_ttl) << ")";
+      steps_.Forget(id);
+      if (metrics_) metrics_->ForgetJob(id);
+    }
+  }
 }
 
 // ---- the services' calls -------------------------------------------------------------------
@@ -105,14 +116,46 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
 }
 
 absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                            const std::string& user) {
-  return job_controller_.Submit(req, std::move(spec), user);
+                                            const std::string& user, const std::string& run_as) {
+  auto r = job_controller_.Submit(req, std::move(spec), user, run_as);
+  if (r.ok() && metrics_ != nullptr) metrics_->AddJob(r->id());
+  return r;
 }
 
 std::vector<v1::JobInfo> Manager::ListJobs() const {
   std::vector<v1::JobInfo> out;
   for (const auto& id : jobs_.order()) out.push_back(jobs_.Find(id)->info());
   return out;
+}
+
+// Note [Pages]: every list a client can grow is paged, by count and by bytes, so no reply
+// nears the 4 MiB message limit however many jobs (events: EventLog::List; step records:
+// StepSeries::Get). A jobs page token is the seq of the page's last job; jobs pruned
+// meanwhile (retention) simply drop out.
+absl::StatusOr<v1::ListJobsResponse> Manager::ListJobs(const v1::ListJobsRequest& req) const {
+  constexpr size_t kMaxPageBytes = 2 << 20;
+  const int size = req.page_size() > 0 ? std::min(req.page_size(), 1000) : 500;
+  int64_t after = 0;
+  if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &after) || after < 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("list jobs: page_token '", req.page_token(), "' is not from a previous page"));
+  }
+  v1::ListJobsResponse resp;
+  size_t bytes = 0;
+  int64_t last = 0;
+  for (const auto& id : jobs_.order()) {
+    const Job& job = *jobs_.Find(id);
+    if (job.rec.seq() <= after) continue;
+    const size_t b = job.info().ByteSizeLong();
+    if (resp.jobs_size() >= size || (resp.jobs_size() > 0 && bytes + b > kMaxPageBytes)) {
+      resp.set_next_page_token(absl::StrCat(last));
+      break;
+    }
+    bytes += b;
+    last = job.rec.seq();
+    *resp.add_jobs() = job.info();
+  }
+  return resp;
 }
 
 absl::StatusOr<v1::JobInfo> Manager::GetJob(const std::string& id) const {
@@ -198,7 +241,10 @@ void Manager::RefreshMetrics() {
   for (const auto& [name, n] : nodes_.all()) nodes.push_back(nodes_.Describe(n, 0));
   metrics_->SetNodes(nodes);
   std::map<std::string, double> jobs;
-  for (const auto& [id, job] : jobs_.all()) jobs[v1::JobState_Name(job.info().state())] += 1;
+  for (const auto& [id, job] : jobs_.all()) {
+    jobs[v1::JobState_Name(job.info().state())] += 1;
+    metrics_->AddJob(id);  // also the jobs of a recovery (Note [Series from the start])
+  }
   metrics_->SetJobs(jobs);
 }
 

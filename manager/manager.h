@@ -59,8 +59,10 @@ class Manager {
   // JobApi.
   // `spec` from JobController::Admit(req), which the server runs off the loop.
   absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                     const std::string& user = "");
+                                     const std::string& user = "", const std::string& run_as = "");
   std::vector<v1::JobInfo> ListJobs() const;
+  // One page (Note [Pages] in manager.cc); InvalidArgument for a token that is no job's seq.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& req) const;
   absl::StatusOr<v1::JobInfo> GetJob(const std::string& id) const;
   absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user = "");
   // The log proxy: fetches a rank's log from its node's agent.
@@ -101,6 +103,7 @@ class Manager {
   HeartbeatReconciler reconciler_;
   ManagerMetrics* metrics_ = nullptr;
   absl::Time metrics_refreshed_ = absl::InfinitePast();
+  absl::Time pruned_at_ = absl::InfinitePast();
 };
 
 }  // namespace varuna

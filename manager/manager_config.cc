@@ -20,6 +20,10 @@ absl::Status ManagerConfig::Validate() const {
   if (stop_grace < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("manager: stop_grace_s must be >= 0");
   }
+  if (max_pending_jobs_per_user < 1 || max_finished_jobs < 0) {
+    return absl::InvalidArgumentError(
+        "manager: need max_pending_jobs_per_user >= 1 and max_finished_jobs >= 0");
+  }
   if (max_nodes < 1 || max_slots_per_node < 1) {
     return absl::InvalidArgumentError("manager: max_nodes and max_slots_per_node must be >= 1");
   }
@@ -73,6 +77,10 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "tokens_file") return str(&c->tokens_file);
         if (key == "allow_insecure") return num(&c->allow_insecure);
         if (key == "http_allow_remote") return num(&c->http_allow_remote);
+        if (key == "http_open_metrics") return num(&c->http_open_metrics);
+        if (key == "max_pending_jobs_per_user") return num(&c->max_pending_jobs_per_user);
+        if (key == "max_finished_jobs") return num(&c->max_finished_jobs);
+        if (key == "finished_job_ttl_s") return seconds(&c->finished_job_ttl);
         if (key == "morph_save_timeout_s") return seconds(&c->morph_save_timeout);
         if (key == "morph_coalesce_s") return seconds(&c->morph_coalesce);
         if (key == "scale_up_delay_s") return seconds(&c->scale_up_delay);
@@ -80,10 +88,12 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "morph_window_s") return seconds(&c->morph_window);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
-            "' (known: listen, http_listen, http_allow_remote, state_dir, heartbeat_period_s, "
+            "' (known: listen, http_listen, http_allow_remote, http_open_metrics, state_dir, "
+            "heartbeat_period_s, "
             "suspect_after_missed, "
             "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
-            "forget_dead_after_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
+            "forget_dead_after_s, max_pending_jobs_per_user, max_finished_jobs, "
+            "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
             "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
             "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s)"));
       });

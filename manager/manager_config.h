@@ -15,7 +15,10 @@ struct ManagerConfig {
   std::string listen = "127.0.0.1:7070";
   // Dashboard, JSON API and Prometheus /metrics (docs/observability.md); "" = off.
   std::string http_listen;
-  bool http_allow_remote = false;  // serve it beyond loopback (plain HTTP)
+  bool http_allow_remote = false;  // serve plain HTTP beyond loopback (HTTPS needs no flag)
+  // With a tokens file, /metrics needs a bearer token too unless this is set (/healthz and the
+  // dashboard's static files are always open; its data under /api/v1 never is).
+  bool http_open_metrics = false;
   std::string state_dir;
   absl::Duration heartbeat_period = absl::Seconds(1);  // what agents are told to use
   int suspect_after_missed = 3;                        // heartbeats missed before SUSPECT
@@ -29,10 +32,14 @@ struct ManagerConfig {
   int max_nodes = 10000;
   int max_slots_per_node = 1024;
   absl::Duration forget_dead_after = absl::Hours(24);  // DEAD this long and idle: forgotten
+  // What users can make the manager keep (Note [Retention] in job_table.cc).
+  int max_pending_jobs_per_user = 100;  // per token name ("" without tokens: everyone)
+  int max_finished_jobs = 1000;         // the oldest finished jobs beyond it are pruned
+  absl::Duration finished_job_ttl = absl::Hours(24 * 7);  // 0 = no age limit (at most a week)
   // Security (docs/operations.md "Security"): mutual TLS with agents, bearer tokens for
   // varunactl. Empty = plaintext / no tokens, allowed only on loopback or with allow_insecure.
   TlsFiles tls;
-  std::string tokens_file;  // lines "NAME TOKEN"
+  std::string tokens_file;  // lines "NAME TOKEN [USER]"
   bool allow_insecure = false;
   // Morphing (docs/morphing.md): how long workers get to save before the manager stops
   // waiting, how long after the last trigger the re-plan waits for more (coalescing), how

@@ -1,5 +1,6 @@
 #include "manager/manager_http.h"
 
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -7,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/net/proto_json.h"
 #include "manager/web_assets.h"
 
 namespace varuna {
@@ -34,7 +36,7 @@ int HttpStatus(const absl::Status& s) {
 template <typename T>
 Response Json(const absl::StatusOr<T>& r) {
   if (!r.ok()) return JsonError(HttpStatus(r.status()), std::string(r.status().message()));
-  return {200, "application/json", ProtoJson(*r)};
+  return {200, "application/json", ProtoJson(*r), {}};
 }
 
 int64_t ParamInt(const Request& req, const std::string& key, int64_t fallback) {
@@ -56,7 +58,7 @@ Response Logs(EventLoop& loop, Manager& m, const std::string& id, int lines) {
   };
   auto shared = std::make_shared<Shared>();
   const int ranks = std::min(job->placement_size(), 256);
-  if (ranks == 0) return {200, "application/json", "{\"ranks\": []}"};
+  if (ranks == 0) return {200, "application/json", "{\"ranks\": []}", {}};
   shared->pending = ranks;
   for (int r = 0; r < ranks; ++r) {
     const std::string node = job->placement(r).node();
@@ -105,35 +107,46 @@ Response Logs(EventLoop& loop, Manager& m, const std::string& id, int lines) {
     first = false;
   }
   body += "]}";
-  return {200, "application/json", body};
+  return {200, "application/json", body, {}};
 }
 
 }  // namespace
 
 void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
-                         const MetricsRegistry& metrics) {
-  http.Get("/metrics", [&metrics](const Request&) -> Response {
-    return {200, "text/plain; version=0.0.4; charset=utf-8", metrics.Text()};
-  });
+                         const MetricsRegistry& metrics, bool open_metrics) {
+  using Access = HttpServer::Access;
+  http.Get(
+      "/metrics",
+      [&metrics](const Request&) -> Response {
+        return {200, "text/plain; version=0.0.4; charset=utf-8", metrics.Text(), {}};
+      },
+      open_metrics ? Access::kPublic : Access::kToken);
   // Healthy = the manager's loop answers (not just the HTTP thread).
-  http.Get("/healthz", [&loop](const Request&) -> Response {
-    auto answered = std::make_shared<std::promise<void>>();
-    auto f = answered->get_future();
-    loop.Post([answered] { answered->set_value(); });
-    if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
-      return {503, "text/plain", "manager loop not answering\n"};
-    }
-    return {200, "text/plain", "ok\n"};
-  });
+  http.Get(
+      "/healthz",
+      [&loop](const Request&) -> Response {
+        auto answered = std::make_shared<std::promise<void>>();
+        auto f = answered->get_future();
+        loop.Post([answered] { answered->set_value(); });
+        if (f.wait_for(std::chrono::seconds(2)) != std::future_status::ready) {
+          return {503, "text/plain", "manager loop not answering\n", {}};
+        }
+        return {200, "text/plain", "ok\n", {}};
+      },
+      Access::kPublic, /*priority=*/true);
   http.Get("/api/v1/nodes", [&](const Request&) {
     v1::ListNodesResponse r;
     for (auto& n : loop.RunSync([&] { return m.ListNodes(); })) *r.add_nodes() = std::move(n);
-    return Response{200, "application/json", ProtoJson(r)};
+    return Response{200, "application/json", ProtoJson(r), {}};
   });
-  http.Get("/api/v1/jobs", [&](const Request&) {
-    v1::ListJobsResponse r;
-    for (auto& j : loop.RunSync([&] { return m.ListJobs(); })) *r.add_jobs() = std::move(j);
-    return Response{200, "application/json", ProtoJson(r)};
+  // Paged like ListJobs (Note [Pages] in manager.cc): ?page_size=N&page_token=T.
+  http.Get("/api/v1/jobs", [&](const Request& req) {
+    v1::ListJobsRequest q;
+    q.set_page_size(
+        static_cast<int32_t>(std::clamp<int64_t>(ParamInt(req, "page_size", 0), 0, 1000)));
+    if (auto it = req.params.find("page_token"); it != req.params.end())
+      q.set_page_token(it->second);
+    return Json(loop.RunSync([&] { return m.ListJobs(q); }));
   });
   http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64}))", [&](const Request& req) {
     return Json(loop.RunSync([&] { return m.GetJob(req.matches[0]); }));
@@ -154,8 +167,8 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
     v1::ListEventsRequest q;
     q.set_job_id(req.matches[0]);
     q.set_after_seq(ParamInt(req, "after_seq", 0));
-    return Response{200, "application/json",
-                    ProtoJson(loop.RunSync([&] { return m.ListEvents(q); }))};
+    return Response{
+        200, "application/json", ProtoJson(loop.RunSync([&] { return m.ListEvents(q); })), {}};
   });
   http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/logs)", [&](const Request& req) {
     const int tail = static_cast<int>(std::clamp<int64_t>(ParamInt(req, "tail", 20), 1, 200));
@@ -164,11 +177,14 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
   http.Get(R"(/api/v1/.*)", [](const Request& req) {
     return JsonError(404, absl::StrCat("no API endpoint ", req.path));
   });
-  http.Get(R"(/(|index\.html|app\.js|app\.css))", [](const Request& req) -> Response {
-    const WebAsset* a = FindWebAsset(req.path);
-    if (a == nullptr) return {404, "text/plain", "not found\n"};
-    return {200, std::string(a->content_type), std::string(a->body)};
-  });
+  // The dashboard itself is static and public: it asks for the token (web/src/app.js).
+  http.Get(R"(/(|index\.html|app\.js|app\.css))",
+           [](const Request& req) -> Response {
+             const WebAsset* a = FindWebAsset(req.path);
+             if (a == nullptr) return {404, "text/plain", "not found\n", {}};
+             return {200, std::string(a->content_type), std::string(a->body), {}};
+           },
+           Access::kPublic);
 }
 
 }  // namespace varuna

@@ -12,7 +12,9 @@
 
 namespace varuna {
 
+// Every route but /healthz and the dashboard's static files needs a bearer token when the
+// server has an authorizer; /metrics too unless `open_metrics`.
 void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& manager,
-                         const MetricsRegistry& metrics);
+                         const MetricsRegistry& metrics, bool open_metrics);
 
 }  // namespace varuna

@@ -1,10 +1,38 @@
 #include "manager/manager_metrics.h"
 
+#include <cmath>
 #include <set>
 
 #include "absl/strings/match.h"
 
 namespace varuna {
+namespace {
+
+// Note [Series from the start]: a job's counters and histograms exist at 0 from its
+// submission (AddJob), so its first morph is an increase that rate() and increase() see (a
+// series born at 1 hides it: Prometheus's "avoid missing metrics"). The same care for what
+// goes in: a histogram's sum is forever, so a value a peer made up (a NaN, 1e300 or negative step
+// time, a heartbeat round trip of a year) would poison it for the life of the series. Durations are
+// observed only when finite and in [0, max_s].
+bool Plausible(double seconds, double max_s) {
+  return std::isfinite(seconds) && seconds >= 0 && seconds <= max_s;
+}
+
+const prometheus::Histogram::BucketBoundaries& StepBuckets() {
+  static const auto* b =
+      new prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
+  return *b;
+}
+const prometheus::Histogram::BucketBoundaries& MorphBuckets() {
+  static const auto* b =
+      new prometheus::Histogram::BucketBoundaries{0.1, 0.3, 1, 3, 10, 30, 100, 300};
+  return *b;
+}
+const char* const kReasonKinds[] = {"lost", "preempted", "drained", "failed", "joined", "other"};
+const char* const kPhases[] = {"detect", "save",       "stop",      "plan",
+                               "launch", "rendezvous", "first_step"};
+
+}  // namespace
 
 ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
     : nodes_(r.Gauge("varuna_nodes", "Registered nodes by state")),
@@ -60,11 +88,10 @@ void ManagerMetrics::SetJobs(const std::map<std::string, double>& by_state) {
 void ManagerMetrics::OnSteps(const std::string& job, const std::vector<v1::StepRecord>& steps) {
   if (steps.empty()) return;
   const prometheus::Labels l{{"job", job}};
-  auto& hist = job_step_seconds_.Add(
-      l, prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100});
+  auto& hist = job_step_seconds_.Add(l, StepBuckets());
   const v1::StepRecord* newest = &steps[0];
   for (const v1::StepRecord& s : steps) {
-    if (s.step_time_s() > 0) hist.Observe(s.step_time_s());
+    if (s.step_time_s() > 0 && Plausible(s.step_time_s(), 86400)) hist.Observe(s.step_time_s());
     if (s.step() >= newest->step()) newest = &s;
   }
   job_step_.Add(l).Set(static_cast<double>(newest->step()));
@@ -93,11 +120,8 @@ std::string ManagerMetrics::ReasonKind(const std::string& reason) {
 void ManagerMetrics::OnMorph(const std::string& job, const v1::MorphRecord& morph) {
   morphs_.Add({{"job", job}, {"reason", ReasonKind(morph.reason())}}).Increment();
   for (const auto& [phase, seconds] : morph.phases()) {
-    if (phase == "total" || seconds < 0) continue;
-    morph_phase_
-        .Add({{"job", job}, {"phase", phase}},
-             prometheus::Histogram::BucketBoundaries{0.1, 0.3, 1, 3, 10, 30, 100, 300})
-        .Observe(seconds);
+    if (phase == "total" || !Plausible(seconds, 86400)) continue;
+    morph_phase_.Add({{"job", job}, {"phase", phase}}, MorphBuckets()).Observe(seconds);
   }
 }
 
@@ -107,7 +131,29 @@ void ManagerMetrics::OnHeartbeat(const std::string& node, double latency_s) {
     h = &heartbeat_latency_.Add({{"node", node}}, prometheus::Histogram::BucketBoundaries{
                                                       0.001, 0.003, 0.01, 0.03, 0.1, 1});
   }
-  h->Observe(latency_s);
+  if (Plausible(latency_s, 3600)) h->Observe(latency_s);
+}
+
+void ManagerMetrics::AddJob(const std::string& job) {
+  if (!jobs_known_.insert(job).second) return;
+  for (const char* kind : kReasonKinds) morphs_.Add({{"job", job}, {"reason", kind}});
+  for (const char* phase : kPhases)
+    morph_phase_.Add({{"job", job}, {"phase", phase}}, MorphBuckets());
+  job_step_seconds_.Add({{"job", job}}, StepBuckets());
+}
+
+void ManagerMetrics::ForgetJob(const std::string& job) {
+  if (!jobs_known_.erase(job)) return;
+  const prometheus::Labels l{{"job", job}};
+  for (const char* kind : kReasonKinds)
+    morphs_.Remove(&morphs_.Add({{"job", job}, {"reason", kind}}));
+  for (const char* phase : kPhases) {
+    morph_phase_.Remove(&morph_phase_.Add({{"job", job}, {"phase", phase}}, MorphBuckets()));
+  }
+  job_step_seconds_.Remove(&job_step_seconds_.Add(l, StepBuckets()));
+  for (auto* family : {&job_step_, &job_loss_, &job_samples_, &job_bubble_, &job_mfu_}) {
+    family->Remove(&family->Add(l));
+  }
 }
 
 void ManagerMetrics::ForgetNode(const std::string& node) {

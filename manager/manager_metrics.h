@@ -5,6 +5,7 @@
 // (prometheus-cpp's metrics are thread-safe).
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,11 @@ class ManagerMetrics {
   void OnHeartbeat(const std::string& node, double latency_s);
   // A node the manager forgot: its series go.
   void ForgetNode(const std::string& node);
+  // A job's counters and histograms, at 0 from its submission or the manager's recovery of it
+  // (Note [Series from the start] in manager_metrics.cc). Idempotent.
+  void AddJob(const std::string& job);
+  // A job the manager no longer keeps (pruned by retention): its series go.
+  void ForgetJob(const std::string& job);
 
   // The reason label of a morph: lost | preempted | drained | failed | joined | other.
   static std::string ReasonKind(const std::string& reason);
@@ -46,6 +52,7 @@ class ManagerMetrics {
   prometheus::Family<prometheus::Histogram>& heartbeat_latency_;
   std::map<std::string, prometheus::Gauge*> slots_by_node_;
   std::map<std::string, prometheus::Histogram*> latency_by_node_;
+  std::set<std::string> jobs_known_;
 };
 
 }  // namespace varuna

@@ -4,6 +4,7 @@
 
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
+#include "common/net/http_request.h"
 #include "common/net/rpc.h"
 #include "glog/logging.h"
 #include "manager/tokens.h"
@@ -109,7 +110,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
         return;
       }
       loop_->Post([this, reactor, req, resp, user, spec = *std::move(spec)]() mutable {
-        auto r = m_->Submit(*req, std::move(spec), user);
+        auto r = m_->Submit(*req, std::move(spec), user.name, user.unix_user);
         if (r.ok()) *resp->mutable_job() = *r;
         reactor->Finish(ToGrpcStatus(r.status()));
       });
@@ -121,8 +122,9 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                      v1::ListJobsResponse* resp) override {
     if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      for (auto& j : m_->ListJobs()) *resp->add_jobs() = std::move(j);
-      return absl::OkStatus();
+      auto r = m_->ListJobs(*req);
+      if (r.ok()) *resp = *std::move(r);
+      return r.status();
     });
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
@@ -140,7 +142,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     auto user = Authenticate(*ctx);
     if (!user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=, user = *user] {
-      auto r = m_->Cancel(req->job_id(), user);
+      auto r = m_->Cancel(req->job_id(), user.name);
       if (r.ok()) *resp->mutable_job() = *r;
       return r.status();
     });
@@ -180,7 +182,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                         const v1::PreemptNodeRequest* req,
                                         v1::PreemptNodeResponse* resp) override {
     if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
-    const std::string by = Authenticate(*ctx).value_or("");
+    const std::string by = Authenticate(*ctx).value_or(TokenTable::Caller{}).name;
     return OnLoop(loop_, ctx, [=] {
       if (req->in_ms() < 0 || req->in_ms() > int64_t{86400} * 1000 * 365) {
         return absl::InvalidArgumentError("preempt: in_ms must be in [0, one year]");
@@ -248,8 +250,8 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
 
  private:
   // The caller's token name ("" without a tokens file), or UNAUTHENTICATED naming why.
-  absl::StatusOr<std::string> Authenticate(const grpc::CallbackServerContext& ctx) const {
-    if (!tokens_) return std::string();
+  absl::StatusOr<TokenTable::Caller> Authenticate(const grpc::CallbackServerContext& ctx) const {
+    if (!tokens_) return TokenTable::Caller{};
     const auto& md = ctx.client_metadata();
     auto it = md.find("authorization");
     if (it == md.end()) {
@@ -257,9 +259,9 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
           "no token: this manager requires one (varunactl --token or $VARUNA_TOKEN)");
     }
     const std::string token = BearerToken(std::string(it->second.data(), it->second.size()));
-    auto name = tokens_->Lookup(token);
-    if (!name) return absl::UnauthenticatedError("the token is not in the manager's tokens file");
-    return *name;
+    auto caller = tokens_->Find(token);
+    if (!caller) return absl::UnauthenticatedError("the token is not in the manager's tokens file");
+    return *caller;
   }
 
   EventLoop* const loop_;
@@ -301,6 +303,9 @@ absl::Status ManagerServer::Start() {
   if (absl::Status s = manager_->Recover(); !s.ok()) return s;
   loop_.Start();
   files_.Start();
+  // The HTTP API takes the same tokens (Note [HTTP server] in common/net/http_server.cc).
+  std::shared_ptr<const TokenTable> http_tokens;
+  if (tokens) http_tokens = std::make_shared<const TokenTable>(*tokens);
   job_service_ = std::make_unique<JobService>(&loop_, &files_, manager_.get(), clock_,
                                               std::move(tokens), config_.check_job_files);
   registry_service_ = std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled);
@@ -311,9 +316,21 @@ absl::Status ManagerServer::Start() {
   address_ = started->address;
   if (metrics_registry_) {
     http_ = std::make_unique<HttpServer>();
-    RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_);
-    RETURN_IF_ERROR(http_->Start("varuna-manager", config_.http_listen, config_.http_allow_remote));
-    LOG(INFO) << "manager dashboard and /metrics on http://" << http_->address() << "/";
+    RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_, config_.http_open_metrics);
+    HttpServer::Options o;
+    o.who = "varuna-manager";
+    o.listen = config_.http_listen;
+    o.allow_remote = config_.http_allow_remote;
+    o.tls_cert_file = config_.tls.cert;
+    o.tls_key_file = config_.tls.key;
+    if (http_tokens) {
+      o.authorize = [http_tokens](const std::string& t) {
+        return http_tokens->Lookup(t).has_value();
+      };
+    }
+    RETURN_IF_ERROR(http_->Start(o));
+    LOG(INFO) << "manager dashboard and /metrics on " << (http_->tls() ? "https" : "http") << "://"
+              << http_->address() << "/" << (http_tokens ? " (bearer tokens)" : "");
   }
   LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir
             << (tls.enabled ? " tls=mutual" : " tls=off")

@@ -197,7 +197,7 @@ void MorphController::SendSaveRequests(Job& job, bool abort_step) {
     req.set_abort_step(abort_step);
     const std::string id = job.info().id();
     const int gen = job.info().generation();
-    agents_->For(nit->rec.address())
+    agents_->For(nit->rec.name(), nit->rec.address())
         ->Checkpoint(req, [this, id, gen, name](absl::StatusOr<v1::CheckpointResponse> r) {
           if (r.ok()) return;
           post_([this, id, gen, name, st = r.status()] { OnSaveRequestFailed(id, gen, name, st); });

@@ -102,6 +102,16 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Register(
           "register: the manager already knows max_nodes=", config_.max_nodes, " nodes"));
     }
   }
+  // Note [Agent identity] in agent_client.cc: one live node per address, or the manager would
+  // send one node's ranks to another. (A renamed agent on the same port waits, retrying,
+  // until the old name goes DEAD.)
+  for (const auto& [name, other] : nodes_) {
+    if (name != req.name() && !other.dead && other.rec.address() == req.address()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("register: address ", req.address(), " belongs to live node '", name,
+                       "' (one node per address; it is free once that node is DEAD)"));
+    }
+  }
   auto [it, inserted] = nodes_.try_emplace(req.name());
   Node& n = it->second;
   const bool changed = inserted || n.rec.address() != req.address() || n.rec.slots() != req.slots();

@@ -37,6 +37,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
            "CREATE TABLE IF NOT EXISTS steps (job TEXT, step INTEGER, gen INTEGER, record BLOB, "
            "PRIMARY KEY (job, step))",
            "CREATE TABLE IF NOT EXISTS profiles (key TEXT PRIMARY KEY, seq INTEGER, record BLOB)",
+           "CREATE TABLE IF NOT EXISTS specs (id TEXT PRIMARY KEY, seq INTEGER, yaml BLOB)",
        }) {
     absl::Status s = store->Exec(sql);
     if (!s.ok()) return s;
@@ -85,12 +86,48 @@ absl::Status StateStore::SaveNode(const v1::NodeRecord& node) {
 }
 
 absl::Status StateStore::DeleteNode(const std::string& name) {
+  return Delete("DELETE FROM nodes WHERE name = ?", name);
+}
+
+absl::Status StateStore::SaveSpec(const std::string& job_id, const std::string& yaml) {
+  return Put("INSERT OR REPLACE INTO specs (id, seq, yaml) VALUES (?, ?, ?)", job_id, 0, yaml);
+}
+
+absl::StatusOr<std::string> StateStore::LoadSpec(const std::string& job_id) {
   sqlite3_stmt* stmt = nullptr;
-  if (sqlite3_prepare_v2(db_, "DELETE FROM nodes WHERE name = ?", -1, &stmt, nullptr) !=
+  if (sqlite3_prepare_v2(db_, "SELECT yaml FROM specs WHERE id = ?", -1, &stmt, nullptr) !=
       SQLITE_OK) {
     return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
   }
-  sqlite3_bind_text(stmt, 1, name.data(), static_cast<int>(name.size()), SQLITE_TRANSIENT);
+  sqlite3_bind_text(stmt, 1, job_id.data(), static_cast<int>(job_id.size()), SQLITE_TRANSIENT);
+  const int rc = sqlite3_step(stmt);
+  std::string yaml;
+  if (rc == SQLITE_ROW) {
+    yaml.assign(static_cast<const char*>(sqlite3_column_blob(stmt, 0)),
+                static_cast<size_t>(sqlite3_column_bytes(stmt, 0)));
+  }
+  sqlite3_finalize(stmt);
+  if (rc == SQLITE_DONE) {
+    return absl::NotFoundError(absl::StrCat("state database ", path_, ": no spec of job ", job_id));
+  }
+  if (rc != SQLITE_ROW) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  return yaml;
+}
+
+absl::Status StateStore::DeleteJob(const std::string& job_id) {
+  RETURN_IF_ERROR(Delete("DELETE FROM steps WHERE job = ?", job_id));
+  RETURN_IF_ERROR(Delete("DELETE FROM specs WHERE id = ?", job_id));
+  return Delete("DELETE FROM jobs WHERE id = ?", job_id);
+}
+
+absl::Status StateStore::Delete(const char* sql, const std::string& key) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
+  }
+  sqlite3_bind_text(stmt, 1, key.data(), static_cast<int>(key.size()), SQLITE_TRANSIENT);
   const int rc = sqlite3_step(stmt);
   sqlite3_finalize(stmt);
   if (rc != SQLITE_DONE) {

@@ -24,6 +24,12 @@ class StateStore {
   absl::Status SaveJob(const v1::JobRecord& job);
   absl::Status SaveNode(const v1::NodeRecord& node);
   absl::Status DeleteNode(const std::string& name);
+  // A job's spec text, written once at submit and read when its workers launch (Note
+  // [Retention] in manager/job_table.cc: specs are not held in memory).
+  absl::Status SaveSpec(const std::string& job_id, const std::string& yaml);
+  absl::StatusOr<std::string> LoadSpec(const std::string& job_id);
+  // A job's record, spec and step records (retention).
+  absl::Status DeleteJob(const std::string& job_id);
   // All jobs, in submission order.
   absl::StatusOr<std::vector<v1::JobRecord>> LoadJobs();
   absl::StatusOr<std::vector<v1::NodeRecord>> LoadNodes();
@@ -44,6 +50,7 @@ class StateStore {
  private:
   explicit StateStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
   absl::Status Exec(const std::string& sql);
+  absl::Status Delete(const char* sql, const std::string& key);
   absl::Status Put(const char* sql, const std::string& key, int64_t seq, const std::string& blob);
 
   sqlite3* db_;

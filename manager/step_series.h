@@ -31,6 +31,8 @@ class StepSeries {
   absl::StatusOr<v1::GetMetricsResponse> Get(const v1::GetMetricsRequest& req) const;
   // The newest step record of a job this manager has seen, or nullptr.
   const v1::StepRecord* Newest(const std::string& job_id) const;
+  // A pruned job: its newest record goes (the store's rows go with the job).
+  void Forget(const std::string& job_id) { newest_.erase(job_id); }
 
  private:
   StateStore* const store_;

@@ -24,6 +24,15 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
 
 }  // namespace
 
+bool IsUnixUserName(const std::string& s) {
+  if (s.empty() || s.size() > 32) return false;
+  if (!(absl::ascii_islower(s[0]) || s[0] == '_')) return false;
+  for (char c : s) {
+    if (!(absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '_' || c == '-')) return false;
+  }
+  return true;
+}
+
 absl::StatusOr<TokenTable> TokenTable::Parse(const std::string& text, const std::string& name) {
   TokenTable t;
   int line_no = 0;
@@ -37,9 +46,14 @@ absl::StatusOr<TokenTable> TokenTable::Parse(const std::string& text, const std:
       return absl::InvalidArgumentError(
           absl::StrCat("tokens file ", name, " line ", line_no, ": ", why));
     };
-    if (words.size() != 2) return bad("expected 'NAME TOKEN'");
+    if (words.size() != 2 && words.size() != 3) return bad("expected 'NAME TOKEN [USER]'");
     if (words[1].size() < 16) return bad("token is shorter than 16 characters");
-    if (!t.by_token_.emplace(words[1], words[0]).second) return bad("token listed twice");
+    Caller caller{words[0], words.size() == 3 ? words[2] : ""};
+    if (words.size() == 3 && !IsUnixUserName(caller.unix_user)) {
+      return bad(absl::StrCat("'", caller.unix_user,
+                              "' is not a Unix user name ([a-z_][a-z0-9_-]*, at most 32)"));
+    }
+    if (!t.by_token_.emplace(words[1], std::move(caller)).second) return bad("token listed twice");
   }
   if (t.by_token_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("tokens file ", name, " has no tokens"));
@@ -53,17 +67,12 @@ absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   return Parse(*text, path);
 }
 
-std::optional<std::string> TokenTable::Lookup(const std::string& token) const {
-  std::optional<std::string> found;
-  for (const auto& [t, name] : by_token_) {
-    if (ConstantTimeEqual(t, token)) found = name;
+std::optional<TokenTable::Caller> TokenTable::Find(const std::string& token) const {
+  std::optional<Caller> found;
+  for (const auto& [t, caller] : by_token_) {
+    if (ConstantTimeEqual(t, token)) found = caller;
   }
   return found;
-}
-
-std::string BearerToken(const std::string& header) {
-  if (header.size() < 7 || !absl::EqualsIgnoreCase(header.substr(0, 7), "bearer ")) return "";
-  return std::string(absl::StripAsciiWhitespace(header.substr(7)));
 }
 
 }  // namespace varuna

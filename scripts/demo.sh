@@ -22,6 +22,14 @@ port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1
 export VARUNA_MANAGER=127.0.0.1:$port
 http_port=${VARUNA_DASHBOARD_PORT:-$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')}
 echo "dashboard: http://127.0.0.1:$http_port/  (Prometheus metrics: http://127.0.0.1:$http_port/metrics)"
+# Run as root, the agents start workers as the unprivileged user 'varuna' (made by
+# install_deps.sh); if that user cannot reach the worker binary or the corpus from here (a
+# checkout under a private home), they run as root instead, said out loud.
+worker_flags=()
+if [[ $(id -u) -eq 0 ]] && ! runuser -u varuna -- test -x "$BIN/varuna-worker" -a -r "$DEMO/fortunes.txt" 2>/dev/null; then
+  echo "demo: user 'varuna' cannot reach $BIN; workers run as root (--allow_root_workers)"
+  worker_flags=(--allow_root_workers)
+fi
 pids=()
 cleanup() {
   # Agents first (they stop their workers), then the manager.
@@ -35,7 +43,8 @@ trap cleanup EXIT
 pids+=($!)
 for n in 0 1; do
   "$BIN/varuna-agent" --manager "$VARUNA_MANAGER" --listen 127.0.0.1:0 --slots 2 \
-    --name "agent$n" --work_dir "$DEMO/cluster/agent$n" 2> "$DEMO/cluster/agent$n.log" &
+    --name "agent$n" --work_dir "$DEMO/cluster/agent$n" "${worker_flags[@]}" \
+    2> "$DEMO/cluster/agent$n.log" &
   pids+=($!)
 done
 for _ in $(seq 100); do

@@ -10,13 +10,21 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   fortunes fortunes-min
-  iproute2 procps openssl
+  iproute2 procps openssl libssl-dev systemd
   clang-format
-  prometheus-cpp-dev libcpp-httplib-dev prometheus python3-prometheus-client chromium
+  prometheus-cpp-dev prometheus python3-prometheus-client chromium
 )
 
 # The dashboard is built with npm (Node's own packages, or Debian's when there is none).
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
+
+# The unprivileged user a root agent runs workers as by default (Note [Worker user] in
+# agent/agent.cc). Made only when we are root (an agent that is not root runs workers as
+# itself and needs no such user).
+if [[ $(id -u) -eq 0 ]] && ! id varuna >/dev/null 2>&1; then
+  useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin varuna
+  echo "install_deps: created the system user 'varuna' (workers of a root agent run as it)"
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

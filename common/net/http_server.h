@@ -1,26 +1,26 @@
 #pragma once
 
-// A small HTTP/1.1 server for /metrics, /healthz, the dashboard and its JSON API
-// (docs/observability.md), on cpp-httplib. Handlers run on the server's own threads: they must
-// not touch a daemon's state directly (the manager's handlers go through its event loop).
+// The HTTP(S) server behind /metrics, /healthz, the dashboard and its JSON API
+// (docs/observability.md, docs/operations.md "Security"). GET only, one request per
+// connection, built to be reachable by anyone (Note [HTTP server] in http_server.cc): request
+// heads are read on one poll thread with a total deadline, so a slow peer holds no handler
+// thread; connections per peer are capped; /healthz has a thread of its own; routes need a
+// bearer token unless registered public. Handlers run on the server's threads: they must not
+// touch a daemon's state directly (the manager's go through its event loop).
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
+#include <regex>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/net/proto_json.h"
-
-namespace google::protobuf {
-class Message;
-}
-namespace httplib {
-class Server;
-}
 
 namespace varuna {
 
@@ -35,28 +35,55 @@ class HttpServer {
     int status = 200;
     std::string content_type = "application/json";
     std::string body;
+    std::vector<std::pair<std::string, std::string>> headers;  // extra ones
   };
   using Handler = std::function<Response(const Request&)>;
+  // Who may call a route: anyone, or (when the server has an authorizer) a bearer token.
+  enum class Access { kToken, kPublic };
+
+  struct Options {
+    std::string who;     // for messages: "varuna-manager"
+    std::string listen;  // HOST:PORT; port 0 picks a free one
+    // Plain HTTP beyond loopback needs this (the daemons' --http_allow_remote); HTTPS does not.
+    bool allow_remote = false;
+    // HTTPS with these (PEM paths: the daemon's own certificate and key); plain HTTP if empty.
+    std::string tls_cert_file;
+    std::string tls_key_file;
+    // True if a bearer token may call kToken routes; unset: every route is public.
+    std::function<bool(const std::string& token)> authorize;
+    int max_connections_per_peer = 32;
+    int max_connections = 512;
+    std::chrono::milliseconds head_deadline{5000};    // accept (and TLS handshake) to full head
+    std::chrono::milliseconds write_deadline{10000};  // the whole response
+    int handler_threads = 8;
+    int max_queued = 64;  // requests waiting for a handler thread; more get 503
+  };
 
   HttpServer();
   ~HttpServer();  // Stops.
-  // Routes GET requests whose path fully matches `pattern` (ECMAScript regex).
-  void Get(const std::string& pattern, Handler handler);
-  // Binds `listen` (HOST:PORT; port 0 picks a free one) and serves on a background thread.
-  // Beyond loopback it needs `allow_remote` (the server speaks plain HTTP; the daemons'
-  // --http_allow_remote, separate from --allow_insecure, which concerns gRPC).
-  absl::Status Start(const std::string& who, const std::string& listen, bool allow_remote);
+  // Routes GET requests whose path fully matches `pattern` (ECMAScript regex). Before Start.
+  // `priority`: served on a thread of its own, never queued behind other routes (health).
+  void Get(const std::string& pattern, Handler handler, Access access = Access::kToken,
+           bool priority = false);
+  absl::Status Start(const Options& options);
   // HOST:PORT actually bound ("" before Start).
   const std::string& address() const { return address_; }
+  bool tls() const;
   void Stop();
 
+  struct Connection;  // http_server.cc
+  struct Route {
+    std::regex pattern;
+    Handler handler;
+    Access access;
+    bool priority;
+  };
+
  private:
-  bool HostAllowed(const std::string& host) const;  // Note [Host check]
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  class Impl;
+  std::vector<Route> routes_;
+  std::unique_ptr<Impl> impl_;
   std::string address_;
-  std::string bound_host_;
-  bool loopback_ = true;
 };
 
 HttpServer::Response JsonError(int status, const std::string& message);

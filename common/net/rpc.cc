@@ -76,8 +76,10 @@ std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
   return "";
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls,
+                                           const std::string& peer_name) {
   grpc::ChannelArguments args;
+  if (tls.enabled && !peer_name.empty()) args.SetSslTargetNameOverride(peer_name);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 30000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   // Reconnect quickly after a daemon restart: the default backoff grows to two minutes.

@@ -50,7 +50,10 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& what = "")
 // control plane: TLS when `tls.enabled` (the server's certificate is verified against the CA
 // and must name the host; a client certificate is presented when one is loaded), else
 // plaintext.
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls = {});
+// `peer_name`: with TLS, the name the server's certificate must carry (default: the
+// address's host).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls = {},
+                                           const std::string& peer_name = "");
 
 // Sets a deadline of `timeout` from now on a fresh context.
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout);

@@ -4,6 +4,7 @@
 
 #include "agent/agent.h"
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 
@@ -23,6 +24,7 @@
 namespace varuna {
 namespace {
 
+using ::testing::HasSubstr;
 using ::varuna::testing::FakeClock;
 using ::varuna::testing::IsOk;
 
@@ -231,6 +233,47 @@ TEST_F(AgentProtocolTest, HeartbeatsStayUnderTheBudgetAndEveryStepFollows) {
   }
   ASSERT_EQ(static_cast<int>(seen.size()), kSteps);
   for (int s = 1; s <= kSteps; ++s) EXPECT_EQ(seen[s - 1], s);
+}
+
+// Which user the agent asks the launcher for (Note [Worker user]).
+TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_user_test_", getpid());
+  std::filesystem::remove_all(dir);
+  auto launch_as = [&](AgentConfig c,
+                       const std::string& token_user) -> absl::StatusOr<std::string> {
+    c.name = "a";
+    c.manager = "127.0.0.1:1";
+    c.work_dir = dir;
+    c.slots = 1;
+    FakeClock clock;
+    RecordingLauncher launcher;
+    Agent agent(c, &clock, &launcher);
+    v1::LaunchRequest launch;
+    launch.set_job_id("j");
+    launch.set_generation(1);
+    launch.set_spec_yaml("x: 1");
+    launch.set_world_size(1);
+    launch.add_ranks()->set_rank(0);
+    launch.set_run_as_user(token_user);
+    auto r = agent.Launch(launch);
+    if (!r.ok()) return r.status();
+    const ProcessSpec& spec = launcher.procs_.at(100).spec;
+    EXPECT_EQ(spec.owned_paths, std::vector<std::string>{dir + "/jobs/j/gen1"});
+    return spec.user + (spec.allow_root ? " (root allowed)" : "");
+  };
+  AgentConfig c;
+  EXPECT_EQ(launch_as(c, "").value_or("?"), "varuna");
+  auto refused = launch_as(c, "bob");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("--allowed_worker_users"));
+  c.allowed_worker_users = {"bob", "carol"};
+  EXPECT_EQ(launch_as(c, "bob").value_or("?"), "bob");
+  c.worker_user = "svc";
+  EXPECT_EQ(launch_as(c, "").value_or("?"), "svc");
+  c.allow_root_workers = true;
+  EXPECT_EQ(launch_as(c, "").value_or("?"), " (root allowed)");  // as the agent itself
+  EXPECT_EQ(launch_as(c, "carol").value_or("?"), "carol (root allowed)");
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

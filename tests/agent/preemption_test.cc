@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -113,6 +114,35 @@ TEST(HttpGetTest, ATricklingEndpointIsCutOffAtTheDeadline) {
   close(listener);
   EXPECT_EQ(reply.status().code(), absl::StatusCode::kDeadlineExceeded) << reply.status();
   EXPECT_LT(took, 5.0);  // the trickle alone would take 10 s
+}
+
+// Shutdown never waits on a poll: the cancel fd ends one in flight at once, however long its
+// deadline.
+TEST(HttpGetTest, TheCancelFdEndsAPollInFlight) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  ASSERT_EQ(listen(listener, 1), 0);  // accepts (the kernel does), never answers
+  const int cancel = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const uint64_t one = 1;
+    (void)!write(cancel, &one, sizeof one);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  auto reply = HttpGet(absl::StrCat("http://127.0.0.1:", ntohs(addr.sin_port), "/x"),
+                       absl::Seconds(30), cancel);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  canceller.join();
+  close(cancel);
+  close(listener);
+  EXPECT_EQ(reply.status().code(), absl::StatusCode::kCancelled) << reply.status();
+  EXPECT_LT(took, 2.0);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -113,6 +114,51 @@ TEST_F(ProcessLauncherTest, WithoutAControlFifoThereIsNoChannel) {
   EXPECT_THAT(launcher_.SendCommand(pid, "{\"stop\":{}}"),
               StatusIs(absl::StatusCode::kUnimplemented, ""));
   KillAndReap(pid);
+}
+
+// Note [Worker user] in agent/agent.cc: run as root, the launcher switches to the worker user
+// (and gives it the generation's directory and FIFO); root itself only when allowed.
+TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  const struct passwd* pw = getpwnam("varuna");
+  if (pw == nullptr) GTEST_SKIP() << "no user 'varuna' (scripts/install_deps.sh makes it)";
+  const uid_t uid = pw->pw_uid;
+  chmod(dir_.c_str(), 0755);  // the log and the owned dir live here
+  const std::string gen = dir_ + "/gen1";
+  std::filesystem::create_directories(gen);
+  fifo_ = gen + "/control.rank0";
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", "id -u; echo $HOME $USER; touch progress"};
+  spec.env = {{"PATH", "/usr/bin:/bin"}, {"USER", "root"}};
+  spec.log_path = dir_ + "/log";
+  spec.cwd = gen;
+  spec.control_fifo = fifo_;
+  spec.user = "varuna";
+  spec.owned_paths = {gen};
+  absl::StatusOr<int> pid = launcher_.Launch(spec);
+  ASSERT_THAT(pid, IsOk());
+  ASSERT_TRUE(Eventually([&] { return !launcher_.Reap().empty(); }));
+  std::ifstream log(dir_ + "/log");
+  std::string id, home_user;
+  std::getline(log, id);
+  std::getline(log, home_user);
+  EXPECT_EQ(id, std::to_string(uid));
+  EXPECT_EQ(home_user, absl::StrCat(pw->pw_dir, " varuna"));
+  struct stat st {};
+  ASSERT_EQ(stat((gen + "/progress").c_str(), &st), 0) << "the worker can write its directory";
+  EXPECT_EQ(st.st_uid, uid);
+
+  spec.user = "root";
+  EXPECT_THAT(launcher_.Launch(spec),
+              StatusIs(absl::StatusCode::kPermissionDenied, "--allow_root_workers"));
+  spec.user = "no-such-user-here";
+  EXPECT_THAT(launcher_.Launch(spec),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "no-such-user-here"));
+  spec.user = "root";
+  spec.allow_root = true;
+  spec.argv = {"/bin/true"};
+  EXPECT_THAT(launcher_.Launch(spec), IsOk());
+  ASSERT_TRUE(Eventually([&] { return !launcher_.Reap().empty(); }));
 }
 
 }  // namespace

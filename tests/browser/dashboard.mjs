@@ -1,9 +1,12 @@
 // Drives varuna-manager's dashboard in the system Chromium and checks what it shows for a job.
 //
 //   node tests/browser/dashboard.mjs --url http://127.0.0.1:PORT/ --job JOBID --steps N \
-//       --ranks R --screenshot OUT.png [--morph] [--timeout_s 120] [--node_modules DIR]
+//       --ranks R --screenshot OUT.png [--morph] [--token T] [--timeout_s 120]
+//       [--node_modules DIR]
 //
 // Checks (polled until --timeout_s, the page updates live):
+//   - with --token: the page (loaded without one) asks for it (#auth-form), and shows the
+//     job once it is typed in; HTTPS certificates are not checked (the test's own CA);
 //   - the job is in the job list (#jobs tr[data-job-id=JOBID]) and clicking it selects it
 //     (#job-detail[data-job-id=JOBID]);
 //   - its loss chart plotted exactly N points (#chart-loss[data-points=N][data-job=JOBID]);
@@ -41,7 +44,7 @@ const opts = { morph: false, timeout_s: 120 };
     const eq = k.indexOf('=');
     if (eq >= 0) { v = k.slice(eq + 1); k = k.slice(0, eq); }
     if (k === 'morph') { opts.morph = true; continue; }
-    if (!['url', 'job', 'steps', 'ranks', 'screenshot', 'timeout_s', 'node_modules'].includes(k)) usage(`unknown flag --${k}`);
+    if (!['url', 'job', 'steps', 'ranks', 'screenshot', 'timeout_s', 'node_modules', 'token'].includes(k)) usage(`unknown flag --${k}`);
     if (v === undefined) {
       if (i + 1 >= a.length) usage(`--${k} needs a value`);
       v = a[++i];
@@ -133,7 +136,7 @@ try {
     args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-background-networking'],
     timeout: 60000,
   });
-  page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
+  page = await browser.newPage({ viewport: { width: 1280, height: 800 }, ignoreHTTPSErrors: true });
   page.on('pageerror', (e) => { pageErrors.push(String(e && e.message || e)); console.log(`page error: ${e}`); });
   // HTTP errors the page rides out (logs while workers restart) are counted, not printed.
   page.on('console', (m) => {
@@ -146,6 +149,19 @@ try {
   const resp = await page.goto(opts.url, { waitUntil: 'load', timeout: TIMEOUT_S * 1000 });
   report('page loads', !!resp && resp.ok(), `${opts.url} -> HTTP ${resp ? resp.status() : 'none'}`);
   await page.evaluate(() => { window.__varunaMarker = 1; });
+
+  if (opts.token !== undefined) {
+    let asked = false;
+    try {
+      await page.locator('#auth-form:not([hidden]) #auth-token').waitFor({ timeout: 15000 });
+      asked = true;
+    } catch (e) { /* reported below */ }
+    report('token prompt', asked, asked ? 'the page asked for a token' : 'no #auth-form appeared');
+    if (asked) {
+      await page.fill('#auth-token', opts.token);
+      await page.click('#auth-form button[type=submit]');
+    }
+  }
 
   let s = await waitFor(page, deadline, (x) => x.listed);
   report('job listed', s.listed, s.listed ? `job ${JOB} is in the job list` : `job ${JOB} never appeared in #jobs`);

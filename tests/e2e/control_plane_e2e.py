@@ -35,10 +35,13 @@ class Cluster:
     """A manager and agents as separate processes; logs under one temp dir."""
 
     def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None,
-                 secure=False, manager_config="", agent_args=None):
+                 secure=False, manager_config="", agent_args=None, worker_user=None,
+                 tokens=None):
         """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
         secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
-        then sends the CA and `self.token`."""
+        then sends the CA and `self.token`. worker_user: the agents' --worker_user (default:
+        workers run as the agent, --allow_root_workers). tokens: extra tokens-file lines."""
+        self.worker_user = worker_user
         self.dir = tempfile.mkdtemp(prefix="varuna-cp-")
         self.certs = os.path.join(self.dir, "certs") if secure else None
         self.token = "alice-token-0123456789" if secure else None
@@ -47,7 +50,7 @@ class Cluster:
                            [f"node{i}=127.0.0.1" for i in range(agents)], check=True,
                            stdout=subprocess.DEVNULL)
             with open(os.path.join(self.dir, "tokens"), "w") as f:
-                f.write(f"alice {self.token}\n")
+                f.write(f"alice {self.token}\n" + "".join(t + "\n" for t in tokens or []))
         self.port = free_port()
         self.address = f"{manager_host}:{self.port}"
         self.agent_host = agent_host or (lambda name: ([], "127.0.0.1"))
@@ -85,8 +88,15 @@ class Cluster:
                 prefix + [AGENT, "--manager", self.address, "--listen", f"{host}:0", "--slots",
                           str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)]
                 + self.insecure(host) + (self.tls_flags(name) if self.certs else [])
-                + self.agent_args.get(name, []),
+                + self.worker_user_flags() + self.agent_args.get(name, []),
                 stdout=log, stderr=subprocess.STDOUT)
+
+    def worker_user_flags(self):
+        """The harness's temp dirs are root's (0700): workers run as the agent, asked for
+        explicitly (tests/hostile runs them as the unprivileged user)."""
+        if self.worker_user is not None:
+            return ["--worker_user", self.worker_user]
+        return ["--allow_root_workers"] if os.geteuid() == 0 else []
 
     def insecure(self, host):
         """Plaintext beyond loopback (the network-namespace hosts) must be asked for."""

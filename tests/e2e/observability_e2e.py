@@ -1,6 +1,9 @@
 """Observability with real binaries on loopback (docs/observability.md): a manager with
---http_listen and two agents with their own /metrics run a 2 x 2 job that loses a node to a
-drain mid-run (a morph) and finishes. Then:
+--http_listen and two agents with their own /metrics, all with mutual TLS and a tokens file (so
+every HTTP port speaks HTTPS and the manager's API needs the bearer token), run a 2 x 2 job that
+loses a node to a drain mid-run (a morph) and finishes. Then:
+  - every /api/v1 path, and /metrics, answer 401 without the token; /healthz and the
+    dashboard's static files answer without it;
   - /metrics of the manager and of each agent pass `promtool check metrics` and, parsed by the
     Prometheus Python client's text-format parser, hold every metric with its labels;
   - /healthz answers; the JSON API returns what `varunactl -o json` prints;
@@ -11,6 +14,7 @@ drain mid-run (a morph) and finishes. Then:
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import unittest
@@ -28,9 +32,18 @@ STEPS = 40
 PROMTOOL = shutil.which("promtool")
 
 
-def get(url, timeout=10):
+TLS = {"ca": None}  # the cluster CA the HTTPS clients check against (set by Scenario)
+
+
+def get(url, timeout=10, token=None, headers=None):
+    """GET url (with the bearer token, if given): (status, body, content type)."""
+    h = dict(headers or {})
+    if token:
+        h["Authorization"] = f"Bearer {token}"
+    ctx = ssl.create_default_context(cafile=TLS["ca"]) if url.startswith("https") else None
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=h), timeout=timeout,
+                                    context=ctx) as r:
             return r.status, r.read().decode(), r.headers.get("Content-Type", "")
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(), e.headers.get("Content-Type", "")
@@ -62,12 +75,13 @@ class Scenario(unittest.TestCase):
     def setUpClass(cls):
         cls.http = free_port()
         cls.agent_http = {f"node{i}": free_port() for i in range(2)}
-        cls.c = Cluster(agents=2, slots=2,
+        cls.c = Cluster(agents=2, slots=2, secure=True,
                         manager_config=MORPH_CONFIG + f"http_listen: 127.0.0.1:{cls.http}\n",
                         agent_args={n: ["--http_listen", f"127.0.0.1:{p}"]
                                     for n, p in cls.agent_http.items()})
+        TLS["ca"] = os.path.join(cls.c.certs, "ca.pem")
         try:
-            cls.base = f"http://127.0.0.1:{cls.http}"
+            cls.base = f"https://127.0.0.1:{cls.http}"
             job = write_morph_job(cls.c, steps=STEPS, stages=2)
             cls.job = json.loads(cls.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
             wait_for(lambda: cls.c.status(cls.job)["step"] >= 5, 180, "step 5")
@@ -90,10 +104,36 @@ class ObservabilityTest(Scenario):
         self.assertEqual(self.final["state"], "SUCCEEDED", self.final)
         self.assertGreaterEqual(len(self.final["morphs"]), 1, self.final)
 
+    def metrics_text(self):
+        return get(self.base + "/metrics", token=self.c.token)[1]
+
+    def api(self, path):
+        """The JSON at /api/v1/PATH, with the token."""
+        status, body, _ = get(f"{self.base}/api/v1/{path}", token=self.c.token)
+        self.assertEqual(status, 200, body)
+        return json.loads(body)
+
+    def test_every_api_path_needs_the_token(self):
+        paths = ["nodes", "jobs", f"jobs/{self.job}", f"jobs/{self.job}/metrics",
+                 f"jobs/{self.job}/stages", f"jobs/{self.job}/events", f"jobs/{self.job}/logs",
+                 "jobs/no-such-job", "bogus"]
+        for path in paths:
+            for token in (None, "mallory-token-0123456789"):
+                status, body, _ = get(f"{self.base}/api/v1/{path}", token=token)
+                self.assertEqual(status, 401, (path, token, body))
+                self.assertNotIn(self.job, body)
+        self.assertEqual(get(self.base + "/metrics")[0], 401)
+        self.assertEqual(get(self.base + "/healthz")[0], 200)
+        for asset in ("/", "/app.js", "/app.css"):
+            self.assertEqual(get(self.base + asset)[0], 200, asset)
+        # Plain HTTP to the HTTPS port serves nothing.
+        with self.assertRaises(Exception):
+            urllib.request.urlopen(f"http://127.0.0.1:{self.http}/api/v1/jobs", timeout=10)
+
     def test_healthz(self):
         self.assertEqual(get(self.base + "/healthz")[:2], (200, "ok\n"))
         for port in self.agent_http.values():
-            self.assertEqual(get(f"http://127.0.0.1:{port}/healthz")[0], 200)
+            self.assertEqual(get(f"https://127.0.0.1:{port}/healthz")[0], 200)
 
     def check_promtool(self, text):
         if PROMTOOL is None:
@@ -105,9 +145,9 @@ class ObservabilityTest(Scenario):
     def test_manager_metrics(self):
         # Counts by state are refreshed once a second (Note [Metrics]): wait for the end.
         wait_for(lambda: any(lab.get("state") == "SUCCEEDED" and v == 1 for lab, v in
-                             samples(get(self.base + "/metrics")[1]).get("varuna_jobs", [])),
+                             samples(self.metrics_text()).get("varuna_jobs", [])),
                  10, "varuna_jobs{state=SUCCEEDED} to read 1")
-        status, text, ctype = get(self.base + "/metrics")
+        status, text, ctype = get(self.base + "/metrics", token=self.c.token)
         self.assertEqual(status, 200)
         self.assertIn("text/plain", ctype)
         self.check_promtool(text)
@@ -142,7 +182,7 @@ class ObservabilityTest(Scenario):
 
     def test_agent_metrics(self):
         for name, port in self.agent_http.items():
-            status, text, _ = get(f"http://127.0.0.1:{port}/metrics")
+            status, text, _ = get(f"https://127.0.0.1:{port}/metrics")
             self.assertEqual(status, 200)
             self.check_promtool(text)
             s = samples(text)
@@ -154,39 +194,39 @@ class ObservabilityTest(Scenario):
             self.assertEqual(s["varuna_agent_slots"][0][1], 2)
 
     def test_json_api_is_what_varunactl_prints(self):
-        status, body, ctype = get(self.base + "/api/v1/jobs/" + self.job)
+        status, body, ctype = get(self.base + "/api/v1/jobs/" + self.job, token=self.c.token)
         self.assertEqual(status, 200)
         self.assertIn("application/json", ctype)
         self.assertEqual(json.loads(body), self.c.status(self.job))
-        jobs = json.loads(get(self.base + "/api/v1/jobs")[1])["jobs"]
+        jobs = self.api("jobs")["jobs"]
         self.assertEqual([j["id"] for j in jobs], [self.job])
-        nodes = json.loads(get(self.base + "/api/v1/nodes")[1])["nodes"]
+        nodes = self.api("nodes")["nodes"]
         self.assertEqual(sorted(n["name"] for n in nodes), ["node0", "node1"])
-        steps = json.loads(get(self.base + f"/api/v1/jobs/{self.job}/metrics")[1])["steps"]
+        steps = self.api(f"jobs/{self.job}/metrics")["steps"]
         self.assertEqual([int(s["step"]) for s in steps], list(range(1, STEPS + 1)))
         self.assertTrue(all(s["stage_busy_s"] for s in steps[-5:]), steps[-1])
-        stages = json.loads(get(self.base + f"/api/v1/jobs/{self.job}/stages")[1])["stages"]
+        stages = self.api(f"jobs/{self.job}/stages")["stages"]
         self.assertEqual([s["rank"] for s in stages], list(range(self.final["slots"])))
         self.assertTrue(all(s["layers"] and s["node"] == "node0" for s in stages), stages)
         self.assertAlmostEqual(sum(s["cost"] for s in stages if s["pipeline"] == 0), 1.0,
                                places=6)
-        logs = json.loads(get(self.base + f"/api/v1/jobs/{self.job}/logs?tail=5")[1])
+        logs = self.api(f"jobs/{self.job}/logs?tail=5")
         self.assertEqual(len(logs["ranks"]), self.final["slots"])
         self.assertTrue(all(len(r["lines"]) <= 5 for r in logs["ranks"]))
         self.assertTrue(any(r["lines"] for r in logs["ranks"]), logs)
         # Errors are JSON naming the problem, never a crash.
-        status, body, _ = get(self.base + "/api/v1/jobs/no-such-job")
+        status, body, _ = get(self.base + "/api/v1/jobs/no-such-job", token=self.c.token)
         self.assertEqual(status, 404)
         self.assertIn("no-such-job", json.loads(body)["error"])
-        self.assertEqual(get(self.base + "/api/v1/bogus")[0], 404)
-        self.assertEqual(get(self.base + "/api/v1/jobs/%2e%2e%2fx")[0], 404)
-        self.assertEqual(get(self.base + "/api/v1/jobs/no-such-job/events")[0], 404)
+        self.assertEqual(get(self.base + "/api/v1/bogus", token=self.c.token)[0], 404)
+        self.assertEqual(get(self.base + "/api/v1/jobs/%2e%2e%2fx", token=self.c.token)[0], 404)
+        self.assertEqual(get(self.base + "/api/v1/jobs/no-such-job/events",
+                             token=self.c.token)[0], 404)
         self.assertEqual(get(self.base + "/healthz")[0], 200)
-        # Note [Host check] (common/net/http_server.cc): a page whose DNS name was rebound to 127.0.0.1 is refused.
-        req = urllib.request.Request(self.base + "/api/v1/jobs", headers={"Host": "evil.example"})
-        with self.assertRaises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req, timeout=10)
-        self.assertEqual(e.exception.code, 403)
+        # Note [Host check] (common/net/http_server.cc): a page whose DNS name was rebound to
+        # 127.0.0.1 is refused.
+        self.assertEqual(get(self.base + "/api/v1/jobs", token=self.c.token,
+                             headers={"Host": "evil.example"})[0], 403)
 
     def test_plain_http_beyond_loopback_needs_its_own_flag(self):
         r = subprocess.run([os.path.join(BIN_DIR, "varuna-manager"), "--listen", "127.0.0.1:0",
@@ -216,7 +256,7 @@ class DashboardTest(Scenario):
         r = subprocess.run([node, os.path.join(REPO, "tests", "browser", "dashboard.mjs"),
                             "--url", self.base + "/", "--job", self.job, "--steps", str(STEPS),
                             "--ranks", str(self.final["slots"]), "--morph", "--screenshot", shot,
-                            "--timeout_s", "90"],
+                            "--token", self.c.token, "--timeout_s", "90"],
                            capture_output=True, text=True, timeout=180,
                            env=dict(os.environ, NODE_PATH=os.path.abspath(modules)))
         if r.returncode == 77:

@@ -162,4 +162,33 @@ WORKER_PROTOCOL = {
 }
 for name, text in WORKER_PROTOCOL.items():
     put("worker_protocol_fuzz", name, text.encode("latin-1"))  # \xff: that byte, not UTF-8
+
+# The agent reading a job's progress files: valid step lines, and the issue-23 heartbeat flood
+# (step records whose per-stage lists add up past the heartbeat budget).
+STEP = '{"step": %d, "loss": 2.5, "step_time_s": 0.1, "samples_per_s": 80}\n'
+BIG_STAGES = '{"step": %d, "loss": 1, "stage_busy_s": [' + ",".join(["0.5"] * 20000) + "]}\n"
+PROGRESS = {
+    "valid": '{"ready": {}}\n' + "".join(STEP % i for i in range(1, 6)) + SEP +
+             "".join(STEP % i for i in range(1, 6)),
+    "flood": SEP.join("".join(BIG_STAGES % (10 * k + i) for i in range(10)) for k in range(6)),
+    "partial_lines": '{"step": 1, "lo' + SEP + 'ss": 2}\n{"step": 2}' + SEP + "\n" + "x" * 70000,
+    "garbage": "\x00\xff{{{\n" * 100 + SEP + '{"profile": {"path": "/etc/shadow"}}\n',
+}
+for name, text in PROGRESS.items():
+    put("progress_fuzz", name, text.encode("latin-1"))
+
+# Requests as peers send them to the daemons' HTTP ports.
+HTTP = {
+    "get": "GET /api/v1/jobs?after_step=3 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+           "Authorization: Bearer abcdefghijklmnop\r\n\r\n",
+    "ranges": "GET /app.js HTTP/1.1\r\nHost: x\r\nRange: bytes=0-," + "0-,".join([""] * 500) +
+              "0-\r\n\r\n",
+    "encoded": "GET /api/v1/jobs/%2e%2e%2f%00x?%zz=%41&a+b=c+d HTTP/1.0\r\n\r\n",
+    "many_headers": "GET / HTTP/1.1\r\n" + "".join(f"X-{i}: y\r\n" for i in range(80)) + "\r\n",
+    "bare_lf": "GET /healthz HTTP/1.1\nHost: a\n\n",
+    "absolute": "GET http://evil/ HTTP/1.1\r\n\r\n",
+    "no_end": "GET / HTTP/1.1\r\nHost: " + "a" * 9000,
+}
+for name, text in HTTP.items():
+    put("http_request_fuzz", name, text)
 print("seeds written under", ROOT)

@@ -47,7 +47,7 @@ class SilentAgent final : public varuna::AgentClient {
 
 class SilentPool final : public varuna::AgentClientPool {
  public:
-  std::shared_ptr<varuna::AgentClient> For(const std::string&) override {
+  std::shared_ptr<varuna::AgentClient> For(const std::string&, const std::string&) override {
     return std::make_shared<SilentAgent>();
   }
 };

@@ -211,5 +211,63 @@ TEST_F(JobControllerTest, StepSeriesIsReadInPagesWhateverTheRecordsWeigh) {
   for (int s = 1; s <= 20; ++s) EXPECT_EQ(seen[s - 1], s);
 }
 
+// Note [Retention] (job_table.cc): specs live in the store, not in memory; a submitter's
+// pending jobs are capped; finished jobs are pruned beyond the count and the age.
+TEST_F(JobControllerTest, SpecsAreStoredNotHeldAndLaunchesReadThemBack) {
+  AddNode("a", 2);
+  const std::string id = Submit(Spec());
+  EXPECT_TRUE(Job(id).rec.spec_yaml().empty());
+  ASSERT_FALSE(agents_.launches.empty());
+  EXPECT_EQ(agents_.launches[0].req.spec_yaml(), Spec());
+  auto stored = store_->LoadSpec(id);
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  EXPECT_EQ(*stored, Spec());
+  Build();  // a restart reads the spec back from the store
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
+  EXPECT_EQ(Job(id).spec.train.steps, 20);
+}
+
+TEST_F(JobControllerTest, PendingJobsAreCappedPerSubmitter) {
+  config_.max_pending_jobs_per_user = 2;
+  Build();  // no nodes: everything stays pending
+  v1::SubmitRequest req;
+  req.set_spec_yaml(Spec());
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(jobs_ctl_->Submit(req, *JobController::Admit(req), "alice").ok());
+  }
+  auto refused = jobs_ctl_->Submit(req, *JobController::Admit(req), "alice");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("user 'alice'"));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("max_pending_jobs_per_user"));
+  EXPECT_TRUE(jobs_ctl_->Submit(req, *JobController::Admit(req), "bob").ok());  // others may
+}
+
+TEST_F(JobControllerTest, FinishedJobsArePrunedByCountAndAge) {
+  config_.max_pending_jobs_per_user = 1000;
+  Build();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    ids.push_back(Submit(Spec()));
+    ASSERT_TRUE(jobs_ctl_->Cancel(ids.back(), "").ok());
+    Advance(absl::Hours(1));
+  }
+  const std::string pending = Submit(Spec());
+  // Keep 3 finished: the two oldest go, with their records and specs.
+  auto pruned = jobs_->Prune(clock_.Now(), 3, absl::ZeroDuration());
+  EXPECT_EQ(pruned, (std::vector<std::string>{ids[0], ids[1]}));
+  EXPECT_EQ(jobs_->Find(ids[0]), nullptr);
+  EXPECT_FALSE(store_->LoadSpec(ids[0]).ok());
+  EXPECT_NE(jobs_->Find(ids[2]), nullptr);
+  // By age: finished more than 90 minutes ago (ids[2] 3 h, ids[3] 2 h; ids[4] 1 h).
+  pruned = jobs_->Prune(clock_.Now(), 1000, absl::Minutes(90));
+  EXPECT_EQ(pruned, (std::vector<std::string>{ids[2], ids[3]}));
+  EXPECT_NE(jobs_->Find(ids[4]), nullptr);
+  EXPECT_NE(jobs_->Find(pending), nullptr);  // never a job that has not finished
+  Build();                                   // and they stay gone after a restart
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
+  EXPECT_EQ(jobs_->Find(ids[0]), nullptr);
+  EXPECT_NE(jobs_->Find(ids[4]), nullptr);
+}
+
 }  // namespace
 }  // namespace varuna

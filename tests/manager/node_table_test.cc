@@ -71,6 +71,30 @@ TEST_F(NodeTableTest, RegistrationIsBoundedByThePeerLimits) {
   EXPECT_FALSE(nodes_->Register(big, [](const std::string&) { return 0; }).ok());
 }
 
+TEST_F(NodeTableTest, TwoLiveNodesCannotShareAnAddress) {
+  AddNode("a", 1);
+  const std::string address = nodes_->Find("a")->rec.address();
+  v1::RegisterRequest thief;
+  thief.set_name("mallory");
+  thief.set_address(address);
+  thief.set_slots(1);
+  auto refused = nodes_->Register(thief, [](const std::string&) { return 0; });
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("belongs to live node 'a'"));
+  EXPECT_EQ(nodes_->Find("mallory"), nullptr);
+  // The same node registering again (an agent restart) is fine; once 'a' is DEAD its address
+  // is free for another name.
+  v1::RegisterRequest again;
+  again.set_name("a");
+  again.set_address(address);
+  again.set_slots(1);
+  EXPECT_TRUE(nodes_->Register(again, [](const std::string&) { return 0; }).ok());
+  Advance(absl::Seconds(11));
+  nodes_->Tick([](const std::string&) { return 0; });
+  ASSERT_TRUE(nodes_->Find("a")->dead);
+  EXPECT_TRUE(nodes_->Register(thief, [](const std::string&) { return 0; }).ok());
+}
+
 TEST_F(NodeTableTest, NodesSurviveARestartAsSuspectUntilTheyHeartbeat) {
   AddNode("a", 3);
   Build();

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/agent_server.h"
+#include "common/net/http_request.h"
 #include "common/net/rpc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -255,6 +257,29 @@ TEST_F(SecurityTest, OnlyTheManagerCanLaunchOnAnAgent) {
       [&] { return launchers_[0]->procs().size() + launchers_[1]->procs().size() == 2; }));
 }
 
+// The manager checks an agent's certificate against the node's name, not the address the node
+// claimed, so a node registered under another's address gets nothing run on the victim (Note
+// [Agent identity] in manager/agent_client.cc).
+TEST_F(SecurityTest, TheManagerChecksTheAgentsCertificateIsThatNode) {
+  absl::Status beat;
+  AgentServer& node1 = AddAgent("node1", certs_, &beat);
+  ASSERT_THAT(beat, IsOk());
+  auto pool = MakeGrpcAgentClientPool(absl::Seconds(5), Tls(certs_, "varuna-manager"));
+  auto fetch = [&](const std::string& node) {
+    v1::FetchLogsRequest req;
+    req.set_job_id("none");
+    std::promise<absl::Status> got;
+    pool->For(node, node1.address())->FetchLogs(req, [&](absl::StatusOr<v1::FetchLogsResponse> r) {
+      got.set_value(r.status());
+    });
+    return got.get_future().get();
+  };
+  // node1's own name: the handshake passes (the call itself may fail for other reasons).
+  EXPECT_NE(fetch("node1").code(), absl::StatusCode::kUnavailable);
+  // node0 "living" at node1's address: node1's certificate does not name node0.
+  EXPECT_EQ(fetch("node0").code(), absl::StatusCode::kUnavailable);
+}
+
 TEST_F(SecurityTest, DaemonsRefuseNonLoopbackWithoutTls) {
   ManagerConfig config;
   config.listen = "0.0.0.0:0";
@@ -308,7 +333,7 @@ class HardeningTest : public ::testing::Test {
     grpc::ClientContext ctx;
     v1::RegisterRequest req;
     req.set_name(name);
-    req.set_address("127.0.0.1:1");
+    req.set_address(absl::StrCat("127.0.0.1:", 1 + std::hash<std::string>()(name) % 60000));
     req.set_slots(slots);
     for (int i = 0; i < labels; ++i) (*req.mutable_labels())[absl::StrCat("k", i)] = "v";
     v1::RegisterResponse resp;
@@ -412,7 +437,7 @@ class AcceptingAgent final : public AgentClient {
 };
 class AcceptingPool final : public AgentClientPool {
  public:
-  std::shared_ptr<AgentClient> For(const std::string&) override {
+  std::shared_ptr<AgentClient> For(const std::string&, const std::string&) override {
     return std::make_shared<AcceptingAgent>();
   }
 };
@@ -438,7 +463,7 @@ TEST(PeerLimitsTest, ANodeSpeaksOnlyForItsOwnRanks) {
   for (const char* n : {"n1", "n2"}) {
     v1::RegisterRequest r;
     r.set_name(n);
-    r.set_address("127.0.0.1:1");
+    r.set_address(absl::StrCat("127.0.0.1:", n[1] - '0'));
     r.set_slots(1);
     ASSERT_THAT(m.Register(r).status(), IsOk());
   }
@@ -560,8 +585,18 @@ TEST(TokenTableTest, ParsesAndLooksUp) {
   EXPECT_FALSE(t->Lookup("").has_value());
   EXPECT_THAT(TokenTable::Parse("alice short\n", "f").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "line 1"));
-  EXPECT_THAT(TokenTable::Parse("a b c\n", "f").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "NAME TOKEN"));
+  EXPECT_THAT(TokenTable::Parse("a b c d\n", "f").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "NAME TOKEN [USER]"));
+  // A third word is the Unix user the token's jobs run as (Note [Worker user]).
+  auto u = TokenTable::Parse("alice 0123456789abcdef0 alice_ml\nbob fedcba98765432100\n", "f");
+  ASSERT_THAT(u.status(), IsOk());
+  EXPECT_EQ(u->Find("0123456789abcdef0")->unix_user, "alice_ml");
+  EXPECT_EQ(u->Find("fedcba98765432100")->unix_user, "");
+  for (const char* bad : {"Root", "a;b", "-x", "0day", "averyveryveryveryverylongusername12"}) {
+    EXPECT_THAT(TokenTable::Parse(absl::StrCat("a 0123456789abcdef0 ", bad, "\n"), "f").status(),
+                StatusIs(absl::StatusCode::kInvalidArgument, "not a Unix user name"))
+        << bad;
+  }
   EXPECT_THAT(TokenTable::Parse("", "f").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ""));
   EXPECT_EQ(BearerToken("Bearer abc"), "abc");

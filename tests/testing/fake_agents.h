@@ -28,7 +28,8 @@ class FakeAgentPool final : public AgentClientPool {
   using CheckpointCall = Call<v1::CheckpointRequest, v1::CheckpointResponse>;
   using LogsCall = Call<v1::FetchLogsRequest, v1::FetchLogsResponse>;
 
-  std::shared_ptr<AgentClient> For(const std::string& address) override {
+  std::shared_ptr<AgentClient> For(const std::string& /*node*/,
+                                   const std::string& address) override {
     return std::make_shared<Client>(this, address);
   }
 

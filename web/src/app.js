@@ -3,7 +3,12 @@
 // jobs/{id}/events, jobs/{id}/logs?tail=N. JSON is protobuf's mapping: enums by name, int64
 // as strings, defaults printed.
 //
+// With a tokens file the API answers 401 without a bearer token: the page then shows
+// #auth-form, keeps the token the user enters in sessionStorage (this tab only) and sends it
+// as "Authorization: Bearer" from then on; a token refused later asks again.
+//
 // DOM hooks the browser test reads (tests/browser/dashboard.mjs):
+//   #auth-form:not([hidden]) #auth-token    the token prompt
 //   #jobs tr[data-job-id]                  one row per job
 //   #job-detail[data-job-id][data-generation][data-state]
 //   #chart-loss[data-points][data-job]     points actually plotted
@@ -132,14 +137,42 @@ function jobShape(j) {
 // ---- fetching --------------------------------------------------------------------------
 
 class HttpError extends Error {}
+class AuthError extends HttpError {}
+
+const TOKEN_KEY = 'varuna-token';
+const auth = {
+  token: sessionStorage.getItem(TOKEN_KEY) || '',
+  needed: false,  // the last request was refused with 401: wait for the form
+};
+
+function askForToken(message) {
+  auth.needed = true;
+  const form = $('#auth-form');
+  form.hidden = false;
+  $('#auth-error').textContent = message || '';
+  $('#auth-token').focus();
+}
+
+$('#auth-form').addEventListener('submit', (e) => {
+  e.preventDefault();
+  auth.token = $('#auth-token').value.trim();
+  $('#auth-token').value = '';
+  if (auth.token) sessionStorage.setItem(TOKEN_KEY, auth.token);
+  else sessionStorage.removeItem(TOKEN_KEY);
+  auth.needed = false;
+  $('#auth-form').hidden = true;
+  state.errors.clear();
+});
 
 async function getJSON(path) {
+  if (auth.needed) throw new AuthError('waiting for a token');
   const ctl = new AbortController();
   const timer = setTimeout(() => ctl.abort(), FETCH_TIMEOUT_MS);
+  const headers = { Accept: 'application/json' };
+  if (auth.token) headers.Authorization = `Bearer ${auth.token}`;
   let resp;
   try {
-    resp = await fetch(`${API}/${path}`, { cache: 'no-store', signal: ctl.signal,
-                                            headers: { Accept: 'application/json' } });
+    resp = await fetch(`${API}/${path}`, { cache: 'no-store', signal: ctl.signal, headers });
   } catch (e) {
     throw new HttpError(`GET /${API}/${path}: ${e.name === 'AbortError' ? 'timed out' : 'unreachable'}`);
   } finally {
@@ -147,12 +180,30 @@ async function getJSON(path) {
   }
   let body = null;
   try { body = await resp.json(); } catch (e) { /* not JSON */ }
+  if (resp.status === 401) {
+    const msg = body && body.error ? body.error : 'a token is needed';
+    if (!auth.needed) askForToken(auth.token ? `refused: ${msg}` : '');
+    throw new AuthError(`GET /${API}/${path}: ${msg}`);
+  }
   if (!resp.ok) {
     const msg = body && body.error ? body.error : resp.statusText;
     throw new HttpError(`GET /${API}/${path}: HTTP ${resp.status}${msg ? ' ' + msg : ''}`);
   }
   if (body === null) throw new HttpError(`GET /${API}/${path}: not JSON`);
   return body;
+}
+
+// Every page of the job list (the manager pages it; retention keeps it bounded).
+async function getAllJobs() {
+  let jobs = [];
+  let token = '';
+  for (let page = 0; page < 50; page++) {
+    const r = await getJSON(`jobs${token ? `?page_token=${encodeURIComponent(token)}` : ''}`);
+    jobs = jobs.concat(r.jobs || []);
+    if (!r.next_page_token || r.next_page_token === token) break;
+    token = r.next_page_token;
+  }
+  return jobs;
 }
 
 // ---- state -----------------------------------------------------------------------------
@@ -322,11 +373,12 @@ function unchanged(name, value) {
 }
 
 async function tick() {
+  if (auth.needed) return;  // nothing to show until the token is entered
   const slow = state.tick % SLOW_EVERY === 0;
   state.tick++;
   await Promise.all([
     guarded('nodes', async () => { state.nodes = (await getJSON('nodes')).nodes || []; }),
-    guarded('jobs', async () => { state.jobs = (await getJSON('jobs')).jobs || []; }),
+    guarded('jobs', async () => { state.jobs = await getAllJobs(); }),
   ]);
   if (!state.selected || !state.pinned) {
     const hashId = jobFromHash();

@@ -1,0 +1,286 @@
+"""Tenants and peers, tried as a hostile user would (docs/operations.md "Security"): one case
+of every class of issue 23 replayed against the real binaries of one cluster (mutual TLS, a
+tokens file, HTTPS with tokens, agents running workers as the unprivileged user 'varuna')
+while a victim job trains. After every attack the victim is still RUNNING in its first
+generation and making steps, and every node is ALIVE.
+
+Classes: amplification (a YAML alias bomb), sizes (a job whose program floods its progress
+file with huge step lines), one authentication model (HTTP API without a token), the HTTP
+server (multi-range requests, slow heads against /healthz), identity (workers are not root; a
+token's user an agent does not allow), notices (an Azure event for another VM; a metadata
+server that never answers does not hold the agent's shutdown), clients and names (escape
+codes in a job name, a token with a newline), metrics (counters at 0 from the job's start),
+retention (a per-user cap on pending jobs). Exits 77 (a ctest skip) when it cannot run here:
+not root, or no user 'varuna' (scripts/install_deps.sh makes it)."""
+
+import http.server
+import json
+import os
+import pwd
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
+from control_plane_e2e import CTL, Cluster, wait_for, write_job  # noqa: E402
+from harness import free_port  # noqa: E402
+
+BOB = "bob-token-0123456789abcdef"  # maps to a Unix user no agent allows
+
+
+def skip_reason():
+    if os.geteuid() != 0:
+        return "needs root (agents switch workers to the user 'varuna')"
+    try:
+        pwd.getpwnam("varuna")
+    except KeyError:
+        return "no user 'varuna' (scripts/install_deps.sh makes it)"
+    return None
+
+
+class Metadata(http.server.BaseHTTPRequestHandler):
+    """A cloud metadata endpoint: an Azure Scheduled Event for another VM, or (mode "hang")
+    a server that accepts and never answers."""
+    mode = "other_vm"
+
+    def do_GET(self):  # noqa: N802
+        if Metadata.mode == "hang":
+            time.sleep(30)
+            return
+        body = json.dumps({"DocumentIncarnation": 1, "Events": [{
+            "EventId": "e1", "EventType": "Preempt", "ResourceType": "VirtualMachine",
+            "Resources": ["some-other-vm"], "EventStatus": "Scheduled",
+            "NotBefore": "Mon, 19 Sep 2016 18:29:47 GMT"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class HostileTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.meta = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metadata)
+        cls.meta.daemon_threads = True
+        threading.Thread(target=cls.meta.serve_forever, daemon=True).start()
+        cls.http = free_port()
+        cls.c = Cluster(
+            agents=2, slots=4, secure=True, worker_user="varuna",
+            tokens=[f"bob {BOB} bob"],
+            manager_config=(f"http_listen: 127.0.0.1:{cls.http}\nmax_pending_jobs_per_user: 3\n"
+                            "check_job_files: false\n"),
+            agent_args={"node1": ["--preemption_notice_url",
+                                  f"http://127.0.0.1:{cls.meta.server_address[1]}/metadata",
+                                  "--cloud_vm_name", "this-vm"]})
+        try:
+            os.chmod(cls.c.dir, 0o755)  # the workers (user varuna) read the corpus here
+            cls.base = f"https://127.0.0.1:{cls.http}"
+            cls.ca = os.path.join(cls.c.certs, "ca.pem")
+            job = write_job(cls.c, "victim.yaml", steps=100000, parallel={"replicas": 2})
+            cls.victim = json.loads(cls.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+            wait_for(lambda: cls.c.status(cls.victim)["step"] >= 2, 180, "the victim to train")
+        except BaseException:
+            print(cls.c.tail(), file=sys.stderr)
+            cls.c.close()
+            cls.meta.shutdown()
+            raise
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.c.close()
+        cls.meta.shutdown()
+
+    # ---- helpers -----------------------------------------------------------------------
+
+    def get(self, path, token=None, headers=None, timeout=10):
+        h = dict(headers or {})
+        if token:
+            h["Authorization"] = f"Bearer {token}"
+        ctx = ssl.create_default_context(cafile=self.ca)
+        try:
+            with urllib.request.urlopen(urllib.request.Request(self.base + path, headers=h),
+                                        timeout=timeout, context=ctx) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def assert_victim_unharmed(self):
+        before = self.c.status(self.victim)["step"]
+        wait_for(lambda: self.c.status(self.victim)["step"] > before, 60,
+                 "the victim to keep making steps")
+        st = self.c.status(self.victim)
+        self.assertEqual(st["state"], "RUNNING", st)
+        self.assertEqual(st["generation"], 1, st)
+        self.assertEqual(sorted(n["state"] for n in self.c.nodes()), ["ALIVE", "ALIVE"])
+
+    def submit_text(self, text, token):
+        path = os.path.join(self.c.dir, f"spec-{time.monotonic_ns()}.yaml")
+        with open(path, "w") as f:
+            f.write(text)
+        return subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca, "--token",
+                               token, "submit", path], capture_output=True, text=True,
+                              timeout=120)
+
+    # ---- the classes -------------------------------------------------------------------
+
+    def test_amplification_an_alias_bomb_is_refused_fast(self):
+        text = "a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+        for i in range(1, 8):
+            text += f"{chr(97 + i)}: &{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}"] * 10) + "]\n"
+        text += "parallel: {pipelines: *h}\n"
+        t0 = time.monotonic()
+        r = self.submit_text(text, token=self.c.token)
+        took = time.monotonic() - t0
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("alias", (r.stdout + r.stderr).lower())
+        self.assertLess(took, 10)
+        self.assert_victim_unharmed()
+
+    def test_sizes_a_progress_flood_never_wedges_a_node(self):
+        # Step lines with 2,000-entry per-stage lists (8 KB each), 400 of them in a few
+        # seconds: 3 MB of step records between two heartbeats, over the 2 MiB budget.
+        stages = ",".join(["0.5"] * 2000)
+        script = os.path.join(self.c.dir, "flood.sh")
+        with open(script, "w") as f:
+            f.write("i=0\nwhile [ $i -lt 400 ]; do i=$((i+1))\n"
+                    f"echo '{{\"step\": '$i', \"loss\": 1, \"stage_busy_s\": [{stages}]}}' "
+                    '>> "$VARUNA_PROGRESS_FILE"\ndone\nsleep 60\n')
+        os.chmod(script, 0o755)
+        job = write_job(self.c, "flood.yaml", steps=1000, parallel={"stages": 1, "replicas": 1},
+                        extra=f"entrypoint: [/bin/sh, {script}]\n")
+        flood = json.loads(self.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        try:
+            wait_for(lambda: self.c.status(flood)["step"] >= 100, 90, "the flood's steps")
+            self.assertEqual(sorted(n["state"] for n in self.c.nodes()), ["ALIVE", "ALIVE"])
+            r = self.c.ctl("-o", "json", "metrics", flood, check=None)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assert_victim_unharmed()
+        finally:
+            self.c.ctl("cancel", flood, check=None)
+
+    def test_one_authentication_model_for_http(self):
+        for path in ("/api/v1/jobs", f"/api/v1/jobs/{self.victim}/logs", "/metrics"):
+            status, body = self.get(path)
+            self.assertEqual(status, 401, path)
+            self.assertNotIn(self.victim.encode(), body)
+        self.assertEqual(self.get("/api/v1/jobs", token=self.c.token)[0], 200)
+        self.assertEqual(self.get("/healthz")[0], 200)
+
+    def test_http_server_ranges_and_slow_heads(self):
+        status, whole = self.get("/app.js")
+        self.assertEqual(status, 200)
+        ranges = "bytes=" + ",".join(["0-"] * 400)
+        status, body = self.get("/app.js", headers={"Range": ranges})
+        self.assertEqual((status, len(body)), (200, len(whole)))  # once, not 400 times
+        slow = []
+        for _ in range(20):
+            s = socket.create_connection(("127.0.0.1", self.http))
+            s.sendall(b"\x16\x03\x01")  # a TLS record header, then nothing
+            slow.append(s)
+        try:
+            t0 = time.monotonic()
+            self.assertEqual(self.get("/healthz", timeout=5)[0], 200)
+            self.assertLess(time.monotonic() - t0, 2)
+        finally:
+            for s in slow:
+                s.close()
+
+    def test_identity_workers_are_not_root_and_token_users_need_the_agents_consent(self):
+        uids = set()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+                with open(f"/proc/{pid}/status") as f:
+                    uid = int(re.search(r"^Uid:\s+(\d+)", f.read(), re.M).group(1))
+            except (OSError, AttributeError):
+                continue
+            if cmd and cmd[0].endswith(b"varuna-worker") and self.c.dir.encode() in b" ".join(cmd):
+                uids.add(uid)
+        self.assertEqual(uids, {pwd.getpwnam("varuna").pw_uid})
+        job = write_job(self.c, "bobs.yaml", steps=2, parallel={"stages": 1, "replicas": 1})
+        r = subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca, "--token", BOB,
+                            "-o", "json", "submit", job], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        bobs = json.loads(r.stdout)["id"]
+        wait_for(lambda: self.c.status(bobs)["state"] == "FAILED", 90, "bob's job to be refused")
+        self.assertIn("allowed_worker_users", self.c.status(bobs).get("reason", ""))
+        self.assert_victim_unharmed()
+
+    def test_notices_another_vms_event_is_not_ours(self):
+        time.sleep(3)  # node1's agent polls every second
+        node1 = [n for n in self.c.nodes() if n["name"] == "node1"][0]
+        self.assertEqual(node1["state"], "ALIVE", node1)
+        self.assertFalse(node1.get("preemption"), node1)
+        self.assert_victim_unharmed()
+
+    def test_clients_and_names(self):
+        job = write_job(self.c, "esc.yaml", steps=1, parallel={"stages": 1, "replicas": 1})
+        with open(job) as f:
+            text = f.read().replace("name: test", 'name: "evil\\e[2J\\e]0;pwned\\a"')
+        r = self.submit_text(text, token=self.c.token)
+        out = r.stdout + r.stderr
+        if r.returncode == 0:
+            listing = self.c.ctl("list", check=0).stdout
+            self.assertNotIn("\x1b", listing)
+        else:
+            self.assertIn("name", out)
+        self.assertNotIn("\x1b", out)
+        r = subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca,
+                            "--token", "abc\ndef-0123456789", "list"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotIn(r.returncode, (0, -6, 134))  # refused, not aborted
+        self.assertIn("token", r.stderr)
+
+    def test_metrics_counters_exist_at_zero_from_the_start(self):
+        status, text = self.get("/metrics", token=self.c.token)
+        self.assertEqual(status, 200)
+        self.assertIn(f'varuna_morphs_total{{job="{self.victim}",reason="lost"}} 0',
+                      text.decode())
+
+    def test_retention_pending_jobs_are_capped_per_user(self):
+        # 8 ranks: more than the 4 slots the victim leaves free, so these stay PENDING.
+        job = write_job(self.c, "huge.yaml", steps=1, parallel={"stages": 2, "replicas": 4})
+        ids, refused = [], None
+        try:
+            for _ in range(4):  # the cap is 3 (alice may have others pending already)
+                r = self.c.ctl("-o", "json", "submit", job, check=None)
+                if r.returncode != 0:
+                    refused = r
+                    break
+                ids.append(json.loads(r.stdout)["id"])
+            self.assertIsNotNone(refused, "a 4th pending job was accepted")
+            self.assertIn("max_pending_jobs_per_user", refused.stderr)
+            self.assert_victim_unharmed()
+        finally:
+            for i in ids:
+                self.c.ctl("cancel", i, check=None)
+
+    def test_zz_shutdown_never_waits_on_a_metadata_poll(self):
+        Metadata.mode = "hang"
+        time.sleep(2)  # a poll is in flight, and hangs
+        agent = self.c.agents["node1"]
+        t0 = time.monotonic()
+        agent.terminate()
+        agent.wait(timeout=30)
+        self.assertLess(time.monotonic() - t0, 5)
+
+
+if __name__ == "__main__":
+    why = skip_reason()
+    if why:
+        print(f"SKIP: {why}")
+        sys.exit(77)
+    sys.exit(0 if unittest.main(exit=False).result.wasSuccessful() else 1)

@@ -1,0 +1,66 @@
+// Note [Series from the start] in manager/manager_metrics.cc: a job's series exist at 0 from
+// its submission, and values a peer made up cannot poison a histogram.
+
+#include "manager/manager_metrics.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace varuna {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(ManagerMetricsTest, AJobsCountersExistAtZeroFromItsStart) {
+  MetricsRegistry registry;
+  ManagerMetrics m(registry);
+  m.AddJob("7");
+  m.AddJob("7");  // idempotent
+  const std::string text = registry.Text();
+  EXPECT_THAT(text, HasSubstr("varuna_morphs_total{job=\"7\",reason=\"lost\"} 0"));
+  EXPECT_THAT(text, HasSubstr("varuna_morphs_total{job=\"7\",reason=\"preempted\"} 0"));
+  EXPECT_THAT(text, HasSubstr("varuna_job_step_seconds_count{job=\"7\"} 0"));
+  EXPECT_THAT(text, HasSubstr("varuna_morph_phase_seconds_count{job=\"7\",phase=\"save\"} 0"));
+  v1::MorphRecord morph;
+  morph.set_reason("node n1 lost");
+  m.OnMorph("7", morph);
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_morphs_total{job=\"7\",reason=\"lost\"} 1"));
+  m.ForgetJob("7");
+  EXPECT_THAT(registry.Text(), Not(HasSubstr("job=\"7\"")));
+}
+
+TEST(ManagerMetricsTest, AbsurdValuesDoNotPoisonHistograms) {
+  MetricsRegistry registry;
+  ManagerMetrics m(registry);
+  m.AddJob("j");
+  std::vector<v1::StepRecord> steps(4);
+  const double bad[] = {std::nan(""), 1e300, -5, 0.5};
+  for (int i = 0; i < 4; ++i) {
+    steps[i].set_step(i + 1);
+    steps[i].set_step_time_s(bad[i]);
+  }
+  m.OnSteps("j", steps);
+  m.OnHeartbeat("n", std::numeric_limits<double>::infinity());
+  m.OnHeartbeat("n", 0.002);
+  v1::MorphRecord morph;
+  morph.set_reason("drained");
+  (*morph.mutable_phases())["save"] = std::nan("");
+  (*morph.mutable_phases())["stop"] = 1.5;
+  m.OnMorph("j", morph);
+  const std::string text = registry.Text();
+  EXPECT_THAT(text, HasSubstr("varuna_job_step_seconds_count{job=\"j\"} 1"));
+  EXPECT_THAT(text, HasSubstr("varuna_job_step_seconds_sum{job=\"j\"} 0.5"));
+  EXPECT_THAT(text, HasSubstr("varuna_heartbeat_latency_seconds_count{node=\"n\"} 1"));
+  EXPECT_THAT(text, HasSubstr("varuna_morph_phase_seconds_count{job=\"j\",phase=\"save\"} 0"));
+  EXPECT_THAT(text, HasSubstr("varuna_morph_phase_seconds_sum{job=\"j\",phase=\"stop\"} 1.5"));
+  EXPECT_THAT(text, Not(HasSubstr("nan")));
+  EXPECT_THAT(text, Not(HasSubstr("inf\n")));
+}
+
+}  // namespace
+}  // namespace varuna
