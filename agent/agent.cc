@@ -515,10 +515,12 @@ void Agent::ReadProgress(Worker& w) {
       case v1::WorkerEvent::kStopped:
         w.last.set_stopped(true);
         w.saved_step = event->stopped().saved_step();
+        w.committed_step = event->stopped().saved_step();  // a stop saves what all agreed
         break;
       case v1::WorkerEvent::kRescued:
         w.last.set_stopped(false);
         w.saved_step = event->rescued().saved_step();
+        w.committed_step = event->rescued().committed_step();
         break;
       case v1::WorkerEvent::kStep: {
         const v1::StepMetrics& m = event->step();
@@ -567,6 +569,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_ready_at(w.ready_at);
     s->set_exited_at(w.exited_at);
     s->set_saved_step(w.saved_step);
+    s->set_committed_step(w.committed_step);
     w.in_flight = 0;
     statuses.emplace_back(&w, s);
   }

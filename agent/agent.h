@@ -128,6 +128,7 @@ class Agent {
     double ready_at = 0;
     double exited_at = 0;
     int64_t saved_step = 0;
+    int64_t committed_step = 0;
   };
   using Key = std::pair<std::string, int>;  // job, rank
 

@@ -386,49 +386,106 @@ void MorphController::Advance(Job& job) {
   }
 }
 
-// Stages of which no rank saved on its way out (exit 75, or exit 0 after a stop request):
-// every replica of them was lost at once, so the newest step cannot be complete.
-std::vector<int> MorphController::UnsavedStages(const Job& job) const {
-  // Heterogeneous pipelines: the savers' segments together must cover each of the first
-  // pipeline's stages (other pipelines cut the model elsewhere).
+// Note [Saved steps]: the survivors' saves are compared, not just counted. Each saver (exit 75,
+// or exit 0 after a stop request) reports the step it saved (and the committed step before
+// it, which a rescue also writes while its newest is not committed); a stage (a segment range, for
+// heterogeneous pipelines) is covered at step S when one of its savers saved S. The relaunch
+// resumes from the newest complete checkpoint ("auto"); this says which step that should be
+// and why, so a morph record explains a resume from further back: a stage no rank was left to
+// save (every replica lost at once), or saves that cover no common step.
+MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
   absl::StatusOr<Topology> topo = absl::NotFoundError("uniform");
   if (!job.info().pipelines().empty()) topo = Topology::Parse(job.info().pipelines());
   const int stages = topo.ok() ? topo->pipeline(0).stages() : std::max(1, job.info().stages());
-  std::vector<bool> saved(stages, false);
-  std::vector<bool> segment_saved(topo.ok() ? topo->pipeline(0).boundaries.back() : 0, false);
+  // Steps saved per stage of pipeline 0 (heterogeneous: per segment first).
+  std::vector<std::set<int64_t>> by_stage(stages);
+  std::vector<std::set<int64_t>> by_segment(topo.ok() ? topo->pipeline(0).boundaries.back() : 0);
+  SaveCoverage out;
   for (const auto& e : job.rec.exits()) {
+    out.committed = std::max(out.committed, e.committed_step());
     const bool saver = e.signal() == 0 && (e.exit_code() == kExitRescued ||
                                            (e.exit_code() == 0 && job.gen.stopped_after > 0));
-    if (!saver) continue;
-    if (!topo.ok()) {
-      saved[e.rank() % stages] = true;
-    } else if (e.rank() >= 0 && e.rank() < topo->world_size()) {
-      const auto [first, last] = topo->SegmentsOf(e.rank());
-      for (int sg = first; sg < last; ++sg) segment_saved[sg] = true;
+    if (!saver || e.saved_step() <= 0) continue;
+    // A rescue writes the step it has and, when that one is not committed, the committed
+    // one before it (Note [Committed step] in worker/varuna.cc).
+    std::vector<int64_t> steps = {e.saved_step()};
+    if (e.committed_step() > 0 && e.committed_step() == e.saved_step() - 1) {
+      steps.push_back(e.committed_step());
+    }
+    for (int64_t step : steps) {
+      v1::SavedStep s;
+      s.set_rank(e.rank());
+      s.set_step(step);
+      out.saved.push_back(s);
+      if (!topo.ok()) {
+        by_stage[e.rank() % stages].insert(step);
+      } else if (e.rank() >= 0 && e.rank() < topo->world_size()) {
+        const auto [first, last] = topo->SegmentsOf(e.rank());
+        for (int sg = first; sg < last; ++sg) by_segment[sg].insert(step);
+      }
     }
   }
   if (topo.ok()) {
     const std::vector<int>& b = topo->pipeline(0).boundaries;
     for (int s = 0; s < stages; ++s) {
-      saved[s] = std::all_of(segment_saved.begin() + b[s], segment_saved.begin() + b[s + 1],
-                             [](bool v) { return v; });
+      for (int64_t step : by_segment[b[s]]) {
+        bool all = true;
+        for (int sg = b[s]; sg < b[s + 1]; ++sg) all = all && by_segment[sg].count(step) > 0;
+        if (all) by_stage[s].insert(step);
+      }
     }
   }
-  std::vector<int> missing;
+  std::set<int64_t> common;
   for (int s = 0; s < stages; ++s) {
-    if (!saved[s]) missing.push_back(s);
+    if (by_stage[s].empty()) out.missing.push_back(s);
+    if (s == 0) {
+      common = by_stage[0];
+    } else {
+      std::set<int64_t> both;
+      for (int64_t step : common) {
+        if (by_stage[s].count(step)) both.insert(step);
+      }
+      common = std::move(both);
+    }
   }
-  return missing;
+  out.common_step = common.empty() ? -1 : *common.rbegin();
+  for (const auto& s : out.saved) out.newest_saved = std::max(out.newest_saved, s.step());
+  return out;
 }
 
 void MorphController::Relaunch(Job& job, const JobPlan& plan) {
   v1::JobInfo& info = job.info();
   v1::MorphState& m = job.morph();
-  if (const std::vector<int> missing = UnsavedStages(job);
-      !missing.empty() && job.gen.newest_step > 0) {
+  const SaveCoverage cover = Coverage(job);
+  m.mutable_record()->set_committed_step(cover.committed);
+  m.mutable_record()->clear_saved_steps();
+  for (const auto& s : cover.saved) *m.mutable_record()->add_saved_steps() = s;
+  if (!cover.missing.empty() && job.gen.newest_step > 0) {
     m.mutable_record()->set_note(absl::StrCat(
-        "no rank of stage ", absl::StrJoin(missing, ","),
+        "no rank of stage ", absl::StrJoin(cover.missing, ","),
         " was left to save the newest step: resumed from the newest complete checkpoint"));
+  }
+  std::vector<std::string> saved;
+  for (const auto& s : cover.saved) saved.push_back(absl::StrCat(s.rank(), ":", s.step()));
+  if (cover.common_step > 0) {
+    m.mutable_record()->set_resume_reason(absl::StrCat(
+        "step ", cover.common_step, ": the newest step every stage's survivors saved (rank:step ",
+        absl::StrJoin(saved, " "), ")",
+        cover.common_step < cover.newest_saved
+            ? absl::StrCat("; step ", cover.newest_saved, " was not on every stage")
+            : ""));
+  } else if (!cover.saved.empty()) {
+    m.mutable_record()->set_resume_reason(
+        absl::StrCat("the newest complete checkpoint: the survivors' saves (rank:step ",
+                     absl::StrJoin(saved, " "), ") share no step"));
+  }
+  if (cover.missing.empty() && cover.common_step < cover.committed) {
+    // Every survivor writes the committed step: a save that does not cover it was lost.
+    m.mutable_record()->set_note(
+        absl::StrCat("the survivors' saves (rank:step ", absl::StrJoin(saved, " "),
+                     ") do not cover the "
+                     "committed step ",
+                     cover.committed, ": resumed from the newest complete checkpoint"));
   }
   SetPhase(job, v1::MorphState::LAUNCHING);
   m.set_launched_at(UnixSeconds(clock_->Now()));

@@ -66,7 +66,15 @@ class MorphController {
   void Relaunch(Job& job, const JobPlan& plan);
   bool AllRanksGone(const Job& job) const;
   bool FinishedTraining(const Job& job) const;
-  std::vector<int> UnsavedStages(const Job& job) const;
+  // What the survivors saved (Note [Saved steps] in morph_controller.cc).
+  struct SaveCoverage {
+    std::vector<int> missing;          // stages no saver covers
+    int64_t common_step = -1;          // the newest step every stage's savers cover; -1 = none
+    int64_t newest_saved = 0;          // the newest step any saver saved
+    int64_t committed = 0;             // the newest committed step a survivor reported
+    std::vector<v1::SavedStep> saved;  // (rank, step) of each saver
+  };
+  SaveCoverage Coverage(const Job& job) const;
 
   const ManagerConfig& config_;
   Clock* const clock_;

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# The long chaos run (tests/e2e/chaos_e2e.py): EVENTS random events over one training run.
-# usage: scripts/chaos.sh [EVENTS=20] [SEED=1]
+# The long chaos runs.
+#   scripts/chaos.sh [EVENTS=20] [SEED=1]   EVENTS random events over one training run
+#                                           (tests/e2e/chaos_e2e.py)
+#   scripts/chaos.sh --matrix               every fault point x action of one step
+#                                           (tests/e2e/commit_e2e.py, Note [Faults])
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/bin/varuna-manager ]] || scripts/build.sh
 cd build
+if [[ ${1:-} == --matrix ]]; then
+  VARUNA_COMMIT_MATRIX=1 VARUNA_BIN_DIR=$PWD/bin exec /usr/bin/python3 ../tests/e2e/commit_e2e.py -v
+fi
 VARUNA_CHAOS_EVENTS=${1:-20} VARUNA_CHAOS_SEED=${2:-1} VARUNA_BIN_DIR=$PWD/bin \
   exec /usr/bin/python3 ../tests/e2e/chaos_e2e.py -v

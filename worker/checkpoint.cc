@@ -98,8 +98,14 @@ Varuna::SnapshotLayers(const std::vector<bool>& mine) const {
 
 std::string Varuna::CommonJson(const std::vector<int>& writers,
                                const std::map<std::string, std::string>& info) const {
+  return CommonJsonAt(iteration_, scaler_.scale(), scaler_.clean_steps(), writers, info);
+}
+
+std::string Varuna::CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
+                                 const std::vector<int>& writers,
+                                 const std::map<std::string, std::string>& info) const {
   CheckpointCommon c;
-  c.step = iteration_;
+  c.step = step;
   c.global_batch = topo_.global_batch();
   c.stages = topo_.pipeline(0).stages();
   c.replicas = topo_.num_pipelines();
@@ -107,8 +113,8 @@ std::string Varuna::CommonJson(const std::vector<int>& writers,
   c.micro_batch = chunk_size_;
   c.stage_to_rank_map = topo_.uniform() ? topo_.ToStageMap().ToString() : "";
   c.pipelines = topo_.ToString();
-  c.loss_scale = scaler_.scale();
-  c.clean_steps = scaler_.clean_steps();
+  c.loss_scale = loss_scale;
+  c.clean_steps = clean_steps;
   c.writers = writers;
   for (const auto& layer : model_.layers()) c.layers.push_back(layer.name);
   return FormatCheckpointCommon(c, info);
@@ -127,23 +133,41 @@ absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
   if (!optimizer_) return absl::FailedPreconditionError("rescue() before set_optimizer()");
   absl::Status upload = WaitForCheckpoint();
   if (!upload.ok()) LOG(WARNING) << "rank=" << rank_ << " earlier upload failed: " << upload;
+  rescued_also_ = 0;
+  options_.faults.Hit(FaultPoint::kRescueSave, iteration_);
   if (iteration_ == 0) return 0;  // nothing trained since a fresh start
+  // Note [Committed step] in varuna.cc: while this rank's newest step is not committed, a
+  // peer may not have it; the step before it, which every survivor has, goes first.
+  if (iteration_ > committed_step() && pre_update_.step == iteration_ - 1 && pre_update_.step > 0) {
+    if (!VerifyCheckpoint(CheckpointPath(dir, pre_update_.step), /*checksums=*/false).ok()) {
+      RETURN_IF_ERROR(WriteRescue(dir, pre_update_.step, pre_update_.layers,
+                                  CommonJsonAt(pre_update_.step, pre_update_.loss_scale,
+                                               pre_update_.clean_steps, {rank_}, info)));
+    }
+    rescued_also_ = pre_update_.step;
+  }
   const std::string path = CheckpointPath(dir, iteration_);
   if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return iteration_;  // already saved
+  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+  RETURN_IF_ERROR(WriteRescue(dir, iteration_, snapshot, CommonJson({rank_}, info)));
+  return iteration_;
+}
+
+absl::Status Varuna::WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
+                                 const std::string& common_json) {
+  const std::string path = CheckpointPath(dir, step);
   std::error_code ec;
   std::filesystem::create_directories(path + "/layers", ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
-  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
   std::vector<FileDigest> written;
-  for (const auto& [rel, dict] : snapshot) {
+  for (const auto& [rel, dict] : layers) {
     std::string bytes;
     RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
                               [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
     RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, rank_));
     written.push_back(DigestBytes(rel, bytes));
   }
-  RETURN_IF_ERROR(WriteRescueRecord(path, rank_, CommonJson({rank_}, info), written));
-  return iteration_;
+  return WriteRescueRecord(path, rank_, common_json, written);
 }
 
 // Note [Background upload]: the training thread only snapshots the state (tensor copies, a
@@ -165,6 +189,7 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     std::filesystem::create_directories(p + "/layers", ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
   }
+  options_.faults.Hit(FaultPoint::kCheckpointWrite, iteration_);
   // Note [Sharded writes]: pipeline 0 holds every layer once, so by default its ranks write
   // them all. With shard, each layer goes to one of its holders (one rank per pipeline):
   // uniform topologies balance a stage's layers over its replicas by bytes (largest first,
@@ -319,6 +344,7 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   }
   scaler_.Restore(common.loss_scale, common.clean_steps);
   iteration_ = step;
+  start_step_ = step;  // Note [Committed step] in varuna.cc: every rank loaded it
   LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
             << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
                                          : common.pipelines)

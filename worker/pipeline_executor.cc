@@ -127,6 +127,7 @@ struct PipelineExecutor::RunState {
   double loss = 0;
   double wait_s = 0;
   int backwards = 0;
+  int forwards = 0;
 };
 
 PipelineExecutor::PipelineExecutor(std::vector<std::shared_ptr<Layer>> layers, StageConfig config)
@@ -200,6 +201,7 @@ absl::Status PipelineExecutor::RunTasks(RunState& s) {
     switch (t.kind) {
       case TaskKind::kForward:
         RETURN_IF_ERROR(Forward(t, s));
+        if (++s.forwards == 1 && s.options.after_first_forward) s.options.after_first_forward();
         break;
       case TaskKind::kRecompute:
         RETURN_IF_ERROR(Recompute(t.micro_batch, s));

@@ -77,6 +77,8 @@ struct PipelineRunOptions {
   double loss_scale = 1;
   // Called right before the step's last backward (GradientReducer::Arm). Optional.
   std::function<void()> before_last_backward;
+  // Called once the step's first forward on this stage is done (fault injection). Optional.
+  std::function<void()> after_first_forward;
 };
 
 // Note [Step timing] in varuna.h: wall time from the first task to the last transfer joined,

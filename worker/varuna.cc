@@ -403,11 +403,21 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   RETURN_IF_ERROR(CheckInputs(inputs, topo_.pipeline(replica()).samples));
   // Any failure below leaves peers and in-flight messages in an unknown state.
   broken_ = true;
+  const int64_t taking = iteration_ + 1;  // the step being taken
+  const FaultInjector& faults = options_.faults;
+  if (iteration_ == start_step_) faults.Hit(FaultPoint::kFirstStep, taking);
+  faults.Hit(FaultPoint::kForward, taking);
   const bool fp16 = options_.precision == Precision::kFp16;
   PipelineRunOptions run;
   run.weight_denominator = static_cast<double>(topo_.global_batch());
   run.loss_scale = fp16 ? scaler_.scale() : 1.0;
-  run.before_last_backward = [this] { reducer_->Arm(); };
+  run.before_last_backward = [this, &faults, taking] {
+    faults.Hit(FaultPoint::kBackward, taking);
+    reducer_->Arm();
+  };
+  if (!faults.empty()) {
+    run.after_first_forward = [&faults, taking] { faults.Hit(FaultPoint::kPipeline, taking); };
+  }
   absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
   if (!piped.ok()) {
     reducer_->Abort();
@@ -427,6 +437,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   }
   const double stop =
       (stop_requested_.load() || (options_.stop_flag && options_.stop_flag->load())) ? 1.0 : 0.0;
+  faults.Hit(FaultPoint::kDpAllreduce, taking);
   RETURN_IF_ERROR(reducer_->Finish());
 
   StepResult result;
@@ -466,14 +477,27 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     values[5 + rank_] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
     values[5 + W + rank_] = piped->timing.wait_s;
     auto meta = torch::tensor(values, torch::kDouble).to(TransferDevice(groups_, device_));
+    const bool split = faults.Hit(FaultPoint::kAgreement, taking);
     if (topo_.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(groups_.world, v, groups_.timeout));
     }
+    if (split) {  // the others got the result; this rank acts as if not (Note [Faults])
+      return absl::AbortedError(
+          absl::StrCat("VARUNA_FAULT split at step ", taking, "'s agreement"));
+    }
+    faults.Hit(FaultPoint::kAfterAgreement, taking);
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
     meta = meta.cpu();
     std::lock_guard<std::mutex> state(state_mu_);
+    agreed_step_ = taking;  // Note [Committed step]
+    if (options_.keep_pre_update && topo_.world_size() > 1) {
+      ASSIGN_OR_RETURN(pre_update_.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+      pre_update_.step = iteration_;
+      pre_update_.loss_scale = scaler_.scale();
+      pre_update_.clean_steps = scaler_.clean_steps();
+    }
     result.overflow = meta[0].item<double>() > 0;
     result.grad_norm = std::sqrt(meta[1].item<double>());
     result.loss = meta[2].item<double>();
@@ -503,6 +527,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
         const double lr = lr_fn_(iteration_ + 1);
         for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
       }
+      faults.Hit(FaultPoint::kUpdate, taking);
       optimizer_->step();
     }
     for (auto& p : params) p.mutable_grad().zero_();
@@ -512,6 +537,23 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   RETURN_IF_ERROR(st);
   broken_ = false;
   return result;
+}
+
+// Note [Committed step]: a step is committed when every rank has applied it or can restore it.
+// The agreement all-reduce of step N completes on a rank only after every rank contributed,
+// that is, after every rank applied step N-1: so a rank that completed N's agreement knows N-1
+// is committed, but not N (a link cut in the collective's last phase can leave a peer without
+// the result, so it never applies N: the split of issue 24). Survivors therefore hold at most
+// two consecutive steps, X and X+1. Each rank keeps its pre-update state of the newest step
+// until that step is committed, and a rescue writes both the step it has and, when that one is
+// not committed, the step before it: every survivor then writes X, and the newest complete
+// checkpoint is X+1 when every stage's survivors had it, else X. So a failure at any moment
+// costs at most the step in flight plus the one being committed, never a fallback to an old
+// checkpoint, and the next generation's "auto" resume finds it. The manager compares the
+// saves (Note [Saved steps] in manager/morph_controller.cc) and records them in the morph.
+int64_t Varuna::committed_step() const {
+  if (topo_.world_size() <= 1) return iteration_;
+  return std::max(start_step_, agreed_step_ - 1);
 }
 
 absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {

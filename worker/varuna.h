@@ -34,6 +34,7 @@
 #include "common/pipeline/schedule.h"
 #include "common/pipeline/stage_map.h"
 #include "common/pipeline/topology.h"
+#include "worker/fault.h"
 #include "worker/gradient_reducer.h"
 #include "worker/loss_scaler.h"
 #include "worker/model.h"
@@ -62,6 +63,14 @@ struct VarunaOptions {
   std::vector<int> boundaries;
   // Polled once per step; true asks to stop (e.g. set from a SIGUSR1 handler). Optional.
   const std::atomic<bool>* stop_flag = nullptr;
+  // Note [Committed step] in varuna.cc: keep each step's pre-update state until the next
+  // step's agreement commits it, so a rescue can save a step every survivor has. Costs a
+  // copy of this stage's parameters and optimizer state per step (docs/morphing.md has the
+  // measured cost); the worker turns it on for jobs that can morph (checkpoint.dir set, more
+  // than one rank).
+  bool keep_pre_update = false;
+  // Note [Faults] in fault.cc: VARUNA_FAULT's entries for this rank (none in production).
+  FaultInjector faults;
 };
 
 struct StepResult {
@@ -159,6 +168,10 @@ class Varuna {
   void request_stop() { stop_requested_.store(true); }
 
   int64_t iteration() const { return iteration_; }
+  // The newest step this rank knows every rank has or can restore (Note [Committed step]).
+  int64_t committed_step() const;
+  // What the last rescue() wrote besides the step it returned (0: nothing else).
+  int64_t rescued_also() const { return rescued_also_; }
   const Topology& topology() const { return topo_; }
   int stage() const { return topo_.StageOf(rank_); }
   // Depth of this rank's pipeline.
@@ -188,6 +201,14 @@ class Varuna {
   SnapshotLayers(const std::vector<bool>& mine) const;
   std::string CommonJson(const std::vector<int>& writers,
                          const std::map<std::string, std::string>& info) const;
+  // The same for a step other than the current one (a rescue of the pre-update state).
+  std::string CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
+                           const std::vector<int>& writers,
+                           const std::map<std::string, std::string>& info) const;
+  using LayerSnapshot = std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>;
+  // Writes a rescue of `layers` as step `step` into DIR (Note [Rescue] in checkpoint.cc).
+  absl::Status WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
+                           const std::string& common_json);
 
   Model model_;
   Topology topo_;
@@ -209,6 +230,17 @@ class Varuna {
   std::function<double(int64_t)> lr_fn_;
   DynamicLossScaler scaler_;
   int64_t iteration_ = 0;
+  // Note [Committed step] in varuna.cc.
+  int64_t start_step_ = 0;   // the step this generation loaded (0: fresh)
+  int64_t agreed_step_ = 0;  // the newest step whose agreement completed on this rank
+  struct PreUpdate {
+    int64_t step = -1;  // the state before step+1's update
+    double loss_scale = 0;
+    int64_t clean_steps = 0;
+    LayerSnapshot layers;
+  };
+  PreUpdate pre_update_;
+  int64_t rescued_also_ = 0;
   bool broken_ = false;  // a step failed midway: refuse further steps
   std::atomic<bool> stop_requested_{false};
   std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])

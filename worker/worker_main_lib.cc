@@ -71,11 +71,12 @@ v1::WorkerEvent ErrorEvent(std::string message) {
 
 // How the worker ended after saving `step` (0: nothing saved): stopped on request, or
 // rescued after an abort.
-v1::WorkerEvent SavedEvent(bool rescued, int64_t step) {
+v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0) {
   v1::WorkerEvent e;
   const auto saved = static_cast<int32_t>(step);
   if (rescued) {
     e.mutable_rescued()->set_saved_step(saved);
+    e.mutable_rescued()->set_committed_step(static_cast<int32_t>(committed));
   } else {
     e.mutable_stopped()->set_saved_step(saved);
   }
@@ -324,6 +325,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   if (!backend.ok()) return MarkBadInput(backend.status());
   LOG(INFO) << "rank=" << topo.rank << " device=" << device->str()
             << " backend=" << BackendName(*backend);
+  // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous.
+  ASSIGN_OR_RETURN(FaultInjector faults, FaultInjector::FromEnvironment(topo.rank));
   ASSIGN_OR_RETURN(ProcessGroups groups,
                    CreateProcessGroups(topo, !model.tied().empty(), timeout, *backend));
   if (!args.profile_out.empty()) {
@@ -339,6 +342,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   opts.init_loss_scale = spec.train.init_loss_scale;
   opts.loss_scale_window = spec.train.loss_scale_window;
   opts.stop_flag = &g_stop_requested;
+  // Note [Committed step] in varuna.cc: only a job that can be rescued pays for it.
+  opts.keep_pre_update =
+      spec.checkpoint.commit && !spec.checkpoint.dir.empty() && topo.topology.world_size() > 1;
+  opts.faults = std::move(faults);
   ASSIGN_OR_RETURN(auto engine,
                    Varuna::Create(std::move(model), topo.topology, topo.rank, std::move(groups),
                                   data.Batch(0, 2), topo.micro_batch, *device, opts));
@@ -419,10 +426,12 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       ReportToAgent(ErrorEvent(absl::StrCat("rescue failed: ", saved.status().message())));
       std::_Exit(1);
     }
-    LOG(INFO) << who << " rescued step " << *saved << " in "
+    LOG(INFO) << who << " rescued step " << *saved
+              << (eng->rescued_also() > 0 ? absl::StrCat(" and step ", eng->rescued_also()) : "")
+              << " (committed " << eng->committed_step() << ") in "
               << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
               << " s; exiting";
-    ReportToAgent(SavedEvent(/*rescued=*/true, *saved));
+    ReportToAgent(SavedEvent(/*rescued=*/true, *saved, eng->committed_step()));
     std::_Exit(kExitRescued);
   });
   struct JoinOnReturn {

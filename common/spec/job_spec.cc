@@ -486,6 +486,7 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                                        .Field("keep", &spec.checkpoint.keep)
                                        .Field("tempdir", &spec.checkpoint.tempdir)
                                        .Field("shard", &spec.checkpoint.shard)
+                                       .Field("commit", &spec.checkpoint.commit)
                                        .Field("resume", &spec.checkpoint.resume);
                                  }))
       .Sub("resources", section("resources",

@@ -89,6 +89,10 @@ struct CheckpointSpec {
   int keep = 0;
   std::string tempdir;
   bool shard = false;
+  // Keep each step's pre-update state until it is committed (Note [Committed step] in
+  // worker/varuna.cc); false saves its memory and copy at the price of a possible fallback
+  // to an older checkpoint when a failure splits a step.
+  bool commit = true;
   // Where a run starts: "" = fresh, "latest" = the newest complete checkpoint in dir (fresh
   // if there is none), or a step number. varuna-worker's --resume_step overrides it.
   std::string resume;

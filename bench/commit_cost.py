@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""Benchmark: the cost of committed steps (docs/morphing.md "Committed steps"): bench (b)'s
+GPT and shape (P=1, D=2 on 2 local ranks, global batch 32, micro-batch 16) with checkpoint.dir
+set, `checkpoint.commit: true` (each rank copies its pre-update state every step) against
+`false`, alternated round by round in one run. Per round: median samples/s over the steps
+after the warm-up (wall clock) and samples per CPU-second of the whole run (user + system of
+the ranks, from getrusage of the reaped children: VM steal is not billed). Prints a markdown
+table for docs/benchmarks.md; the ratio is commit-on / commit-off (1.0 = free).
+
+Usage: bench/commit_cost.py [--build build] [--rounds 5] [--steps 20] [--warmup 5]
+"""
+
+import argparse
+import os
+import resource
+import statistics
+import tempfile
+
+from common import ROOT, corpus, harness, median_rate
+
+
+def children_cpu():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    args = ap.parse_args()
+    harness.WORKER = os.path.join(args.build, "bin", "varuna-worker")
+    tmp = tempfile.mkdtemp(prefix="varuna-bench-commit-")
+    data = corpus(args.build)
+    model = {"layers": 4, "d_model": 128, "heads": 4, "seq_len": 64}
+    train = {"global_batch": 32, "steps": args.steps, "lr": 1e-3, "schedule": "constant"}
+    parallel = {"stages": 1, "replicas": 2, "micro_batch": 16}
+    print(f"GPT {model}, P=1 D=2, global batch 32, micro-batch 16, {args.steps} steps "
+          f"(first {args.warmup} skipped), {args.rounds} alternating rounds")
+    print("| round | commit off samples/s | commit on samples/s | on / off | "
+          "off samples/CPU-s | on samples/CPU-s | on / off per CPU-s |")
+    print("|---|---|---|---|---|---|---|")
+    ratios, cpu_ratios = [], []
+    for rnd in range(1, args.rounds + 1):
+        row = {}
+        for commit in (False, True):
+            ckpt = os.path.join(tmp, f"ckpt-{rnd}-{commit}")
+            extra = (f"checkpoint: {{dir: {ckpt}, commit: {'true' if commit else 'false'}}}\n")
+            job = harness.job_yaml(os.path.join(tmp, f"job-{commit}.yaml"), data, model=model,
+                                   train=train, parallel=parallel, extra=extra)
+            cpu0 = children_cpu()
+            r = harness.run_workers(2, ["--job", job], timeout=1200)
+            cpu = children_cpu() - cpu0
+            if not r.ok:
+                raise SystemExit(f"commit={commit} failed:\n" + "\n".join(r.outputs))
+            rows = [m for m in r.metrics if m.get("rank", 0) == 0] or r.metrics
+            rate = median_rate(rows, args.warmup)
+            per_cpu = args.steps * 32 / cpu
+            row[commit] = (rate, per_cpu)
+        ratio = row[True][0] / row[False][0]
+        cpu_ratio = row[True][1] / row[False][1]
+        ratios.append(ratio)
+        cpu_ratios.append(cpu_ratio)
+        print(f"| {rnd} | {row[False][0]:.2f} | {row[True][0]:.2f} | {ratio:.3f} | "
+              f"{row[False][1]:.2f} | {row[True][1]:.2f} | {cpu_ratio:.3f} |", flush=True)
+    print(f"| median of rounds | | | **{statistics.median(ratios):.3f}** | | | "
+          f"**{statistics.median(cpu_ratios):.3f}** |")
+    print(f"spread on/off: {min(ratios):.3f}-{max(ratios):.3f} (wall), "
+          f"{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f} (per CPU-s)")
+
+
+if __name__ == "__main__":
+    main()
