@@ -521,6 +521,7 @@ void Agent::ReadProgress(Worker& w) {
         w.last.set_stopped(false);
         w.saved_step = event->rescued().saved_step();
         w.committed_step = event->rescued().committed_step();
+        w.also_saved_step = event->rescued().also_saved_step();
         break;
       case v1::WorkerEvent::kStep: {
         const v1::StepMetrics& m = event->step();
@@ -570,6 +571,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_exited_at(w.exited_at);
     s->set_saved_step(w.saved_step);
     s->set_committed_step(w.committed_step);
+    s->set_also_saved_step(w.also_saved_step);
     w.in_flight = 0;
     statuses.emplace_back(&w, s);
   }

@@ -129,6 +129,7 @@ class Agent {
     double exited_at = 0;
     int64_t saved_step = 0;
     int64_t committed_step = 0;
+    int64_t also_saved_step = 0;
   };
   using Key = std::pair<std::string, int>;  // job, rank
 

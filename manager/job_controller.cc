@@ -128,7 +128,8 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
     job.gen.stopped_after = std::max<int64_t>(job.gen.stopped_after, p.step());
   }
   if (w.state() != v1::WORKER_RUNNING) {
-    RecordExit(job, w.rank(), w.exit_code(), w.signal(), node, w.saved_step(), w.committed_step());
+    RecordExit(job, w.rank(), w.exit_code(), w.signal(), node, w.saved_step(), w.committed_step(),
+               w.also_saved_step());
   }
 }
 
@@ -422,8 +423,8 @@ void JobController::SendStops(Job& job) {
 }
 
 void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
-                               const std::string& node, int64_t saved_step,
-                               int64_t committed_step) {
+                               const std::string& node, int64_t saved_step, int64_t committed_step,
+                               int64_t also_saved_step) {
   for (const auto& e : job.rec.exits()) {
     if (e.rank() == rank) return;  // already known
   }
@@ -433,6 +434,7 @@ void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
   e->set_signal(signal);
   e->set_saved_step(saved_step);
   e->set_committed_step(committed_step);
+  e->set_also_saved_step(also_saved_step);
   const v1::JobState s = job.info().state();
   const bool live = s == v1::STARTING || s == v1::RUNNING || s == v1::RECONFIGURING;
   if (live && signal == 0 && exit_code == kExitBadInput) {

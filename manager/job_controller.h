@@ -64,7 +64,7 @@ class JobController final : public JobLifecycle {
   // What one worker of the job's current generation, placed on `node`, reported.
   void OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node);
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
-                  int64_t saved_step = 0, int64_t committed_step = 0);
+                  int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0);
   void OnNodeLost(const NodeTable::Node& node, absl::Duration silent);
   // Launch timeouts, held failures, repeated stops, morph timers, progress flush.
   void Tick();

@@ -407,11 +407,9 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
                                            (e.exit_code() == 0 && job.gen.stopped_after > 0));
     if (!saver || e.saved_step() <= 0) continue;
     // A rescue writes the step it has and, when that one is not committed, the committed
-    // one before it (Note [Committed step] in worker/varuna.cc).
+    // one before it (Note [Committed step] in worker/varuna.cc), and says which.
     std::vector<int64_t> steps = {e.saved_step()};
-    if (e.committed_step() > 0 && e.committed_step() == e.saved_step() - 1) {
-      steps.push_back(e.committed_step());
-    }
+    if (e.also_saved_step() > 0) steps.push_back(e.also_saved_step());
     for (int64_t step : steps) {
       v1::SavedStep s;
       s.set_rank(e.rank());

@@ -4,10 +4,16 @@
 #                                           (tests/e2e/chaos_e2e.py)
 #   scripts/chaos.sh --matrix               every fault point x action of one step
 #                                           (tests/e2e/commit_e2e.py, Note [Faults])
+#   scripts/chaos.sh --faults [RUNS=10] [FAULTS=10] [SEED=1]
+#                                           RUNS jobs with FAULTS random faults each
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/bin/varuna-manager ]] || scripts/build.sh
 cd build
+if [[ ${1:-} == --faults ]]; then
+  VARUNA_COMMIT_SOAK=${2:-10}:${3:-10}:${4:-1} VARUNA_BIN_DIR=$PWD/bin \
+    exec /usr/bin/python3 ../tests/e2e/commit_e2e.py -v SoakTest
+fi
 if [[ ${1:-} == --matrix ]]; then
   VARUNA_COMMIT_MATRIX=1 VARUNA_BIN_DIR=$PWD/bin exec /usr/bin/python3 ../tests/e2e/commit_e2e.py -v
 fi

@@ -112,7 +112,11 @@ absl::StatusOr<FaultInjector> FaultInjector::FromEnvironment(int rank) {
 
 bool FaultInjector::Hit(FaultPoint point, int64_t step) const {
   for (const Fault& f : faults_) {
-    if (f.point != point || f.step != step) continue;
+    // first_step fires at the first step of its generation when that is at least STEP (a
+    // generation's first step depends on where it resumed).
+    if (f.point != point || (point == FaultPoint::kFirstStep ? step < f.step : step != f.step)) {
+      continue;
+    }
     LOG(WARNING) << "VARUNA_FAULT: " << FaultPointName(point) << "@" << step << " rank " << f.rank
                  << (f.action == FaultAction::kKill     ? " kill"
                      : f.action == FaultAction::kFreeze ? " freeze"

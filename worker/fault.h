@@ -36,7 +36,7 @@ enum class FaultAction {
 
 struct Fault {
   FaultPoint point;
-  int64_t step = 0;  // the step being taken (1-based); first_step: the first step of GEN
+  int64_t step = 0;  // the step being taken (1-based); first_step: at least this step
   int rank = 0;
   FaultAction action = FaultAction::kKill;
   int generation = 1;

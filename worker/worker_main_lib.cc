@@ -71,12 +71,14 @@ v1::WorkerEvent ErrorEvent(std::string message) {
 
 // How the worker ended after saving `step` (0: nothing saved): stopped on request, or
 // rescued after an abort.
-v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0) {
+v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0,
+                           int64_t also_saved = 0) {
   v1::WorkerEvent e;
   const auto saved = static_cast<int32_t>(step);
   if (rescued) {
     e.mutable_rescued()->set_saved_step(saved);
     e.mutable_rescued()->set_committed_step(static_cast<int32_t>(committed));
+    e.mutable_rescued()->set_also_saved_step(static_cast<int32_t>(also_saved));
   } else {
     e.mutable_stopped()->set_saved_step(saved);
   }
@@ -431,7 +433,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
               << " (committed " << eng->committed_step() << ") in "
               << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
               << " s; exiting";
-    ReportToAgent(SavedEvent(/*rescued=*/true, *saved, eng->committed_step()));
+    ReportToAgent(SavedEvent(/*rescued=*/true, *saved, eng->committed_step(), eng->rescued_also()));
     std::_Exit(kExitRescued);
   });
   struct JoinOnReturn {

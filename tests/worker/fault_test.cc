@@ -58,6 +58,19 @@ TEST(FaultTest, ARankKeepsOnlyItsOwnFaultsOfItsGeneration) {
   FaultInjector gen2(*f, 1, 2);
   EXPECT_TRUE(gen2.Hit(FaultPoint::kAgreement, 7));
   EXPECT_TRUE(FaultInjector().empty());
+  // first_step: the generation's first step, wherever it resumed, if at least STEP.
+  auto first = ParseFaults("first_step@10:0:split");
+  ASSERT_FALSE(first.ok());  // split is for the agreement only
+}
+
+TEST(FaultTest, FirstStepFiresFromItsStepOn) {
+  // A kill or freeze would end the test process: check the matching through Hit's absence.
+  auto f = ParseFaults("first_step@10:0:kill:2");
+  ASSERT_TRUE(f.ok());
+  FaultInjector gen1(*f, 0, 1);
+  EXPECT_FALSE(gen1.Hit(FaultPoint::kFirstStep, 12));  // generation 1: not this one's
+  FaultInjector gen2(*f, 0, 2);
+  EXPECT_FALSE(gen2.Hit(FaultPoint::kFirstStep, 5));  // before STEP: nothing
 }
 
 }  // namespace
