@@ -42,7 +42,6 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
                  Post post)
     : config_(std::move(config)),
       clock_(clock),
-      store_(store),
       agents_(agents),
       post_(std::move(post)),
       node_events_(std::make_unique<NodeEvents>(this)),

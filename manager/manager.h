@@ -89,7 +89,6 @@ class Manager {
 
   const ManagerConfig config_;
   Clock* const clock_;
-  StateStore* const store_;
   AgentClientPool* const agents_;
   const Post post_;
   std::unique_ptr<NodeEvents> node_events_;
