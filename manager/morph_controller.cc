@@ -472,6 +472,10 @@ void MorphController::Relaunch(Job& job, const JobPlan& plan) {
         cover.common_step < cover.newest_saved
             ? absl::StrCat("; step ", cover.newest_saved, " was not on every stage")
             : ""));
+  } else if (!cover.missing.empty()) {
+    m.mutable_record()->set_resume_reason(absl::StrCat(
+        "the newest complete checkpoint: no survivor saved stage ",
+        absl::StrJoin(cover.missing, ","), " (rank:step ", absl::StrJoin(saved, " "), ")"));
   } else if (!cover.saved.empty()) {
     m.mutable_record()->set_resume_reason(
         absl::StrCat("the newest complete checkpoint: the survivors' saves (rank:step ",

@@ -62,7 +62,25 @@ class CommitTest(unittest.TestCase):
         self.c = Cluster(agents=2, slots=2, manager_config=MORPH_CONFIG)
         self.addCleanup(self.c.close)
 
-    def run_cell(self, fault, timeout_s=30, every_steps=0, stage_lost=False, hetero=False):
+    def rank_logs(self):
+        """The last lines of every rank's log of every job (for a failure's message)."""
+        out = []
+        for root, _, files in os.walk(self.c.dir):
+            for f in sorted(files):
+                if f.startswith("rank") and f.endswith(".log"):
+                    with open(os.path.join(root, f), errors="replace") as fh:
+                        out.append(f"--- {os.path.join(root, f)}\n" + "".join(fh.readlines()[-12:]))
+        return "\n".join(out)
+
+    def run_cell(self, *args, **kwargs):
+        try:
+            return self.run_cell_checked(*args, **kwargs)
+        except AssertionError:
+            print(self.rank_logs(), file=sys.stderr)
+            raise
+
+    def run_cell_checked(self, fault, timeout_s=30, every_steps=0, stage_lost=False,
+                         hetero=False):
         c = self.c
         name = re.sub(r"[^A-Za-z0-9_]+", "-", fault) + ".yaml"
         job = write_job(c, name, fault, timeout_s=timeout_s, every_steps=every_steps,
