@@ -15,14 +15,11 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from control_plane_e2e import Cluster, wait_for  # noqa: E402
-from harness import job_yaml, run_workers, write_text_corpus  # noqa: E402
-from morph_e2e import MORPH_CONFIG  # noqa: E402
+from harness import job_yaml, write_text_corpus  # noqa: E402
+from morph_e2e import MORPH_CONFIG, cached_reference_losses  # noqa: E402
 
 STEPS = 40
 FAULT_STEP = 20
-
-_reference = {}
-
 
 # Heterogeneous pipelines (docs/heterogeneous.md): a 2-stage and a 1-stage pipeline on 3 ranks.
 HETERO = ("[{stages: [[embed, blocks.0, blocks.1], [blocks.2, blocks.3, head]], microbatches: 4},"
@@ -45,16 +42,13 @@ def write_job(c, name, fault, steps=STEPS, timeout_s=30, every_steps=0, hetero=F
                     parallel=parallel, extra=extra)
 
 
-def reference_losses(c, global_batch=24):
-    if global_batch not in _reference:
-        path = job_yaml(os.path.join(c.dir, f"reference{global_batch}.yaml"),
-                        os.path.join(c.dir, "corpus.txt"),
-                        train={"steps": STEPS, "global_batch": global_batch},
-                        parallel={"stages": 1, "micro_batch": 2})
-        r = run_workers(1, ["--job", path], timeout=600)
-        assert r.ok, r.outputs
-        _reference[global_batch] = r.losses()
-    return _reference[global_batch]
+def reference_losses(c, global_batch=24, steps=STEPS):
+    """The one-process losses of this job shape (cached: morph_e2e.cached_reference_losses)."""
+    path = job_yaml(os.path.join(c.dir, f"reference{global_batch}-{steps}.yaml"),
+                    os.path.join(c.dir, "corpus.txt"),
+                    train={"steps": steps, "global_batch": global_batch},
+                    parallel={"stages": 1, "micro_batch": 2})
+    return cached_reference_losses(c, path)
 
 
 class CommitTest(unittest.TestCase):
@@ -199,7 +193,7 @@ class SoakTest(unittest.TestCase):
                 morphs += len(st["morphs"])
                 metrics = json.loads(c.ctl("-o", "json", "metrics", job_id, check=0).stdout)
                 self.assertEqual([int(x["step"]) for x in metrics], list(range(1, steps + 1)))
-                ref = soak_reference(c, steps)
+                ref = reference_losses(c, 24, steps)
                 for x, want in zip(metrics, ref):
                     self.assertLess(abs(x["loss"] - want) / abs(want), 1e-4, f"{fault}: {x}")
                 wait_for(lambda: c.workers() == [], 30, "no worker left")
@@ -209,20 +203,6 @@ class SoakTest(unittest.TestCase):
                 c.close()
         print(f"soak: {runs} runs, {runs * faults} faults, {morphs} morphs, max steps lost "
               f"{max(total_lost, default=0)}", file=sys.stderr)
-
-
-_soak_reference = {}
-
-
-def soak_reference(c, steps):
-    if steps not in _soak_reference:
-        path = job_yaml(os.path.join(c.dir, "soak-ref.yaml"), os.path.join(c.dir, "corpus.txt"),
-                        train={"steps": steps, "global_batch": 24},
-                        parallel={"stages": 1, "micro_batch": 2})
-        r = run_workers(1, ["--job", path], timeout=900)
-        assert r.ok, r.outputs
-        _soak_reference[steps] = r.losses()
-    return _soak_reference[steps]
 
 
 if __name__ == "__main__":

@@ -38,31 +38,35 @@ def write_morph_job(c, name="job.yaml", steps=STEPS, stages=2, extra_parallel=No
 _reference = {}
 
 
+def cached_reference_losses(c, path):
+    """The losses of job file `path` run as one process, kept under build/artifacts keyed by
+    the job, the corpus and the worker binary, so repeated runs (ctest --repeat) do not
+    recompute them."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        h.update(f.read().replace(c.dir.encode(), b"@DIR@"))
+    with open(os.path.join(c.dir, "corpus.txt"), "rb") as f:
+        h.update(f.read())
+    st = os.stat(WORKER)
+    h.update(f"{st.st_size} {st.st_mtime_ns}".encode())
+    cache = os.path.join(BIN_DIR, "..", "artifacts", f"reference-{h.hexdigest()[:16]}.json")
+    if os.path.exists(cache):
+        with open(cache) as f:
+            return json.load(f)
+    r = run_workers(1, ["--job", path], timeout=900)
+    assert r.ok, r.outputs
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    with open(cache + ".tmp", "w") as f:
+        json.dump(r.losses(), f)
+    os.replace(cache + ".tmp", cache)
+    return r.losses()
+
+
 def reference_losses(c):
-    """The same job as one process (1 stage, 1 replica), computed once per test run, and kept
-    under build/artifacts keyed by the job, the corpus and the worker binary, so repeated runs
-    (ctest --repeat) do not recompute it."""
+    """The same job as one process (1 stage, 1 replica), once per test run."""
     if "losses" not in _reference:
-        path = write_morph_job(c, "reference.yaml", stages=1, ckpt=False)
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            h.update(f.read().replace(c.dir.encode(), b"@DIR@"))
-        with open(os.path.join(c.dir, "corpus.txt"), "rb") as f:
-            h.update(f.read())
-        st = os.stat(WORKER)
-        h.update(f"{st.st_size} {st.st_mtime_ns}".encode())
-        cache = os.path.join(BIN_DIR, "..", "artifacts", f"reference-{h.hexdigest()[:16]}.json")
-        if os.path.exists(cache):
-            with open(cache) as f:
-                _reference["losses"] = json.load(f)
-        else:
-            r = run_workers(1, ["--job", path], timeout=600)
-            assert r.ok, r.outputs
-            _reference["losses"] = r.losses()
-            os.makedirs(os.path.dirname(cache), exist_ok=True)
-            with open(cache + ".tmp", "w") as f:
-                json.dump(_reference["losses"], f)
-            os.replace(cache + ".tmp", cache)
+        _reference["losses"] = cached_reference_losses(
+            c, write_morph_job(c, "reference.yaml", stages=1, ckpt=False))
     return _reference["losses"]
 
 
