@@ -7,10 +7,17 @@ after the warm-up (wall clock) and samples per CPU-second of the whole run (user
 the ranks, from getrusage of the reaped children: VM steal is not billed). Prints a markdown
 table for docs/benchmarks.md; the ratio is commit-on / commit-off (1.0 = free).
 
+With --instructions, each rank runs under valgrind's callgrind instead, counting only the
+instructions executed inside Varuna::step (the whole step, the copy included): a count that
+VM steal and neighbours do not move, so 2-3 rounds show it (each round takes minutes; the
+ranks' timeout_s is raised to 3000 s for the slowdown).
+
 Usage: bench/commit_cost.py [--build build] [--rounds 5] [--steps 20] [--warmup 5]
+       bench/commit_cost.py --instructions [--rounds 2] [--steps 3]
 """
 
 import argparse
+import glob
 import os
 import resource
 import statistics
@@ -27,10 +34,15 @@ def children_cpu():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--rounds", type=int)
+    ap.add_argument("--steps", type=int)
     ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--instructions", action="store_true")
     args = ap.parse_args()
+    args.rounds = args.rounds or (2 if args.instructions else 5)
+    args.steps = args.steps or (3 if args.instructions else 20)
+    if args.instructions:
+        return instructions(args)
     harness.WORKER = os.path.join(args.build, "bin", "varuna-worker")
     tmp = tempfile.mkdtemp(prefix="varuna-bench-commit-")
     data = corpus(args.build)
@@ -69,6 +81,47 @@ def main():
           f"**{statistics.median(cpu_ratios):.3f}** |")
     print(f"spread on/off: {min(ratios):.3f}-{max(ratios):.3f} (wall), "
           f"{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f} (per CPU-s)")
+
+
+def instructions(args):
+    worker = os.path.join(args.build, "bin", "varuna-worker")
+    tmp = tempfile.mkdtemp(prefix="varuna-bench-commit-ir-")
+    data = corpus(args.build)
+    model = {"layers": 4, "d_model": 128, "heads": 4, "seq_len": 64}
+    train = {"global_batch": 32, "steps": args.steps, "lr": 1e-3, "schedule": "constant"}
+    parallel = {"stages": 1, "replicas": 2, "micro_batch": 16, "timeout_s": 3000}
+    print(f"GPT {model}, P=1 D=2, global batch 32, micro-batch 16, {args.steps} steps under "
+          f"callgrind, instructions inside Varuna::step per step (mean of both ranks), "
+          f"{args.rounds} alternating rounds")
+    print("| round | commit off instructions/step | commit on instructions/step | on / off |")
+    print("|---|---|---|---|")
+    ratios = []
+    for rnd in range(1, args.rounds + 1):
+        row = {}
+        for commit in (False, True):
+            name = f"{rnd}-{'on' if commit else 'off'}"
+            extra = (f"checkpoint: {{dir: {os.path.join(tmp, 'ckpt-' + name)}, "
+                     f"commit: {'true' if commit else 'false'}}}\n")
+            job = harness.job_yaml(os.path.join(tmp, f"job-{name}.yaml"), data, model=model,
+                                   train=train, parallel=parallel, extra=extra)
+            out = os.path.join(tmp, f"callgrind.{name}")
+            cmd = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}.%p",
+                   "--toggle-collect=varuna::Varuna::step(*", worker]
+            r = harness.run_workers(2, ["--job", job], timeout=7200, cmd=cmd)
+            if not r.ok:
+                raise SystemExit(f"commit={commit} failed:\n" + "\n".join(r.outputs))
+            counts = []
+            for f in glob.glob(out + ".*"):
+                with open(f) as fh:
+                    counts += [int(line.split()[1]) for line in fh if line.startswith("totals:")]
+            if len(counts) != 2:
+                raise SystemExit(f"expected 2 callgrind outputs for {name}, got {counts}")
+            row[commit] = sum(counts) / 2 / args.steps
+        ratio = row[True] / row[False]
+        ratios.append(ratio)
+        print(f"| {rnd} | {row[False]:.4g} | {row[True]:.4g} | {ratio:.4f} |", flush=True)
+    print(f"| median of rounds | | | **{statistics.median(ratios):.4f}** |")
+    print(f"spread on/off: {min(ratios):.4f}-{max(ratios):.4f}")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 # The long chaos runs.
 #   scripts/chaos.sh [EVENTS=20] [SEED=1]   EVENTS random events over one training run
 #                                           (tests/e2e/chaos_e2e.py)
-#   scripts/chaos.sh --matrix               every fault point x action of one step
-#                                           (tests/e2e/commit_e2e.py, Note [Faults])
+#   scripts/chaos.sh --matrix [LINK_CUTS=10] every fault point x action of one step
+#                                           (tests/e2e/commit_e2e.py, Note [Faults]), then
+#                                           LINK_CUTS runs of ctest morph_link_cut (netns)
 #   scripts/chaos.sh --faults [RUNS=10] [FAULTS=10] [SEED=1]
 #                                           RUNS jobs with FAULTS random faults each
 set -euo pipefail
@@ -15,7 +16,8 @@ if [[ ${1:-} == --faults ]]; then
     exec /usr/bin/python3 ../tests/e2e/commit_e2e.py -v SoakTest
 fi
 if [[ ${1:-} == --matrix ]]; then
-  VARUNA_COMMIT_MATRIX=1 VARUNA_BIN_DIR=$PWD/bin exec /usr/bin/python3 ../tests/e2e/commit_e2e.py -v
+  VARUNA_COMMIT_MATRIX=1 VARUNA_BIN_DIR=$PWD/bin /usr/bin/python3 ../tests/e2e/commit_e2e.py -v
+  exec ctest -R '^morph_link_cut$' --output-on-failure --repeat "until-fail:${2:-10}"
 fi
 VARUNA_CHAOS_EVENTS=${1:-20} VARUNA_CHAOS_SEED=${2:-1} VARUNA_BIN_DIR=$PWD/bin \
   exec /usr/bin/python3 ../tests/e2e/chaos_e2e.py -v

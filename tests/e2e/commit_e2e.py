@@ -137,23 +137,41 @@ class CommitTest(unittest.TestCase):
         self.run_cell(f"update@{FAULT_STEP}:3:kill")
 
 
-# The whole matrix (scripts/chaos.sh --matrix): every point x {kill, freeze} on a rank with a
-# live replica, plus the split. Freezes wait out the peers' timeout, so they run with 10 s.
-# rescue_save only fires in a rescue: rank 3's death in the update causes one, and rank 1 then
-# fails in it, so stage 1 has no survivor (every_steps: 1: the newest periodic checkpoint).
+# The whole matrix (scripts/chaos.sh --matrix), fault at step 20 of a 40-step job:
+# - every point x {kill, freeze} on rank 1 (stage 1, with a live replica, rank 3) of the 2 x 2
+#   job, plus the split. Freezes wait out the peers' timeout, so they run with 10 s;
+# - every point x kill on rank 1 of the heterogeneous job (a 2-stage and a 1-stage pipeline:
+#   rank 2 holds the whole model);
+# - every point x kill on ranks 1 and 3 together: stage 1 lost whole, so those cells run with
+#   every_steps: 1 and resume from the newest periodic checkpoint, with the note set;
+# - rescue_save x {kill, freeze}: rank 3's death in the update causes a rescue, and rank 1 then
+#   fails in it, so stage 1 has no survivor either.
+# Link cuts (network namespaces) are morph_e2e.py's link-cut test (ctest morph_link_cut).
 POINTS = ["forward", "pipeline", "backward", "dp_allreduce", "agreement", "after_agreement",
           "update"]
+
+
+def add_matrix_cell(name, fault, **kwargs):
+    def cell(self):
+        self.run_cell(fault, **kwargs)
+    setattr(CommitTest, f"test_matrix_{name}", cell)
+
+
 if os.environ.get("VARUNA_COMMIT_MATRIX"):
-    for point in POINTS + ["rescue_save"]:
+    for point in POINTS:
         for action in ("kill", "freeze"):
-            def cell(self, point=point, action=action):
-                fault = f"{point}@{FAULT_STEP}:1:{action}"
-                if point == "rescue_save":
-                    fault = f"update@{FAULT_STEP}:3:kill," + fault
-                self.run_cell(fault, timeout_s=10 if action == "freeze" else 30,
-                              every_steps=1 if point == "rescue_save" else 0,
-                              stage_lost=point == "rescue_save")
-            setattr(CommitTest, f"test_matrix_{point}_{action}", cell)
+            add_matrix_cell(f"{point}_{action}", f"{point}@{FAULT_STEP}:1:{action}",
+                            timeout_s=10 if action == "freeze" else 30)
+        add_matrix_cell(f"{point}_kill_heterogeneous", f"{point}@{FAULT_STEP}:1:kill",
+                        hetero=True)
+        add_matrix_cell(f"{point}_kill_stage_lost",
+                        f"{point}@{FAULT_STEP}:1:kill,{point}@{FAULT_STEP}:3:kill",
+                        every_steps=1, stage_lost=True)
+    for action in ("kill", "freeze"):
+        add_matrix_cell(f"rescue_save_{action}",
+                        f"update@{FAULT_STEP}:3:kill,rescue_save@{FAULT_STEP}:1:{action}",
+                        timeout_s=10 if action == "freeze" else 30, every_steps=1,
+                        stage_lost=True)
 
 
 class SoakTest(unittest.TestCase):
