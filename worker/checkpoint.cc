@@ -153,6 +153,61 @@ absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
   return iteration_;
 }
 
+std::vector<Varuna::RestorableStep> Varuna::restorable_steps() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  std::vector<RestorableStep> steps = {{iteration_, scaler_.scale(), scaler_.clean_steps()}};
+  if (pre_update_.step >= 0 && pre_update_.step == iteration_ - 1 && !pre_update_.layers.empty()) {
+    steps.push_back({pre_update_.step, pre_update_.loss_scale, pre_update_.clean_steps});
+  }
+  return steps;
+}
+
+absl::StatusOr<Varuna::HeldState> Varuna::HeldAt(int64_t step) const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  HeldState out;
+  out.step = step;
+  LayerSnapshot snapshot;
+  if (step == iteration_) {
+    if (!optimizer_) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+    out.loss_scale = scaler_.scale();
+    out.clean_steps = scaler_.clean_steps();
+  } else if (step == pre_update_.step && !pre_update_.layers.empty()) {
+    snapshot = pre_update_.layers;
+    out.loss_scale = pre_update_.loss_scale;
+    out.clean_steps = pre_update_.clean_steps;
+  } else {
+    return absl::NotFoundError(absl::StrCat("rank ", rank_, " holds no state of step ", step,
+                                            " (it is at step ", iteration_, ")"));
+  }
+  // Snapshots are keyed by their checkpoint file ("layers/<name>.pt").
+  for (auto& [rel, dict] : snapshot) {
+    std::string name = rel.substr(std::string("layers/").size());
+    name.resize(name.size() - 3);
+    out.layers.emplace(std::move(name), std::move(dict));
+  }
+  return out;
+}
+
+absl::Status Varuna::Adopt(const HeldState& state) {
+  if (!optimizer_) return absl::FailedPreconditionError("Adopt() before set_optimizer()");
+  std::lock_guard<std::mutex> lock(state_mu_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto it = state.layers.find(layer_names_[i]);
+    if (it == state.layers.end()) {
+      return absl::InternalError(absl::StrCat("rank ", rank_, " got no state for layer ",
+                                              layer_names_[i], " of step ", state.step));
+    }
+    RETURN_IF_ERROR(LoadLayer(i, it->second, absl::StrCat("layer ", layer_names_[i])));
+  }
+  scaler_.Restore(state.loss_scale, state.clean_steps);
+  iteration_ = state.step;
+  start_step_ = state.step;  // every rank of the generation adopted it (Note [Committed step])
+  agreed_step_ = 0;
+  pre_update_ = PreUpdate();
+  return absl::OkStatus();
+}
+
 absl::Status Varuna::WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
                                  const std::string& common_json) {
   const std::string path = CheckpointPath(dir, step);
@@ -304,6 +359,28 @@ absl::Status Varuna::WaitForCheckpoint() {
   return st;
 }
 
+absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
+                               const std::string& what) {
+  return TorchCall(absl::StrCat("loading ", what), [&]() -> absl::Status {
+    torch::NoGradGuard g;
+    for (auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+      auto it = in.find("param." + p.key());
+      if (it == in.end() || !it->value().sizes().equals(p.value().sizes())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, " has no parameter '", p.key(), "' of shape ", c10::str(p.value().sizes()),
+            ": the model spec differs from the one that wrote the checkpoint"));
+      }
+      p.value().copy_(it->value());
+      LoadOptimizerState(*optimizer_, p.value(), p.key(), in);
+    }
+    for (auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+      auto it = in.find("buffer." + b.key());
+      if (it != in.end()) b.value().copy_(it->value());
+    }
+    return absl::OkStatus();
+  });
+}
+
 absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   if (!optimizer_) return absl::FailedPreconditionError("load_checkpoint() before set_optimizer()");
   ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
@@ -320,27 +397,12 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
     if (!data.ok()) return absl::DataLossError(std::string(data.status().message()));
     std::vector<char> bytes(data->begin(), data->end());
     data->clear();
-    RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", file), [&]() -> absl::Status {
+    c10::Dict<std::string, at::Tensor> in;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", file), [&] {
       auto d = torch::pickle_load(bytes).toGenericDict();
-      c10::Dict<std::string, at::Tensor> in;
       for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
-      torch::NoGradGuard g;
-      for (auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
-        auto it = in.find("param." + p.key());
-        if (it == in.end() || !it->value().sizes().equals(p.value().sizes())) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              file, " has no parameter '", p.key(), "' of shape ", c10::str(p.value().sizes()),
-              ": the model spec differs from the one that wrote the checkpoint"));
-        }
-        p.value().copy_(it->value());
-        LoadOptimizerState(*optimizer_, p.value(), p.key(), in);
-      }
-      for (auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
-        auto it = in.find("buffer." + b.key());
-        if (it != in.end()) b.value().copy_(it->value());
-      }
-      return absl::OkStatus();
     }));
+    RETURN_IF_ERROR(LoadLayer(i, in, file));
   }
   scaler_.Restore(common.loss_scale, common.clean_steps);
   iteration_ = step;

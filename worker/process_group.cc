@@ -7,7 +7,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <algorithm>
 #include <cstdlib>
+#include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,8 +24,39 @@ namespace {
 // the method names used here, so one adapter serves both for gloo and NCCL.
 class C10dWork : public Work {
  public:
-  explicit C10dWork(c10::intrusive_ptr<c10d::Work> w) : w_(std::move(w)) {}
-  void Wait(std::chrono::milliseconds timeout) override { w_->wait(timeout); }
+  // `abort` null: plain waits. `sliced`: a collective whose wait is taken in slices so that
+  // `abort` can end it (Note [Aborting waits]).
+  C10dWork(c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<AbortSignal> abort, bool sliced)
+      : w_(std::move(w)), abort_(std::move(abort)), sliced_(sliced) {}
+  void Wait(std::chrono::milliseconds timeout) override {
+    if (abort_ && abort_->aborted()) {
+      Abort();
+      throw std::runtime_error("wait aborted: the job is regrouping");
+    }
+    if (!sliced_) {
+      w_->wait(timeout);
+      return;
+    }
+    using std::chrono::steady_clock;
+    const auto deadline = steady_clock::now() + timeout;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_clock::now());
+      try {
+        w_->wait(
+            std::max(std::chrono::milliseconds(1), std::min(left, std::chrono::milliseconds(50))));
+        return;
+      } catch (const std::exception&) {
+        // Done between the slice's timeout and now: its own outcome (result or error).
+        if (w_->isCompleted()) {
+          w_->wait(std::chrono::milliseconds(1));
+          return;
+        }
+        if (steady_clock::now() >= deadline) throw;
+      }
+      if (abort_->aborted()) throw std::runtime_error("wait aborted: the job is regrouping");
+    }
+  }
   void Abort() override {
     // Gloo's point-to-point works can be aborted; its collectives throw "not implemented"
     // (they end on their own timeout): nothing more to do for those.
@@ -35,36 +68,49 @@ class C10dWork : public Work {
 
  private:
   c10::intrusive_ptr<c10d::Work> w_;
+  const std::shared_ptr<AbortSignal> abort_;
+  const bool sliced_;
 };
 
 template <typename PG>
 class C10dGroup : public ProcessGroup {
  public:
-  C10dGroup(c10::intrusive_ptr<PG> pg, std::string backend, bool device_transfers)
-      : pg_(std::move(pg)), backend_(std::move(backend)), device_(device_transfers) {}
+  C10dGroup(c10::intrusive_ptr<PG> pg, std::string backend, bool device_transfers,
+            std::shared_ptr<AbortSignal> abort)
+      : pg_(std::move(pg)),
+        backend_(std::move(backend)),
+        device_(device_transfers),
+        abort_(std::move(abort)) {}
   int rank() const override { return pg_->getRank(); }
   int size() const override { return pg_->getSize(); }
   std::string backend() const override { return backend_; }
   bool device_transfers() const override { return device_; }
   WorkPtr Send(const torch::Tensor& t, int peer, int tag) override {
     std::vector<torch::Tensor> buf{t};
-    return std::make_shared<C10dWork>(pg_->send(buf, peer, tag));
+    return Registered(std::make_shared<C10dWork>(pg_->send(buf, peer, tag), abort_, false));
   }
   WorkPtr Recv(const torch::Tensor& t, int peer, int tag) override {
     std::vector<torch::Tensor> buf{t};
-    return std::make_shared<C10dWork>(pg_->recv(buf, peer, tag));
+    return Registered(std::make_shared<C10dWork>(pg_->recv(buf, peer, tag), abort_, false));
   }
   WorkPtr AllReduceSum(const torch::Tensor& t, std::chrono::milliseconds timeout) override {
     std::vector<torch::Tensor> buf{t};
     c10d::AllreduceOptions opts;
     opts.timeout = timeout;
-    return std::make_shared<C10dWork>(pg_->allreduce(buf, opts));
+    return std::make_shared<C10dWork>(pg_->allreduce(buf, opts), abort_,
+                                      /*sliced=*/abort_ != nullptr && backend_ == "gloo");
   }
 
  private:
+  WorkPtr Registered(WorkPtr w) {
+    if (abort_) abort_->Register(w);
+    return w;
+  }
+
   c10::intrusive_ptr<PG> pg_;
   std::string backend_;
   bool device_;
+  std::shared_ptr<AbortSignal> abort_;
 };
 
 std::shared_ptr<::gloo::transport::Device> MakeGlooDevice(const std::string& master_addr) {
@@ -99,8 +145,11 @@ int IndexIn(const std::vector<int>& members, int rank) {
 class GlooFactory : public ProcessGroupFactory {
  public:
   GlooFactory(c10::intrusive_ptr<c10d::Store> store, std::string master_addr,
-              std::chrono::milliseconds timeout)
-      : store_(std::move(store)), master_addr_(std::move(master_addr)), timeout_(timeout) {}
+              std::chrono::milliseconds timeout, std::shared_ptr<AbortSignal> abort)
+      : store_(std::move(store)),
+        master_addr_(std::move(master_addr)),
+        timeout_(timeout),
+        abort_(std::move(abort)) {}
   Backend backend() const override { return Backend::kGloo; }
   absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
                                          int rank) override {
@@ -114,7 +163,7 @@ class GlooFactory : public ProcessGroupFactory {
           c10::make_intrusive<c10d::ProcessGroupGloo>(
               c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
               static_cast<int>(members.size()), opts),
-          "gloo", /*device_transfers=*/false);
+          "gloo", /*device_transfers=*/false, abort_);
     }));
     return out;
   }
@@ -123,6 +172,7 @@ class GlooFactory : public ProcessGroupFactory {
   c10::intrusive_ptr<c10d::Store> store_;
   std::string master_addr_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<AbortSignal> abort_;
   std::shared_ptr<::gloo::transport::Device> device_;
 };
 
@@ -131,8 +181,9 @@ class GlooFactory : public ProcessGroupFactory {
 // a dead peer fails the survivors' collectives instead of hanging them (morphing relies on it).
 class NcclFactory : public ProcessGroupFactory {
  public:
-  NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout)
-      : store_(std::move(store)), timeout_(timeout) {
+  NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout,
+              std::shared_ptr<AbortSignal> abort)
+      : store_(std::move(store)), timeout_(timeout), abort_(std::move(abort)) {
     setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
     setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
   }
@@ -147,7 +198,7 @@ class NcclFactory : public ProcessGroupFactory {
           c10::make_intrusive<c10d::ProcessGroupNCCL>(
               c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
               static_cast<int>(members.size()), opts),
-          "nccl", /*device_transfers=*/true);
+          "nccl", /*device_transfers=*/true, abort_);
     }));
     return out;
   }
@@ -155,10 +206,33 @@ class NcclFactory : public ProcessGroupFactory {
  private:
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<AbortSignal> abort_;
 };
 #endif
 
 }  // namespace
+
+void AbortSignal::Abort() {
+  aborted_.store(true);
+  std::vector<std::weak_ptr<Work>> works;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    works.swap(works_);
+  }
+  for (auto& w : works) {
+    if (WorkPtr p = w.lock()) p->Abort();
+  }
+}
+
+void AbortSignal::Register(const WorkPtr& work) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (works_.size() >= 64) {
+    works_.erase(std::remove_if(works_.begin(), works_.end(),
+                                [](const std::weak_ptr<Work>& w) { return w.expired(); }),
+                 works_.end());
+  }
+  works_.push_back(work);
+}
 
 const char* BackendName(Backend b) {
   switch (b) {
@@ -241,14 +315,15 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
     store = c10::make_intrusive<c10d::PrefixStore>(
         absl::StrCat("varuna/attempt_", attempt != nullptr ? attempt : "0"), tcp);
   }));
+  auto abort = std::make_shared<AbortSignal>();
   std::unique_ptr<ProcessGroupFactory> factory;
   switch (backend) {
     case Backend::kGloo:
-      factory = std::make_unique<GlooFactory>(store, topo.master_addr, timeout);
+      factory = std::make_unique<GlooFactory>(store, topo.master_addr, timeout, abort);
       break;
     case Backend::kNccl:
 #ifdef VARUNA_WITH_NCCL
-      factory = std::make_unique<NcclFactory>(store, timeout);
+      factory = std::make_unique<NcclFactory>(store, timeout, abort);
       break;
 #else
       return absl::FailedPreconditionError("this build has no NCCL");
@@ -262,6 +337,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
   if (!g.ok())
     return absl::Status(g.status().code(), absl::StrCat(where, ": ", g.status().message()));
   g->store = store;
+  g->abort = abort;
   LOG(INFO) << "rank=" << topo.rank << " process groups on " << BackendName(backend);
   return g;
 }

@@ -15,9 +15,11 @@
 #include <torch/torch.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,27 @@ class Work {
   virtual void Abort() = 0;
 };
 using WorkPtr = std::shared_ptr<Work>;
+
+// Note [Aborting waits]: a morph in place (docs/morphing.md) keeps the process, so a rank
+// blocked on a dead or frozen peer must get out of the wait now, not after timeout_s. One
+// AbortSignal covers every group of one ProcessGroups: Abort() aborts its outstanding
+// point-to-point works (gloo supports that) and makes every wait on its collectives throw
+// within 50 ms (gloo's collectives cannot be aborted, so a wait is taken in slices and the
+// operation is left to end on its own timeout; the groups must then be kept alive until it
+// does, never destroyed while it runs). NCCL waits are not sliced: its blocking wait aborts
+// the communicator when a wait times out.
+class AbortSignal {
+ public:
+  void Abort();
+  bool aborted() const { return aborted_.load(); }
+  // Point-to-point works in flight, aborted by Abort() (kept weakly).
+  void Register(const WorkPtr& work);
+
+ private:
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;
+  std::vector<std::weak_ptr<Work>> works_;
+};
 
 class ProcessGroup {
  public:
@@ -80,6 +103,8 @@ struct ProcessGroups {
   std::map<std::vector<int>, ProcessGroupPtr> holders;
   ProcessGroupPtr tied;  // first + last stage of this rank's pipeline (only on those, depth > 1)
   std::chrono::milliseconds timeout{300000};
+  // Aborts every wait on these groups (Note [Aborting waits]); null for thread groups.
+  std::shared_ptr<AbortSignal> abort;
 };
 
 // Creates, with `factory`, every group of `topology` that global rank `rank` belongs to. Every

@@ -163,6 +163,34 @@ class Varuna {
   // Names of every layer of the whole model (all stages), as a checkpoint records them.
   std::vector<std::string> model_layer_names() const;
 
+  // Morph in place (Note [Morph in place] in worker/regroup.cc). The steps whose state this
+  // rank can hand over: the newest it applied and, while that one is not committed, the one
+  // before it (Note [Committed step]); newest first, with the loss scaler of each.
+  struct RestorableStep {
+    int64_t step = 0;
+    double loss_scale = 0;
+    int64_t clean_steps = 0;
+  };
+  std::vector<RestorableStep> restorable_steps() const;
+  // This stage's layers as they were after `step` (one of restorable_steps()), by layer name,
+  // in the checkpoint's per-layer format, with the loss scaler of that step. Thread-safe
+  // against step() on another thread (state_mu_).
+  struct HeldState {
+    int64_t step = 0;
+    double loss_scale = 0;
+    int64_t clean_steps = 0;
+    std::map<std::string, c10::Dict<std::string, at::Tensor>> layers;  // by layer name
+  };
+  absl::StatusOr<HeldState> HeldAt(int64_t step) const;
+  // Takes a state every rank of the new topology agreed on: each layer of this stage from
+  // `state.layers` (all must be there), the scaler, and `state.step` as the committed step
+  // this generation starts from. Call after set_optimizer().
+  absl::Status Adopt(const HeldState& state);
+  // This rank's layers, model-wide names, in order.
+  const std::vector<std::string>& layer_names() const { return layer_names_; }
+  // The groups (to keep alive after this engine is gone: Note [Aborting waits]).
+  const ProcessGroups& groups() const { return groups_; }
+
   // Asks every rank to stop after the step in progress (or the next one): StepResult::stop.
   // Async-signal-safe; callable from any thread.
   void request_stop() { stop_requested_.store(true); }
@@ -209,6 +237,10 @@ class Varuna {
   // Writes a rescue of `layers` as step `step` into DIR (Note [Rescue] in checkpoint.cc).
   absl::Status WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
                            const std::string& common_json);
+  // Copies layer i's parameters, optimizer state and buffers from `in` (the checkpoint's
+  // per-layer format); `what` names the source in errors.
+  absl::Status LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
+                         const std::string& what);
 
   Model model_;
   Topology topo_;
@@ -243,7 +275,7 @@ class Varuna {
   int64_t rescued_also_ = 0;
   bool broken_ = false;  // a step failed midway: refuse further steps
   std::atomic<bool> stop_requested_{false};
-  std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
+  mutable std::mutex state_mu_;  // parameters, optimizer, scaler, iteration_ (Note [Rescue])
   Upload upload_;
 };
 

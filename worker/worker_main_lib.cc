@@ -6,6 +6,8 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include <unistd.h>
@@ -31,6 +33,7 @@
 #include "worker/heterogeneous.h"
 #include "worker/lr_schedule.h"
 #include "worker/profiler.h"
+#include "worker/regroup.h"
 #include "worker/torch_status.h"
 #include "worker/varuna.h"
 
@@ -46,6 +49,62 @@ std::atomic<bool> g_rescue_requested{false};
 void OnSigusr2(int) { g_rescue_requested.store(true); }
 
 using Clock = std::chrono::steady_clock;
+
+// Note [Morph in place] in regroup.cc: with --in_place, the agent's ReconfigureCommand waits
+// here for the training thread, and every wait on the current groups is aborted at once, so
+// a step blocked on a dead peer returns instead of waiting out timeout_s.
+std::atomic<bool> g_in_place{false};
+std::mutex g_regroup_mu;
+std::optional<v1::ReconfigureCommand> g_reconfigure;  // guarded by g_regroup_mu
+std::shared_ptr<AbortSignal> g_abort;                 // the current groups'; guarded
+int g_generation = 0;                                 // this process's; guarded
+
+void SetCurrentAbort(std::shared_ptr<AbortSignal> abort) {
+  std::lock_guard<std::mutex> l(g_regroup_mu);
+  g_abort = std::move(abort);
+}
+
+bool RegroupPending() {
+  std::lock_guard<std::mutex> l(g_regroup_mu);
+  return g_reconfigure.has_value();
+}
+
+// The regroup into `generation` is done: later commands are for it.
+void RegroupDone(int generation) {
+  std::lock_guard<std::mutex> l(g_regroup_mu);
+  g_reconfigure.reset();
+  g_generation = generation;
+}
+
+// Waits for a reconfigure (or an abort, which the rescue thread serves) up to `timeout_s`.
+std::optional<v1::ReconfigureCommand> WaitForReconfigure(double timeout_s) {
+  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
+  while (Clock::now() < deadline && !g_rescue_requested.load()) {
+    {
+      std::lock_guard<std::mutex> l(g_regroup_mu);
+      if (g_reconfigure) return g_reconfigure;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return std::nullopt;
+}
+
+void OnReconfigure(const v1::ReconfigureCommand& r) {
+  std::shared_ptr<AbortSignal> abort;
+  {
+    std::lock_guard<std::mutex> l(g_regroup_mu);
+    if (r.generation() <= g_generation) {
+      LOG(WARNING) << "reconfigure to generation " << r.generation() << " ignored: this worker "
+                   << "is in generation " << g_generation;
+      return;
+    }
+    LOG(INFO) << "the agent asks to regroup in place into generation " << r.generation()
+              << " as rank " << r.rank() << " of " << r.pipelines();
+    g_reconfigure = r;
+    abort = g_abort;
+  }
+  if (abort) abort->Abort();
+}
 
 double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -98,10 +157,13 @@ void OnAgentCommand(const v1::AgentCommand& c) {
       g_rescue_requested.store(true);
       break;
     case v1::AgentCommand::kReconfigure: {
-      // An honest gap, not a fake: the manager relaunches instead (docs/morphing.md).
+      if (g_in_place.load()) {
+        OnReconfigure(c.reconfigure());
+        break;
+      }
       const std::string msg =
           absl::StrCat("reconfigure to generation ", c.reconfigure().generation(),
-                       " is not supported by varuna-worker yet (no morph in place); keeps running");
+                       " refused: this worker was not started with --in_place; keeps running");
       LOG(WARNING) << msg;
       v1::WorkerEvent e = ErrorEvent(msg);
       e.mutable_error()->set_command(CommandKindName(c));
@@ -235,6 +297,11 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   absl::StatusOr<WorkerArgs> parsed = ParseWorkerArgs(argv);
   if (!parsed.ok()) return MarkBadInput(parsed.status());
   WorkerArgs args = *std::move(parsed);
+  g_in_place.store(args.in_place);
+  if (auto g = GetEnv("VARUNA_GENERATION"); g) {
+    std::lock_guard<std::mutex> l(g_regroup_mu);
+    if (!absl::SimpleAtoi(*g, &g_generation)) g_generation = 0;
+  }
   if (args.help) {
     std::cout << WorkerUsage();
     return absl::OkStatus();
@@ -291,25 +358,33 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   }
   Model model = *std::move(built);
   TokenDataset data = *std::move(opened);
-  const std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
+  std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
   LOG(INFO) << who << " world=" << topo.world_size << " pipelines=" << topo.topology.ToString()
             << " stage=" << topo.stage << " pipeline=" << topo.replica
             << " global_batch=" << topo.global_batch << " micro_batch=" << topo.micro_batch
             << " schedule=" << spec.parallel.schedule << " precision=" << spec.train.precision;
 
+  // The last stage of pipeline 0 reports the step (the loss is global after the step); after
+  // a morph in place the rank that is it now appends to the same file.
   std::ofstream metrics;
-  // The last stage of pipeline 0 reports the step (the loss is global after the step).
-  const bool metrics_rank = topo.rank == topo.topology.pipeline(0).stages() - 1;
-  const bool writes_metrics = !args.metrics_out.empty() && (metrics_rank || args.metrics_all_ranks);
-  if (writes_metrics) {
+  bool writes_metrics = false, metrics_rank = false;
+  auto open_metrics = [&](bool append) -> absl::Status {
+    metrics_rank = topo.rank == topo.topology.pipeline(0).stages() - 1;
+    writes_metrics = !args.metrics_out.empty() && (metrics_rank || args.metrics_all_ranks);
+    if (metrics.is_open()) metrics.close();
+    if (!writes_metrics) return absl::OkStatus();
     const std::string path =
         metrics_rank ? args.metrics_out : absl::StrCat(args.metrics_out, ".rank", topo.rank);
-    metrics.open(path, std::ios::trunc);
+    metrics.open(path, append ? std::ios::app : std::ios::trunc);
     if (!metrics) {
-      return MarkBadInput(
-          absl::InvalidArgumentError(absl::StrCat("--metrics_out '", path, "' cannot be written")));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--metrics_out '", path, "' cannot be written"));
     }
-  }
+    return absl::OkStatus();
+  };
+  if (absl::Status m = open_metrics(/*append=*/false); !m.ok()) return MarkBadInput(m);
+  const int num_segments = model.num_segments();
+  const bool has_tied = !model.tied().empty();
 
   const auto timeout =
       std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
@@ -329,34 +404,41 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
             << " backend=" << BackendName(*backend);
   // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous.
   ASSIGN_OR_RETURN(FaultInjector faults, FaultInjector::FromEnvironment(topo.rank));
-  ASSIGN_OR_RETURN(ProcessGroups groups,
-                   CreateProcessGroups(topo, !model.tied().empty(), timeout, *backend));
+  ASSIGN_OR_RETURN(ProcessGroups groups, CreateProcessGroups(topo, has_tied, timeout, *backend));
   if (!args.profile_out.empty()) {
     started->store(true);
     return RunProfiler(spec, profile_batch, std::move(model), data, topo, groups, args.profile_out,
                        timeout, *device);
   }
-  VarunaOptions opts;
-  opts.schedule = policy;
-  opts.precision = precision;
-  opts.seed = spec.train.seed;
-  opts.clip_grad_norm = spec.train.clip_grad_norm;
-  opts.init_loss_scale = spec.train.init_loss_scale;
-  opts.loss_scale_window = spec.train.loss_scale_window;
-  opts.stop_flag = &g_stop_requested;
-  // Note [Committed step] in varuna.cc: only a job that can be rescued pays for it.
-  opts.keep_pre_update =
-      spec.checkpoint.commit && !spec.checkpoint.dir.empty() && topo.topology.world_size() > 1;
-  opts.faults = std::move(faults);
-  ASSIGN_OR_RETURN(auto engine,
-                   Varuna::Create(std::move(model), topo.topology, topo.rank, std::move(groups),
-                                  data.Batch(0, 2), topo.micro_batch, *device, opts));
-  engine->set_optimizer(MakeOptimizer(spec.train, engine->named_parameters()));
+  VarunaOptions base_opts;
+  base_opts.schedule = policy;
+  base_opts.precision = precision;
+  base_opts.seed = spec.train.seed;
+  base_opts.clip_grad_norm = spec.train.clip_grad_norm;
+  base_opts.init_loss_scale = spec.train.init_loss_scale;
+  base_opts.loss_scale_window = spec.train.loss_scale_window;
+  base_opts.stop_flag = &g_stop_requested;
   const TrainSpec train = spec.train;
   auto lr_at = [train](int64_t step) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
   };
-  engine->set_lr_schedule(lr_at);
+  // One generation's engine: the stage of `t`, over `g`, optimizer and schedule set.
+  auto build_engine = [&](Model m, const WorkerTopology& t, ProcessGroups g, FaultInjector f,
+                          SchedulePolicy schedule) -> absl::StatusOr<std::unique_ptr<Varuna>> {
+    VarunaOptions opts = base_opts;
+    opts.schedule = schedule;
+    // Note [Committed step] in varuna.cc: only a job that can be rescued or regrouped pays.
+    opts.keep_pre_update = spec.checkpoint.commit && t.topology.world_size() > 1 &&
+                           (!spec.checkpoint.dir.empty() || args.in_place);
+    opts.faults = std::move(f);
+    ASSIGN_OR_RETURN(auto e, Varuna::Create(std::move(m), t.topology, t.rank, std::move(g),
+                                            data.Batch(0, 2), t.micro_batch, *device, opts));
+    e->set_optimizer(MakeOptimizer(spec.train, e->named_parameters()));
+    e->set_lr_schedule(lr_at);
+    return e;
+  };
+  ASSIGN_OR_RETURN(auto engine, build_engine(std::move(model), topo, std::move(groups),
+                                             std::move(faults), policy));
   const double peak_flops = PeakFlops(*device, spec.train.precision);
   LOG(INFO) << who << " peak " << absl::StrFormat("%.3g", peak_flops)
             << " FLOP/s per rank for MFU (docs/observability.md)";
@@ -404,14 +486,15 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   const std::map<std::string, std::string> ckpt_info = {{"model_spec", model_spec},
                                                         {"job_name", spec.name}};
 
-  const int64_t B = topo.global_batch;
   // The rescue thread (Note [Rescue] in checkpoint.cc): on SIGUSR2 or a failed step, save the
   // last completed step and exit kExitRescued. It owns the exit from then on, so the
   // training thread, blocked on a dead peer or back from a failed step, never has to return.
-  Varuna* const eng = engine.get();
+  // It rescues whichever engine is current (a morph in place replaces it under engine_mu).
+  auto engine_mu = std::make_shared<std::mutex>();
+  auto current = std::make_shared<Varuna*>(engine.get());
   started->store(true);  // the rescue thread below takes over
   auto finished = std::make_shared<std::atomic<bool>>(false);
-  std::thread rescuer([eng, ckpt_dir, ckpt_info, who, finished] {
+  std::thread rescuer([engine_mu, current, ckpt_dir, ckpt_info, who, finished] {
     while (!g_rescue_requested.load()) {
       if (finished->load()) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -421,6 +504,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       ReportToAgent(ErrorEvent("step aborted with no checkpoint.dir: nothing saved"));
       std::_Exit(1);
     }
+    std::lock_guard<std::mutex> hold(*engine_mu);
+    Varuna* eng = *current;
     const auto c0 = Clock::now();
     absl::StatusOr<int64_t> saved = eng->rescue(ckpt_dir, ckpt_info);
     if (!saved.ok()) {
@@ -449,83 +534,189 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     ready.mutable_ready()->set_resumed_from(static_cast<int32_t>(first_step - 1));
     ReportToAgent(std::move(ready));
   }
-  for (int64_t step = first_step; step <= topo.steps; ++step) {
-    const auto t0 = Clock::now();
-    TensorMap batch = data.Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
-    absl::StatusOr<StepResult> stepped = engine->step(batch);
-    if (!stepped.ok()) {
-      LOG(ERROR) << who << " step " << step << " failed: " << stepped.status();
+  SetCurrentAbort(engine->groups().abort);
+
+  // One generation's steps; returns false when this process should regroup (Note [Morph in
+  // place] in regroup.cc), true when training ended (done or stopped).
+  const int64_t B = topo.global_batch;
+  bool stopped = false;  // on request, after a checkpoint
+  auto train_steps = [&]() -> absl::StatusOr<bool> {
+    for (int64_t step = first_step; step <= topo.steps; ++step) {
+      if (RegroupPending()) return false;
+      const auto t0 = Clock::now();
+      TensorMap batch = data.Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
+      absl::StatusOr<StepResult> stepped = engine->step(batch);
+      if (!stepped.ok()) {
+        LOG(ERROR) << who << " step " << step << " failed: " << stepped.status();
+        if (args.in_place) return false;  // park: wait for the agent's reconfigure
+        g_rescue_requested.store(true);
+        for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the rescuer exits
+      }
+      const StepResult r = *stepped;
+      const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+      const double lr = lr_at(step);
+      // One schema for --metrics_out and the agent: the StepMetrics message (as JSON here, as
+      // the step event's payload there).
+      v1::StepMetrics m;
+      m.set_step(step);
+      m.set_loss(r.loss);
+      m.set_grad_norm(r.grad_norm);
+      m.set_lr(lr);
+      m.set_overflow(r.overflow);
+      m.set_step_time_s(dt);
+      m.set_samples_per_s(B / dt);
+      m.set_tokens_per_s(B * spec.model.seq_len / dt);
+      m.set_at(UnixNow());
+      m.set_pipeline_s(r.pipeline_s);
+      m.set_recv_wait_s(r.wait_s);
+      m.set_loss_scale(engine->loss_scale());
+      m.set_bubble_ratio(r.bubble_ratio);
+      // MFU (Note [MFU] in device.h): 6 N FLOPs per token (forward + backward) over the
+      // world's peak.
+      if (peak_flops > 0) {
+        m.set_mfu(6.0 * static_cast<double>(r.model_parameters) * m.tokens_per_s() /
+                  (peak_flops * topo.world_size));
+      }
+      for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
+      for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
+      if (writes_metrics) {
+        metrics << ProtoJson(m) << "\n";
+        metrics.flush();
+      }
+      {
+        v1::WorkerEvent e;
+        e.set_t(m.at());
+        *e.mutable_step() = m;
+        ReportToAgent(std::move(e));
+      }
+      if (topo.rank == 0 || metrics_rank) {
+        if (step == 1 || step % 10 == 0 || step == topo.steps) {
+          LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
+                    << " grad_norm=" << absl::StrFormat("%.3f", r.grad_norm)
+                    << " step_time_s=" << absl::StrFormat("%.3f", dt)
+                    << (r.overflow ? " overflow=skipped" : "");
+        }
+      }
+      const bool periodic =
+          spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
+      if (!ckpt_dir.empty() && (periodic || r.stop)) {
+        const auto c0 = Clock::now();
+        RETURN_IF_ERROR(engine->checkpoint(ckpt_dir, ckpt_info, spec.checkpoint.tempdir,
+                                           spec.checkpoint.shard));
+        LOG(INFO) << who << " checkpoint step=" << step << " blocked training for "
+                  << absl::StrFormat("%.3f",
+                                     std::chrono::duration<double>(Clock::now() - c0).count())
+                  << " s" << (spec.checkpoint.tempdir.empty() ? "" : " (upload continues)");
+        if (topo.rank == 0) {
+          for (int64_t old : PruneCheckpoints(ckpt_dir, spec.checkpoint.keep)) {
+            LOG(INFO) << who << " deleted old checkpoint " << CheckpointPath(ckpt_dir, old);
+          }
+        }
+      }
+      if (r.stop) {
+        RETURN_IF_ERROR(engine->WaitForCheckpoint());
+        ReportToAgent(SavedEvent(/*rescued=*/false, ckpt_dir.empty() ? 0 : step));
+        LOG(INFO) << who << " stop requested: "
+                  << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
+                  << " step=" << step << "; exiting";
+        stopped = true;
+        return true;
+      }
+    }
+    return true;
+  };
+
+  for (;;) {
+    ASSIGN_OR_RETURN(bool ended, train_steps());
+    if (ended) break;
+    // Note [Morph in place] in regroup.cc: wait for the new topology, keep this engine's
+    // state, build the new stage, hand layers over.
+    std::optional<v1::ReconfigureCommand> cmd = WaitForReconfigure(args.park_timeout_s);
+    if (!cmd) {
+      LOG(WARNING) << who << " no reconfigure within " << args.park_timeout_s
+                   << " s; saving the last completed step and exiting";
       g_rescue_requested.store(true);
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the rescuer exits
     }
-    const StepResult r = *stepped;
-    const double dt = std::chrono::duration<double>(Clock::now() - t0).count();
-    const double lr = lr_at(step);
-    // One schema for --metrics_out and the agent: the StepMetrics message (as JSON here, as
-    // the step event's payload there).
-    v1::StepMetrics m;
-    m.set_step(step);
-    m.set_loss(r.loss);
-    m.set_grad_norm(r.grad_norm);
-    m.set_lr(lr);
-    m.set_overflow(r.overflow);
-    m.set_step_time_s(dt);
-    m.set_samples_per_s(B / dt);
-    m.set_tokens_per_s(B * spec.model.seq_len / dt);
-    m.set_at(UnixNow());
-    m.set_pipeline_s(r.pipeline_s);
-    m.set_recv_wait_s(r.wait_s);
-    m.set_loss_scale(engine->loss_scale());
-    m.set_bubble_ratio(r.bubble_ratio);
-    // MFU (Note [MFU] in device.h): 6 N FLOPs per token (forward + backward) over the world's peak.
-    if (peak_flops > 0) {
-      m.set_mfu(6.0 * static_cast<double>(r.model_parameters) * m.tokens_per_s() /
-                (peak_flops * topo.world_size));
+    const auto r0 = Clock::now();
+    RETURN_IF_ERROR(engine->WaitForCheckpoint());
+    WorkerArgs next = args;
+    next.pipelines = cmd->pipelines();
+    next.stage_to_rank_map.reset();
+    next.per_replica_batch.reset();
+    next.rank = cmd->rank();
+    if (cmd->micro_batch() > 0) next.chunk_size = cmd->micro_batch();
+    if (!cmd->schedule().empty()) next.schedule = cmd->schedule();
+    next.stage_boundaries.assign(cmd->stage_boundaries().begin(), cmd->stage_boundaries().end());
+    JobSpec next_spec = spec;
+    const Topology parsed = *Topology::Parse(cmd->pipelines());  // checked by the codec
+    const std::map<std::string, std::string> overrides = {
+        {"WORLD_SIZE", absl::StrCat(parsed.world_size())},
+        {"RANK", absl::StrCat(cmd->rank())},
+        {"MASTER_ADDR", cmd->master_addr().empty() ? topo.master_addr : cmd->master_addr()},
+        {"MASTER_PORT", absl::StrCat(cmd->master_port())},
+        {"VARUNA_GENERATION", absl::StrCat(cmd->generation())},
+        {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(cmd->generation() - 1)}};
+    for (const auto& [k, v] : overrides) setenv(k.c_str(), v.c_str(), /*overwrite=*/1);
+    absl::StatusOr<WorkerTopology> nt = ResolveTopology(next, &next_spec, num_segments, GetEnv);
+    if (!nt.ok()) {
+      LOG(ERROR) << who << " reconfigure refused: " << nt.status();
+      g_rescue_requested.store(true);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
-    for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
-    for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
-    if (writes_metrics) {
-      metrics << ProtoJson(m) << "\n";
-      metrics.flush();
+    if (next.schedule) spec.parallel.schedule = *next.schedule;
+    absl::StatusOr<SchedulePolicy> next_policy = ParseSchedulePolicy(
+        spec.parallel.schedule == "auto" ? std::string("varuna") : spec.parallel.schedule);
+    absl::StatusOr<std::unique_ptr<Varuna>> built_engine = [&]() -> decltype(built_engine) {
+      RETURN_IF_ERROR(next_policy.status());
+      ASSIGN_OR_RETURN(FaultInjector f, FaultInjector::FromEnvironment(nt->rank));
+      ASSIGN_OR_RETURN(ProcessGroups g, CreateProcessGroups(*nt, has_tied, timeout, *backend));
+      ASSIGN_OR_RETURN(Model m, BuildModel(spec.model));
+      return build_engine(std::move(m), *nt, std::move(g), std::move(f), *next_policy);
+    }();
+    const auto r1 = Clock::now();
+    absl::StatusOr<HandoverStats> handed =
+        built_engine.ok()
+            ? HandOver(engine.get(), **built_engine, (*built_engine)->groups(), nt->rank, ckpt_dir)
+            : absl::StatusOr<HandoverStats>(built_engine.status());
+    if (!handed.ok()) {
+      // The old engine still holds this rank's state: save it the usual way.
+      LOG(ERROR) << who << " morph in place failed: " << handed.status()
+                 << "; saving the last completed step and exiting";
+      g_rescue_requested.store(true);
+      for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     {
-      v1::WorkerEvent e;
-      e.set_t(m.at());
-      *e.mutable_step() = m;
-      ReportToAgent(std::move(e));
+      std::lock_guard<std::mutex> hold(*engine_mu);
+      RetireGroups(engine->groups());
+      engine = *std::move(built_engine);
+      *current = engine.get();
     }
-    if (topo.rank == 0 || metrics_rank) {
-      if (step == 1 || step % 10 == 0 || step == topo.steps) {
-        LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
-                  << " grad_norm=" << absl::StrFormat("%.3f", r.grad_norm)
-                  << " step_time_s=" << absl::StrFormat("%.3f", dt)
-                  << (r.overflow ? " overflow=skipped" : "");
-      }
-    }
-    const bool periodic =
-        spec.checkpoint.every_steps > 0 && step % spec.checkpoint.every_steps == 0;
-    if (!ckpt_dir.empty() && (periodic || r.stop)) {
-      const auto c0 = Clock::now();
-      RETURN_IF_ERROR(
-          engine->checkpoint(ckpt_dir, ckpt_info, spec.checkpoint.tempdir, spec.checkpoint.shard));
-      LOG(INFO) << who << " checkpoint step=" << step << " blocked training for "
-                << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
-                << " s" << (spec.checkpoint.tempdir.empty() ? "" : " (upload continues)");
-      if (topo.rank == 0) {
-        for (int64_t old : PruneCheckpoints(ckpt_dir, spec.checkpoint.keep)) {
-          LOG(INFO) << who << " deleted old checkpoint " << CheckpointPath(ckpt_dir, old);
-        }
-      }
-    }
-    if (r.stop) {
-      RETURN_IF_ERROR(engine->WaitForCheckpoint());
-      ReportToAgent(SavedEvent(/*rescued=*/false, ckpt_dir.empty() ? 0 : step));
-      LOG(INFO) << who << " stop requested: "
-                << (ckpt_dir.empty() ? "no checkpoint.dir, nothing saved" : "checkpointed")
-                << " step=" << step << "; exiting";
-      return absl::OkStatus();
-    }
+    SetCurrentAbort(engine->groups().abort);
+    RegroupDone(cmd->generation());
+    if (agent_commands) agent_commands->set_generation(cmd->generation());
+    topo = *nt;
+    who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
+    first_step = handed->step + 1;
+    if (absl::Status m = open_metrics(/*append=*/true); !m.ok()) return m;
+    const double regroup_s = std::chrono::duration<double>(r1 - r0).count();
+    const double transfer_s = std::chrono::duration<double>(Clock::now() - r1).count();
+    LOG(INFO) << who << " regrouped in place into generation " << cmd->generation() << " ("
+              << topo.topology.ToString() << "): continues after " << handed->reason << "; "
+              << handed->moved_bytes << " bytes from live ranks, " << handed->checkpoint_bytes_read
+              << " from the checkpoint; regroup " << absl::StrFormat("%.3f", regroup_s)
+              << " s, transfer " << absl::StrFormat("%.3f", transfer_s) << " s";
+    v1::WorkerEvent ready;
+    ready.mutable_ready()->set_resumed_from(static_cast<int32_t>(handed->step));
+    v1::InPlaceJoin* rd = ready.mutable_ready()->mutable_in_place();
+    rd->set_moved_bytes(handed->moved_bytes);
+    rd->set_checkpoint_bytes_read(handed->checkpoint_bytes_read);
+    rd->set_regroup_s(regroup_s);
+    rd->set_transfer_s(transfer_s);
+    rd->set_handover(handed->reason);
+    ReportToAgent(std::move(ready));
   }
+  if (stopped) return absl::OkStatus();
   RETURN_IF_ERROR(engine->WaitForCheckpoint());
   // Held-out evaluation: one global batch from far beyond any training index.
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;

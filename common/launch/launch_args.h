@@ -41,6 +41,11 @@ struct WorkerArgs {
   std::vector<int> stage_boundaries;
   // Run the profiler instead of training and write the profile (JSON) here.
   std::string profile_out;
+  // Morph in place (Note [Morph in place] in worker/regroup.cc): after a failed step, wait
+  // up to park_timeout_s for the agent's ReconfigureCommand instead of saving and exiting;
+  // without one, save and exit as before.
+  bool in_place = false;
+  double park_timeout_s = 60;
   bool help = false;
 };
 

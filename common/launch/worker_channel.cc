@@ -128,9 +128,10 @@ void AgentCommandListener::HandleLine(const std::string& line) {
     LOG(WARNING) << "control channel: " << command.status().message() << "; line skipped";
     return;
   }
-  if (command->generation() != 0 && generation_ != 0 && command->generation() != generation_) {
+  const int generation = generation_.load();
+  if (command->generation() != 0 && generation != 0 && command->generation() != generation) {
     LOG(WARNING) << "control channel: " << CommandKindName(*command) << " for generation "
-                 << command->generation() << " ignored by generation " << generation_;
+                 << command->generation() << " ignored by generation " << generation;
     return;
   }
   ++handled_;

@@ -41,6 +41,8 @@ class AgentCommandListener {
   AgentCommandListener(const AgentCommandListener&) = delete;
   AgentCommandListener& operator=(const AgentCommandListener&) = delete;
 
+  // The generation this worker now belongs to (after a morph in place). Thread-safe.
+  void set_generation(int generation) { generation_.store(generation); }
   // Valid commands handed to the handler so far. Thread-safe.
   int handled() const { return handled_.load(); }
 
@@ -52,7 +54,7 @@ class AgentCommandListener {
   const int fifo_fd_;
   const int wake_read_;  // the destructor writes to wake_write_ to end Run()
   const int wake_write_;
-  const int generation_;
+  std::atomic<int> generation_;
   const Handler handler_;
   std::atomic<int> handled_{0};
   std::thread thread_;

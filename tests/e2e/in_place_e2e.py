@@ -1,0 +1,175 @@
+"""Morph in place, the worker's half (Note [Morph in place] in worker/regroup.cc), without a
+manager: four varuna-worker processes train a 2 x 2 job with --in_place; one is killed; the
+test writes each survivor the agent's ReconfigureCommand (a 2-stage + 1-stage heterogeneous
+topology of the three). The survivors must keep their processes, move the layers the
+1-stage rank lacks over the new groups, lose at most one step, and match a one-process run
+(1e-4) at every step."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+STEPS = 30
+MODEL = {"layers": 4, "d_model": 32, "heads": 4, "seq_len": 16}
+# A 2-stage pipeline (ranks 0, 1) and a 1-stage one (rank 2), 12 samples each.
+NEW_TOPOLOGY = "0,3,6:12;0,6:12"
+
+
+def wait_until(pred, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def read_metrics(path):
+    """Step -> loss, the last record of each step (a regrouped job may re-run one)."""
+    out = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    m = json.loads(line)
+                    out[int(m["step"])] = m["loss"]
+    return out
+
+
+class InPlaceTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.mkdtemp(prefix="varuna-inplace-")
+        self.data = harness.write_text_corpus(os.path.join(self.dir, "corpus.txt"))
+        self.procs = []
+        self.addCleanup(self.cleanup)
+
+    def cleanup(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+    def job(self, name, parallel, every_steps=0):
+        extra = (f"checkpoint: {{dir: {os.path.join(self.dir, 'ckpt-' + name)}, "
+                 f"every_steps: {every_steps}}}\n")
+        return harness.job_yaml(os.path.join(self.dir, name + ".yaml"), self.data, model=MODEL,
+                                train={"global_batch": 24, "steps": STEPS}, parallel=parallel,
+                                extra=extra)
+
+    def reference(self):
+        job = self.job("reference", {"stages": 1, "micro_batch": 2})
+        r = harness.run_workers(1, ["--job", job], timeout=300)
+        self.assertTrue(r.ok, r.outputs)
+        return {int(m["step"]): m["loss"] for m in r.metrics}
+
+    def start(self, job, world):
+        port = harness.free_port()
+        self.metrics = os.path.join(self.dir, "metrics.jsonl")
+        self.fifos, self.logs = [], []
+        for r in range(world):
+            fifo = os.path.join(self.dir, f"control.rank{r}")
+            os.mkfifo(fifo)
+            self.fifos.append(fifo)
+            log = os.path.join(self.dir, f"rank{r}.log")
+            self.logs.append(log)
+            env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), VARUNA_GENERATION="1",
+                       VARUNA_CONTROL_FIFO=fifo,
+                       VARUNA_PROGRESS_FILE=os.path.join(self.dir, f"progress.rank{r}"))
+            with open(log, "w") as out:
+                self.procs.append(subprocess.Popen(
+                    [harness.WORKER, "--job", job, "--in_place", "--park_timeout_s", "60",
+                     "--metrics_out", self.metrics], env=env, stdout=out,
+                    stderr=subprocess.STDOUT))
+
+    def reconfigure(self, old_rank, new_rank, port, generation=2, topology=NEW_TOPOLOGY):
+        line = json.dumps({"generation": generation - 1, "reconfigure": {
+            "generation": generation, "pipelines": topology, "rank": new_rank,
+            "micro_batch": 2, "master_addr": "127.0.0.1", "master_port": port}})
+        fd = os.open(self.fifos[old_rank], os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            os.write(fd, (line + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def log(self, r):
+        with open(self.logs[r], errors="replace") as f:
+            return f.read()
+
+    def finish(self, ranks, want):
+        for r in ranks:
+            try:
+                rc = self.procs[r].wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                self.fail(f"rank {r} did not finish:\n{self.log(r)[-3000:]}")
+            self.assertEqual(rc, 0, f"rank {r}:\n{self.log(r)[-3000:]}")
+        got = read_metrics(self.metrics)
+        self.assertEqual(sorted(got), list(range(1, STEPS + 1)))
+        for step in range(1, STEPS + 1):
+            self.assertLess(abs(got[step] - want[step]) / abs(want[step]), 1e-4,
+                            f"step {step}: {got[step]} vs {want[step]}")
+        return [line for r in ranks for line in self.log(r).splitlines()
+                if "regrouped in place" in line]
+
+    def test_a_stage_every_holder_of_which_died_comes_from_the_checkpoint(self):
+        want = self.reference()
+        self.start(self.job("job", {"stages": 2, "micro_batch": 2, "timeout_s": 30},
+                            every_steps=1), 4)
+        wait_until(lambda: max(read_metrics(self.metrics), default=0) >= 10, 120, "step 10")
+        self.procs[3].send_signal(signal.SIGKILL)
+        self.procs[1].send_signal(signal.SIGKILL)  # stage 1 has no live holder now
+        port = harness.free_port()
+        # The metrics rank is gone with rank 1: the new last stage of pipeline 0 appends.
+        for old, new in ((0, 0), (2, 1)):
+            self.reconfigure(old, new, port, topology="0,6:12;0,6:12")
+        regrouped = self.finish((0, 2), want)
+        self.assertEqual(len(regrouped), 2, regrouped)
+        for line in regrouped:
+            self.assertRegex(line, r"[1-9][0-9]* from the checkpoint", line)
+        print("\n".join(regrouped), file=sys.stderr)
+
+    def test_kill_one_rank_survivors_regroup_and_move_layers(self):
+        want = self.reference()
+        self.start(self.job("job", {"stages": 2, "micro_batch": 2, "timeout_s": 30}), 4)
+        pids = [p.pid for p in self.procs]
+        wait_until(lambda: max(read_metrics(self.metrics), default=0) >= 10, 120, "step 10")
+        self.procs[3].send_signal(signal.SIGKILL)
+        t0 = time.time()
+        port = harness.free_port()
+        # Old rank 0 and 1 stay pipeline 0; old rank 2 (stage 0) becomes the 1-stage pipeline
+        # and needs stage 1's layers from a live rank.
+        for old, new in ((0, 0), (1, 1), (2, 2)):
+            self.reconfigure(old, new, port)
+        for r in (0, 1, 2):
+            try:
+                rc = self.procs[r].wait(timeout=240)
+            except subprocess.TimeoutExpired:
+                self.fail(f"rank {r} did not finish:\n{self.log(r)[-3000:]}")
+            self.assertEqual(rc, 0, f"rank {r}:\n{self.log(r)[-3000:]}")
+        self.assertEqual([p.pid for p in self.procs[:3]], pids[:3])  # the same processes
+        regrouped = [line for r in (0, 1, 2) for line in self.log(r).splitlines()
+                     if "regrouped in place" in line]
+        self.assertEqual(len(regrouped), 3, regrouped)
+        moved = sum(int(line.split(" bytes from live ranks")[0].split()[-1])
+                    for line in regrouped)
+        self.assertGreater(moved, 0, regrouped)  # rank 2 received stage 1's layers
+        got = read_metrics(self.metrics)
+        self.assertEqual(sorted(got), list(range(1, STEPS + 1)))
+        for step in range(1, STEPS + 1):
+            self.assertLess(abs(got[step] - want[step]) / abs(want[step]), 1e-4,
+                            f"step {step}: {got[step]} vs {want[step]}")
+        print(f"regrouped {time.time() - t0:.2f} s after the kill (to the end); "
+              f"{moved} bytes moved:\n" + "\n".join(regrouped), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
