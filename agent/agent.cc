@@ -24,6 +24,7 @@
 #include "common/checkpoint/checkpoint_store.h"
 #include "common/launch/worker_protocol.h"
 #include "common/net/rpc.h"
+#include "common/pipeline/stage_map.h"
 #include "common/pipeline/topology.h"
 #include "glog/logging.h"
 
@@ -188,8 +189,25 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     return absl::FailedPreconditionError(absl::StrCat("launch ", who, " is stale: generation ",
                                                       newest, " was already launched here"));
   }
+  // The port first: a worker adopted below is told it in its ReconfigureCommand.
+  v1::LaunchResponse resp;
+  const std::string port_key = absl::StrCat(req.job_id(), "/", req.generation());
+  int master_port = req.master_port();
+  if (master_port == 0) {
+    auto it = master_port_.find(port_key);
+    if (it != master_port_.end()) {
+      master_port = it->second;
+    } else {
+      ASSIGN_OR_RETURN(master_port, PickFreePort());
+      master_port_[port_key] = master_port;
+    }
+  }
+  resp.set_master_port(master_port);
+  // Note [Morph in place] in worker/regroup.cc: running workers of the older generation that
+  // take a rank of this one are told to regroup, and keep their processes.
+  std::set<int> adopted = Adopt(req, master_port);
   if (req.generation() > newest) {
-    // A new generation replaces whatever an older one left running.
+    // A new generation replaces whatever an older one left running (and did not adopt).
     SignalWorkers(req.job_id(), req.generation() - 1, SIGKILL, false, absl::ZeroDuration());
     newest = req.generation();
   }
@@ -216,20 +234,6 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   } else if (!config_.allow_root_workers) {
     run_as = config_.worker_user;
   }
-
-  v1::LaunchResponse resp;
-  const std::string port_key = absl::StrCat(req.job_id(), "/", req.generation());
-  int master_port = req.master_port();
-  if (master_port == 0) {
-    auto it = master_port_.find(port_key);
-    if (it != master_port_.end()) {
-      master_port = it->second;
-    } else {
-      ASSIGN_OR_RETURN(master_port, PickFreePort());
-      master_port_[port_key] = master_port;
-    }
-  }
-  resp.set_master_port(master_port);
 
   const std::string job_dir = JobDir(req.job_id());
   const std::string gen_dir = absl::StrCat(job_dir, "/gen", req.generation());
@@ -267,6 +271,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     const Key key{req.job_id(), r.rank()};
     auto it = workers_.find(key);
     if (it != workers_.end() && it->second.generation == req.generation()) continue;  // repeat
+    if (adopted.count(r.rank())) continue;
 
     Worker w;
     w.job_id = req.job_id();
@@ -304,8 +309,12 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
       spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
       spec.env["VARUNA_PIPELINES"] = req.pipelines();
     }
-    if (req.entrypoint().empty() && !req.resume_step().empty()) {
+    if (req.entrypoint().empty() && !req.resume_step().empty() && !req.join_in_place()) {
       spec.argv.push_back(absl::StrCat("--resume_step=", req.resume_step()));
+    }
+    if (req.entrypoint().empty() && req.in_place()) {
+      spec.argv.push_back("--in_place");
+      if (req.join_in_place()) spec.argv.push_back("--join_in_place");
     }
     // The plan (docs/autoconfig.md): flags for varuna-worker, the environment for programs
     // of the user's, which may not know the flags.
@@ -344,6 +353,59 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   UpdateWorkerMetrics();
   if (started == 0) VLOG(1) << who << " repeated launch; nothing new";
   return resp;
+}
+
+std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
+  std::set<int> adopted;
+  if (req.adopt().empty()) return adopted;
+  const std::string who = absl::StrCat("job=", req.job_id(), " gen=", req.generation());
+  std::map<int, int> local;  // new rank -> local rank
+  for (const auto& r : req.ranks()) local[r.rank()] = r.local_rank();
+  std::vector<std::pair<Key, Worker>> moved;
+  for (const auto& a : req.adopt()) {
+    auto it = workers_.find({req.job_id(), a.old_rank()});
+    if (it == workers_.end() || !it->second.running ||
+        it->second.generation != a.old_generation() || !local.count(a.new_rank())) {
+      continue;  // gone meanwhile: a fresh worker joins in its place
+    }
+    v1::AgentCommand c;
+    v1::ReconfigureCommand* r = c.mutable_reconfigure();
+    r->set_generation(req.generation());
+    r->set_pipelines(req.pipelines());
+    r->set_stage_to_rank_map(req.stage_to_rank_map());
+    r->set_per_replica_batch(req.per_replica_batch());
+    for (int b : req.stage_boundaries()) r->add_stage_boundaries(b);
+    r->set_rank(a.new_rank());
+    r->set_micro_batch(req.micro_batch());
+    r->set_master_addr(req.master_addr());
+    r->set_master_port(master_port);
+    r->set_schedule(req.schedule());
+    c.set_generation(it->second.generation);
+    absl::StatusOr<std::string> line = SerializeAgentCommand(c);
+    const absl::Status sent =
+        line.ok() ? launcher_->SendCommand(it->second.pid, *line) : line.status();
+    if (!sent.ok()) {
+      LOG(WARNING) << who << " rank " << a.old_rank() << " of generation " << a.old_generation()
+                   << " did not take the reconfigure (" << sent.message()
+                   << "); a fresh worker replaces it";
+      continue;
+    }
+    Worker w = std::move(it->second);
+    workers_.erase(it);
+    LOG(INFO) << who << " adopted pid=" << w.pid << " (generation " << w.generation << " rank "
+              << w.rank << ") as rank " << a.new_rank();
+    w.generation = req.generation();
+    w.rank = a.new_rank();
+    w.resumed_from = -1;
+    w.ready_at = 0;
+    w.in_place.Clear();
+    w.pending.clear();  // the old generation's records: the new one re-reports from its start
+    w.in_flight = 0;
+    moved.emplace_back(Key{req.job_id(), a.new_rank()}, std::move(w));
+    adopted.insert(a.new_rank());
+  }
+  for (auto& [key, w] : moved) workers_[key] = std::move(w);
+  return adopted;
 }
 
 int Agent::SignalWorkers(const std::string& job_id, int max_generation, int sig, bool arm_kill,
@@ -485,6 +547,7 @@ void Agent::ReadProgress(Worker& w) {
     switch (event->kind_case()) {
       case v1::WorkerEvent::kReady:
         w.resumed_from = event->ready().resumed_from();
+        w.in_place = event->ready().in_place();
         w.ready_at = event->t();
         break;
       case v1::WorkerEvent::kProfile: {
@@ -572,6 +635,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_saved_step(w.saved_step);
     s->set_committed_step(w.committed_step);
     s->set_also_saved_step(w.also_saved_step);
+    if (w.in_place.ByteSizeLong() > 0) *s->mutable_in_place() = w.in_place;
     w.in_flight = 0;
     statuses.emplace_back(&w, s);
   }

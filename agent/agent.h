@@ -130,10 +130,14 @@ class Agent {
     int64_t saved_step = 0;
     int64_t committed_step = 0;
     int64_t also_saved_step = 0;
+    v1::InPlaceJoin in_place;  // from its ready event after a morph in place
   };
   using Key = std::pair<std::string, int>;  // job, rank
 
   void Reap();
+  // Sends the running workers `req.adopt()` names a ReconfigureCommand and files them under
+  // their new rank and generation; returns the new ranks adopted (Note [Morph in place]).
+  std::set<int> Adopt(const v1::LaunchRequest& req, int master_port);
   std::string JobDir(const std::string& job_id) const;
   void ReadProgress(Worker& w);
   void CheckNoticeFile();

@@ -312,6 +312,19 @@ v1::LaunchRequest JobController::MakeLaunch(const Job& job, const std::string& n
   req.set_schedule(info.schedule());
   for (int b : info.boundaries()) req.add_stage_boundaries(b);
   req.set_profile(info.profile_job());
+  // Note [Morph in place] in worker/regroup.cc: workers that may regroup; the generation an
+  // in-place morph launches adopts the survivors on this node and its fresh workers join by
+  // hand-over.
+  req.set_in_place(config_.morph_in_place && job.spec.entrypoint.empty() && morph_->Allowed(job));
+  if (job.morphing() && job.rec.morph().in_place()) {
+    req.set_join_in_place(true);
+    for (const auto& a : job.rec.morph().adopted()) {
+      if (a.node() != node) continue;
+      v1::InPlaceRank* x = req.add_adopt();
+      *x = a;
+      x->clear_node();
+    }
+  }
   for (const auto& p : info.placement()) {
     if (p.node() != node) continue;
     v1::RankAssignment* a = req.add_ranks();

@@ -86,6 +86,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "scale_up_delay_s") return seconds(&c->scale_up_delay);
         if (key == "max_morphs") return num(&c->max_morphs);
         if (key == "morph_window_s") return seconds(&c->morph_window);
+        if (key == "morph_in_place") return num(&c->morph_in_place);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: listen, http_listen, http_allow_remote, http_open_metrics, state_dir, "
@@ -95,7 +96,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "forget_dead_after_s, max_pending_jobs_per_user, max_finished_jobs, "
             "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
             "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
-            "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s)"));
+            "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place)"));
       });
 }
 

@@ -114,8 +114,16 @@ void MorphController::Trigger(Job& job, const Cause& cause) {
     }
     job.last_trigger = clock_->Now();
     LOG(INFO) << JobWho(job.info()) << " morph: also " << cause.reason;
-    if (phase == v1::MorphState::LAUNCHING) {
+    if (phase == v1::MorphState::PLANNING && m.in_place()) {
+      // Still planning: the survivors regroup into a plan without these nodes too.
+    } else if (phase == v1::MorphState::LAUNCHING) {
       // The new generation may not be able to start (a node of it is gone): stop it too.
+      if (m.in_place()) {
+        m.set_in_place(false);
+        m.mutable_record()->set_in_place(false);
+        m.mutable_record()->set_path(
+            absl::StrCat("relaunch: ", cause.reason, " during the in-place regroup"));
+      }
       m.set_graceful(false);
       SetPhase(job, v1::MorphState::SAVING);
       SendSaveRequests(job, /*abort_step=*/true);
@@ -169,6 +177,22 @@ void MorphController::BeginMorph(Job& job, const Cause& cause) {
   job.last_trigger = now;
   info.set_state(v1::RECONFIGURING);
   info.set_reason(cause.reason);
+  // Note [Morph in place] in worker/regroup.cc: after a loss, the survivors (running with
+  // --in_place) regroup into the new plan and keep their state: no save, no stop.
+  const bool in_place = InPlacePossible(job, cause);
+  m.set_in_place(in_place);
+  r->set_in_place(in_place);
+  r->set_path(in_place ? "in place: the survivors regroup with their state in memory"
+                       : RelaunchReason(job, cause));
+  if (in_place) {
+    LOG(WARNING) << JobWho(info) << " RECONFIGURING in place: " << cause.reason;
+    events_->Emit("morph_begin", info.id(), "", absl::StrCat("regroup in place: ", cause.reason));
+    SetPhase(job, v1::MorphState::PLANNING);
+    m.set_waiting_since(UnixSeconds(now));
+    jobs_->Persist(job);
+    Advance(job);
+    return;
+  }
   LOG(WARNING) << JobWho(info) << " RECONFIGURING (" << (cause.graceful ? "graceful" : "abort")
                << "): " << cause.reason;
   events_->Emit("morph_begin", info.id(), "",
@@ -451,14 +475,74 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
   return out;
 }
 
+bool MorphController::InPlacePossible(const Job& job, const Cause& cause) const {
+  return config_.morph_in_place && !cause.graceful && job.spec.entrypoint.empty() &&
+         job.info().state() != v1::STARTING;
+}
+
+std::string MorphController::RelaunchReason(const Job& job, const Cause& cause) const {
+  if (!config_.morph_in_place) return "relaunch: morph_in_place is off in the manager's config";
+  if (!job.spec.entrypoint.empty()) {
+    return "relaunch: the job's entrypoint is a program of its own (no in-place protocol)";
+  }
+  if (cause.graceful) return "relaunch: a graceful morph checkpoints at a step boundary";
+  return "relaunch: the job had not started training";
+}
+
+// The survivors of the generation now running, by node (ranks that neither exited nor sit on
+// a lost or dead node), paired with the new plan's ranks on the same node: each keeps its
+// local rank (its device), the new generation adopts it, and the plan's other ranks on that
+// node are fresh workers on the free local ranks (Note [Morph in place] in worker/regroup.cc).
+void MorphController::AdoptSurvivors(Job& job, const v1::JobInfo& old) {
+  v1::MorphState& m = job.morph();
+  std::set<int> exited;
+  for (const auto& e : job.rec.exits()) exited.insert(e.rank());
+  const auto& lost = m.lost_nodes();
+  std::map<std::string, std::vector<v1::RankPlacement>> survivors;
+  for (const auto& p : old.placement()) {
+    const NodeTable::Node* nit = nodes_->Find(p.node());
+    if (exited.count(p.rank()) || nit == nullptr || nit->dead || nit->suspect ||
+        std::find(lost.begin(), lost.end(), p.node()) != lost.end()) {
+      continue;
+    }
+    survivors[p.node()].push_back(p);
+  }
+  m.clear_adopted();
+  std::map<std::string, std::vector<v1::RankPlacement*>> fresh;
+  for (auto& p : *job.info().mutable_placement()) fresh[p.node()].push_back(&p);
+  for (auto& [node, ranks] : fresh) {
+    std::vector<v1::RankPlacement>& kept = survivors[node];
+    std::set<int> used;
+    size_t i = 0;
+    for (; i < ranks.size() && i < kept.size(); ++i) {
+      ranks[i]->set_local_rank(kept[i].local_rank());
+      used.insert(kept[i].local_rank());
+      v1::InPlaceRank* a = m.add_adopted();
+      a->set_old_generation(old.generation());
+      a->set_old_rank(kept[i].rank());
+      a->set_new_rank(ranks[i]->rank());
+      a->set_node(node);
+    }
+    int next = 0;
+    for (; i < ranks.size(); ++i) {
+      while (used.count(next)) ++next;
+      ranks[i]->set_local_rank(next);
+      used.insert(next);
+    }
+  }
+}
+
 void MorphController::Relaunch(Job& job, const JobPlan& plan) {
   v1::JobInfo& info = job.info();
   v1::MorphState& m = job.morph();
-  const SaveCoverage cover = Coverage(job);
+  const v1::JobInfo old = info;
+  // An in-place morph saved nothing: the workers choose the step themselves (Note
+  // [Handover]) and report it; the saves below are the relaunch path's.
+  const SaveCoverage cover = m.in_place() ? SaveCoverage() : Coverage(job);
   m.mutable_record()->set_committed_step(cover.committed);
   m.mutable_record()->clear_saved_steps();
   for (const auto& s : cover.saved) *m.mutable_record()->add_saved_steps() = s;
-  if (!cover.missing.empty() && job.gen.newest_step > 0) {
+  if (!m.in_place() && !cover.missing.empty() && job.gen.newest_step > 0) {
     m.mutable_record()->set_note(absl::StrCat(
         "no rank of stage ", absl::StrJoin(cover.missing, ","),
         " was left to save the newest step: resumed from the newest complete checkpoint"));
@@ -481,7 +565,7 @@ void MorphController::Relaunch(Job& job, const JobPlan& plan) {
         absl::StrCat("the newest complete checkpoint: the survivors' saves (rank:step ",
                      absl::StrJoin(saved, " "), ") share no step"));
   }
-  if (cover.missing.empty() && cover.common_step < cover.committed) {
+  if (!m.in_place() && cover.missing.empty() && cover.common_step < cover.committed) {
     // Every survivor writes the committed step: a save that does not cover it was lost.
     m.mutable_record()->set_note(
         absl::StrCat("the survivors' saves (rank:step ", absl::StrJoin(saved, " "),
@@ -494,6 +578,14 @@ void MorphController::Relaunch(Job& job, const JobPlan& plan) {
   info.set_generation(info.generation() + 1);
   info.set_reason("");
   ApplyPlan(info, plan, nodes_->Find(plan.ranks[0].node())->rec.address());
+  if (m.in_place()) {
+    AdoptSurvivors(job, old);
+    if (m.adopted().empty()) {
+      m.set_in_place(false);
+      m.mutable_record()->set_in_place(false);
+      m.mutable_record()->set_path("relaunch: no survivor to regroup");
+    }
+  }
   *m.mutable_record()->mutable_to() = ShapeOf(info);
   m.mutable_record()->set_generation(info.generation());
   m.clear_lost_nodes();
@@ -550,6 +642,17 @@ void MorphController::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
   Generation& g = job.gen;
   if (w.resumed_from() >= 0 && !g.ready.count(w.rank())) {
     g.ready.insert(w.rank());
+    if (w.has_in_place() && job.morphing() && job.rec.morph().in_place()) {
+      v1::MorphState& m = job.morph();
+      v1::MorphRecord* r = m.mutable_record();
+      if (r->resume_reason().empty()) r->set_resume_reason(w.in_place().handover());
+      r->set_moved_bytes(r->moved_bytes() + w.in_place().moved_bytes());
+      r->set_checkpoint_bytes_read(r->checkpoint_bytes_read() +
+                                   w.in_place().checkpoint_bytes_read());
+      m.set_regroup_s(std::max(m.regroup_s(), w.in_place().regroup_s()));
+      m.set_agree_s(std::max(m.agree_s(), w.in_place().agree_s()));
+      m.set_transfer_s(std::max(m.transfer_s(), w.in_place().transfer_s()));
+    }
     g.resumed_from = std::max(g.resumed_from, w.resumed_from());
     g.last_ready_at = std::max(g.last_ready_at, w.ready_at());
   }
@@ -568,6 +671,15 @@ void MorphController::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
     const double ready = g.last_ready_at > 0 ? std::min(g.last_ready_at, UnixSeconds(clock_->Now()))
                                              : UnixSeconds(clock_->Now());
     phases["rendezvous"] = std::max(0.0, ready - m.phase_since());
+    if (m.in_place()) {
+      // The slowest rank's regroup (new groups and stage), agree and transfer; what is left of
+      // the span is the command's way to the workers and their waits on each other.
+      phases["regroup"] = m.regroup_s();
+      phases["agree"] = m.agree_s();
+      phases["transfer"] = m.transfer_s();
+      phases["rendezvous"] =
+          std::max(0.0, phases["rendezvous"] - m.regroup_s() - m.agree_s() - m.transfer_s());
+    }
     m.set_phase_since(ready);
     job.info().set_step(static_cast<int32_t>(std::max<int64_t>(0, g.resumed_from)));
   }

@@ -64,6 +64,11 @@ class MorphController {
   void OnSaveRequestFailed(const std::string& job_id, int generation, const std::string& node,
                            const absl::Status& status);
   void Relaunch(Job& job, const JobPlan& plan);
+  // Morph in place (Note [Morph in place] in worker/regroup.cc): whether this cause can take
+  // it, why not, and the survivors the new placement adopts.
+  bool InPlacePossible(const Job& job, const Cause& cause) const;
+  std::string RelaunchReason(const Job& job, const Cause& cause) const;
+  void AdoptSurvivors(Job& job, const v1::JobInfo& old);
   bool AllRanksGone(const Job& job) const;
   bool FinishedTraining(const Job& job) const;
   // What the survivors saved (Note [Saved steps] in morph_controller.cc).

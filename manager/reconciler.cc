@@ -37,6 +37,23 @@ absl::StatusOr<v1::RegisterResponse> HeartbeatReconciler::Register(const v1::Reg
   return resp;
 }
 
+namespace {
+
+// A running worker of the generation before the current one that an in-place morph adopts
+// (Note [Morph in place] in worker/regroup.cc): its agent files it under the new generation
+// when the launch arrives; until then it must not be stopped as stale.
+bool AdoptedInPlace(const Job& job, const std::string& node, const v1::WorkerStatus& w) {
+  if (!job.morphing() || !job.rec.morph().in_place()) return false;
+  for (const auto& a : job.rec.morph().adopted()) {
+    if (a.node() == node && a.old_generation() == w.generation() && a.old_rank() == w.rank()) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
     const v1::HeartbeatRequest& req) {
   ASSIGN_OR_RETURN(NodeTable::Node * found, nodes_->Heartbeat(req.name()));
@@ -59,6 +76,9 @@ absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
     Job* job = jobs_->Find(w.job_id());
     const bool current =
         job != nullptr && w.generation() == job->info().generation() && Active(job->info().state());
+    if (!current && running && job != nullptr && AdoptedInPlace(*job, node.rec.name(), w)) {
+      continue;  // the new generation takes it over (Note [Morph in place])
+    }
     if (!current) {
       // A stale generation, a finished job or one this manager never knew.
       if (running) {

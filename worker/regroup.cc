@@ -2,6 +2,7 @@
 
 #include <torch/serialize.h>
 
+#include <chrono>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -79,6 +80,8 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
                                        const ProcessGroups& groups, int rank,
                                        const std::string& ckpt_dir) {
   if (!groups.store) return absl::FailedPreconditionError("HandOver needs a rendezvous store");
+  using Clock = std::chrono::steady_clock;
+  const auto t0 = Clock::now();
   const int world = engine.topology().world_size();
   // 1. Offers.
   v1::HandoverOffer mine;
@@ -122,6 +125,8 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
   HandoverStats stats;
   stats.step = plan.step;
   stats.reason = plan.reason;
+  const auto t1 = Clock::now();
+  stats.agree_s = std::chrono::duration<double>(t1 - t0).count();
   Varuna::HeldState state;
   state.step = plan.step;
   bool scaler_known = false;
@@ -219,6 +224,7 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
     state.layers.emplace(read.layer, std::move(dict));
   }
   RETURN_IF_ERROR(engine.Adopt(state));
+  stats.transfer_s = std::chrono::duration<double>(Clock::now() - t1).count();
   return stats;
 }
 

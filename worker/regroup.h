@@ -18,6 +18,8 @@ struct HandoverStats {
   int64_t moved_bytes = 0;            // received from live ranks
   int64_t checkpoint_bytes_read = 0;  // read from the checkpoint of `step`
   std::string reason;                 // Handover::reason
+  double agree_s = 0;                 // offers exchanged, plan made
+  double transfer_s = 0;              // layers moved and read, state adopted
 };
 
 // Collective over the new world (`groups`, `rank`): every rank offers what `old_engine` (null

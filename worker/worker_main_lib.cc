@@ -451,7 +451,20 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                       spec.model.seq_len, spec.model.vocab, spec.model.path);
   const std::string& ckpt_dir = spec.checkpoint.dir;
   int64_t first_step = 1;
-  if (args.resume_step) {
+  std::optional<HandoverStats> joined;  // a joiner's hand-over (Note [Morph in place])
+  if (args.join_in_place) {
+    const auto j0 = Clock::now();
+    absl::StatusOr<HandoverStats> h =
+        HandOver(nullptr, *engine, engine->groups(), topo.rank, ckpt_dir);
+    if (!h.ok()) return h.status();
+    joined = *h;
+    first_step = h->step + 1;
+    LOG(INFO) << who << " joined in place after " << h->reason << "; " << h->moved_bytes
+              << " bytes from live ranks, " << h->checkpoint_bytes_read
+              << " from the checkpoint in "
+              << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - j0).count())
+              << " s";
+  } else if (args.resume_step) {
     // A checkpoint that cannot be used is the input's fault too: restarting cannot fix it.
     absl::Status resumed = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(*args.resume_step));
@@ -532,6 +545,14 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   {
     v1::WorkerEvent ready;
     ready.mutable_ready()->set_resumed_from(static_cast<int32_t>(first_step - 1));
+    if (joined) {
+      v1::InPlaceJoin* j = ready.mutable_ready()->mutable_in_place();
+      j->set_moved_bytes(joined->moved_bytes);
+      j->set_checkpoint_bytes_read(joined->checkpoint_bytes_read);
+      j->set_agree_s(joined->agree_s);
+      j->set_transfer_s(joined->transfer_s);
+      j->set_handover(joined->reason);
+    }
     ReportToAgent(std::move(ready));
   }
   SetCurrentAbort(engine->groups().abort);
@@ -641,17 +662,26 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     const auto r0 = Clock::now();
     RETURN_IF_ERROR(engine->WaitForCheckpoint());
     WorkerArgs next = args;
-    next.pipelines = cmd->pipelines();
+    next.pipelines.reset();
     next.stage_to_rank_map.reset();
     next.per_replica_batch.reset();
+    if (!cmd->pipelines().empty()) {
+      next.pipelines = cmd->pipelines();
+    } else {
+      next.stage_to_rank_map = cmd->stage_to_rank_map();
+      next.per_replica_batch = cmd->per_replica_batch();
+    }
     next.rank = cmd->rank();
     if (cmd->micro_batch() > 0) next.chunk_size = cmd->micro_batch();
     if (!cmd->schedule().empty()) next.schedule = cmd->schedule();
     next.stage_boundaries.assign(cmd->stage_boundaries().begin(), cmd->stage_boundaries().end());
     JobSpec next_spec = spec;
-    const Topology parsed = *Topology::Parse(cmd->pipelines());  // checked by the codec
+    // Checked by the codec (ValidateCommand).
+    const int world = cmd->pipelines().empty()
+                          ? StageMap::Parse(cmd->stage_to_rank_map())->world_size()
+                          : Topology::Parse(cmd->pipelines())->world_size();
     const std::map<std::string, std::string> overrides = {
-        {"WORLD_SIZE", absl::StrCat(parsed.world_size())},
+        {"WORLD_SIZE", absl::StrCat(world)},
         {"RANK", absl::StrCat(cmd->rank())},
         {"MASTER_ADDR", cmd->master_addr().empty() ? topo.master_addr : cmd->master_addr()},
         {"MASTER_PORT", absl::StrCat(cmd->master_port())},
@@ -700,7 +730,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     first_step = handed->step + 1;
     if (absl::Status m = open_metrics(/*append=*/true); !m.ok()) return m;
     const double regroup_s = std::chrono::duration<double>(r1 - r0).count();
-    const double transfer_s = std::chrono::duration<double>(Clock::now() - r1).count();
+    const double transfer_s = handed->transfer_s;
     LOG(INFO) << who << " regrouped in place into generation " << cmd->generation() << " ("
               << topo.topology.ToString() << "): continues after " << handed->reason << "; "
               << handed->moved_bytes << " bytes from live ranks, " << handed->checkpoint_bytes_read
@@ -713,6 +743,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     rd->set_checkpoint_bytes_read(handed->checkpoint_bytes_read);
     rd->set_regroup_s(regroup_s);
     rd->set_transfer_s(transfer_s);
+    rd->set_agree_s(handed->agree_s);
     rd->set_handover(handed->reason);
     ReportToAgent(std::move(ready));
   }

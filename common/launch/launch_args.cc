@@ -46,7 +46,7 @@ std::string WorkerUsage() {
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
          "                     [--batch-size=PER_REPLICA_BATCH] [--schedule varuna|gpipe|1f1b]\n"
          "                     [--stage_boundaries B0,B1,...] [--profile_out FILE]\n"
-         "                     [--in_place [--park_timeout_s S]]\n"
+         "                     [--in_place [--park_timeout_s S] [--join_in_place]]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
 }
 
@@ -87,6 +87,8 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       args.list_modules = true;
     } else if (flag == "in_place" && !has_value) {
       args.in_place = true;
+    } else if (flag == "join_in_place" && !has_value) {
+      args.join_in_place = true;
     } else if (flag == "park_timeout_s") {
       ASSIGN_OR_RETURN(std::string v, take());
       if (!absl::SimpleAtod(v, &args.park_timeout_s) || !(args.park_timeout_s > 0) ||

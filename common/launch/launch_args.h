@@ -46,6 +46,9 @@ struct WorkerArgs {
   // without one, save and exit as before.
   bool in_place = false;
   double park_timeout_s = 60;
+  // A fresh process of a generation made by a morph in place: it takes its stage's state
+  // from the live ranks (and the checkpoint) by the hand-over, not by --resume_step.
+  bool join_in_place = false;
   bool help = false;
 };
 

@@ -359,13 +359,32 @@ absl::Status ValidateCommand(const v1::AgentCommand& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "reconfigure: pipelines and master_addr have at most ", kMaxReconfigureText, " bytes"));
   }
-  absl::StatusOr<Topology> topology = Topology::Parse(r.pipelines());
-  if (!topology.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("reconfigure: ", topology.status().message()));
+  if (r.stage_to_rank_map().size() > kMaxReconfigureText) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconfigure: stage_to_rank_map has at most ", kMaxReconfigureText, " bytes"));
   }
-  if (r.rank() < 0 || r.rank() >= topology->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reconfigure: rank ", r.rank(), " is outside the world of ", topology->world_size()));
+  // Heterogeneous pipelines, or the uniform stage map with each pipeline's batch.
+  int world = 0;
+  if (!r.pipelines().empty()) {
+    absl::StatusOr<Topology> topology = Topology::Parse(r.pipelines());
+    if (!topology.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("reconfigure: ", topology.status().message()));
+    }
+    world = topology->world_size();
+  } else {
+    absl::StatusOr<StageMap> map = StageMap::Parse(r.stage_to_rank_map());
+    if (!map.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "reconfigure: needs pipelines or a stage_to_rank_map: ", map.status().message()));
+    }
+    if (r.per_replica_batch() < 1) {
+      return absl::InvalidArgumentError("reconfigure: a stage_to_rank_map needs per_replica_batch");
+    }
+    world = map->world_size();
+  }
+  if (r.rank() < 0 || r.rank() >= world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reconfigure: rank ", r.rank(), " is outside the world of ", world));
   }
   if (r.micro_batch() < 0 || r.master_port() < 0 || r.master_port() > 65535) {
     return absl::InvalidArgumentError(

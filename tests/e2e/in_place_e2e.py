@@ -16,6 +16,8 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
+from control_plane_e2e import Cluster, wait_for  # noqa: E402
+from morph_e2e import MORPH_CONFIG, MorphTest, write_morph_job  # noqa: E402
 
 STEPS = 30
 MODEL = {"layers": 4, "d_model": 32, "heads": 4, "seq_len": 16}
@@ -169,6 +171,55 @@ class InPlaceTest(unittest.TestCase):
                             f"step {step}: {got[step]} vs {want[step]}")
         print(f"regrouped {time.time() - t0:.2f} s after the kill (to the end); "
               f"{moved} bytes moved:\n" + "\n".join(regrouped), file=sys.stderr)
+
+
+class ClusterTest(unittest.TestCase):
+    """The whole path: a manager with morph_in_place, two agents, a 2 x 2 job; a worker is
+    SIGKILLed. The survivors must keep their processes (same PIDs in the next generation),
+    the killed rank's slot gets a fresh worker that joins by hand-over, and the record says
+    in_place with the bytes moved."""
+
+    def setUp(self):
+        self.c = Cluster(agents=2, slots=2,
+                         manager_config=MORPH_CONFIG + "morph_in_place: true\n")
+        self.addCleanup(self.c.close)
+
+    def rank_pids(self):
+        r = subprocess.run(["pgrep", "-af", self.c.dir + r"/node[0-9]+/jobs/"],
+                           capture_output=True, text=True)
+        out = {}
+        for line in r.stdout.splitlines():
+            pid, _, cmd = line.partition(" ")
+            for arg in cmd.split():
+                if arg.startswith("--rank="):
+                    out.setdefault(int(arg[7:]), []).append(int(pid))
+        return out
+
+    def test_worker_sigkill_survivors_keep_their_processes(self):
+        c = self.c
+        t = MorphTest("test_agent_sigkill_mid_run")
+        t.c = c
+        job_id = t.submit(write_morph_job(c))
+        st = t.running_at(job_id, 8)
+        self.assertEqual((st["stages"], st["replicas"]), (2, 2))
+        before = self.rank_pids()
+        self.assertEqual(sorted(before), [0, 1, 2, 3], before)
+        os.kill(before[3][0], signal.SIGKILL)
+        st = wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
+                               s)(c.status(job_id)), 120, "generation 2 running")
+        alive = {pid for pids in self.rank_pids().values() for pid in pids}
+        for r in (0, 1, 2):
+            self.assertIn(before[r][0], alive, f"rank {r}'s process was replaced\n{st}\n{c.tail()}")
+        st, _ = t.finish(job_id)
+        self.assertEqual(len(st["morphs"]), 1, st["morphs"])
+        m = st["morphs"][0]
+        self.assertTrue(m.get("in_place"), m)
+        self.assertIn("in place", m.get("path", ""), m)
+        self.assertLessEqual(int(m["steps_lost"]), 1, m)
+        self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)  # the joiner got stage 1
+        for phase in ("regroup", "agree", "transfer", "first_step", "total"):
+            self.assertIn(phase, m["phases"], m)
+        print(f"in place: {json.dumps(m)}", file=sys.stderr)
 
 
 if __name__ == "__main__":
