@@ -10,6 +10,7 @@
 #include <climits>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <set>
 #include <sstream>
 
@@ -355,6 +356,23 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   return resp;
 }
 
+namespace {
+
+// Note [Frozen workers]: a stopped process (SIGSTOP, a debugger, a cgroup freeze) does not
+// fail; its peers only see it go silent, for as long as their timeout_s. The agent reads the
+// state from /proc/PID/stat (the field after the parenthesised name) and reports it, so the
+// manager can treat the rank as lost at once rather than wait for the peers' timeouts.
+bool ProcessStopped(int pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t close = text.rfind(')');
+  if (close == std::string::npos || close + 2 >= text.size()) return false;
+  const char state = text[close + 2];
+  return state == 'T' || state == 't';
+}
+
+}  // namespace
+
 std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
   std::set<int> adopted;
   if (req.adopt().empty()) return adopted;
@@ -399,6 +417,7 @@ std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
     w.resumed_from = -1;
     w.ready_at = 0;
     w.in_place.Clear();
+    w.parked.clear();
     w.pending.clear();  // the old generation's records: the new one re-reports from its start
     w.in_flight = 0;
     moved.emplace_back(Key{req.job_id(), a.new_rank()}, std::move(w));
@@ -545,7 +564,11 @@ void Agent::ReadProgress(Worker& w) {
       continue;
     }
     switch (event->kind_case()) {
+      case v1::WorkerEvent::kParked:
+        w.parked = event->parked().reason();
+        break;
       case v1::WorkerEvent::kReady:
+        w.parked.clear();
         w.resumed_from = event->ready().resumed_from();
         w.in_place = event->ready().in_place();
         w.ready_at = event->t();
@@ -636,6 +659,8 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_committed_step(w.committed_step);
     s->set_also_saved_step(w.also_saved_step);
     if (w.in_place.ByteSizeLong() > 0) *s->mutable_in_place() = w.in_place;
+    s->set_parked(w.parked);
+    s->set_frozen(w.running && ProcessStopped(w.pid));
     w.in_flight = 0;
     statuses.emplace_back(&w, s);
   }

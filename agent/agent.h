@@ -131,6 +131,7 @@ class Agent {
     int64_t committed_step = 0;
     int64_t also_saved_step = 0;
     v1::InPlaceJoin in_place;  // from its ready event after a morph in place
+    std::string parked;        // its newest parked event's reason (cleared on adoption)
   };
   using Key = std::pair<std::string, int>;  // job, rank
 

@@ -32,6 +32,7 @@ struct Generation {
   // The step after which a rank reported stopping on request (SIGUSR1); 0 if none did.
   int64_t stopped_after = 0;
   std::set<int> ready;        // ranks that reported their rendezvous done
+  std::set<int> frozen;       // ranks whose process is stopped (Note [Frozen workers])
   int64_t resumed_from = -1;  // the step they resumed after (-1 until known)
   int64_t newest_step = 0;    // newest step this generation reported
   std::string worker_error;   // the first error line a worker wrote

@@ -130,6 +130,19 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   if (w.state() != v1::WORKER_RUNNING) {
     RecordExit(job, w.rank(), w.exit_code(), w.signal(), node, w.saved_step(), w.committed_step(),
                w.also_saved_step());
+    return;
+  }
+  // A stopped process (Note [Frozen workers] in agent/agent.cc) is lost now; a parked worker
+  // (its step failed, Note [Morph in place] in worker/regroup.cc) asks for a regroup.
+  if (w.frozen()) job.gen.frozen.insert(w.rank());
+  if ((w.frozen() || !w.parked().empty()) && info.state() == v1::RUNNING && !job.morphing() &&
+      morph_->Allowed(job)) {
+    Cause c;
+    const std::string who = absl::StrCat("rank ", w.rank(), " on node ", node);
+    c.reason = w.frozen() ? absl::StrCat(who, " is stopped (frozen)")
+                          : absl::StrCat(who, " lost a peer: ", w.parked());
+    c.priority = w.frozen() ? 2 : 1;
+    morph_->Trigger(job, c);
   }
 }
 

@@ -501,8 +501,8 @@ void MorphController::AdoptSurvivors(Job& job, const v1::JobInfo& old) {
   std::map<std::string, std::vector<v1::RankPlacement>> survivors;
   for (const auto& p : old.placement()) {
     const NodeTable::Node* nit = nodes_->Find(p.node());
-    if (exited.count(p.rank()) || nit == nullptr || nit->dead || nit->suspect ||
-        std::find(lost.begin(), lost.end(), p.node()) != lost.end()) {
+    if (exited.count(p.rank()) || job.gen.frozen.count(p.rank()) || nit == nullptr || nit->dead ||
+        nit->suspect || std::find(lost.begin(), lost.end(), p.node()) != lost.end()) {
       continue;
     }
     survivors[p.node()].push_back(p);

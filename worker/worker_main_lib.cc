@@ -569,7 +569,15 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       absl::StatusOr<StepResult> stepped = engine->step(batch);
       if (!stepped.ok()) {
         LOG(ERROR) << who << " step " << step << " failed: " << stepped.status();
-        if (args.in_place) return false;  // park: wait for the agent's reconfigure
+        if (args.in_place) {  // park: wait for the agent's reconfigure
+          v1::WorkerEvent e;
+          e.set_t(UnixNow());
+          e.mutable_parked()->set_step(engine->iteration());
+          e.mutable_parked()->set_reason(
+              absl::StrCat("step ", step, " failed: ", stepped.status().message()));
+          ReportToAgent(std::move(e));
+          return false;
+        }
         g_rescue_requested.store(true);
         for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the rescuer exits
       }

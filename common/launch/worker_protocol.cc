@@ -301,6 +301,10 @@ void Normalize(v1::WorkerEvent* e) {
     case v1::WorkerEvent::kProfile:
       *e->mutable_profile()->mutable_path() = SanitizeUtf8(e->profile().path());
       break;
+    case v1::WorkerEvent::kParked:
+      *e->mutable_parked()->mutable_reason() = SanitizeUtf8(e->parked().reason());
+      CutUtf8(e->mutable_parked()->mutable_reason(), kMaxErrorBytes);
+      break;
     default:
       break;
   }
@@ -310,7 +314,8 @@ absl::Status Validate(const v1::WorkerEvent& e) {
   switch (e.kind_case()) {
     case v1::WorkerEvent::KIND_NOT_SET:
       return absl::InvalidArgumentError(
-          "no event in the line: expected one of ready, step, stopped, rescued, profile, error");
+          "no event in the line: expected one of ready, step, stopped, rescued, profile, error, "
+          "parked");
     case v1::WorkerEvent::kStep:
       if (e.step().step() < 1) {
         return absl::InvalidArgumentError(
@@ -339,6 +344,9 @@ absl::Status Validate(const v1::WorkerEvent& e) {
       }
       break;
     case v1::WorkerEvent::kError:
+      break;
+    case v1::WorkerEvent::kParked:
+      if (e.parked().step() < 0) return absl::InvalidArgumentError("parked: step must be >= 0");
       break;
   }
   return absl::OkStatus();

@@ -196,6 +196,13 @@ class ClusterTest(unittest.TestCase):
         return out
 
     def test_worker_sigkill_survivors_keep_their_processes(self):
+        self.run_loss(signal.SIGKILL, "killed by SIGKILL")
+
+    def test_worker_freeze_survivors_keep_their_processes(self):
+        # SIGSTOP: no exit, the peers only see silence; the agent reports the stopped process.
+        self.run_loss(signal.SIGSTOP, "stopped (frozen)")
+
+    def run_loss(self, sig, reason):
         c = self.c
         t = MorphTest("test_agent_sigkill_mid_run")
         t.c = c
@@ -204,9 +211,11 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual((st["stages"], st["replicas"]), (2, 2))
         before = self.rank_pids()
         self.assertEqual(sorted(before), [0, 1, 2, 3], before)
-        os.kill(before[3][0], signal.SIGKILL)
+        t0 = time.time()
+        os.kill(before[3][0], sig)
         st = wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
                                s)(c.status(job_id)), 120, "generation 2 running")
+        regrouped_s = time.time() - t0
         alive = {pid for pids in self.rank_pids().values() for pid in pids}
         for r in (0, 1, 2):
             self.assertIn(before[r][0], alive, f"rank {r}'s process was replaced\n{st}\n{c.tail()}")
@@ -214,12 +223,14 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(len(st["morphs"]), 1, st["morphs"])
         m = st["morphs"][0]
         self.assertTrue(m.get("in_place"), m)
+        self.assertIn(reason, m["reason"], m)
         self.assertIn("in place", m.get("path", ""), m)
         self.assertLessEqual(int(m["steps_lost"]), 1, m)
         self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)  # the joiner got stage 1
         for phase in ("regroup", "agree", "transfer", "first_step", "total"):
             self.assertIn(phase, m["phases"], m)
-        print(f"in place: {json.dumps(m)}", file=sys.stderr)
+        print(f"in place ({regrouped_s:.2f} s to generation 2 seen running): {json.dumps(m)}",
+              file=sys.stderr)
 
 
 if __name__ == "__main__":
