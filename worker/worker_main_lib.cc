@@ -270,6 +270,12 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // Installed first: a SIGUSR1/2 during start-up must not kill the process (default action).
   std::signal(SIGUSR1, OnSigusr1);
   std::signal(SIGUSR2, OnSigusr2);
+  // Gloo's TCP pairs write with writev(2), which raises SIGPIPE when the peer is gone; its
+  // default action would kill a survivor before it can rescue or regroup (the one failure the
+  // commit soak found: a rank killed by signal 13 after its replica died). Python, which
+  // PyTorch users run, ignores SIGPIPE from the start; so does this process. Writes then fail
+  // with EPIPE, which gloo reports as an error of the step.
+  std::signal(SIGPIPE, SIG_IGN);
   // The agent's commands (the same requests as those signals) from here on.
   const std::unique_ptr<AgentCommandListener> agent_commands = ListenToAgent();
   // Until the engine is up, an abort (SIGUSR2: a peer is gone) means exit at once: nothing
