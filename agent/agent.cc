@@ -476,7 +476,7 @@ v1::CheckpointResponse Agent::Checkpoint(const v1::CheckpointRequest& req) {
     if (req.abort_step()) {
       command.mutable_checkpoint_now();
     } else {
-      command.mutable_stop();
+      command.mutable_stop()->set_park(req.park());
     }
     const std::string how = CommandWorker(w, command, req.abort_step() ? SIGUSR2 : SIGUSR1);
     commanded += how == "command" ? 1 : 0;

@@ -33,6 +33,7 @@ struct Generation {
   int64_t stopped_after = 0;
   std::set<int> ready;        // ranks that reported their rendezvous done
   std::set<int> frozen;       // ranks whose process is stopped (Note [Frozen workers])
+  std::set<int> parked;       // ranks waiting to regroup (Note [Morph in place])
   int64_t resumed_from = -1;  // the step they resumed after (-1 until known)
   int64_t newest_step = 0;    // newest step this generation reported
   std::string worker_error;   // the first error line a worker wrote

@@ -135,6 +135,9 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   // A stopped process (Note [Frozen workers] in agent/agent.cc) is lost now; a parked worker
   // (its step failed, Note [Morph in place] in worker/regroup.cc) asks for a regroup.
   if (w.frozen()) job.gen.frozen.insert(w.rank());
+  if (!w.parked().empty() && job.gen.parked.insert(w.rank()).second && job.morphing()) {
+    morph_->Advance(job);  // a graceful morph in place waits for every rank to park
+  }
   if ((w.frozen() || !w.parked().empty()) && info.state() == v1::RUNNING && !job.morphing() &&
       morph_->Allowed(job)) {
     Cause c;

@@ -128,6 +128,12 @@ void MorphController::Trigger(Job& job, const Cause& cause) {
       SetPhase(job, v1::MorphState::SAVING);
       SendSaveRequests(job, /*abort_step=*/true);
     } else if (phase == v1::MorphState::SAVING && m.graceful() && !cause.graceful) {
+      if (m.in_place()) {  // the parked workers save and exit: the relaunch path
+        m.set_in_place(false);
+        m.mutable_record()->set_in_place(false);
+        m.mutable_record()->set_path(
+            absl::StrCat("relaunch: ", cause.reason, " during the graceful in-place save"));
+      }
       m.set_graceful(false);
       m.mutable_record()->set_graceful(false);
       SendSaveRequests(job, /*abort_step=*/true);
@@ -184,6 +190,19 @@ void MorphController::BeginMorph(Job& job, const Cause& cause) {
   r->set_in_place(in_place);
   r->set_path(in_place ? "in place: the survivors regroup with their state in memory"
                        : RelaunchReason(job, cause));
+  if (in_place && cause.graceful) {
+    // Every rank checkpoints at the next step boundary; those that stay park instead of
+    // exiting (StopCommand.park), the leaving ones exit; then PLANNING (Advance, SAVING).
+    r->set_path("in place: the workers checkpoint at a step boundary, the ones that stay regroup");
+    LOG(WARNING) << JobWho(info) << " RECONFIGURING in place (graceful): " << cause.reason;
+    events_->Emit("morph_begin", info.id(), "",
+                  absl::StrCat("checkpoint and regroup in place: ", cause.reason));
+    SetPhase(job, v1::MorphState::SAVING);
+    jobs_->Persist(job);
+    SendSaveRequests(job, /*abort_step=*/false);
+    Advance(job);
+    return;
+  }
   if (in_place) {
     LOG(WARNING) << JobWho(info) << " RECONFIGURING in place: " << cause.reason;
     events_->Emit("morph_begin", info.id(), "", absl::StrCat("regroup in place: ", cause.reason));
@@ -219,6 +238,9 @@ void MorphController::SendSaveRequests(Job& job, bool abort_step) {
     req.set_job_id(job.info().id());
     req.set_generation(job.info().generation());
     req.set_abort_step(abort_step);
+    // A graceful morph in place: the workers of a node that stays park after the checkpoint.
+    req.set_park(!abort_step && job.rec.morph().in_place() &&
+                 std::find(lost.begin(), lost.end(), name) == lost.end());
     const std::string id = job.info().id();
     const int gen = job.info().generation();
     agents_->For(nit->rec.name(), nit->rec.address())
@@ -296,6 +318,19 @@ bool MorphController::AllRanksGone(const Job& job) const {
   return true;
 }
 
+bool MorphController::AllRanksGoneOrParked(const Job& job) const {
+  std::set<int> done(job.gen.parked.begin(), job.gen.parked.end());
+  for (const auto& e : job.rec.exits()) done.insert(e.rank());
+  done.insert(job.gen.frozen.begin(), job.gen.frozen.end());
+  for (const auto& p : job.info().placement()) {
+    if (done.count(p.rank())) continue;
+    const NodeTable::Node* nit = nodes_->Find(p.node());
+    if (nit == nullptr || nit->dead || nit->suspect) continue;
+    return false;
+  }
+  return !job.gen.parked.empty();
+}
+
 bool MorphController::FinishedTraining(const Job& job) const {
   if (job.rec.exits_size() < job.info().placement_size()) return false;
   for (const auto& e : job.rec.exits()) {
@@ -347,8 +382,20 @@ void MorphController::Advance(Job& job) {
         jobs_->Persist(job);
         break;  // STOPPING next time round (or right below)
       }
+      if (m.in_place() && AllRanksGoneOrParked(job)) {
+        SetPhase(job, v1::MorphState::PLANNING);
+        m.set_waiting_since(now);
+        jobs_->Persist(job);
+        break;  // PLANNING right below
+      }
       const double timeout = absl::ToDoubleSeconds(config_.morph_save_timeout);
       if (m.graceful() && in_phase > timeout) {
+        if (m.in_place()) {
+          m.set_in_place(false);
+          m.mutable_record()->set_in_place(false);
+          m.mutable_record()->set_path(
+              "relaunch: the graceful save took longer than morph_save_timeout_s");
+        }
         LOG(WARNING) << JobWho(job.info()) << " workers did not checkpoint within " << timeout
                      << " s; aborting their step";
         m.set_graceful(false);
@@ -476,7 +523,8 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
 }
 
 bool MorphController::InPlacePossible(const Job& job, const Cause& cause) const {
-  return config_.morph_in_place && !cause.graceful && job.spec.entrypoint.empty() &&
+  (void)cause;
+  return config_.morph_in_place && job.spec.entrypoint.empty() &&
          job.info().state() != v1::STARTING;
 }
 
@@ -485,7 +533,6 @@ std::string MorphController::RelaunchReason(const Job& job, const Cause& cause) 
   if (!job.spec.entrypoint.empty()) {
     return "relaunch: the job's entrypoint is a program of its own (no in-place protocol)";
   }
-  if (cause.graceful) return "relaunch: a graceful morph checkpoints at a step boundary";
   return "relaunch: the job had not started training";
 }
 

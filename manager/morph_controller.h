@@ -70,6 +70,8 @@ class MorphController {
   std::string RelaunchReason(const Job& job, const Cause& cause) const;
   void AdoptSurvivors(Job& job, const v1::JobInfo& old);
   bool AllRanksGone(const Job& job) const;
+  // Every rank exited, parked (a graceful morph in place) or frozen, and one parked.
+  bool AllRanksGoneOrParked(const Job& job) const;
   bool FinishedTraining(const Job& job) const;
   // What the survivors saved (Note [Saved steps] in morph_controller.cc).
   struct SaveCoverage {

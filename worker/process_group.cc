@@ -7,9 +7,15 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -234,6 +240,32 @@ void AbortSignal::Register(const WorkPtr& work) {
   works_.push_back(work);
 }
 
+namespace {
+
+// Until something accepts a TCP connection at host:port, or `timeout` passes (then TCPStore
+// reports the failure itself).
+void WaitForListener(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool connected = false;
+  while (!connected && std::chrono::steady_clock::now() < deadline) {
+    for (addrinfo* a = found; a != nullptr && !connected; a = a->ai_next) {
+      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      close(fd);
+    }
+    if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  freeaddrinfo(found);
+}
+
+}  // namespace
+
 const char* BackendName(Backend b) {
   switch (b) {
     case Backend::kGloo:
@@ -301,6 +333,11 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
                                                   Backend backend) {
   c10::intrusive_ptr<c10d::Store> store;
   const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
+  // A client that connects before the server listens backs off for a second inside TCPStore;
+  // waiting here for the port in 10 ms steps takes that second off every launch and regroup.
+  if (topo.rank != 0 || topo.store_is_external) {
+    WaitForListener(topo.master_addr, topo.master_port, timeout);
+  }
   RETURN_IF_ERROR(TorchCall(where, [&] {
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(topo.master_port);

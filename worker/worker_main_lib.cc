@@ -54,6 +54,8 @@ using Clock = std::chrono::steady_clock;
 // here for the training thread, and every wait on the current groups is aborted at once, so
 // a step blocked on a dead peer returns instead of waiting out timeout_s.
 std::atomic<bool> g_in_place{false};
+// A graceful morph in place: after the stop's checkpoint, park instead of exiting.
+std::atomic<bool> g_park_on_stop{false};
 std::mutex g_regroup_mu;
 std::optional<v1::ReconfigureCommand> g_reconfigure;  // guarded by g_regroup_mu
 std::shared_ptr<AbortSignal> g_abort;                 // the current groups'; guarded
@@ -149,7 +151,12 @@ v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0,
 void OnAgentCommand(const v1::AgentCommand& c) {
   switch (c.kind_case()) {
     case v1::AgentCommand::kStop:
-      LOG(INFO) << "the agent asks to stop after this step (checkpoint, exit)";
+      if (c.stop().park() && g_in_place.load()) {
+        LOG(INFO) << "the agent asks to checkpoint after this step and wait to regroup";
+        g_park_on_stop.store(true);
+      } else {
+        LOG(INFO) << "the agent asks to stop after this step (checkpoint, exit)";
+      }
       g_stop_requested.store(true);
       break;
     case v1::AgentCommand::kCheckpointNow:
@@ -648,6 +655,17 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
           }
         }
       }
+      if (r.stop && g_park_on_stop.load()) {
+        RETURN_IF_ERROR(engine->WaitForCheckpoint());
+        LOG(INFO) << who << " checkpointed step " << step << " for a morph in place; parked";
+        v1::WorkerEvent e;
+        e.set_t(UnixNow());
+        e.mutable_parked()->set_step(step);
+        e.mutable_parked()->set_reason(
+            absl::StrCat("checkpointed step ", step, " at a step boundary for a morph"));
+        ReportToAgent(std::move(e));
+        return false;
+      }
       if (r.stop) {
         RETURN_IF_ERROR(engine->WaitForCheckpoint());
         ReportToAgent(SavedEvent(/*rescued=*/false, ckpt_dir.empty() ? 0 : step));
@@ -738,6 +756,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     SetCurrentAbort(engine->groups().abort);
     RegroupDone(cmd->generation());
+    g_park_on_stop.store(false);
+    g_stop_requested.store(false);
     if (agent_commands) agent_commands->set_generation(cmd->generation());
     topo = *nt;
     who = absl::StrCat("job=", spec.name, " rank=", topo.rank);

@@ -202,6 +202,51 @@ class ClusterTest(unittest.TestCase):
         # SIGSTOP: no exit, the peers only see silence; the agent reports the stopped process.
         self.run_loss(signal.SIGSTOP, "stopped (frozen)")
 
+    def test_notice_survivors_checkpoint_and_regroup(self):
+        # A preemption notice for node1: every rank checkpoints at a step boundary, node1's
+        # ranks exit, node0's park and regroup into a 2 x 1 job; their layers of the leaving
+        # stage... none: node0 holds ranks 0 and 1, a whole pipeline, so nothing moves.
+        c = self.c
+        t = MorphTest("test_agent_sigkill_mid_run")
+        t.c = c
+        job_id = t.submit(write_morph_job(c))
+        t.running_at(job_id, 8)
+        before = self.rank_pids()
+        c.ctl("preempt", "node1", "--in", "30s", check=0)
+        st, _ = t.finish(job_id)
+        m = st["morphs"][0]
+        self.assertTrue(m.get("in_place"), m)
+        self.assertTrue(m["graceful"], m)
+        self.assertEqual(int(m["steps_lost"]), 0, m)
+        self.assertEqual(m["to"]["replicas"], 1, m)
+        self.assertNotIn("node1", {p["node"] for p in st["placement"]})
+        log = c.tail()
+        print(f"notice in place: {json.dumps(m)}", file=sys.stderr)
+        self.assertTrue(before, log)
+
+    def test_join_grows_in_place_and_the_joiners_get_layers_from_live_ranks(self):
+        c = self.c
+        t = MorphTest("test_agent_sigkill_mid_run")
+        t.c = c
+        job_id = t.submit(write_morph_job(c))
+        t.running_at(job_id, 4)
+        before = self.rank_pids()
+        c.start_agent("node2", 2)
+        st = wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
+                               s)(c.status(job_id)), 120, "generation 2 running")
+        alive = {pid for pids in self.rank_pids().values() for pid in pids}
+        for r in range(4):
+            self.assertIn(before[r][0], alive, f"rank {r}'s process was replaced\n{c.tail()}")
+        st, _ = t.finish(job_id)
+        m = st["morphs"][0]
+        self.assertTrue(m.get("in_place"), m)
+        self.assertIn("joined", m["reason"], m)
+        self.assertEqual((m["from"]["replicas"], m["to"]["replicas"]), (2, 3), m)
+        self.assertEqual(int(m["steps_lost"]), 0, m)
+        self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)  # the new pipeline's layers
+        self.assertEqual(int(m.get("checkpoint_bytes_read", 0)), 0, m)
+        print(f"join in place: {json.dumps(m)}", file=sys.stderr)
+
     def run_loss(self, sig, reason):
         c = self.c
         t = MorphTest("test_agent_sigkill_mid_run")
