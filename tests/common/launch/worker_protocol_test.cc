@@ -247,9 +247,14 @@ TEST(WorkerProtocolTest, CommandsRoundTripAndAreChecked) {
   stop.set_generation(3);
   stop.mutable_stop();
   ASSERT_OK_AND_ASSIGN(std::string line, SerializeAgentCommand(stop));
-  EXPECT_EQ(line, R"({"generation":3,"stop":{}})");
+  EXPECT_EQ(line, R"({"generation":3,"stop":{"park":false}})");
   ASSERT_OK_AND_ASSIGN(v1::AgentCommand back, ParseAgentCommand(line));
   EXPECT_TRUE(back.has_stop());
+  // A graceful morph in place: the worker checkpoints, then waits to regroup.
+  stop.mutable_stop()->set_park(true);
+  ASSERT_OK_AND_ASSIGN(line, SerializeAgentCommand(stop));
+  ASSERT_OK_AND_ASSIGN(back, ParseAgentCommand(line));
+  EXPECT_TRUE(back.stop().park());
   EXPECT_EQ(back.generation(), 3);
   EXPECT_STREQ(CommandKindName(back), "stop");
 
@@ -276,6 +281,20 @@ TEST(WorkerProtocolTest, CommandsRoundTripAndAreChecked) {
   re.mutable_reconfigure()->set_pipelines("nonsense");
   EXPECT_THAT(SerializeAgentCommand(re),
               StatusIs(absl::StatusCode::kInvalidArgument, "reconfigure"));
+  // The uniform form: a stage map with each pipeline's batch instead of pipelines.
+  re.mutable_reconfigure()->clear_pipelines();
+  re.mutable_reconfigure()->set_stage_to_rank_map("0,2;1,3;");
+  EXPECT_THAT(SerializeAgentCommand(re),
+              StatusIs(absl::StatusCode::kInvalidArgument, "needs per_replica_batch"));
+  re.mutable_reconfigure()->set_per_replica_batch(12);
+  EXPECT_OK(SerializeAgentCommand(re).status());
+  re.mutable_reconfigure()->set_rank(4);
+  EXPECT_THAT(SerializeAgentCommand(re),
+              StatusIs(absl::StatusCode::kInvalidArgument, "outside the world of 4"));
+  re.mutable_reconfigure()->set_rank(0);
+  re.mutable_reconfigure()->set_stage_to_rank_map("");
+  EXPECT_THAT(SerializeAgentCommand(re), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                  "needs pipelines or a stage_to_rank_map"));
   re.mutable_reconfigure()->set_pipelines("0,6:4");
   re.mutable_reconfigure()->set_generation(0);
   EXPECT_THAT(SerializeAgentCommand(re),
