@@ -466,6 +466,7 @@ const char* Agent::CommandWorker(const Worker& w, v1::AgentCommand command, int 
 
 v1::CheckpointResponse Agent::Checkpoint(const v1::CheckpointRequest& req) {
   v1::CheckpointResponse resp;
+  if (req.probe()) return resp;
   int commanded = 0, signalled = 0;
   for (auto& [key, w] : workers_) {
     if (key.first != req.job_id() || !w.running) continue;
@@ -661,6 +662,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     if (w.in_place.ByteSizeLong() > 0) *s->mutable_in_place() = w.in_place;
     s->set_parked(w.parked);
     s->set_frozen(w.running && ProcessStopped(w.pid));
+    w.frozen = s->frozen();
     w.in_flight = 0;
     statuses.emplace_back(&w, s);
   }
@@ -753,6 +755,15 @@ void Agent::Tick() {
   Reap();
   CheckNoticeFile();
   const absl::Time now = clock_->Now();
+  // A parked or stopped worker starts a morph: tell the manager now, not at the next period.
+  for (auto& [key, w] : workers_) {
+    if (!w.running) continue;
+    const bool was_parked = !w.parked.empty();
+    ReadProgress(w);
+    const bool frozen = ProcessStopped(w.pid);
+    if ((!was_parked && !w.parked.empty()) || (frozen && !w.frozen)) urgent_ = true;
+    w.frozen = frozen;
+  }
   for (auto& [key, w] : workers_) {
     if (!w.running || w.kill_at > now) continue;
     LOG(WARNING) << "job=" << w.job_id << " rank=" << w.rank << " pid=" << w.pid

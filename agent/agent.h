@@ -132,6 +132,7 @@ class Agent {
     int64_t also_saved_step = 0;
     v1::InPlaceJoin in_place;  // from its ready event after a morph in place
     std::string parked;        // its newest parked event's reason (cleared on adoption)
+    bool frozen = false;       // stopped when last looked at (Note [Frozen workers])
   };
   using Key = std::pair<std::string, int>;  // job, rank
 

@@ -13,7 +13,12 @@ wall time, once undisturbed and once with a preemption notice every PERIOD secon
 noticed machine goes away once its job moved off and a replacement registers PERIOD/4
 later, as a cloud would bring one); goodput = steps trained with preemptions / without.
 
-usage: bench/morph.py [ROUNDS] [KIND...]   (build/bin must hold the binaries)"""
+Paths (--paths relaunch,in_place; default relaunch): each kind runs once per path per round,
+alternated, the in-place path with `morph_in_place: true` in the manager's config (survivors
+keep their processes and regroup: docs/morphing.md "Morph in place"), which records regroup,
+agree and transfer in place of most of rendezvous.
+
+usage: bench/morph.py [--paths P,...] [ROUNDS] [KIND...]   (build/bin must hold the binaries)"""
 
 import json
 import os
@@ -30,7 +35,8 @@ os.environ.setdefault("VARUNA_BIN_DIR", os.path.join(HERE, "..", "build", "bin")
 from control_plane_e2e import Cluster, wait_for  # noqa: E402
 from harness import job_yaml, write_text_corpus  # noqa: E402
 
-PHASES = ["detect", "save", "stop", "plan", "launch", "rendezvous", "first_step", "total"]
+PHASES = ["detect", "save", "stop", "plan", "launch", "rendezvous", "regroup", "agree",
+          "transfer", "first_step", "total"]
 CONFIG = "scale_up_delay_s: 1\nmorph_coalesce_s: 0.2\n"
 
 
@@ -44,8 +50,9 @@ def demo_job(c):
                     extra=f"checkpoint: {{dir: {os.path.join(c.dir, 'ckpt')}}}\n")
 
 
-def one(kind):
-    c = Cluster(agents=3, slots=2, manager_config=CONFIG)
+def one(kind, path="relaunch"):
+    config = CONFIG + ("morph_in_place: true\n" if path == "in_place" else "")
+    c = Cluster(agents=3, slots=2, manager_config=config)
     try:
         job_id = json.loads(c.ctl("-o", "json", "submit", demo_job(c), check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id)["step"] >= 10, 180, "training")
@@ -110,23 +117,34 @@ def main():
         period = int(sys.argv[3]) if len(sys.argv) > 3 else 120
         goodput(seconds, period)
         return
-    rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
-    kinds = sys.argv[2:] or ["notice", "sigkill", "freeze", "join"]
-    results = {k: [] for k in kinds}
-    # Alternate the kinds round by round, so machine noise spreads over all of them.
+    args = sys.argv[1:]
+    paths = ["relaunch"]
+    if args and args[0].startswith("--paths"):
+        value = args[0].split("=", 1)[1] if "=" in args[0] else args[1]
+        args = args[1:] if "=" in args[0] else args[2:]
+        paths = value.split(",")
+    rounds = int(args[0]) if args else 5
+    kinds = args[1:] or ["notice", "sigkill", "freeze", "join"]
+    results = {(k, p): [] for k in kinds for p in paths}
+    # Alternate kinds and paths round by round, so machine noise spreads over all of them.
     for r in range(rounds):
         for k in kinds:
-            m = one(k)
-            results[k].append(m)
-            ph = m["phases"]
-            print(f"round {r + 1} {k:8s} lost={m['steps_lost']} " +
-                  " ".join(f"{p}={ph.get(p, 0):.2f}" for p in PHASES), flush=True)
-    print("\n| event | " + " | ".join(PHASES) + " | steps lost |")
-    print("|---|" + "---|" * (len(PHASES) + 1))
+            for path in paths:
+                m = one(k, path)
+                results[(k, path)].append(m)
+                ph = m["phases"]
+                print(f"round {r + 1} {k:8s} {path:8s} in_place={m.get('in_place', False)} "
+                      f"lost={m['steps_lost']} " +
+                      " ".join(f"{p}={ph.get(p, 0):.2f}" for p in PHASES), flush=True)
+    print("\n| event | path | " + " | ".join(PHASES) + " | steps lost |")
+    print("|---|---|" + "---|" * (len(PHASES) + 1))
     for k in kinds:
-        med = [statistics.median(m["phases"].get(p, 0) for m in results[k]) for p in PHASES]
-        lost = max(int(m["steps_lost"]) for m in results[k])
-        print(f"| {k} | " + " | ".join(f"{v:.2f}" for v in med) + f" | max {lost} |")
+        for path in paths:
+            rs = results[(k, path)]
+            med = [statistics.median(m["phases"].get(p, 0) for m in rs) for p in PHASES]
+            lost = max(int(m["steps_lost"]) for m in rs)
+            print(f"| {k} | {path} | " + " | ".join(f"{v:.2f}" for v in med) +
+                  f" | max {lost} |")
 
 
 if __name__ == "__main__":

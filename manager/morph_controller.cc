@@ -209,6 +209,8 @@ void MorphController::BeginMorph(Job& job, const Cause& cause) {
     SetPhase(job, v1::MorphState::PLANNING);
     m.set_waiting_since(UnixSeconds(now));
     jobs_->Persist(job);
+    // A node whose agent is gone (refused at once) is lost before the plan is made.
+    SendSaveRequests(job, /*abort_step=*/false, /*probe=*/true);
     Advance(job);
     return;
   }
@@ -224,7 +226,7 @@ void MorphController::BeginMorph(Job& job, const Cause& cause) {
 
 // Asks every live node of the job's generation to have its workers save and exit. An agent
 // that does not answer is treated as gone for this morph: its ranks are lost.
-void MorphController::SendSaveRequests(Job& job, bool abort_step) {
+void MorphController::SendSaveRequests(Job& job, bool abort_step, bool probe) {
   std::set<std::string> nodes;
   for (const auto& p : job.info().placement()) nodes.insert(p.node());
   const auto& lost = job.rec.morph().lost_nodes();
@@ -241,6 +243,7 @@ void MorphController::SendSaveRequests(Job& job, bool abort_step) {
     // A graceful morph in place: the workers of a node that stays park after the checkpoint.
     req.set_park(!abort_step && job.rec.morph().in_place() &&
                  std::find(lost.begin(), lost.end(), name) == lost.end());
+    req.set_probe(probe);
     const std::string id = job.info().id();
     const int gen = job.info().generation();
     agents_->For(nit->rec.name(), nit->rec.address())

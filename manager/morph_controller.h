@@ -48,8 +48,9 @@ class MorphController {
   void Finish(Job& job);
   // Enters `phase`, adding the time spent in the previous one to the morph's record.
   void SetPhase(Job& job, v1::MorphState::Phase phase);
-  // Asks every live node of the job's generation to have its workers save and exit.
-  void SendSaveRequests(Job& job, bool abort_step);
+  // Asks every live node of the job's generation to have its workers save and exit (or, with
+  // `probe`, only whether its agent answers); a node that does not answer is lost.
+  void SendSaveRequests(Job& job, bool abort_step, bool probe = false);
   // A worker of the current generation reported: rendezvous done, first step.
   void NoteWorkerReport(Job& job, const v1::WorkerStatus& w);
   // `node` leaves (drain, notice, machine_list): every job on it moves off.
