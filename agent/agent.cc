@@ -1,8 +1,10 @@
 #include "agent/agent.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
@@ -24,6 +26,7 @@
 #include "common/base/yaml_util.h"
 #include "common/checkpoint/checkpoint_store.h"
 #include "common/launch/worker_protocol.h"
+#include "common/net/proto_json.h"
 #include "common/net/rpc.h"
 #include "common/pipeline/stage_map.h"
 #include "common/pipeline/topology.h"
@@ -59,6 +62,12 @@ absl::StatusOr<int> PickFreePort() {
   return port;
 }
 
+std::string DescribeExit(int code, int sig) {
+  return sig != 0 ? absl::StrCat("signal ", sig) : absl::StrCat("code ", code);
+}
+
+}  // namespace
+
 std::map<std::string, std::string> AgentEnvironment() {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
@@ -69,12 +78,6 @@ std::map<std::string, std::string> AgentEnvironment() {
   return env;
 }
 
-std::string DescribeExit(int code, int sig) {
-  return sig != 0 ? absl::StrCat("signal ", sig) : absl::StrCat("code ", code);
-}
-
-}  // namespace
-
 absl::Status AgentConfig::Validate() const {
   if (name.empty()) return absl::InvalidArgumentError("agent: --name must not be empty");
   if (manager.empty()) return absl::InvalidArgumentError("agent: --manager HOST:PORT is required");
@@ -82,6 +85,9 @@ absl::Status AgentConfig::Validate() const {
   if (slots < 1 || slots > 1024)
     return absl::InvalidArgumentError("agent: --slots must be in [1, 1024]");
   if (work_dir.empty()) return absl::InvalidArgumentError("agent: --work_dir is required");
+  if (standby_workers < -1 || standby_workers > 1024) {
+    return absl::InvalidArgumentError("agent: --standby_workers must be in [-1, 1024]");
+  }
   if (heartbeat_period <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("agent: heartbeat period must be > 0");
   }
@@ -126,6 +132,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "preemption_notice_url") return str(&c->preemption_notice_url);
         if (key == "cloud_vm_name") return str(&c->cloud_vm_name);
         if (key == "notice_poll_period_s") return seconds(&c->notice_poll_period);
+        if (key == "standby_workers") return ReadInto(v, what, key, &c->standby_workers);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: name, manager, listen, http_listen, http_allow_remote, advertise_host, "
@@ -134,7 +141,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
             "cloud_vm_name, "
-            "notice_poll_period_s)"));
+            "notice_poll_period_s, standby_workers)"));
       });
 }
 
@@ -336,7 +343,9 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
                                  " generation ", req.generation(), " rank ", r.rank(), " (local ",
                                  r.local_rank(), "): ", absl::StrJoin(spec.argv, " "), "\n"))
         .IgnoreError();
-    auto pid = launcher_->Launch(spec);
+    absl::StatusOr<int> pid = absl::UnavailableError("no standby");
+    if (req.entrypoint().empty()) pid = StartInStandby(spec, run_as, gen_dir, r.rank());
+    if (!pid.ok()) pid = launcher_->Launch(spec);
     if (!pid.ok()) {
       return absl::Status(pid.status().code(),
                           absl::StrCat("launch ", who, " rank ", r.rank(), " on node ",
@@ -354,77 +363,6 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   UpdateWorkerMetrics();
   if (started == 0) VLOG(1) << who << " repeated launch; nothing new";
   return resp;
-}
-
-namespace {
-
-// Note [Frozen workers]: a stopped process (SIGSTOP, a debugger, a cgroup freeze) does not
-// fail; its peers only see it go silent, for as long as their timeout_s. The agent reads the
-// state from /proc/PID/stat (the field after the parenthesised name) and reports it, so the
-// manager can treat the rank as lost at once rather than wait for the peers' timeouts.
-bool ProcessStopped(int pid) {
-  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
-  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  const size_t close = text.rfind(')');
-  if (close == std::string::npos || close + 2 >= text.size()) return false;
-  const char state = text[close + 2];
-  return state == 'T' || state == 't';
-}
-
-}  // namespace
-
-std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
-  std::set<int> adopted;
-  if (req.adopt().empty()) return adopted;
-  const std::string who = absl::StrCat("job=", req.job_id(), " gen=", req.generation());
-  std::map<int, int> local;  // new rank -> local rank
-  for (const auto& r : req.ranks()) local[r.rank()] = r.local_rank();
-  std::vector<std::pair<Key, Worker>> moved;
-  for (const auto& a : req.adopt()) {
-    auto it = workers_.find({req.job_id(), a.old_rank()});
-    if (it == workers_.end() || !it->second.running ||
-        it->second.generation != a.old_generation() || !local.count(a.new_rank())) {
-      continue;  // gone meanwhile: a fresh worker joins in its place
-    }
-    v1::AgentCommand c;
-    v1::ReconfigureCommand* r = c.mutable_reconfigure();
-    r->set_generation(req.generation());
-    r->set_pipelines(req.pipelines());
-    r->set_stage_to_rank_map(req.stage_to_rank_map());
-    r->set_per_replica_batch(req.per_replica_batch());
-    for (int b : req.stage_boundaries()) r->add_stage_boundaries(b);
-    r->set_rank(a.new_rank());
-    r->set_micro_batch(req.micro_batch());
-    r->set_master_addr(req.master_addr());
-    r->set_master_port(master_port);
-    r->set_schedule(req.schedule());
-    c.set_generation(it->second.generation);
-    absl::StatusOr<std::string> line = SerializeAgentCommand(c);
-    const absl::Status sent =
-        line.ok() ? launcher_->SendCommand(it->second.pid, *line) : line.status();
-    if (!sent.ok()) {
-      LOG(WARNING) << who << " rank " << a.old_rank() << " of generation " << a.old_generation()
-                   << " did not take the reconfigure (" << sent.message()
-                   << "); a fresh worker replaces it";
-      continue;
-    }
-    Worker w = std::move(it->second);
-    workers_.erase(it);
-    LOG(INFO) << who << " adopted pid=" << w.pid << " (generation " << w.generation << " rank "
-              << w.rank << ") as rank " << a.new_rank();
-    w.generation = req.generation();
-    w.rank = a.new_rank();
-    w.resumed_from = -1;
-    w.ready_at = 0;
-    w.in_place.Clear();
-    w.parked.clear();
-    w.pending.clear();  // the old generation's records: the new one re-reports from its start
-    w.in_flight = 0;
-    moved.emplace_back(Key{req.job_id(), a.new_rank()}, std::move(w));
-    adopted.insert(a.new_rank());
-  }
-  for (auto& [key, w] : moved) workers_[key] = std::move(w);
-  return adopted;
 }
 
 int Agent::SignalWorkers(const std::string& job_id, int max_generation, int sig, bool arm_kill,
@@ -514,6 +452,9 @@ absl::StatusOr<v1::FetchLogsResponse> Agent::FetchLogs(const v1::FetchLogsReques
 
 void Agent::Reap() {
   for (const ProcessExit& e : launcher_->Reap()) {
+    standbys_.erase(std::remove_if(standbys_.begin(), standbys_.end(),
+                                   [&](const Standby& s) { return s.pid == e.pid; }),
+                    standbys_.end());
     for (auto& [key, w] : workers_) {
       if (w.pid != e.pid || !w.running) continue;
       w.running = false;
@@ -754,6 +695,7 @@ void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
 void Agent::Tick() {
   Reap();
   CheckNoticeFile();
+  KeepStandbys();
   const absl::Time now = clock_->Now();
   // A parked or stopped worker starts a morph: tell the manager now, not at the next period.
   for (auto& [key, w] : workers_) {

@@ -56,6 +56,10 @@ struct AgentConfig {
   // are also tried (Note [Whose notice] in preemption.cc).
   std::string cloud_vm_name;
   absl::Duration notice_poll_period = absl::Seconds(1);
+  // Warm standby workers (Note [Standby workers] in worker/standby.cc): processes started
+  // ahead, LibTorch loaded, that a launch takes instead of starting one. -1: one per free
+  // slot; 0: none (a machine short of memory, tests that do not test them).
+  int standby_workers = -1;
 
   absl::Status Validate() const;
 };
@@ -67,6 +71,11 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* config);
 // What one heartbeat may carry at most (Note [Heartbeat budget] in agent.cc); the manager
 // accepts 4 MiB.
 inline constexpr size_t kMaxHeartbeatBytes = 2 << 20;
+
+// The environment every worker starts from: the agent's own, minus what a launch sets.
+std::map<std::string, std::string> AgentEnvironment();
+// Whether the process is stopped (Note [Frozen workers] in agent/in_place.cc).
+bool ProcessStopped(int pid);
 
 class Agent {
  public:
@@ -137,6 +146,19 @@ class Agent {
   using Key = std::pair<std::string, int>;  // job, rank
 
   void Reap();
+  // Note [Standby workers] in worker/standby.cc: keeps the pool at its size (started, or
+  // stopped when jobs took the slots), and hands one to a launch.
+  struct Standby {
+    int pid = 0;
+    std::string fifo;
+    bool ready = false;  // it reads its FIFO: LibTorch is loaded
+  };
+  void KeepStandbys();
+  std::string StandbyUser() const { return config_.allow_root_workers ? "" : config_.worker_user; }
+  // Starts the launch `spec` (rank `rank` of a generation in `gen_dir`) in a standby run as
+  // `user`; returns its pid, or an error when none can take it.
+  absl::StatusOr<int> StartInStandby(const ProcessSpec& spec, const std::string& user,
+                                     const std::string& gen_dir, int rank);
   // Sends the running workers `req.adopt()` names a ReconfigureCommand and files them under
   // their new rank and generation; returns the new ranks adopted (Note [Morph in place]).
   std::set<int> Adopt(const v1::LaunchRequest& req, int master_port);
@@ -161,6 +183,9 @@ class Agent {
   bool urgent_ = false;
   AgentMetrics* metrics_ = nullptr;
   std::set<Key> ever_started_;  // (job, rank) started here: a later start is a restart
+  std::vector<Standby> standbys_;
+  int standby_seq_ = 0;
+  bool standby_failed_ = false;  // the last start failed (logged once; retried each tick)
   void UpdateWorkerMetrics();
 };
 

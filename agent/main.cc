@@ -26,6 +26,8 @@ ABSL_FLAG(bool, http_allow_remote, false,
 ABSL_FLAG(std::string, advertise_host, "", "host the manager reaches this agent at");
 ABSL_FLAG(int, slots, 0, "worker slots (GPUs) on this machine (default 1)");
 ABSL_FLAG(std::string, name, "", "node name (default: hostname)");
+ABSL_FLAG(int, standby_workers, -2,
+          "warm standby varuna-worker processes kept ready (default: one per free slot; 0: none)");
 ABSL_FLAG(std::string, work_dir, "", "where job specs and worker logs go");
 ABSL_FLAG(std::string, worker_binary, "", "varuna-worker path (default: next to varuna-agent)");
 ABSL_FLAG(std::string, worker_user, "",
@@ -76,6 +78,7 @@ int Run() {
   if (absl::GetFlag(FLAGS_http_allow_remote)) config.http_allow_remote = true;
   if (auto v = absl::GetFlag(FLAGS_advertise_host); !v.empty()) config.advertise_host = v;
   if (auto v = absl::GetFlag(FLAGS_slots); v != 0) config.slots = v;
+  if (auto v = absl::GetFlag(FLAGS_standby_workers); v != -2) config.standby_workers = v;
   if (auto v = absl::GetFlag(FLAGS_name); !v.empty()) config.name = v;
   if (auto v = absl::GetFlag(FLAGS_work_dir); !v.empty()) config.work_dir = v;
   if (auto v = absl::GetFlag(FLAGS_worker_binary); !v.empty()) config.worker_binary = v;

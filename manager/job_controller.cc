@@ -132,7 +132,7 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
                w.also_saved_step());
     return;
   }
-  // A stopped process (Note [Frozen workers] in agent/agent.cc) is lost now; a parked worker
+  // A stopped process (Note [Frozen workers] in agent/in_place.cc) is lost now; a parked worker
   // (its step failed, Note [Morph in place] in worker/regroup.cc) asks for a regroup.
   if (w.frozen()) job.gen.frozen.insert(w.rank());
   if (!w.parked().empty() && job.gen.parked.insert(w.rank()).second && job.morphing()) {

@@ -8,12 +8,15 @@
 
 #include "common/base/logging.h"
 #include "common/launch/exit_codes.h"
+#include "worker/standby.h"
 #include "worker/worker_main_lib.h"
 
 int main(int argc, char** argv) {
   varuna::InitLogging(argv[0]);
   std::vector<std::string> args(argv, argv + argc);
-  absl::Status st = varuna::RunWorker(args);
+  // Note [Standby workers] in worker/standby.cc: started by the agent ahead of a launch.
+  absl::Status st =
+      args.size() == 2 && args[1] == "--standby" ? varuna::RunStandby() : varuna::RunWorker(args);
   if (!st.ok()) {
     const std::string msg(st.message());
     std::fprintf(stderr, "varuna-worker: error: %s\n", msg.c_str());

@@ -355,9 +355,14 @@ absl::Status Validate(const v1::WorkerEvent& e) {
 absl::Status ValidateCommand(const v1::AgentCommand& c) {
   if (c.kind_case() == v1::AgentCommand::KIND_NOT_SET) {
     return absl::InvalidArgumentError(
-        "no command in the line: expected one of stop, checkpoint_now, reconfigure");
+        "no command in the line: expected one of stop, checkpoint_now, reconfigure, start");
   }
   if (c.generation() < 0) return absl::InvalidArgumentError("generation must be >= 0");
+  if (c.kind_case() == v1::AgentCommand::kStart &&
+      (c.start().spec_path().empty() || c.start().spec_path().size() > kMaxReconfigureText)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("start: spec_path must have 1 to ", kMaxReconfigureText, " bytes"));
+  }
   if (c.kind_case() != v1::AgentCommand::kReconfigure) return absl::OkStatus();
   const v1::ReconfigureCommand& r = c.reconfigure();
   if (r.generation() < 1) {
@@ -471,6 +476,8 @@ const char* CommandKindName(const v1::AgentCommand& command) {
       return "checkpoint_now";
     case v1::AgentCommand::kReconfigure:
       return "reconfigure";
+    case v1::AgentCommand::kStart:
+      return "start";
     case v1::AgentCommand::KIND_NOT_SET:
       break;
   }

@@ -88,8 +88,14 @@ class Cluster:
                 prefix + [AGENT, "--manager", self.address, "--listen", f"{host}:0", "--slots",
                           str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name)]
                 + self.insecure(host) + (self.tls_flags(name) if self.certs else [])
-                + self.worker_user_flags() + self.agent_args.get(name, []),
+                + self.worker_user_flags() + self.standby_flags(name)
+                + self.agent_args.get(name, []),
                 stdout=log, stderr=subprocess.STDOUT)
+
+    def standby_flags(self, name):
+        """No warm standby workers unless a test asks (agent_args): they cost CPU here."""
+        given = any(a.startswith("--standby_workers") for a in self.agent_args.get(name, []))
+        return [] if given else ["--standby_workers=0"]
 
     def worker_user_flags(self):
         """The harness's temp dirs are root's (0700): workers run as the agent, asked for

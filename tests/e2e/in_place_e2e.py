@@ -7,6 +7,7 @@ topology of the three). The survivors must keep their processes, move the layers
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,6 +247,89 @@ class ClusterTest(unittest.TestCase):
         self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)  # the new pipeline's layers
         self.assertEqual(int(m.get("checkpoint_bytes_read", 0)), 0, m)
         print(f"join in place: {json.dumps(m)}", file=sys.stderr)
+
+    def test_joiners_are_warm_standby_workers(self):
+        # A new machine's agent keeps a warm varuna-worker per free slot (Note [Standby
+        # workers]); when the job grows onto it, the joiners are those processes.
+        self.c.close()
+        self.c = Cluster(agents=2, slots=2, manager_config="scale_up_delay_s: 5\n"
+                         "morph_coalesce_s: 0.3\nmorph_in_place: true\n",
+                         agent_args={"node2": ["--standby_workers=-1"]})
+        c = self.c
+        t = MorphTest("test_agent_sigkill_mid_run")
+        t.c = c
+        job_id = t.submit(write_morph_job(c, steps=400))  # long enough to be there to grow
+        t.running_at(job_id, 4)
+        gen1 = self.workers_of(1)
+        c.start_agent("node2", 2)
+        idle = wait_for(lambda: len(self.idle_standbys()) == 2 and self.idle_standbys(), 60,
+                        "node2's two standbys")
+        rss = [self.rss_kib(p) for p in idle]
+        st = wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
+                               s)(c.status(job_id)), 120, "generation 2 running")
+        gen2 = self.workers_of(2)
+        self.assertEqual(sorted(gen2), list(range(6)), gen2)
+        self.assertEqual(set(gen1.values()) | set(idle), set(gen2.values()),
+                         f"{gen1} + standbys {idle} -> {gen2}\n{c.tail()}")
+        st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
+            c.status(job_id)), 300, "the job to finish")
+        self.assertEqual(st["state"], "SUCCEEDED", f"{st}\n{c.tail()}")
+        m = st["morphs"][0]
+        self.assertTrue(m.get("in_place"), m)
+        self.assertEqual(int(m["steps_lost"]), 0, m)
+        print(f"join onto standbys: idle standbys' (resident, private) KiB {rss}; "
+              f"{json.dumps(m['phases'])}", file=sys.stderr)
+
+    def agent_logs(self):
+        text = ""
+        for name in self.c.agents:
+            with open(os.path.join(self.c.dir, f"{name}.log"), errors="replace") as f:
+                text += f.read()
+        return text
+
+    def workers_of(self, gen):
+        """rank -> pid of generation `gen` (launched, taken from a standby, or adopted)."""
+        out = {}
+        for line in self.agent_logs().splitlines():
+            m = re.search(rf"gen={gen} rank=(\d+) started pid=(\d+)", line)
+            if m:
+                out[int(m.group(1))] = int(m.group(2))
+            m = re.search(rf"standby pid (\d+) takes rank (\d+) \(.*/gen{gen}\)", line)
+            if m:
+                out[int(m.group(2))] = int(m.group(1))
+            m = re.search(rf"gen={gen} adopted pid=(\d+) .* as rank (\d+)", line)
+            if m:
+                out[int(m.group(2))] = int(m.group(1))
+        return out
+
+    def standby_started(self, gen):
+        return re.search(rf"standby pid \d+ takes rank \d+ \(.*/gen{gen}\)", self.agent_logs())
+
+    def idle_standbys(self):
+        r = subprocess.run(["pgrep", "-f", "varuna-worker --standby"], capture_output=True,
+                           text=True)
+        mine = []
+        for pid in r.stdout.split():
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(self.c.dir) and cwd.endswith("/standby"):
+                mine.append(int(pid))
+        return mine
+
+    @staticmethod
+    def rss_kib(pid):
+        """(resident, private) KiB: LibTorch's pages are shared between processes, so what a
+        standby adds to a machine is its private part."""
+        rss = private = 0
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1])
+                if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                    private += int(line.split()[1])
+        return rss, private
 
     def run_loss(self, sig, reason):
         c = self.c

@@ -1,0 +1,100 @@
+#include "worker/standby.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <google/protobuf/util/json_util.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/logging.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/launch/launch_args.h"
+#include "common/launch/worker_channel.h"
+#include "common/launch/worker_protocol.h"
+#include "varuna/v1/worker.pb.h"
+#include "worker/worker_main_lib.h"
+
+extern char** environ;
+
+namespace varuna {
+
+// Note [Standby workers]: a morph's fresh worker (a replacement, a joiner) would pay a
+// process start-up (LibTorch loads in about 0.7 CPU-s, more when several start on one
+// machine) before its rendezvous. The agent keeps `--standby_workers` processes started
+// ahead, as the user its workers run as: each has loaded LibTorch and waits on its control
+// FIFO. To use one, the agent writes the launch it stands in for (argv, the whole environment,
+// directory, log) to a start file in the generation's directory and sends a StartCommand;
+// the standby closes its listener, takes that environment (its control FIFO stays its own,
+// which the agent keeps for it), changes directory, appends its output to the rank's log and
+// runs RunWorker as a launched worker would. Its PID is the worker's. The agent starts a new
+// standby to fill the slot's place; with 0 there are none and launches start processes.
+absl::Status RunStandby() {
+  const std::optional<std::string> fifo = GetEnv(kControlFifoEnv);
+  if (!fifo || fifo->empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--standby needs ", kControlFifoEnv, " (the agent starts standbys)"));
+  }
+  std::mutex mu;
+  std::optional<std::string> spec_path;
+  {
+    ASSIGN_OR_RETURN(auto listener,
+                     AgentCommandListener::Start(*fifo, 0, [&](const v1::AgentCommand& c) {
+                       if (c.kind_case() != v1::AgentCommand::kStart) return;
+                       std::lock_guard<std::mutex> l(mu);
+                       spec_path = c.start().spec_path();
+                     }));
+    LOG(INFO) << "standby worker ready (pid " << getpid() << ")";
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> l(mu);
+        if (spec_path) break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }  // the listener closes: RunWorker opens the FIFO again
+  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(*spec_path, 1 << 20, "standby start file"));
+  v1::StandbyStart start;
+  google::protobuf::util::JsonParseOptions opts;
+  opts.ignore_unknown_fields = false;
+  if (auto st = google::protobuf::util::JsonStringToMessage(text, &start, opts); !st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("standby start file ", *spec_path, ": ", st.ToString()));
+  }
+  if (start.argv().empty()) return absl::InvalidArgumentError("standby start file: no argv");
+  if (!start.log_path().empty()) {
+    const int fd = open(start.log_path().c_str(),
+                        O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("standby: cannot open the log ", start.log_path()));
+    }
+    fflush(stdout);
+    fflush(stderr);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  clearenv();
+  for (const auto& [k, v] : start.env()) setenv(k.c_str(), v.c_str(), /*overwrite=*/1);
+  setenv(kControlFifoEnv, fifo->c_str(), /*overwrite=*/1);
+  if (!start.cwd().empty() && chdir(start.cwd().c_str()) != 0) {
+    return absl::FailedPreconditionError(absl::StrCat("standby: cannot enter ", start.cwd()));
+  }
+  std::vector<std::string> argv(start.argv().begin(), start.argv().end());
+  LOG(INFO) << "standby worker pid " << getpid() << " starts as: " << absl::StrJoin(argv, " ");
+  return RunWorker(argv);
+}
+
+}  // namespace varuna
