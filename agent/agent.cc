@@ -716,6 +716,10 @@ void Agent::Tick() {
 }
 
 int Agent::StopAll() {
+  // Standbys hold no state: they go at once, and no new one starts (KeepStandbys).
+  stopping_ = true;
+  for (const Standby& sb : standbys_) launcher_->Signal(sb.pid, SIGKILL).IgnoreError();
+  standbys_.clear();
   std::set<std::string> jobs;
   for (const auto& [key, w] : workers_) jobs.insert(key.first);
   int n = 0;

@@ -186,6 +186,7 @@ class Agent {
   std::vector<Standby> standbys_;
   int standby_seq_ = 0;
   bool standby_failed_ = false;  // the last start failed (logged once; retried each tick)
+  bool stopping_ = false;        // StopAll ran: the agent is shutting down
   void UpdateWorkerMetrics();
 };
 

@@ -98,7 +98,7 @@ std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
 }
 
 void Agent::KeepStandbys() {
-  if (config_.standby_workers == 0) return;
+  if (config_.standby_workers == 0 || stopping_) return;
   int running = 0;
   for (const auto& [key, w] : workers_) running += w.running ? 1 : 0;
   const int free = std::max(0, config_.slots - running);

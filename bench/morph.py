@@ -15,8 +15,8 @@ later, as a cloud would bring one); goodput = steps trained with preemptions / w
 
 Paths (--paths relaunch,in_place; default relaunch): each kind runs once per path per round,
 alternated, the in-place path with `morph_in_place: true` in the manager's config (survivors
-keep their processes and regroup: docs/morphing.md "Morph in place"), which records regroup,
-agree and transfer in place of most of rendezvous.
+keep their processes and regroup: docs/morphing.md "Morph in place") and warm standby workers
+on every agent, which records regroup, agree and transfer in place of most of rendezvous.
 
 usage: bench/morph.py [--paths P,...] [ROUNDS] [KIND...]   (build/bin must hold the binaries)"""
 
@@ -52,7 +52,11 @@ def demo_job(c):
 
 def one(kind, path="relaunch"):
     config = CONFIG + ("morph_in_place: true\n" if path == "in_place" else "")
-    c = Cluster(agents=3, slots=2, manager_config=config)
+    # The in-place path with its warm standbys (one per free slot); the relaunch path as
+    # it was built, without them.
+    standbys = {f"node{i}": ["--standby_workers=-1"] for i in range(4)} if path == "in_place" \
+        else {}
+    c = Cluster(agents=3, slots=2, manager_config=config, agent_args=standbys)
     try:
         job_id = json.loads(c.ctl("-o", "json", "submit", demo_job(c), check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id)["step"] >= 10, 180, "training")

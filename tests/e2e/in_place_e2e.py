@@ -255,6 +255,7 @@ class ClusterTest(unittest.TestCase):
         self.c = Cluster(agents=2, slots=2, manager_config="scale_up_delay_s: 5\n"
                          "morph_coalesce_s: 0.3\nmorph_in_place: true\n",
                          agent_args={"node2": ["--standby_workers=-1"]})
+        self.addCleanup(self.c.close)
         c = self.c
         t = MorphTest("test_agent_sigkill_mid_run")
         t.c = c
