@@ -184,25 +184,34 @@ class SoakTest(unittest.TestCase):
         spec = os.environ.get("VARUNA_COMMIT_SOAK")
         if not spec:
             self.skipTest("set VARUNA_COMMIT_SOAK=RUNS:FAULTS:SEED (scripts/chaos.sh --faults)")
-        runs, faults, seed = (int(x) for x in spec.split(":"))
+        parts = [int(x) for x in spec.split(":")]
+        runs, faults, seed = parts[:3]
+        first = parts[3] if len(parts) > 3 else 0  # RUNS:FAULTS:SEED:FIRST reruns from FIRST
         rnd = random.Random(seed)
         steps = 12 * (faults + 1)
         total_lost, morphs = [], 0
         for run in range(runs):
-            c = Cluster(agents=2, slots=2, manager_config=MORPH_CONFIG)
+            entries = []
+            for i in range(faults):
+                point = rnd.choice(POINTS)
+                action = "freeze" if rnd.random() < 0.2 else "kill"
+                if point == "agreement" and rnd.random() < 0.5:
+                    action = "split"
+                entries.append(f"{point}@{12 * (i + 1)}:{rnd.randrange(4)}:{action}:{i + 1}")
+            fault = ",".join(entries)
+            if run < first:
+                continue
+            c = self.c = Cluster(agents=2, slots=2, manager_config=MORPH_CONFIG)
             try:
-                entries = []
-                for i in range(faults):
-                    point = rnd.choice(POINTS)
-                    action = "freeze" if rnd.random() < 0.2 else "kill"
-                    if point == "agreement" and rnd.random() < 0.5:
-                        action = "split"
-                    entries.append(f"{point}@{12 * (i + 1)}:{rnd.randrange(4)}:{action}:{i + 1}")
-                fault = ",".join(entries)
                 job = write_job(c, f"soak{run}.yaml", fault, steps=steps, timeout_s=10)
                 job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
-                st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
-                    c.status(job_id)), 120 + 60 * faults, f"soak run {run} to finish")
+                try:
+                    st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
+                        c.status(job_id)), 120 + 60 * faults, f"soak run {run} to finish")
+                except AssertionError:
+                    print(f"soak run {run} hung: {fault}\n{json.dumps(c.status(job_id))}\n"
+                          f"{c.tail()}\n{CommitTest.rank_logs(self)}", file=sys.stderr)
+                    raise
                 self.assertEqual(st["state"], "SUCCEEDED", f"{fault}\n{st}\n{c.tail()}")
                 for m in st["morphs"]:
                     self.assertLessEqual(int(m["steps_lost"]), 1, f"{fault}\n{m}")
