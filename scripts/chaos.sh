@@ -5,14 +5,15 @@
 #   scripts/chaos.sh --matrix [LINK_CUTS=10] every fault point x action of one step
 #                                           (tests/e2e/commit_e2e.py, Note [Faults]), then
 #                                           LINK_CUTS runs of ctest morph_link_cut (netns)
-#   scripts/chaos.sh --faults [RUNS=10] [FAULTS=10] [SEED=1]
-#                                           RUNS jobs with FAULTS random faults each
+#   scripts/chaos.sh --faults [RUNS=10] [FAULTS=10] [SEED=1] [FIRST=0]
+#                                           RUNS jobs with FAULTS random faults each (from
+#                                           run FIRST: the same faults as a full soak's)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [[ -x build/bin/varuna-manager ]] || scripts/build.sh
 cd build
 if [[ ${1:-} == --faults ]]; then
-  VARUNA_COMMIT_SOAK=${2:-10}:${3:-10}:${4:-1} VARUNA_BIN_DIR=$PWD/bin \
+  VARUNA_COMMIT_SOAK=${2:-10}:${3:-10}:${4:-1}:${5:-0} VARUNA_BIN_DIR=$PWD/bin \
     exec /usr/bin/python3 ../tests/e2e/commit_e2e.py -v SoakTest
 fi
 if [[ ${1:-} == --matrix ]]; then
