@@ -187,6 +187,10 @@ class Agent {
   int standby_seq_ = 0;
   bool standby_failed_ = false;  // the last start failed (logged once; retried each tick)
   bool stopping_ = false;        // StopAll ran: the agent is shutting down
+  // Running workers when KeepStandbys last looked, and since when (standbys fill slots that
+  // stayed free for a while).
+  int standby_running_seen_ = -1;
+  absl::Time standby_running_since_ = absl::InfinitePast();
   void UpdateWorkerMetrics();
 };
 

@@ -116,6 +116,14 @@ void Agent::KeepStandbys() {
       close(fd);
     }
   }
+  // Fill only slots that stayed free a while: right after workers exit (a relaunch about to
+  // start, a job ending) a standby loading LibTorch would only compete with the launch.
+  const absl::Time now = clock_->Now();
+  if (running != standby_running_seen_) {
+    standby_running_seen_ = running;
+    standby_running_since_ = now;
+  }
+  if (now - standby_running_since_ < absl::Seconds(2)) return;
   while (static_cast<int>(standbys_.size()) < want) {
     const std::string dir = absl::StrCat(config_.work_dir, "/standby");
     std::error_code ec;

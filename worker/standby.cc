@@ -38,8 +38,9 @@ namespace varuna {
 // directory, log) to a start file in the generation's directory and sends a StartCommand;
 // the standby closes its listener, takes that environment (its control FIFO stays its own,
 // which the agent keeps for it), changes directory, appends its output to the rank's log and
-// runs RunWorker as a launched worker would. Its PID is the worker's. The agent starts a new
-// standby to fill the slot's place; with 0 there are none and launches start processes.
+// runs RunWorker as a launched worker would. Its PID is the worker's. The agent fills free
+// slots that stayed free for 2 s with new standbys (not while a relaunch is about to start
+// processes of its own); with 0 there are none and launches start processes.
 absl::Status RunStandby() {
   const std::optional<std::string> fifo = GetEnv(kControlFifoEnv);
   if (!fifo || fifo->empty()) {
