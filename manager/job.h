@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "common/spec/job_spec.h"
@@ -31,14 +32,15 @@ struct Generation {
   absl::Time fail_at = absl::InfiniteFuture();
   // The step after which a rank reported stopping on request (SIGUSR1); 0 if none did.
   int64_t stopped_after = 0;
-  std::set<int> ready;        // ranks that reported their rendezvous done
-  std::set<int> frozen;       // ranks whose process is stopped (Note [Frozen workers])
-  std::set<int> parked;       // ranks waiting to regroup (Note [Morph in place])
-  int64_t resumed_from = -1;  // the step they resumed after (-1 until known)
-  int64_t newest_step = 0;    // newest step this generation reported
-  std::string worker_error;   // the first error line a worker wrote
-  double last_ready_at = 0;   // the workers' clock: when the last rank reported ready
-  double first_step_at = 0;   // ... and when the first step after resumed_from ended
+  std::set<int> ready;              // ranks that reported their rendezvous done
+  std::set<int> frozen;             // ranks whose process is stopped (Note [Frozen workers])
+  std::set<int> parked;             // ranks waiting to regroup (Note [Morph in place])
+  int64_t resumed_from = -1;        // the step they resumed after (-1 until known)
+  int64_t newest_step = 0;          // newest step this generation reported
+  std::vector<bool> counted_steps;  // steps the metrics took (StepSeries::Record)
+  std::string worker_error;         // the first error line a worker wrote
+  double last_ready_at = 0;         // the workers' clock: when the last rank reported ready
+  double first_step_at = 0;         // ... and when the first step after resumed_from ended
   // A profile job's report was handled (stored, or refused with worker_error set).
   bool profile_handled = false;
   bool profile_stored = false;

@@ -18,8 +18,7 @@ namespace varuna {
 void StepSeries::Record(Job& job, const v1::WorkerStatus& w) {
   if (w.steps().empty()) return;
   // Every rank reports every step, through one agent per node: the metrics take each step
-  // once per generation (the newest seen before this report).
-  const int64_t seen = job.gen.newest_step;
+  // once per generation (below).
   std::vector<v1::StepRecord> records;
   for (const v1::StepMetrics& s : w.steps()) {
     // A non-finite loss (a diverged step) is recorded as it is: every step appears once.
@@ -44,9 +43,18 @@ void StepSeries::Record(Job& job, const v1::WorkerStatus& w) {
   }
   if (records.empty()) return;
   if (metrics_) {
+    // Each step once per generation, whichever report brings it first: the reports of two
+    // ranks (or nodes) can arrive newest first, so "newer than the newest seen" would drop
+    // the older one's steps.
+    std::vector<bool>& counted = job.gen.counted_steps;
+    if (counted.size() < static_cast<size_t>(job.info().total_steps()) + 1) {
+      counted.resize(static_cast<size_t>(job.info().total_steps()) + 1, false);
+    }
     std::vector<v1::StepRecord> fresh;
     for (const v1::StepRecord& r : records) {
-      if (r.step() > seen) fresh.push_back(r);
+      if (counted[r.step()]) continue;
+      counted[r.step()] = true;
+      fresh.push_back(r);
     }
     metrics_->OnSteps(job.info().id(), fresh);
   }
