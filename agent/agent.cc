@@ -602,8 +602,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_also_saved_step(w.also_saved_step);
     if (w.in_place.ByteSizeLong() > 0) *s->mutable_in_place() = w.in_place;
     s->set_parked(w.parked);
-    s->set_frozen(w.running && ProcessStopped(w.pid));
-    w.frozen = s->frozen();
+    s->set_frozen(w.running && w.frozen);  // Tick looks every 100 ms
     w.in_flight = 0;
     statuses.emplace_back(&w, s);
   }

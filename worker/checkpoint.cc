@@ -359,6 +359,26 @@ absl::Status Varuna::WaitForCheckpoint() {
   return st;
 }
 
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> UnpickleLayer(const std::vector<char>& bytes,
+                                                                 const std::string& what) {
+  c10::Dict<std::string, at::Tensor> in;
+  RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", what), [&] {
+    auto d = torch::pickle_load(bytes).toGenericDict();
+    for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
+  }));
+  return in;
+}
+
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::string& file,
+                                                                 int64_t* bytes_read) {
+  auto data = ReadRegularFile(file, kMaxCheckpointFileBytes, "checkpoint layer");
+  if (!data.ok()) return absl::DataLossError(std::string(data.status().message()));
+  if (bytes_read != nullptr) *bytes_read += static_cast<int64_t>(data->size());
+  std::vector<char> bytes(data->begin(), data->end());
+  data->clear();
+  return UnpickleLayer(bytes, file);
+}
+
 absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
                                const std::string& what) {
   return TorchCall(absl::StrCat("loading ", what), [&]() -> absl::Status {
@@ -393,15 +413,7 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     const std::string file = absl::StrCat(ckpt_path, "/layers/", layer_names_[i], ".pt");
-    auto data = ReadRegularFile(file, kMaxCheckpointFileBytes, "checkpoint layer");
-    if (!data.ok()) return absl::DataLossError(std::string(data.status().message()));
-    std::vector<char> bytes(data->begin(), data->end());
-    data->clear();
-    c10::Dict<std::string, at::Tensor> in;
-    RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", file), [&] {
-      auto d = torch::pickle_load(bytes).toGenericDict();
-      for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
-    }));
+    ASSIGN_OR_RETURN(auto in, ReadLayerFile(file, nullptr));
     RETURN_IF_ERROR(LoadLayer(i, in, file));
   }
   scaler_.Restore(common.loss_scale, common.clean_steps);

@@ -10,7 +10,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
-#include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_store.h"
 #include "common/pipeline/handover.h"
@@ -56,16 +55,6 @@ absl::Status StoreSet(const ProcessGroups& groups, const std::string& key,
   return TorchCall(absl::StrCat("writing ", key, " to the rendezvous store"), [&] {
     groups.store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   });
-}
-
-absl::StatusOr<c10::Dict<std::string, at::Tensor>> Unpickle(const std::vector<char>& bytes,
-                                                            const std::string& what) {
-  c10::Dict<std::string, at::Tensor> in;
-  RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", what), [&] {
-    auto d = torch::pickle_load(bytes).toGenericDict();
-    for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
-  }));
-  return in;
 }
 
 }  // namespace
@@ -203,7 +192,8 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
       groups.world->Recv(data, m.src, tag + 1)->Wait(groups.timeout);
       std::vector<char> bytes(n);
       std::memcpy(bytes.data(), data.data_ptr(), n);
-      ASSIGN_OR_RETURN(auto dict, Unpickle(bytes, absl::StrCat(m.layer, " from rank ", m.src)));
+      ASSIGN_OR_RETURN(auto dict,
+                       UnpickleLayer(bytes, absl::StrCat(m.layer, " from rank ", m.src)));
       state.layers.emplace(m.layer, std::move(dict));
       stats.moved_bytes += n;
     }
@@ -217,10 +207,7 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
   for (const auto& read : plan.reads) {
     if (read.dst != rank) continue;
     const std::string file = absl::StrCat(ckpt_path, "/layers/", read.layer, ".pt");
-    ASSIGN_OR_RETURN(std::string data,
-                     ReadRegularFile(file, kMaxCheckpointFileBytes, "checkpoint layer"));
-    stats.checkpoint_bytes_read += static_cast<int64_t>(data.size());
-    ASSIGN_OR_RETURN(auto dict, Unpickle(std::vector<char>(data.begin(), data.end()), file));
+    ASSIGN_OR_RETURN(auto dict, ReadLayerFile(file, &stats.checkpoint_bytes_read));
     state.layers.emplace(read.layer, std::move(dict));
   }
   RETURN_IF_ERROR(engine.Adopt(state));

@@ -93,6 +93,13 @@ struct StepResult {
   int early_buckets = 0, buckets = 0;
 };
 
+// One layer's state in the checkpoint's per-layer format (parameters, optimizer state,
+// buffers), from pickled bytes or a layer file (adding its size to `bytes_read` if given).
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> UnpickleLayer(const std::vector<char>& bytes,
+                                                                 const std::string& what);
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::string& file,
+                                                                 int64_t* bytes_read);
+
 class Varuna {
  public:
   // Builds this rank's stage of `model` on `topology` (uniform topologies without boundaries
