@@ -229,7 +229,8 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   // itself. An agent that is not root runs workers as itself (a Slurm job step, a user's
   // own agent): it could not switch anyway. The launcher gives the generation's directory
   // and control FIFO to that user; the agent keeps the logs and reads what the workers write
-  // as untrusted (common/base/safe_file.h).
+  // as untrusted (common/base/safe_file.h). A standby taking the launch (Note [Standby
+  // workers] in worker/standby.cc) drops to the same user first.
   std::string run_as;
   if (!req.run_as_user().empty()) {
     const auto& ok = config_.allowed_worker_users;

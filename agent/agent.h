@@ -154,9 +154,9 @@ class Agent {
     bool ready = false;  // it reads its FIFO: LibTorch is loaded
   };
   void KeepStandbys();
-  std::string StandbyUser() const { return config_.allow_root_workers ? "" : config_.worker_user; }
-  // Starts the launch `spec` (rank `rank` of a generation in `gen_dir`) in a standby run as
-  // `user`; returns its pid, or an error when none can take it.
+  // Starts the launch `spec` (rank `rank` of a generation in `gen_dir`) in a ready standby,
+  // which becomes `user` (Note [Worker user] in agent/agent.cc); returns its pid, or an
+  // error when none can take it (the caller then launches a process).
   absl::StatusOr<int> StartInStandby(const ProcessSpec& spec, const std::string& user,
                                      const std::string& gen_dir, int rank);
   // Sends the running workers `req.adopt()` names a ReconfigureCommand and files them under

@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -139,8 +141,9 @@ void Agent::KeepStandbys() {
     spec.env["VARUNA_NODE"] = config_.name;
     spec.log_path = absl::StrCat(dir, "/standby", seq, ".log");
     spec.cwd = dir;
-    spec.user = StandbyUser();
-    spec.allow_root = config_.allow_root_workers;
+    // A root agent's standbys wait as root and drop to the job's user when assigned, so one
+    // pool serves every user (Note [Standby workers]); otherwise they are the agent's user.
+    spec.user = "";
     absl::StatusOr<int> pid = launcher_->Launch(spec);
     if (!pid.ok()) {
       if (!standby_failed_) LOG(WARNING) << "standby worker not started: " << pid.status();
@@ -156,25 +159,35 @@ absl::StatusOr<int> Agent::StartInStandby(const ProcessSpec& spec, const std::st
                                           const std::string& gen_dir, int rank) {
   auto it =
       std::find_if(standbys_.begin(), standbys_.end(), [](const Standby& s) { return s.ready; });
-  if (it == standbys_.end() || user != StandbyUser()) {
-    return absl::UnavailableError("no ready standby worker for this user");
-  }
+  if (it == standbys_.end()) return absl::UnavailableError("no ready standby worker");
+  absl::StatusOr<std::optional<WorkerIdentity>> as =
+      ResolveWorkerUser(user, config_.allow_root_workers);
+  if (!as.ok()) return as.status();  // the launch reports it the same way
   const Standby sb = *it;
   standbys_.erase(it);
   v1::StandbyStart start;
   for (const auto& a : spec.argv) start.add_argv(a);
-  for (const auto& [k, v] : spec.env) (*start.mutable_env())[k] = v;
+  std::map<std::string, std::string> env = spec.env;
+  if (*as) {
+    env["USER"] = env["LOGNAME"] = (*as)->name;
+    env["HOME"] = (*as)->home;
+    v1::StandbyCredentials* become = start.mutable_become();
+    become->set_uid((*as)->uid);
+    become->set_gid((*as)->gid);
+    for (gid_t g : (*as)->groups) become->add_groups(g);
+  }
+  for (const auto& [k, v] : env) (*start.mutable_env())[k] = v;
   start.set_cwd(spec.cwd);
   start.set_log_path(spec.log_path);
   const std::string path = absl::StrCat(gen_dir, "/start.rank", rank, ".json");
   absl::Status st = WriteFileAtomic(path, ProtoJson(start), 0);
-  // The standby runs as the workers' user: it must write its generation's directory and its
-  // log, as a launched worker does through what the launcher gives it.
-  struct stat owner {};
-  if (st.ok() && geteuid() == 0 && stat(absl::StrCat("/proc/", sb.pid).c_str(), &owner) == 0) {
-    for (const std::string& p : {gen_dir, spec.log_path, path}) {
-      if (lchown(p.c_str(), owner.st_uid, owner.st_gid) != 0) {
-        st = absl::PermissionDeniedError(absl::StrCat("cannot give ", p, " to the standby"));
+  // What a launched worker gets from the launcher: its generation's directory, its log and
+  // its control FIFO belong to the user it runs as.
+  if (st.ok() && *as) {
+    for (const std::string& p : {gen_dir, spec.log_path, path, sb.fifo}) {
+      if (lchown(p.c_str(), (*as)->uid, (*as)->gid) != 0) {
+        st = absl::PermissionDeniedError(
+            absl::StrCat("cannot give ", p, " to ", (*as)->name, ": ", std::strerror(errno)));
       }
     }
   }

@@ -36,36 +36,27 @@ std::string ResolveProgram(const std::string& name, const std::map<std::string, 
   return "";
 }
 
-// Who the child becomes (Note [Worker user] in agent/agent.cc); resolved in the parent, since
-// getpwnam and getgrouplist are not async-signal-safe.
-struct Identity {
-  uid_t uid = 0;
-  gid_t gid = 0;
-  std::vector<gid_t> groups;
-  std::string name;
-  std::string home;
-};
+}  // namespace
 
-absl::StatusOr<std::optional<Identity>> ResolveUser(const ProcessSpec& spec) {
-  if (geteuid() != 0 || spec.user.empty()) return std::nullopt;
+absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::string& user,
+                                                                bool allow_root) {
+  if (geteuid() != 0 || user.empty()) return std::nullopt;
   struct passwd pw {};
   struct passwd* found = nullptr;
   std::vector<char> buf(16384);
-  if (getpwnam_r(spec.user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || !found) {
+  if (getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) != 0 || !found) {
     return absl::FailedPreconditionError(
-        absl::StrCat("worker user '", spec.user,
-                     "' does not exist on this machine: create it (useradd "
-                     "--system ",
-                     spec.user,
+        absl::StrCat("worker user '", user,
+                     "' does not exist on this machine: create it (useradd --system ", user,
                      "; scripts/install_deps.sh makes 'varuna'), or give the agent "
                      "another --worker_user"));
   }
-  if (pw.pw_uid == 0 && !spec.allow_root) {
+  if (pw.pw_uid == 0 && !allow_root) {
     return absl::PermissionDeniedError(
-        absl::StrCat("refusing to run workers as root ('", spec.user,
+        absl::StrCat("refusing to run workers as root ('", user,
                      "'): give the agent --allow_root_workers to allow it"));
   }
-  Identity id;
+  WorkerIdentity id;
   id.uid = pw.pw_uid;
   id.gid = pw.pw_gid;
   id.name = pw.pw_name;
@@ -77,10 +68,8 @@ absl::StatusOr<std::optional<Identity>> ResolveUser(const ProcessSpec& spec) {
     getgrouplist(pw.pw_name, pw.pw_gid, id.groups.data(), &n);
   }
   id.groups.resize(std::max(n, 0));
-  return std::optional<Identity>(std::move(id));
+  return std::optional<WorkerIdentity>(std::move(id));
 }
-
-}  // namespace
 
 absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("empty command");
@@ -105,7 +94,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
         absl::StrCat("log ", spec.log_path, " is not a regular file"));
   }
   fcntl(log_fd, F_SETFL, fcntl(log_fd, F_GETFL) & ~O_NONBLOCK);
-  auto identity = ResolveUser(spec);
+  auto identity = ResolveWorkerUser(spec.user, spec.allow_root);
   if (!identity.ok()) {
     close(log_fd);
     return identity.status();
@@ -141,7 +130,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
       has_fifo = lchown(spec.control_fifo.c_str(), (*identity)->uid, (*identity)->gid) == 0;
     }
   }
-  const Identity* as = *identity ? &**identity : nullptr;
+  const WorkerIdentity* as = *identity ? &**identity : nullptr;
 
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();

@@ -3,7 +3,10 @@
 // Starting, signalling and reaping worker processes, behind an interface so the agent's
 // logic runs against a fake in tests.
 
+#include <sys/types.h>
+
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,6 +32,21 @@ struct ProcessSpec {
   bool allow_root = false;
   std::vector<std::string> owned_paths;
 };
+
+// Who a worker runs as (Note [Worker user] in agent/agent.cc), resolved before a fork, since
+// getpwnam and getgrouplist are not async-signal-safe.
+struct WorkerIdentity {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::vector<gid_t> groups;
+  std::string name;
+  std::string home;
+};
+
+// nullopt: run as the caller (it is not root, or `user` is empty). Errors name the problem:
+// no such user, or root without `allow_root`.
+absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::string& user,
+                                                                bool allow_root);
 
 struct ProcessExit {
   int pid = 0;

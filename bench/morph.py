@@ -8,10 +8,12 @@ Kinds: notice (varunactl preempt), sigkill (an agent and its workers SIGKILLed),
 fourth agent), freeze (an agent and its workers SIGSTOPped: no reset reaches the peers, as
 with a cut link; detection is the heartbeat timeout).
 
-Goodput (bench/morph.py goodput [SECONDS] [PERIOD]): the same job twice for SECONDS of
-wall time, once undisturbed and once with a preemption notice every PERIOD seconds (the
-noticed machine goes away once its job moved off and a replacement registers PERIOD/4
-later, as a cloud would bring one); goodput = steps trained with preemptions / without.
+Goodput (bench/morph.py [--paths P] goodput [SECONDS] [PERIOD] [PAIRS]): PAIRS pairs of
+runs of the same job for SECONDS of wall time, one undisturbed and one with a preemption
+notice every PERIOD seconds (the noticed machine goes away once its job moved off and a
+replacement registers PERIOD/4 later, as a cloud would bring one), which of the two goes
+first alternating pair by pair; goodput = steps trained with preemptions / without, per
+pair. With several paths, each pair runs once per path.
 
 Paths (--paths relaunch,in_place; default relaunch): each kind runs once per path per round,
 alternated, the in-place path with `morph_in_place: true` in the manager's config (survivors
@@ -37,7 +39,9 @@ from harness import job_yaml, write_text_corpus  # noqa: E402
 
 PHASES = ["detect", "save", "stop", "plan", "launch", "rendezvous", "regroup", "agree",
           "transfer", "first_step", "total"]
-CONFIG = "scale_up_delay_s: 1\nmorph_coalesce_s: 0.2\n"
+# scale_up_delay_s 4 (the default is 10): a joining agent's warm standbys are ready by then
+# (its free slots stay free 2 s, then LibTorch loads in about 1 s).
+CONFIG = "scale_up_delay_s: 4\nmorph_coalesce_s: 0.2\n"
 
 
 def demo_job(c):
@@ -51,12 +55,7 @@ def demo_job(c):
 
 
 def one(kind, path="relaunch"):
-    config = CONFIG + ("morph_in_place: true\n" if path == "in_place" else "")
-    # The in-place path with its warm standbys (one per free slot); the relaunch path as
-    # it was built, without them.
-    standbys = {f"node{i}": ["--standby_workers=-1"] for i in range(4)} if path == "in_place" \
-        else {}
-    c = Cluster(agents=3, slots=2, manager_config=config, agent_args=standbys)
+    c = cluster(path)
     try:
         job_id = json.loads(c.ctl("-o", "json", "submit", demo_job(c), check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id)["step"] >= 10, 180, "training")
@@ -80,12 +79,22 @@ def one(kind, path="relaunch"):
         c.close()
 
 
-def goodput_run(seconds, period):
-    c = Cluster(agents=3, slots=2, manager_config=CONFIG)
+def cluster(path):
+    config = CONFIG + ("morph_in_place: true\n" if path == "in_place" else "")
+    # The in-place path with its warm standbys (one per free slot); the relaunch path as
+    # it was built, without them.
+    standbys = {f"node{i}": ["--standby_workers=-1"] for i in range(4)} if path == "in_place" \
+        else {}
+    return Cluster(agents=3, slots=2, manager_config=config, agent_args=standbys)
+
+
+def goodput_run(seconds, period, path):
+    c = cluster(path)
     try:
         job_id = json.loads(c.ctl("-o", "json", "submit", demo_job(c), check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id)["step"] >= 1, 180, "training")
         t0 = time.time()
+        step0 = c.status(job_id)["step"]
         victims = ["node2", "node1"]
         n = 0
         while time.time() - t0 < seconds:
@@ -101,32 +110,46 @@ def goodput_run(seconds, period):
                 n += 1
             time.sleep(0.5)
         st = c.status(job_id)
-        return st["step"], len(st.get("morphs", []))
+        morphs = st.get("morphs", [])
+        return st["step"] - step0, len(morphs), sum(int(m["steps_lost"]) for m in morphs)
     finally:
         c.close()
 
 
-def goodput(seconds, period):
-    base, _ = goodput_run(seconds, 0)
-    with_events, morphs = goodput_run(seconds, period)
-    print(f"\n| run | seconds | steps | morphs |\n|---|---|---|---|")
-    print(f"| no preemption | {seconds} | {base} | 0 |")
-    print(f"| notice every {period} s | {seconds} | {with_events} | {morphs} |")
-    print(f"\ngoodput = {with_events / base:.3f}")
+def goodput(seconds, period, pairs, paths):
+    rows = []
+    for i in range(pairs):
+        for path in paths:
+            order = [0, period] if i % 2 == 0 else [period, 0]
+            got = {p: goodput_run(seconds, p, path) for p in order}
+            (base, _, _), (hit, morphs, lost) = got[0], got[period]
+            rows.append((i + 1, path, "undisturbed first" if order[0] == 0 else "notices first",
+                         base, hit, morphs, lost, hit / base))
+            print(f"pair {i + 1} {path}: {rows[-1][2]}: {base} vs {hit} steps, {morphs} morphs, "
+                  f"{lost} steps lost, goodput {hit / base:.4f}", flush=True)
+    print(f"\n{seconds} s each, a notice every {period} s:\n")
+    print("| pair | path | order | steps, no preemption | steps, notices | morphs | steps lost "
+          "| goodput |\n|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in r[:7]) + f" | {r[7]:.4f} |")
+    for path in paths:
+        g = [r[7] for r in rows if r[1] == path]
+        print(f"\n{path}: median goodput {statistics.median(g):.4f} over {len(g)} pairs")
 
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "goodput":
-        seconds = int(sys.argv[2]) if len(sys.argv) > 2 else 480
-        period = int(sys.argv[3]) if len(sys.argv) > 3 else 120
-        goodput(seconds, period)
-        return
     args = sys.argv[1:]
     paths = ["relaunch"]
     if args and args[0].startswith("--paths"):
         value = args[0].split("=", 1)[1] if "=" in args[0] else args[1]
         args = args[1:] if "=" in args[0] else args[2:]
         paths = value.split(",")
+    if args and args[0] == "goodput":
+        seconds = int(args[1]) if len(args) > 1 else 360
+        period = int(args[2]) if len(args) > 2 else 120
+        pairs = int(args[3]) if len(args) > 3 else 3
+        goodput(seconds, period, pairs, paths)
+        return
     rounds = int(args[0]) if args else 5
     kinds = args[1:] or ["notice", "sigkill", "freeze", "join"]
     results = {(k, p): [] for k in kinds for p in paths}

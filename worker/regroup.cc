@@ -5,6 +5,7 @@
 #include <chrono>
 #include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -58,6 +59,59 @@ absl::Status StoreSet(const ProcessGroups& groups, const std::string& key,
 }
 
 }  // namespace
+
+void RegroupMailbox::Start(bool in_place, int generation) {
+  std::lock_guard<std::mutex> l(mu_);
+  in_place_.store(in_place);
+  generation_ = generation;
+}
+
+void RegroupMailbox::SetCurrentAbort(std::shared_ptr<AbortSignal> abort) {
+  std::lock_guard<std::mutex> l(mu_);
+  abort_ = std::move(abort);
+}
+
+void RegroupMailbox::Post(const v1::ReconfigureCommand& r) {
+  std::shared_ptr<AbortSignal> abort;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (r.generation() <= generation_) {
+      LOG(WARNING) << "reconfigure to generation " << r.generation() << " ignored: this worker "
+                   << "is in generation " << generation_;
+      return;
+    }
+    LOG(INFO) << "the agent asks to regroup in place into generation " << r.generation()
+              << " as rank " << r.rank() << " of " << r.pipelines();
+    posted_ = r;
+    abort = abort_;
+  }
+  if (abort) abort->Abort();
+}
+
+bool RegroupMailbox::Pending() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return posted_.has_value();
+}
+
+std::optional<v1::ReconfigureCommand> RegroupMailbox::Wait(double timeout_s,
+                                                           const std::atomic<bool>& give_up) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline && !give_up.load()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (posted_) return posted_;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return std::nullopt;
+}
+
+void RegroupMailbox::Done(int generation) {
+  std::lock_guard<std::mutex> l(mu_);
+  posted_.reset();
+  generation_ = generation;
+  park_on_stop_.store(false);
+}
 
 void RetireGroups(ProcessGroups groups) {
   if (groups.abort) groups.abort->Abort();

@@ -1,11 +1,16 @@
 #include "worker/standby.h"
 
 #include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -33,15 +38,42 @@ namespace varuna {
 // Note [Standby workers]: a morph's fresh worker (a replacement, a joiner) would pay a
 // process start-up (LibTorch loads in about 0.7 CPU-s, more when several start on one
 // machine) before its rendezvous. The agent keeps `--standby_workers` processes started
-// ahead, as the user its workers run as: each has loaded LibTorch and waits on its control
-// FIFO. To use one, the agent writes the launch it stands in for (argv, the whole environment,
-// directory, log) to a start file in the generation's directory and sends a StartCommand;
-// the standby closes its listener, takes that environment (its control FIFO stays its own,
-// which the agent keeps for it), changes directory, appends its output to the rank's log and
-// runs RunWorker as a launched worker would. Its PID is the worker's. The agent fills free
+// ahead: each has loaded LibTorch and waits on its control FIFO. A root agent's standbys wait
+// as root, so one pool serves jobs of every Unix user (Note [Worker user] in agent/agent.cc);
+// they run nothing of a job's before they drop to its user. To use one, the agent writes the
+// launch it stands in for (argv, the whole environment, directory, log, the credentials to
+// take) to a start file in the generation's directory, gives that directory, the log and the
+// standby's FIFO to the job's user, and sends a StartCommand. The standby closes its listener,
+// takes the credentials (as the launcher's child does before exec: groups, gid, uid; then the
+// parent-death signal again, which a change of credentials clears), takes the environment
+// (its control FIFO stays its own), changes directory, appends its output to the rank's log
+// and runs RunWorker as a launched worker would. Its PID is the worker's. The agent fills free
 // slots that stayed free for 2 s with new standbys (not while a relaunch is about to start
 // processes of its own); with 0 there are none and launches start processes.
+namespace {
+
+absl::Status Become(const v1::StandbyCredentials& c, pid_t parent) {
+  const std::vector<gid_t> groups(c.groups().begin(), c.groups().end());
+  if (setgroups(groups.size(), groups.data()) != 0 || setgid(c.gid()) != 0 ||
+      setuid(c.uid()) != 0) {
+    return absl::PermissionDeniedError(absl::StrCat("standby: cannot become uid ", c.uid(), " gid ",
+                                                    c.gid(), ": ", std::strerror(errno)));
+  }
+  if (c.uid() != 0 && setuid(0) == 0) {
+    return absl::InternalError("standby: root could be regained after dropping it");
+  }
+  // As a process exec'd by the launcher would be: readable /proc files, and dying with the
+  // agent (credential changes clear both).
+  prctl(PR_SET_DUMPABLE, 1);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) return absl::AbortedError("standby: the agent is gone");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status RunStandby() {
+  const pid_t parent = getppid();
   const std::optional<std::string> fifo = GetEnv(kControlFifoEnv);
   if (!fifo || fifo->empty()) {
     return absl::FailedPreconditionError(
@@ -74,6 +106,7 @@ absl::Status RunStandby() {
         absl::StrCat("standby start file ", *spec_path, ": ", st.ToString()));
   }
   if (start.argv().empty()) return absl::InvalidArgumentError("standby start file: no argv");
+  if (start.has_become()) RETURN_IF_ERROR(Become(start.become(), parent));
   if (!start.log_path().empty()) {
     const int fd = open(start.log_path().c_str(),
                         O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0644);

@@ -50,63 +50,9 @@ void OnSigusr2(int) { g_rescue_requested.store(true); }
 
 using Clock = std::chrono::steady_clock;
 
-// Note [Morph in place] in regroup.cc: with --in_place, the agent's ReconfigureCommand waits
-// here for the training thread, and every wait on the current groups is aborted at once, so
-// a step blocked on a dead peer returns instead of waiting out timeout_s.
-std::atomic<bool> g_in_place{false};
-// A graceful morph in place: after the stop's checkpoint, park instead of exiting.
-std::atomic<bool> g_park_on_stop{false};
-std::mutex g_regroup_mu;
-std::optional<v1::ReconfigureCommand> g_reconfigure;  // guarded by g_regroup_mu
-std::shared_ptr<AbortSignal> g_abort;                 // the current groups'; guarded
-int g_generation = 0;                                 // this process's; guarded
-
-void SetCurrentAbort(std::shared_ptr<AbortSignal> abort) {
-  std::lock_guard<std::mutex> l(g_regroup_mu);
-  g_abort = std::move(abort);
-}
-
-bool RegroupPending() {
-  std::lock_guard<std::mutex> l(g_regroup_mu);
-  return g_reconfigure.has_value();
-}
-
-// The regroup into `generation` is done: later commands are for it.
-void RegroupDone(int generation) {
-  std::lock_guard<std::mutex> l(g_regroup_mu);
-  g_reconfigure.reset();
-  g_generation = generation;
-}
-
-// Waits for a reconfigure (or an abort, which the rescue thread serves) up to `timeout_s`.
-std::optional<v1::ReconfigureCommand> WaitForReconfigure(double timeout_s) {
-  const auto deadline = Clock::now() + std::chrono::duration<double>(timeout_s);
-  while (Clock::now() < deadline && !g_rescue_requested.load()) {
-    {
-      std::lock_guard<std::mutex> l(g_regroup_mu);
-      if (g_reconfigure) return g_reconfigure;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return std::nullopt;
-}
-
-void OnReconfigure(const v1::ReconfigureCommand& r) {
-  std::shared_ptr<AbortSignal> abort;
-  {
-    std::lock_guard<std::mutex> l(g_regroup_mu);
-    if (r.generation() <= g_generation) {
-      LOG(WARNING) << "reconfigure to generation " << r.generation() << " ignored: this worker "
-                   << "is in generation " << g_generation;
-      return;
-    }
-    LOG(INFO) << "the agent asks to regroup in place into generation " << r.generation()
-              << " as rank " << r.rank() << " of " << r.pipelines();
-    g_reconfigure = r;
-    abort = g_abort;
-  }
-  if (abort) abort->Abort();
-}
+// Note [Morph in place] in regroup.cc: with --in_place, the agent's commands for a regroup
+// arrive here (from the listener's thread) for the training thread.
+RegroupMailbox g_regroup;
 
 double UnixNow() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -151,9 +97,9 @@ v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0,
 void OnAgentCommand(const v1::AgentCommand& c) {
   switch (c.kind_case()) {
     case v1::AgentCommand::kStop:
-      if (c.stop().park() && g_in_place.load()) {
+      if (c.stop().park() && g_regroup.in_place()) {
         LOG(INFO) << "the agent asks to checkpoint after this step and wait to regroup";
-        g_park_on_stop.store(true);
+        g_regroup.ParkOnStop();
       } else {
         LOG(INFO) << "the agent asks to stop after this step (checkpoint, exit)";
       }
@@ -164,8 +110,8 @@ void OnAgentCommand(const v1::AgentCommand& c) {
       g_rescue_requested.store(true);
       break;
     case v1::AgentCommand::kReconfigure: {
-      if (g_in_place.load()) {
-        OnReconfigure(c.reconfigure());
+      if (g_regroup.in_place()) {
+        g_regroup.Post(c.reconfigure());
         break;
       }
       const std::string msg =
@@ -177,6 +123,7 @@ void OnAgentCommand(const v1::AgentCommand& c) {
       ReportToAgent(std::move(e));
       break;
     }
+    case v1::AgentCommand::kStart:  // for a standby (worker/standby.cc), which this was
     case v1::AgentCommand::KIND_NOT_SET:
       break;
   }
@@ -310,10 +257,12 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   absl::StatusOr<WorkerArgs> parsed = ParseWorkerArgs(argv);
   if (!parsed.ok()) return MarkBadInput(parsed.status());
   WorkerArgs args = *std::move(parsed);
-  g_in_place.store(args.in_place);
-  if (auto g = GetEnv("VARUNA_GENERATION"); g) {
-    std::lock_guard<std::mutex> l(g_regroup_mu);
-    if (!absl::SimpleAtoi(*g, &g_generation)) g_generation = 0;
+  {
+    int generation = 0;
+    if (auto g = GetEnv("VARUNA_GENERATION"); !g || !absl::SimpleAtoi(*g, &generation)) {
+      generation = 0;
+    }
+    g_regroup.Start(args.in_place, generation);
   }
   if (args.help) {
     std::cout << WorkerUsage();
@@ -568,7 +517,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }
     ReportToAgent(std::move(ready));
   }
-  SetCurrentAbort(engine->groups().abort);
+  g_regroup.SetCurrentAbort(engine->groups().abort);
 
   // One generation's steps; returns false when this process should regroup (Note [Morph in
   // place] in regroup.cc), true when training ended (done or stopped).
@@ -576,7 +525,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   bool stopped = false;  // on request, after a checkpoint
   auto train_steps = [&]() -> absl::StatusOr<bool> {
     for (int64_t step = first_step; step <= topo.steps; ++step) {
-      if (RegroupPending()) return false;
+      if (g_regroup.Pending()) return false;
       const auto t0 = Clock::now();
       TensorMap batch = data.Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
       absl::StatusOr<StepResult> stepped = engine->step(batch);
@@ -655,7 +604,16 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
           }
         }
       }
-      if (r.stop && g_park_on_stop.load()) {
+      if (r.stop && g_regroup.in_place() && !g_stop_requested.load()) {
+        // The stop is agreed by every rank as soon as one of them was asked; this rank's own
+        // command, which says whether it parks (it stays) or exits (it leaves), may still be
+        // on its way from its agent. Wait for it a little, else exit (the relaunch serves).
+        const auto deadline = Clock::now() + std::chrono::seconds(5);
+        while (!g_stop_requested.load() && Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+      }
+      if (r.stop && g_regroup.park_on_stop()) {
         RETURN_IF_ERROR(engine->WaitForCheckpoint());
         LOG(INFO) << who << " checkpointed step " << step << " for a morph in place; parked";
         v1::WorkerEvent e;
@@ -684,7 +642,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     if (ended) break;
     // Note [Morph in place] in regroup.cc: wait for the new topology, keep this engine's
     // state, build the new stage, hand layers over.
-    std::optional<v1::ReconfigureCommand> cmd = WaitForReconfigure(args.park_timeout_s);
+    std::optional<v1::ReconfigureCommand> cmd =
+        g_regroup.Wait(args.park_timeout_s, g_rescue_requested);
     if (!cmd) {
       LOG(WARNING) << who << " no reconfigure within " << args.park_timeout_s
                    << " s; saving the last completed step and exiting";
@@ -754,9 +713,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       engine = *std::move(built_engine);
       *current = engine.get();
     }
-    SetCurrentAbort(engine->groups().abort);
-    RegroupDone(cmd->generation());
-    g_park_on_stop.store(false);
+    g_regroup.SetCurrentAbort(engine->groups().abort);
+    g_regroup.Done(cmd->generation());
     g_stop_requested.store(false);
     if (agent_commands) agent_commands->set_generation(cmd->generation());
     topo = *nt;

@@ -1,12 +1,18 @@
-"""Morph in place, the worker's half (Note [Morph in place] in worker/regroup.cc), without a
-manager: four varuna-worker processes train a 2 x 2 job with --in_place; one is killed; the
-test writes each survivor the agent's ReconfigureCommand (a 2-stage + 1-stage heterogeneous
-topology of the three). The survivors must keep their processes, move the layers the
-1-stage rank lacks over the new groups, lose at most one step, and match a one-process run
-(1e-4) at every step."""
+"""Morph in place (Note [Morph in place] in worker/regroup.cc).
 
+InPlaceTest, the worker's half without a manager: four varuna-worker processes train a 2 x 2
+job with --in_place; ranks are killed; the test writes each survivor the agent's
+ReconfigureCommand. The survivors keep their processes, move the layers a rank lacks over the
+new groups (or read them from the checkpoint when no survivor holds them), lose at most one
+step and match a one-process run (1e-4) at every step.
+ClusterTest, the whole path (manager with morph_in_place, agents): SIGKILL, SIGSTOP and a
+notice on a 2 x 2 job, a join, and joiners that are warm standbys dropping to the workers'
+user. HeteroClusterTest: the loss cases on a 2-stage + 1-stage job."""
+
+import glob
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -18,7 +24,8 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
 from control_plane_e2e import Cluster, wait_for  # noqa: E402
-from morph_e2e import MORPH_CONFIG, MorphTest, write_morph_job  # noqa: E402
+from hetero_e2e import cut, pipelines  # noqa: E402
+from morph_e2e import MORPH_CONFIG, STEPS as STEPS_MORPH, MorphTest, write_morph_job  # noqa: E402
 
 STEPS = 30
 MODEL = {"layers": 4, "d_model": 32, "heads": 4, "seq_len": 16}
@@ -250,21 +257,33 @@ class ClusterTest(unittest.TestCase):
 
     def test_joiners_are_warm_standby_workers(self):
         # A new machine's agent keeps a warm varuna-worker per free slot (Note [Standby
-        # workers]); when the job grows onto it, the joiners are those processes.
+        # workers]); when the job grows onto it, the joiners are those processes. The agents
+        # run workers as the unprivileged user `varuna`: the standbys wait as root and drop to
+        # it when they take a rank.
+        try:
+            varuna = pwd.getpwnam("varuna")
+        except KeyError:
+            self.skipTest("no user 'varuna' (scripts/install_deps.sh makes it)")
         self.c.close()
         self.c = Cluster(agents=2, slots=2, manager_config="scale_up_delay_s: 5\n"
-                         "morph_coalesce_s: 0.3\nmorph_in_place: true\n",
+                         "morph_coalesce_s: 0.3\nmorph_in_place: true\n", worker_user="varuna",
                          agent_args={"node2": ["--standby_workers=-1"]})
         self.addCleanup(self.c.close)
         c = self.c
+        os.chmod(c.dir, 0o755)  # the workers read the corpus and the spec here
+        ckpt = os.path.join(c.dir, "ckpt-job.yaml")
+        os.makedirs(ckpt)
+        os.chown(ckpt, varuna.pw_uid, varuna.pw_gid)
         t = MorphTest("test_agent_sigkill_mid_run")
         t.c = c
         job_id = t.submit(write_morph_job(c, steps=400))  # long enough to be there to grow
         t.running_at(job_id, 4)
         gen1 = self.workers_of(1)
+        self.assertEqual({self.uid(p) for p in gen1.values()}, {varuna.pw_uid}, gen1)
         c.start_agent("node2", 2)
-        idle = wait_for(lambda: len(self.idle_standbys()) == 2 and self.idle_standbys(), 60,
+        idle = wait_for(lambda: len(self.ready_standbys()) == 2 and self.ready_standbys(), 60,
                         "node2's two standbys")
+        self.assertEqual({self.uid(p) for p in idle}, {0}, "standbys wait as root")
         rss = [self.rss_kib(p) for p in idle]
         st = wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
                                s)(c.status(job_id)), 120, "generation 2 running")
@@ -272,14 +291,29 @@ class ClusterTest(unittest.TestCase):
         self.assertEqual(sorted(gen2), list(range(6)), gen2)
         self.assertEqual(set(gen1.values()) | set(idle), set(gen2.values()),
                          f"{gen1} + standbys {idle} -> {gen2}\n{c.tail()}")
+        uids = {p: self.uid(p) for p in idle}
+        self.assertEqual(set(uids.values()), {varuna.pw_uid}, f"the joiners' uids: {uids}")
         st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
             c.status(job_id)), 300, "the job to finish")
         self.assertEqual(st["state"], "SUCCEEDED", f"{st}\n{c.tail()}")
         m = st["morphs"][0]
         self.assertTrue(m.get("in_place"), m)
         self.assertEqual(int(m["steps_lost"]), 0, m)
-        print(f"join onto standbys: idle standbys' (resident, private) KiB {rss}; "
+        print(f"join onto standbys: ready standbys' (resident, proportional, private) KiB "
+              f"{rss}; "
               f"{json.dumps(m['phases'])}", file=sys.stderr)
+
+    @staticmethod
+    def uid(pid):
+        """The real uid of a live process (None once it is gone)."""
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        return int(line.split()[1])
+        except OSError:
+            return None
+        return None
 
     def agent_logs(self):
         text = ""
@@ -319,48 +353,120 @@ class ClusterTest(unittest.TestCase):
                 mine.append(int(pid))
         return mine
 
+    def ready_standbys(self):
+        """Idle standbys that finished loading (their log says so)."""
+        text = ""
+        for log in glob.glob(os.path.join(self.c.dir, "node*", "standby", "*.log")):
+            with open(log, errors="replace") as f:
+                text += f.read()
+        return [p for p in self.idle_standbys() if f"standby worker ready (pid {p})" in text]
+
     @staticmethod
     def rss_kib(pid):
-        """(resident, private) KiB: LibTorch's pages are shared between processes, so what a
-        standby adds to a machine is its private part."""
-        rss = private = 0
+        """(resident, proportional, private) KiB: LibTorch's pages are shared between
+        processes, so what a standby adds to a machine is its private part."""
+        got = {}
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
-                if line.startswith("Rss:"):
-                    rss = int(line.split()[1])
-                if line.startswith(("Private_Clean:", "Private_Dirty:")):
-                    private += int(line.split()[1])
-        return rss, private
+                key, _, rest = line.partition(":")
+                if key in ("Rss", "Pss", "Private_Clean", "Private_Dirty"):
+                    got[key] = int(rest.split()[0])
+        return got["Rss"], got["Pss"], got["Private_Clean"] + got["Private_Dirty"]
 
-    def run_loss(self, sig, reason):
+    def run_loss(self, sig, reason, job=None, victim=3, survivors=(0, 1, 2)):
         c = self.c
         t = MorphTest("test_agent_sigkill_mid_run")
         t.c = c
-        job_id = t.submit(write_morph_job(c))
+        job_id = t.submit(job or write_morph_job(c))
         st = t.running_at(job_id, 8)
-        self.assertEqual((st["stages"], st["replicas"]), (2, 2))
         before = self.rank_pids()
-        self.assertEqual(sorted(before), [0, 1, 2, 3], before)
+        self.assertEqual(sorted(before), sorted(survivors + (victim,)), before)
         t0 = time.time()
-        os.kill(before[3][0], sig)
+        os.kill(before[victim][0], sig)
         st = wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
                                s)(c.status(job_id)), 120, "generation 2 running")
         regrouped_s = time.time() - t0
         alive = {pid for pids in self.rank_pids().values() for pid in pids}
-        for r in (0, 1, 2):
+        for r in survivors:
             self.assertIn(before[r][0], alive, f"rank {r}'s process was replaced\n{st}\n{c.tail()}")
-        st, _ = t.finish(job_id)
+        st, _ = t.finish(job_id)  # every step once, each loss the one-process run's (1e-4)
         self.assertEqual(len(st["morphs"]), 1, st["morphs"])
         m = st["morphs"][0]
         self.assertTrue(m.get("in_place"), m)
         self.assertIn(reason, m["reason"], m)
         self.assertIn("in place", m.get("path", ""), m)
         self.assertLessEqual(int(m["steps_lost"]), 1, m)
-        self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)  # the joiner got stage 1
+        self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)  # the new rank's layers
         for phase in ("regroup", "agree", "transfer", "first_step", "total"):
             self.assertIn(phase, m["phases"], m)
         print(f"in place ({regrouped_s:.2f} s to generation 2 seen running): {json.dumps(m)}",
               file=sys.stderr)
+        return st
+
+
+class HeteroClusterTest(ClusterTest):
+    """The same on a heterogeneous job: a 2-stage pipeline and a 1-stage one (parallel.pipelines)
+    on three 2-slot agents; ranks 0 and 1 (pipeline 0) share node0, rank 2 is node1's. A new
+    rank takes its layers from live ranks of the other depth."""
+
+    def setUp(self):
+        self.c = Cluster(agents=3, slots=2,
+                         manager_config=MORPH_CONFIG + "morph_in_place: true\n")
+        self.addCleanup(self.c.close)
+
+    def hetero_job(self):
+        data = os.path.join(self.c.dir, "corpus.txt")
+        if not os.path.exists(data):
+            harness.write_text_corpus(data)
+        # 24 samples a step in micro-batches of 2: 8 through the 2-stage pipeline, 4 through
+        # the 1-stage one. The same model, data and steps as write_morph_job's.
+        pipes = pipelines((cut(3, 3), 8, 1), (cut(6), 4, 1))
+        return harness.job_yaml(
+            os.path.join(self.c.dir, "hetero.yaml"), data,
+            train={"steps": STEPS_MORPH, "global_batch": 24},
+            parallel={"micro_batch": 2, "timeout_s": 30, "pipelines": pipes},
+            extra=f"checkpoint: {{dir: {os.path.join(self.c.dir, 'ckpt-hetero')}}}\n")
+
+    def test_worker_sigkill_survivors_keep_their_processes(self):
+        # Rank 1 (stage 1 of the 2-stage pipeline) dies: its replacement gets stage 1's
+        # layers from rank 2, which holds the whole model.
+        st = self.run_loss(signal.SIGKILL, "killed by SIGKILL", self.hetero_job(), victim=1,
+                           survivors=(0, 2))
+        self.assertEqual(st["pipelines"].count(";"), 1, st)  # still two pipelines
+
+    def test_worker_freeze_survivors_keep_their_processes(self):
+        # Rank 2 (the 1-stage pipeline) stops: its replacement gets both stages from ranks 0, 1.
+        self.run_loss(signal.SIGSTOP, "stopped (frozen)", self.hetero_job(), victim=2,
+                      survivors=(0, 1))
+
+    def test_notice_survivors_checkpoint_and_regroup(self):
+        c = self.c
+        t = MorphTest("test_agent_sigkill_mid_run")
+        t.c = c
+        job_id = t.submit(self.hetero_job())
+        t.running_at(job_id, 8)
+        before = self.rank_pids()
+        node_of = {p.get("rank", 0): p["node"] for p in c.status(job_id)["placement"]}
+        leaving = node_of[2]
+        stay = [r for r in (0, 1) if node_of[r] != leaving]
+        c.ctl("preempt", leaving, "--in", "30s", check=0)
+        wait_for(lambda: (lambda s: s["generation"] == 2 and s["state"] == "RUNNING" and
+                          s)(c.status(job_id)), 120, "generation 2 running")
+        alive = {pid for pids in self.rank_pids().values() for pid in pids}
+        for r in stay:
+            self.assertIn(before[r][0], alive, f"rank {r}'s process was replaced\n{c.tail()}")
+        st, _ = t.finish(job_id)
+        m = st["morphs"][0]
+        self.assertTrue(m.get("in_place"), m)
+        self.assertTrue(m["graceful"], m)
+        self.assertEqual(int(m["steps_lost"]), 0, m)
+        self.assertGreater(int(m.get("moved_bytes", 0)), 0, m)
+        self.assertNotIn(leaving, {p["node"] for p in st["placement"]})
+        print(f"hetero notice in place: {json.dumps(m)}", file=sys.stderr)
+
+    # Growing and standbys: ClusterTest's, on the P x D job.
+    test_join_grows_in_place_and_the_joiners_get_layers_from_live_ranks = None
+    test_joiners_are_warm_standby_workers = None
 
 
 if __name__ == "__main__":
