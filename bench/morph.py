@@ -15,10 +15,11 @@ replacement registers PERIOD/4 later, as a cloud would bring one), which of the 
 first alternating pair by pair; goodput = steps trained with preemptions / without, per
 pair. With several paths, each pair runs once per path.
 
-Paths (--paths relaunch,in_place; default relaunch): each kind runs once per path per round,
-alternated, the in-place path with `morph_in_place: true` in the manager's config (survivors
-keep their processes and regroup: docs/morphing.md "Morph in place") and warm standby workers
-on every agent, which records regroup, agree and transfer in place of most of rendezvous.
+Paths (--paths relaunch,in_place; default in_place): each kind runs once per path per round,
+alternated; the in-place path is the manager's default (survivors keep their processes and
+regroup: docs/morphing.md "Morph in place") with warm standby workers on every agent, and
+records regroup, agree and transfer in place of most of rendezvous; the relaunch path runs
+with `morph_in_place: false` and no standbys.
 
 usage: bench/morph.py [--paths P,...] [ROUNDS] [KIND...]   (build/bin must hold the binaries)"""
 
@@ -80,7 +81,7 @@ def one(kind, path="relaunch"):
 
 
 def cluster(path):
-    config = CONFIG + ("morph_in_place: true\n" if path == "in_place" else "")
+    config = CONFIG + f"morph_in_place: {'true' if path == 'in_place' else 'false'}\n"
     # The in-place path with its warm standbys (one per free slot); the relaunch path as
     # it was built, without them.
     standbys = {f"node{i}": ["--standby_workers=-1"] for i in range(4)} if path == "in_place" \
@@ -139,7 +140,7 @@ def goodput(seconds, period, pairs, paths):
 
 def main():
     args = sys.argv[1:]
-    paths = ["relaunch"]
+    paths = ["in_place"]
     if args and args[0].startswith("--paths"):
         value = args[0].split("=", 1)[1] if "=" in args[0] else args[1]
         args = args[1:] if "=" in args[0] else args[2:]

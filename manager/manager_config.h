@@ -49,10 +49,10 @@ struct ManagerConfig {
   absl::Duration scale_up_delay = absl::Seconds(10);
   int max_morphs = 20;
   absl::Duration morph_window = absl::Hours(1);
-  // Morph in place (docs/morphing.md): after a lost worker or node, survivors regroup and
-  // keep their processes and state instead of saving, stopping and relaunching. Off by
-  // default until it covers notices, joins and standbys.
-  bool morph_in_place = false;
+  // Morph in place (docs/morphing.md): on a lost worker or node, a notice, a drain or a join,
+  // survivors regroup and keep their processes and state instead of saving, stopping and
+  // relaunching; false keeps every morph on the relaunch path (which stays the fallback).
+  bool morph_in_place = true;
 
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }

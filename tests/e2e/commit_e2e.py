@@ -51,10 +51,22 @@ def reference_losses(c, global_batch=24, steps=STEPS):
     return cached_reference_losses(c, path)
 
 
+# The two morph paths (docs/morphing.md): the relaunch path's record names what each survivor
+# saved (saved_steps) and the committed step; the in-place path's survivors save nothing.
+RELAUNCH = MORPH_CONFIG + "morph_in_place: false\n"
+IN_PLACE = MORPH_CONFIG + "morph_in_place: true\n"
+
+
 class CommitTest(unittest.TestCase):
+    """The relaunch path: survivors save (rescue) and the job is relaunched."""
+    CONFIG = RELAUNCH
+
     def setUp(self):
-        self.c = Cluster(agents=2, slots=2, manager_config=MORPH_CONFIG)
+        self.c = Cluster(agents=2, slots=2, manager_config=self.CONFIG)
         self.addCleanup(self.c.close)
+
+    def in_place(self):
+        return self.CONFIG == IN_PLACE
 
     def rank_logs(self):
         """The last lines of every rank's log of every job (for a failure's message)."""
@@ -86,12 +98,18 @@ class CommitTest(unittest.TestCase):
         self.assertEqual(len(st["morphs"]), 1, st["morphs"])
         m = st["morphs"][0]
         self.assertLessEqual(int(m["steps_lost"]), 1, m)
-        self.assertGreaterEqual(int(m.get("committed_step", 0)), FAULT_STEP - 2, m)
-        self.assertTrue(m.get("saved_steps"), m)
-        if stage_lost:  # the record says so; the periodic checkpoint keeps the loss at one
-            self.assertIn("no rank of stage", m.get("note", ""), m)
+        self.assertEqual(bool(m.get("in_place")), self.in_place(), m)
+        if self.in_place():
+            self.assertGreaterEqual(int(m["resumed_from"]), FAULT_STEP - 2, m)
+            if stage_lost:  # the hand-over reads the lost stage from the checkpoint
+                self.assertGreater(int(m.get("checkpoint_bytes_read", 0)), 0, m)
         else:
-            self.assertEqual(m.get("note", ""), "", m)
+            self.assertGreaterEqual(int(m.get("committed_step", 0)), FAULT_STEP - 2, m)
+            self.assertTrue(m.get("saved_steps"), m)
+            if stage_lost:  # the record says so; the periodic checkpoint keeps the loss at one
+                self.assertIn("no rank of stage", m.get("note", ""), m)
+            else:
+                self.assertEqual(m.get("note", ""), "", m)
         metrics = json.loads(c.ctl("-o", "json", "metrics", job_id, check=0).stdout)
         self.assertEqual([int(x["step"]) for x in metrics], list(range(1, STEPS + 1)))
         for x, want in zip(metrics, reference_losses(c, 12 if hetero else 24)):
@@ -137,6 +155,26 @@ class CommitTest(unittest.TestCase):
         self.run_cell(f"update@{FAULT_STEP}:3:kill")
 
 
+class InPlaceCommitTest(CommitTest):
+    """The in-place path (the default): the survivors keep their processes and agree in the
+    hand-over on the newest step every layer has (Note [Handover]); same guarantees."""
+    CONFIG = IN_PLACE
+
+    def test_split_at_the_agreement(self):
+        m = self.run_cell(f"agreement@{FAULT_STEP}:1:split")
+        self.assertIn(int(m["resumed_from"]), (FAULT_STEP - 1, FAULT_STEP), m)
+
+    def test_split_with_the_other_replica_lost(self):
+        # No survivor has step 20 of stage 1: the hand-over must agree on step 19.
+        m = self.run_cell(f"agreement@{FAULT_STEP}:1:split,after_agreement@{FAULT_STEP}:2:kill,"
+                          f"after_agreement@{FAULT_STEP}:3:kill")
+        self.assertEqual(int(m["resumed_from"]), FAULT_STEP - 1, m)
+
+    def test_split_heterogeneous(self):
+        m = self.run_cell(f"agreement@{FAULT_STEP}:1:split", hetero=True)
+        self.assertEqual(int(m["resumed_from"]), FAULT_STEP, m)
+
+
 # The whole matrix (scripts/chaos.sh --matrix), fault at step 20 of a 40-step job:
 # - every point x {kill, freeze} on rank 1 (stage 1, with a live replica, rank 3) of the 2 x 2
 #   job, plus the split. Freezes wait out the peers' timeout, so they run with 10 s;
@@ -154,7 +192,7 @@ POINTS = ["forward", "pipeline", "backward", "dp_allreduce", "agreement", "after
 def add_matrix_cell(name, fault, **kwargs):
     def cell(self):
         self.run_cell(fault, **kwargs)
-    setattr(CommitTest, f"test_matrix_{name}", cell)
+    setattr(CommitTest, f"test_matrix_{name}", cell)  # InPlaceCommitTest inherits it
 
 
 if os.environ.get("VARUNA_COMMIT_MATRIX"):
@@ -188,8 +226,11 @@ class SoakTest(unittest.TestCase):
         runs, faults, seed = parts[:3]
         first = parts[3] if len(parts) > 3 else 0  # RUNS:FAULTS:SEED:FIRST reruns from FIRST
         rnd = random.Random(seed)
+        # VARUNA_COMMIT_SOAK_PATH=relaunch|in_place (default: the manager's default).
+        path = os.environ.get("VARUNA_COMMIT_SOAK_PATH", "")
+        config = {"relaunch": RELAUNCH, "in_place": IN_PLACE, "": MORPH_CONFIG}[path]
         steps = 12 * (faults + 1)
-        total_lost, morphs = [], 0
+        total_lost, morphs, paths = [], 0, set()
         for run in range(runs):
             entries = []
             for i in range(faults):
@@ -201,7 +242,7 @@ class SoakTest(unittest.TestCase):
             fault = ",".join(entries)
             if run < first:
                 continue
-            c = self.c = Cluster(agents=2, slots=2, manager_config=MORPH_CONFIG)
+            c = self.c = Cluster(agents=2, slots=2, manager_config=config)
             try:
                 job = write_job(c, f"soak{run}.yaml", fault, steps=steps, timeout_s=10)
                 job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
@@ -216,6 +257,7 @@ class SoakTest(unittest.TestCase):
                 for m in st["morphs"]:
                     self.assertLessEqual(int(m["steps_lost"]), 1, f"{fault}\n{m}")
                     self.assertEqual(m.get("note", ""), "", f"{fault}\n{m}")
+                    paths.add(m.get("path", ""))
                     total_lost.append(int(m["steps_lost"]))
                 morphs += len(st["morphs"])
                 metrics = json.loads(c.ctl("-o", "json", "metrics", job_id, check=0).stdout)
@@ -229,7 +271,7 @@ class SoakTest(unittest.TestCase):
             finally:
                 c.close()
         print(f"soak: {runs} runs, {runs * faults} faults, {morphs} morphs, max steps lost "
-              f"{max(total_lost, default=0)}", file=sys.stderr)
+              f"{max(total_lost, default=0)}; paths: {sorted(paths)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,7 @@ class ControlPlaneTest : public ::testing::Test {
     config.stop_grace = absl::Seconds(5);
     config.machine_list = machine_list_;
     config.max_morphs = max_morphs_;
+    config.morph_in_place = false;  // the relaunch path (in place: tests/e2e/in_place_e2e.py)
     manager_ =
         std::make_unique<ManagerServer>(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5)),
                                         ManagerServer::Options{absl::ZeroDuration()});

@@ -45,6 +45,9 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
     config_.morph_save_timeout = absl::Seconds(60);
     config_.morph_coalesce = absl::Seconds(1);
     config_.scale_up_delay = absl::Seconds(10);
+    // The relaunch path's phases, step by step against fakes; the in-place path (the default)
+    // needs real workers: tests/e2e/in_place_e2e.py.
+    config_.morph_in_place = false;
     Build();
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
