@@ -1,6 +1,8 @@
 #include "manager/manager_metrics.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -29,8 +31,10 @@ const prometheus::Histogram::BucketBoundaries& MorphBuckets() {
   return *b;
 }
 const char* const kReasonKinds[] = {"lost", "preempted", "drained", "failed", "joined", "other"};
-const char* const kPhases[] = {"detect", "save",       "stop",      "plan",
-                               "launch", "rendezvous", "first_step"};
+// Every phase a morph record has (docs/morphing.md); the in-place path's are regroup, agree
+// and transfer. A job's series are made and removed together, so only these are exported.
+const char* const kPhases[] = {"detect",     "save",    "stop",  "plan",     "launch",
+                               "rendezvous", "regroup", "agree", "transfer", "first_step"};
 
 }  // namespace
 
@@ -120,7 +124,9 @@ std::string ManagerMetrics::ReasonKind(const std::string& reason) {
 void ManagerMetrics::OnMorph(const std::string& job, const v1::MorphRecord& morph) {
   morphs_.Add({{"job", job}, {"reason", ReasonKind(morph.reason())}}).Increment();
   for (const auto& [phase, seconds] : morph.phases()) {
-    if (phase == "total" || !Plausible(seconds, 86400)) continue;
+    const bool known = std::find_if(std::begin(kPhases), std::end(kPhases),
+                                    [&](const char* p) { return phase == p; }) != std::end(kPhases);
+    if (!known || !Plausible(seconds, 86400)) continue;
     morph_phase_.Add({{"job", job}, {"phase", phase}}, MorphBuckets()).Observe(seconds);
   }
 }

@@ -175,7 +175,8 @@ class ObservabilityTest(Scenario):
         mfu = value("varuna_job_mfu", **job)
         self.assertTrue(0 < mfu <= 1, mfu)
         self.assertGreaterEqual(value("varuna_morphs_total", reason="drained", **job), 1)
-        for phase in ("save", "stop", "plan", "launch", "rendezvous", "first_step"):
+        # The drain took the in-place path (the default): no stop, a regroup instead.
+        for phase in ("save", "plan", "launch", "regroup", "agree", "transfer", "first_step"):
             self.assertGreaterEqual(value("varuna_morph_phase_seconds_count", phase=phase, **job),
                                     1, phase)
         self.assertGreater(value("varuna_heartbeat_latency_seconds_count", node="node0"), 0)
