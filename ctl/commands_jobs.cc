@@ -56,17 +56,17 @@ void PrintPipelines(const v1::JobInfo& j,
 
 void PrintMorphs(std::ostream& out, const v1::JobInfo& j) {
   out << "morphs:\n";
-  out << absl::StrFormat("  %-20s %-4s %-11s %-11s %-6s %-7s %s\n", "AT", "GEN", "FROM", "TO",
-                         "LOST", "TOTAL_S", "REASON");
+  out << absl::StrFormat("  %-20s %-4s %-11s %-11s %-6s %-7s %-8s %s\n", "AT", "GEN", "FROM", "TO",
+                         "LOST", "TOTAL_S", "PATH", "REASON");
   auto shape = [](const v1::Shape& s) {
     return absl::StrFormat("%dx%d mb%d", s.stages(), s.replicas(), s.micro_batch());
   };
   for (const auto& m : j.morphs()) {
     auto total = m.phases().find("total");
-    out << absl::StrFormat("  %-20s %-4d %-11s %-11s %-6d %-7s %s\n", m.at(), m.generation(),
+    out << absl::StrFormat("  %-20s %-4d %-11s %-11s %-6d %-7s %-8s %s\n", m.at(), m.generation(),
                            shape(m.from()), shape(m.to()), m.steps_lost(),
                            total == m.phases().end() ? "-" : absl::StrFormat("%.2f", total->second),
-                           m.reason());
+                           m.in_place() ? "in-place" : "relaunch", m.reason());
   }
 }
 

@@ -25,7 +25,7 @@ const FETCH_TIMEOUT_MS = 5000;
 const LOG_TAIL = 20;
 const MAX_EVENTS = 200;
 const RESYNC_MS = 10 * 60 * 1000;  // metrics: a full fetch this often (see refreshSelected)
-const PHASES = ['detect', 'save', 'stop', 'plan', 'launch', 'rendezvous', 'first_step'];
+const PHASES = ['detect', 'save', 'stop', 'plan', 'launch', 'rendezvous', 'regroup', 'agree', 'transfer', 'first_step'];
 const RUNNING_STATES = new Set(['RUNNING', 'RECONFIGURING', 'STARTING']);
 const TERMINAL_STATES = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
 
@@ -67,6 +67,15 @@ function fmt(v, digits = 3) {
 }
 
 const pct = (v) => (Number.isFinite(num(v)) ? (num(v) * 100).toFixed(1) + '%' : '–');
+
+function bytes(v) {
+  const x = num(v);
+  if (!Number.isFinite(x)) return '–';
+  if (x >= 1 << 30) return (x / (1 << 30)).toFixed(2) + ' GiB';
+  if (x >= 1 << 20) return (x / (1 << 20)).toFixed(1) + ' MiB';
+  if (x >= 1 << 10) return (x / (1 << 10)).toFixed(0) + ' KiB';
+  return x.toFixed(0) + ' B';
+}
 
 function secs(v) {
   const x = num(v);
@@ -834,10 +843,12 @@ function renderMorphs(js) {
         el('span', { class: 'gen' }, `gen ${m.generation}`),
         el('span', { class: 'mono shape' }, `${shapeText(m.from)} → ${shapeText(m.to)}`),
         el('span', { class: m.graceful ? 'tag ok' : 'tag bad' }, m.graceful ? 'graceful' : 'abrupt'),
+        el('span', { class: m.in_place ? 'tag ok' : 'tag', title: m.path || '' }, m.in_place ? 'in place' : 'relaunch'),
         el('span', { class: lost > 0 ? 'lost bad' : 'lost' }, lost < 0 ? 'steps lost: counted by next' : `${lost} step${lost === 1 ? '' : 's'} lost`),
         el('span', { class: 'muted at' }, when(m.at))),
       el('div', { class: 'morph-reason' }, m.reason || '', num(m.resumed_from) >= 0 ? el('span', { class: 'muted' }, ` · resumed from step ${m.resumed_from}`) : null),
       m.note ? el('div', { class: 'morph-note' }, m.note) : null,
+      m.in_place ? el('div', { class: 'muted morph-moved' }, `${bytes(num(m.moved_bytes) || 0)} moved between ranks · ${bytes(num(m.checkpoint_bytes_read) || 0)} read from the checkpoint`) : null,
       el('div', { class: 'phase-row' }, bar, el('span', { class: 'total' }, secs(totals[i])))));
   }
   const legend = el('div', { class: 'phase-legend' });
