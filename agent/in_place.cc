@@ -90,8 +90,9 @@ std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
     w.ready_at = 0;
     w.in_place.Clear();
     w.parked.clear();
-    w.pending.clear();  // the old generation's records: the new one re-reports from its start
-    w.in_flight = 0;
+    // Its step records not yet acknowledged stay: the new generation continues after the
+    // step they end with and never reports them again (the manager takes them under either
+    // generation).
     moved.emplace_back(Key{req.job_id(), a.new_rank()}, std::move(w));
     adopted.insert(a.new_rank());
   }

@@ -103,6 +103,10 @@ void JobController::ResumeRecovered() {
   LOG(INFO) << "recovered " << jobs_->all().size() << " jobs (" << active << " active)";
 }
 
+void JobController::OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w) {
+  steps_->Record(job, w);
+}
+
 void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node) {
   // The agent repeats the profile on every heartbeat; it is handled once per generation.
   if (!w.profile_json().empty() && !job.gen.profile_handled) {

@@ -63,6 +63,9 @@ class JobController final : public JobLifecycle {
   void Schedule();
   // What one worker of the job's current generation, placed on `node`, reported.
   void OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node);
+  // A survivor of an older generation that a morph in place adopts: only its step records
+  // (steps it applied before it parked, which the new generation continues from).
+  void OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w);
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
                   int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0);
   void OnNodeLost(const NodeTable::Node& node, absl::Duration silent);

@@ -77,7 +77,10 @@ absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
     const bool current =
         job != nullptr && w.generation() == job->info().generation() && Active(job->info().state());
     if (!current && running && job != nullptr && AdoptedInPlace(*job, node.rec.name(), w)) {
-      continue;  // the new generation takes it over (Note [Morph in place])
+      // The new generation takes it over (Note [Morph in place]); the steps it finished
+      // before it parked still count, whenever their report arrives.
+      jobs_ctl_->OnAdoptedWorkerReport(*job, w);
+      continue;
     }
     if (!current) {
       // A stale generation, a finished job or one this manager never knew.

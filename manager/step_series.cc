@@ -26,7 +26,7 @@ void StepSeries::Record(Job& job, const v1::WorkerStatus& w) {
     v1::StepRecord r;
     r.set_step(s.step());
     r.set_loss(s.loss());
-    r.set_generation(job.info().generation());
+    r.set_generation(w.generation());  // an adopted survivor's may be the one before
     r.set_samples_per_s(std::isfinite(s.samples_per_s()) ? s.samples_per_s() : 0);
     r.set_step_time_s(std::isfinite(s.step_time_s()) ? s.step_time_s() : 0);
     auto finite = [](double v) { return std::isfinite(v) ? v : 0.0; };

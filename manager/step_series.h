@@ -23,8 +23,8 @@ class StepSeries {
   explicit StepSeries(StateStore* store) : store_(store) {}
   void set_metrics(ManagerMetrics* m) { metrics_ = m; }
 
-  // The steps one worker reported in a heartbeat: stored, counted into the metrics once per
-  // generation, and job.gen.newest_step advanced.
+  // The steps one worker reported in a heartbeat: stored (under the worker's generation),
+  // counted into the metrics once per generation, and job.gen.newest_step advanced.
   void Record(Job& job, const v1::WorkerStatus& w);
   // The stored series of job `req.job_id` after `req.after_step`: one page of at most
   // kMaxReplyBytes (and at least one record), oldest first; ask again after its last step.

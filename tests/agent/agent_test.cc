@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/launch/worker_protocol.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
@@ -233,6 +234,54 @@ TEST_F(AgentProtocolTest, HeartbeatsStayUnderTheBudgetAndEveryStepFollows) {
   }
   ASSERT_EQ(static_cast<int>(seen.size()), kSteps);
   for (int s = 1; s <= kSteps; ++s) EXPECT_EQ(seen[s - 1], s);
+}
+
+// Note [Morph in place] (worker/regroup.cc): a survivor adopted into the next generation
+// keeps its PID, gets a ReconfigureCommand, and the step records it wrote before the morph
+// that the manager has not acknowledged still arrive (the new generation continues after
+// them and never reports them again).
+TEST_F(AgentProtocolTest, AnAdoptedSurvivorKeepsItsUnacknowledgedSteps) {
+  v1::WorkerEvent step;
+  step.mutable_step()->set_step(38);
+  step.mutable_step()->set_loss(3.5);
+  Write(0, *SerializeWorkerEvent(step) + "\n");
+  ASSERT_EQ(Beat(0).steps_size(), 1);  // sent, never acknowledged (the generation moved on)
+
+  v1::LaunchRequest next;
+  next.set_job_id("j");
+  next.set_generation(5);
+  next.set_spec_yaml("x: 1");
+  next.set_world_size(2);
+  next.set_in_place(true);
+  next.set_stage_to_rank_map("0,1;");
+  next.set_per_replica_batch(4);
+  next.set_micro_batch(2);
+  next.add_ranks()->set_rank(0);
+  next.add_ranks()->set_rank(1);
+  v1::InPlaceRank* a = next.add_adopt();
+  a->set_old_generation(4);
+  a->set_old_rank(0);
+  a->set_new_rank(0);
+  ASSERT_THAT(agent_->Launch(next).status(), IsOk());
+  std::string started;
+  for (const auto& [pid, proc] : launcher_.procs_) {
+    absl::StrAppend(&started, pid, ": ", absl::StrJoin(proc.spec.argv, " "), "\n");
+  }
+  ASSERT_EQ(launcher_.procs_.size(), 3u) << started;  // rank 1 fresh; rank 0 stays pid 100
+  ASSERT_EQ(Rank(0).commands.size(), 1u);
+  ASSERT_OK_AND_ASSIGN(v1::AgentCommand c, ParseAgentCommand(Rank(0).commands[0]));
+  EXPECT_EQ(c.reconfigure().generation(), 5);
+
+  const v1::HeartbeatRequest hb = agent_->BuildHeartbeat();
+  bool found = false;
+  for (const auto& w : hb.workers()) {
+    if (w.pid() != 100 || w.generation() != 5) continue;
+    found = true;
+    ASSERT_EQ(w.steps_size(), 1) << w.DebugString();
+    EXPECT_EQ(w.steps(0).step(), 38);
+    EXPECT_DOUBLE_EQ(w.steps(0).loss(), 3.5);
+  }
+  EXPECT_TRUE(found) << hb.DebugString();
 }
 
 // Which user the agent asks the launcher for (Note [Worker user]).
