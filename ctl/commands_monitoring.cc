@@ -142,7 +142,8 @@ Command NewCmdEvents() {
   c.synopsis = "job and node events (morphs, lost and joined nodes), oldest first";
   c.help =
       "Prints node and job events, oldest first (node_lost, node_joined, preemption_notice,\n"
-      "morph_begin, morph_relaunch, morph_done, job_state, ...). With ID, only that job's.\n"
+      "morph_begin, morph_regroup or morph_relaunch, morph_done, job_state, ...). With ID, only\n"
+      "that job's.\n"
       "With -f, keeps streaming them (and waits out a manager restart).\n";
   c.args = {Arg("ID", "job ID", /*optional=*/true)};
   c.flags = {

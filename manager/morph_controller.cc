@@ -643,11 +643,12 @@ void MorphController::Relaunch(Job& job, const JobPlan& plan) {
   jobs_->Persist(job);
   std::set<std::string> used_nodes;
   for (const auto& p : plan.ranks) used_nodes.insert(p.node());
-  LOG(INFO) << JobWho(info) << " relaunching " << ShapeText(m.record().from()) << " -> "
-            << ShapeText(m.record().to()) << " map=" << plan.stage_to_rank_map
-            << " nodes=" << absl::StrJoin(used_nodes, ",");
+  const bool in_place = m.in_place();
+  LOG(INFO) << JobWho(info) << (in_place ? " regrouping in place " : " relaunching ")
+            << ShapeText(m.record().from()) << " -> " << ShapeText(m.record().to())
+            << " map=" << plan.stage_to_rank_map << " nodes=" << absl::StrJoin(used_nodes, ",");
   events_->Emit(
-      "morph_relaunch", info.id(), "",
+      in_place ? "morph_regroup" : "morph_relaunch", info.id(), "",
       absl::StrCat("generation ", info.generation(), ": ", ShapeText(m.record().from()), " -> ",
                    ShapeText(m.record().to()), " on ", absl::StrJoin(used_nodes, ",")));
   lifecycle_->SendLaunches(job);
@@ -660,6 +661,9 @@ void MorphController::Finish(Job& job) {
   v1::MorphRecord r = m.record();
   if (job.gen.resumed_from >= 0) {
     r.set_resumed_from(job.gen.resumed_from);
+    // In place, the hand-over's step is committed by construction: every layer had a live
+    // holder or the checkpoint at it (Note [Handover] in common/pipeline/handover.cc).
+    if (r.in_place()) r.set_committed_step(job.gen.resumed_from);
     r.set_steps_lost(std::max<int64_t>(0, m.step_before() - job.gen.resumed_from));
   } else {
     // The next morph began before this generation reported where it resumed: its loss is
