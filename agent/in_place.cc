@@ -96,7 +96,19 @@ std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
     moved.emplace_back(Key{req.job_id(), a.new_rank()}, std::move(w));
     adopted.insert(a.new_rank());
   }
-  for (auto& [key, w] : moved) workers_[key] = std::move(w);
+  for (auto& [key, w] : moved) {
+    // An older worker filed under the rank this survivor takes (lost, frozen, not adopted)
+    // would drop out of the table here, and with it the SIGKILL that Launch sends every
+    // older worker left: it goes now (a frozen process would otherwise stay stopped forever).
+    auto old = workers_.find(key);
+    if (old != workers_.end() && old->second.running && old->second.generation < req.generation()) {
+      LOG(INFO) << who << " stops pid " << old->second.pid << " (generation "
+                << old->second.generation << " rank " << old->second.rank
+                << "): not adopted, its rank is taken";
+      launcher_->Signal(old->second.pid, SIGKILL).IgnoreError();
+    }
+    workers_[key] = std::move(w);
+  }
   return adopted;
 }
 
@@ -180,12 +192,19 @@ absl::StatusOr<int> Agent::StartInStandby(const ProcessSpec& spec, const std::st
   for (const auto& [k, v] : env) (*start.mutable_env())[k] = v;
   start.set_cwd(spec.cwd);
   start.set_log_path(spec.log_path);
-  const std::string path = absl::StrCat(gen_dir, "/start.rank", rank, ".json");
-  absl::Status st = WriteFileAtomic(path, ProtoJson(start), 0);
+  // The start file stays the agent's (StandbyStartPath): the job's user gets the FIFO below
+  // and could send a StartCommand of its own, but only this file can be named in one.
+  const std::string path = StandbyStartPath(sb.fifo, sb.pid);
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  fs::permissions(fs::path(path).parent_path(), fs::perms::owner_all, ec);
+  absl::Status st =
+      ec ? absl::InternalError(absl::StrCat("standby start directory: ", ec.message()))
+         : WriteFileAtomic(path, ProtoJson(start), 0);
   // What a launched worker gets from the launcher: its generation's directory, its log and
   // its control FIFO belong to the user it runs as.
   if (st.ok() && *as) {
-    for (const std::string& p : {gen_dir, spec.log_path, path, sb.fifo}) {
+    for (const std::string& p : {gen_dir, spec.log_path, sb.fifo}) {
       if (lchown(p.c_str(), (*as)->uid, (*as)->gid) != 0) {
         st = absl::PermissionDeniedError(
             absl::StrCat("cannot give ", p, " to ", (*as)->name, ": ", std::strerror(errno)));

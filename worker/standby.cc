@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -42,14 +43,17 @@ namespace varuna {
 // as root, so one pool serves jobs of every Unix user (Note [Worker user] in agent/agent.cc);
 // they run nothing of a job's before they drop to its user. To use one, the agent writes the
 // launch it stands in for (argv, the whole environment, directory, log, the credentials to
-// take) to a start file in the generation's directory, gives that directory, the log and the
-// standby's FIFO to the job's user, and sends a StartCommand. The standby closes its listener,
-// takes the credentials (as the launcher's child does before exec: groups, gid, uid; then the
-// parent-death signal again, which a change of credentials clears), takes the environment
-// (its control FIFO stays its own), changes directory, appends its output to the rank's log
-// and runs RunWorker as a launched worker would. Its PID is the worker's. The agent fills free
-// slots that stayed free for 2 s with new standbys (not while a relaunch is about to start
-// processes of its own); with 0 there are none and launches start processes.
+// take) to the standby's start file (StandbyStartPath: in a directory only the agent's user
+// can enter, since it holds the job's environment and decides the credentials), gives the
+// generation's directory, the log and the standby's FIFO to the job's user, and sends a
+// StartCommand. The standby takes no other start file (the FIFO is the user's by then, so
+// anyone running as that user could send one), and deletes it once read. The standby closes its
+// listener, takes the credentials (as the launcher's child does before exec: groups, gid, uid; then
+// the parent-death signal again, which a change of credentials clears), takes the environment (its
+// control FIFO stays its own), changes directory, appends its output to the rank's log and runs
+// RunWorker as a launched worker would. Its PID is the worker's. The agent fills free slots that
+// stayed free for 2 s with new standbys (not while a relaunch is about to start processes of its
+// own); with 0 there are none and launches start processes.
 namespace {
 
 absl::Status Become(const v1::StandbyCredentials& c, pid_t parent) {
@@ -97,13 +101,30 @@ absl::Status RunStandby() {
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
   }  // the listener closes: RunWorker opens the FIFO again
-  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(*spec_path, 1 << 20, "standby start file"));
+  // Only the agent's own start file for this process (Note [Standby workers]): once the FIFO
+  // is the job user's, a StartCommand may come from that user too.
+  const std::string expected = StandbyStartPath(*fifo, getpid());
+  if (*spec_path != expected) {
+    return absl::PermissionDeniedError(absl::StrCat("standby: start file '", *spec_path,
+                                                    "' refused: only ", expected, " is taken"));
+  }
+  struct stat dir_st {};
+  const std::string dir = expected.substr(0, expected.rfind('/'));
+  if (lstat(dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode) || dir_st.st_uid != geteuid() ||
+      (dir_st.st_mode & 077) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("standby: ", dir, " must be a directory only this user can enter"));
+  }
+  absl::StatusOr<std::string> read = ReadRegularFile(expected, 1 << 20, "standby start file");
+  unlink(expected.c_str());
+  if (!read.ok()) return read.status();
+  const std::string text = *std::move(read);
   v1::StandbyStart start;
   google::protobuf::util::JsonParseOptions opts;
   opts.ignore_unknown_fields = false;
   if (auto st = google::protobuf::util::JsonStringToMessage(text, &start, opts); !st.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("standby start file ", *spec_path, ": ", st.ToString()));
+        absl::StrCat("standby start file ", expected, ": ", st.ToString()));
   }
   if (start.argv().empty()) return absl::InvalidArgumentError("standby start file: no argv");
   if (start.has_become()) RETURN_IF_ERROR(Become(start.become(), parent));

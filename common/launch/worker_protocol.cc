@@ -484,4 +484,10 @@ const char* CommandKindName(const v1::AgentCommand& command) {
   return "none";
 }
 
+std::string StandbyStartPath(const std::string& fifo, int pid) {
+  const size_t slash = fifo.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : fifo.substr(0, slash);
+  return absl::StrCat(dir, "/start/", pid, ".json");
+}
+
 }  // namespace varuna

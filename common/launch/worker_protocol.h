@@ -12,6 +12,7 @@
 // parse into the same messages. Every function is pure and thread-safe.
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -52,5 +53,10 @@ absl::StatusOr<v1::AgentCommand> ParseAgentCommand(absl::string_view line);
 
 // The name of a command's kind ("stop", "checkpoint_now", "reconfigure"; "none").
 const char* CommandKindName(const v1::AgentCommand& command);
+
+// Where the agent writes the StandbyStart of the standby worker `pid` whose control FIFO is
+// `fifo`: DIR/start/PID.json next to the FIFO, in a directory only the agent's user may
+// enter (Note [Standby workers] in worker/standby.cc).
+std::string StandbyStartPath(const std::string& fifo, int pid);
 
 }  // namespace varuna

@@ -284,6 +284,30 @@ TEST_F(AgentProtocolTest, AnAdoptedSurvivorKeepsItsUnacknowledgedSteps) {
   EXPECT_TRUE(found) << hb.DebugString();
 }
 
+// A survivor that takes the rank of an older worker which is not adopted (lost, frozen):
+// that worker is killed, not forgotten (a frozen one would stay stopped forever).
+TEST_F(AgentProtocolTest, AWorkerNotAdoptedIsKilledWhenASurvivorTakesItsRank) {
+  v1::LaunchRequest next;
+  next.set_job_id("j");
+  next.set_generation(5);
+  next.set_spec_yaml("x: 1");
+  next.set_world_size(1);
+  next.set_in_place(true);
+  next.set_stage_to_rank_map("0;");
+  next.set_per_replica_batch(4);
+  next.set_micro_batch(2);
+  next.add_ranks()->set_rank(0);
+  v1::InPlaceRank* a = next.add_adopt();  // old rank 1 becomes rank 0; old rank 0 is frozen
+  a->set_old_generation(4);
+  a->set_old_rank(1);
+  a->set_new_rank(0);
+  ASSERT_THAT(agent_->Launch(next).status(), IsOk());
+  EXPECT_EQ(launcher_.procs_.size(), 2u);  // nothing new started
+  EXPECT_EQ(Rank(0).signals, std::vector<int>{SIGKILL});
+  EXPECT_TRUE(Rank(1).signals.empty());
+  ASSERT_EQ(Rank(1).commands.size(), 1u);  // the reconfigure
+}
+
 // Which user the agent asks the launcher for (Note [Worker user]).
 TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_user_test_", getpid());

@@ -10,6 +10,7 @@ import json
 import random
 import re
 import os
+import subprocess
 import sys
 import unittest
 
@@ -265,7 +266,15 @@ class SoakTest(unittest.TestCase):
                 ref = reference_losses(c, 24, steps)
                 for x, want in zip(metrics, ref):
                     self.assertLess(abs(x["loss"] - want) / abs(want), 1e-4, f"{fault}: {x}")
-                wait_for(lambda: c.workers() == [], 30, "no worker left")
+                try:
+                    wait_for(lambda: c.workers() == [], 30, "no worker left")
+                except AssertionError:
+                    left = subprocess.run(["ps", "-o", "pid,stat,args", "-p",
+                                           ",".join(str(p) for p in c.workers()) or "1"],
+                                          capture_output=True, text=True).stdout
+                    print(f"soak run {run}: workers left after the job ended: {fault}\n{left}\n"
+                          f"{c.tail()}", file=sys.stderr)
+                    raise
                 print(f"soak run {run}: {len(st['morphs'])} morphs, steps lost "
                       f"{[int(m['steps_lost']) for m in st['morphs']]}: {fault}", file=sys.stderr)
             finally:
