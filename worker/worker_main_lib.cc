@@ -123,7 +123,7 @@ void OnAgentCommand(const v1::AgentCommand& c) {
       ReportToAgent(std::move(e));
       break;
     }
-    case v1::AgentCommand::kStart:  // for a standby (worker/standby.cc), which this was
+    case v1::AgentCommand::kStart:  // a standby takes it before it runs this (standby.cc)
     case v1::AgentCommand::KIND_NOT_SET:
       break;
   }
