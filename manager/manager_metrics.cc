@@ -115,7 +115,8 @@ std::string ManagerMetrics::ReasonKind(const std::string& reason) {
   }
   if (absl::StrContains(reason, "joined")) return "joined";
   if (absl::StrContains(reason, "exit") || absl::StrContains(reason, "fail") ||
-      absl::StrContains(reason, "signal")) {
+      absl::StrContains(reason, "signal") || absl::StrContains(reason, "killed by") ||
+      absl::StrContains(reason, "(frozen)")) {
     return "failed";
   }
   return "other";

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -32,6 +33,23 @@ TEST(ManagerMetricsTest, AJobsCountersExistAtZeroFromItsStart) {
   EXPECT_THAT(registry.Text(), HasSubstr("varuna_morphs_total{job=\"7\",reason=\"lost\"} 1"));
   m.ForgetJob("7");
   EXPECT_THAT(registry.Text(), Not(HasSubstr("job=\"7\"")));
+}
+
+// The reasons the manager writes (job_controller.cc, morph_controller.cc), by label.
+TEST(ManagerMetricsTest, EveryTriggersReasonHasItsLabel) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"node node2 lost (no heartbeat for 4s; it ran ranks 4,5)", "lost"},
+      {"rank 1 on node node0 lost a peer: step 20 failed", "lost"},
+      {"preemption notice for node node1 (varunactl) (gone in 29s)", "preempted"},
+      {"node node1 drained by request", "drained"},
+      {"node(s) node2 joined: 6 slots available (running on 4)", "joined"},
+      {"rank 3 on node node1 was killed by SIGKILL", "failed"},
+      {"rank 2 on node node1 is stopped (frozen)", "failed"},
+      {"rank 0 on node node0 exited with code 1", "failed"},
+  };
+  for (const auto& [reason, label] : cases) {
+    EXPECT_EQ(ManagerMetrics::ReasonKind(reason), label) << reason;
+  }
 }
 
 TEST(ManagerMetricsTest, AbsurdValuesDoNotPoisonHistograms) {
