@@ -8,8 +8,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -182,8 +180,7 @@ absl::StatusOr<int> Agent::StartInStandby(const ProcessSpec& spec, const std::st
   for (const auto& a : spec.argv) start.add_argv(a);
   std::map<std::string, std::string> env = spec.env;
   if (*as) {
-    env["USER"] = env["LOGNAME"] = (*as)->name;
-    env["HOME"] = (*as)->home;
+    SetUserEnvironment(**as, &env);
     v1::StandbyCredentials* become = start.mutable_become();
     become->set_uid((*as)->uid);
     become->set_gid((*as)->gid);
@@ -203,14 +200,7 @@ absl::StatusOr<int> Agent::StartInStandby(const ProcessSpec& spec, const std::st
          : WriteFileAtomic(path, ProtoJson(start), 0);
   // What a launched worker gets from the launcher: its generation's directory, its log and
   // its control FIFO belong to the user it runs as.
-  if (st.ok() && *as) {
-    for (const std::string& p : {gen_dir, spec.log_path, sb.fifo}) {
-      if (lchown(p.c_str(), (*as)->uid, (*as)->gid) != 0) {
-        st = absl::PermissionDeniedError(
-            absl::StrCat("cannot give ", p, " to ", (*as)->name, ": ", std::strerror(errno)));
-      }
-    }
-  }
+  if (st.ok() && *as) st = GiveToUser(**as, {gen_dir, spec.log_path, sb.fifo});
   v1::AgentCommand c;
   c.mutable_start()->set_spec_path(path);
   absl::StatusOr<std::string> line = SerializeAgentCommand(c);

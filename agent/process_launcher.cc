@@ -71,6 +71,21 @@ absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::strin
   return std::optional<WorkerIdentity>(std::move(id));
 }
 
+void SetUserEnvironment(const WorkerIdentity& id, std::map<std::string, std::string>* env) {
+  (*env)["USER"] = (*env)["LOGNAME"] = id.name;
+  (*env)["HOME"] = id.home;
+}
+
+absl::Status GiveToUser(const WorkerIdentity& id, const std::vector<std::string>& paths) {
+  for (const auto& p : paths) {
+    if (lchown(p.c_str(), id.uid, id.gid) != 0) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("cannot give ", p, " to ", id.name, ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("empty command");
   const std::string program = ResolveProgram(spec.argv[0], spec.env);
@@ -101,15 +116,10 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   }
   std::map<std::string, std::string> env = spec.env;
   if (*identity) {
-    env["USER"] = env["LOGNAME"] = (*identity)->name;
-    env["HOME"] = (*identity)->home;
-    for (const auto& p : spec.owned_paths) {
-      // The agent made these; lchown never follows a link the job may have planted.
-      if (lchown(p.c_str(), (*identity)->uid, (*identity)->gid) != 0) {
-        close(log_fd);
-        return absl::PermissionDeniedError(
-            absl::StrCat("cannot give ", p, " to ", spec.user, ": ", std::strerror(errno)));
-      }
+    SetUserEnvironment(**identity, &env);
+    if (absl::Status st = GiveToUser(**identity, spec.owned_paths); !st.ok()) {
+      close(log_fd);
+      return st;
     }
   }
   std::vector<std::string> env_strings;

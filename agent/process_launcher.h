@@ -48,6 +48,11 @@ struct WorkerIdentity {
 absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::string& user,
                                                                 bool allow_root);
 
+// What a process started as `id` gets: USER, LOGNAME and HOME in `env`, and `paths` (which
+// the agent made) given to it, never following a link the job may have planted.
+void SetUserEnvironment(const WorkerIdentity& id, std::map<std::string, std::string>* env);
+absl::Status GiveToUser(const WorkerIdentity& id, const std::vector<std::string>& paths);
+
 struct ProcessExit {
   int pid = 0;
   int exit_code = 0;  // valid when signal == 0

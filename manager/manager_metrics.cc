@@ -125,8 +125,8 @@ std::string ManagerMetrics::ReasonKind(const std::string& reason) {
 void ManagerMetrics::OnMorph(const std::string& job, const v1::MorphRecord& morph) {
   morphs_.Add({{"job", job}, {"reason", ReasonKind(morph.reason())}}).Increment();
   for (const auto& [phase, seconds] : morph.phases()) {
-    const bool known = std::find_if(std::begin(kPhases), std::end(kPhases),
-                                    [&](const char* p) { return phase == p; }) != std::end(kPhases);
+    const bool known =
+        std::find(std::begin(kPhases), std::end(kPhases), phase) != std::end(kPhases);
     if (!known || !Plausible(seconds, 86400)) continue;
     morph_phase_.Add({{"job", job}, {"phase", phase}}, MorphBuckets()).Observe(seconds);
   }
