@@ -95,6 +95,9 @@ absl::Status AgentConfig::Validate() const {
     return absl::InvalidArgumentError(
         "agent: --preemption_notice_url must be an http:// URL (a metadata endpoint)");
   }
+  if (startup_probe < absl::ZeroDuration() || startup_probe > absl::Seconds(5)) {
+    return absl::InvalidArgumentError("agent: startup_probe_s must be in [0, 5]");
+  }
   if (notice_poll_period < absl::Milliseconds(10)) {
     return absl::InvalidArgumentError("agent: notice_poll_period_s must be >= 0.01");
   }
@@ -133,6 +136,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "cloud_vm_name") return str(&c->cloud_vm_name);
         if (key == "notice_poll_period_s") return seconds(&c->notice_poll_period);
         if (key == "standby_workers") return ReadInto(v, what, key, &c->standby_workers);
+        if (key == "startup_probe_s") return seconds(&c->startup_probe);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: name, manager, listen, http_listen, http_allow_remote, advertise_host, "
@@ -141,7 +145,7 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
             "cloud_vm_name, "
-            "notice_poll_period_s, standby_workers)"));
+            "notice_poll_period_s, standby_workers, startup_probe_s)"));
       });
 }
 
@@ -579,6 +583,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
   v1::HeartbeatRequest hb;
   hb.set_name(config_.name);
   if (notice_) *hb.mutable_preemption() = *notice_;
+  hb.set_probe_score(probe_score_);
   constexpr size_t kMaxStepsPerBeat = 1000;
   std::vector<std::pair<Worker*, v1::WorkerStatus*>> statuses;
   for (auto& [key, w] : workers_) {
@@ -595,6 +600,8 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     *s->mutable_progress() = w.last;
     s->mutable_progress()->clear_stage_busy_s();  // in the step records, not here
     s->mutable_progress()->clear_stage_wait_s();
+    s->mutable_progress()->clear_rank_busy_s();
+    s->mutable_progress()->clear_rank_wait_s();
     s->set_resumed_from(w.resumed_from);
     s->set_ready_at(w.ready_at);
     s->set_exited_at(w.exited_at);

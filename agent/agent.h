@@ -60,6 +60,8 @@ struct AgentConfig {
   // ahead, LibTorch loaded, that a launch takes instead of starting one. -1: one per free
   // slot; 0: none (a machine short of memory, tests that do not test them).
   int standby_workers = -1;
+  // The speed probe at start (Note [Speed probe] in probe.cc): its duration; 0 = none.
+  absl::Duration startup_probe = absl::Milliseconds(500);
 
   absl::Status Validate() const;
 };
@@ -96,6 +98,8 @@ class Agent {
   void SetPreemptionNotice(const v1::PreemptionNotice& notice);
   // Metrics (docs/observability.md), updated in the transitions from here on. Optional.
   void set_metrics(AgentMetrics* m) { metrics_ = m; }
+  // The startup speed probe's score (Note [Speed probe] in probe.cc), sent in heartbeats.
+  void set_probe_score(double score) { probe_score_ = score; }
   bool has_preemption_notice() const { return notice_.has_value(); }
   // True once after a worker exited or a notice arrived: worth a heartbeat right away.
   bool TakeUrgent() { return std::exchange(urgent_, false); }
@@ -182,6 +186,7 @@ class Agent {
   std::optional<v1::PreemptionNotice> notice_;
   bool urgent_ = false;
   AgentMetrics* metrics_ = nullptr;
+  double probe_score_ = 0;
   std::set<Key> ever_started_;  // (job, rank) started here: a later start is a restart
   std::vector<Standby> standbys_;
   int standby_seq_ = 0;

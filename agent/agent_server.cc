@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "agent/preemption.h"
+#include "agent/probe.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -84,6 +85,26 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
       return absl::OkStatus();
     });
   }
+  // Off the loop: the probe takes its duration, and the loop must keep serving meanwhile.
+  grpc::ServerUnaryReactor* Probe(grpc::CallbackServerContext* ctx, const v1::ProbeRequest* req,
+                                  v1::ProbeResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (!Authorized(*ctx, reactor)) return reactor;
+    if (req->duration_ms() < 0 || req->duration_ms() > 5000) {
+      reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                   "probe duration_ms must be in [0, 5000]"));
+      return reactor;
+    }
+    const absl::Duration d =
+        req->duration_ms() > 0 ? absl::Milliseconds(req->duration_ms()) : absl::Milliseconds(500);
+    std::thread([reactor, resp, d] {
+      const absl::Time t0 = absl::Now();
+      resp->set_score(RunSpeedProbe(d));
+      resp->set_seconds(absl::ToDoubleSeconds(absl::Now() - t0));
+      reactor->Finish(grpc::Status::OK);
+    }).detach();
+    return reactor;
+  }
   grpc::ServerUnaryReactor* FetchLogs(grpc::CallbackServerContext* ctx,
                                       const v1::FetchLogsRequest* req,
                                       v1::FetchLogsResponse* resp) override {
@@ -98,20 +119,26 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
   template <typename F>
   grpc::ServerUnaryReactor* OnLoop(grpc::CallbackServerContext* ctx, F fn) {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    if (!Authorized(*ctx, reactor)) return reactor;
+    loop_->Post([reactor, fn] { reactor->Finish(ToGrpcStatus(fn())); });
+    return reactor;
+  }
+
+  // Over TLS only the manager may call; anyone else's call is finished here, refused.
+  bool Authorized(grpc::CallbackServerContext& ctx, grpc::ServerUnaryReactor* reactor) {
     if (tls_) {
-      const std::string peer = PeerCommonName(*ctx);
+      const std::string peer = PeerCommonName(ctx);
       if (peer != manager_name_) {
-        LOG(WARNING) << "refused an agent API call from '" << peer << "' at " << ctx->peer();
+        LOG(WARNING) << "refused an agent API call from '" << peer << "' at " << ctx.peer();
         reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                                      absl::StrCat("only the manager ('", manager_name_,
                                                   "') may call this agent; the "
                                                   "caller's certificate names '",
                                                   peer, "'")));
-        return reactor;
+        return false;
       }
     }
-    loop_->Post([reactor, fn] { reactor->Finish(ToGrpcStatus(fn())); });
-    return reactor;
+    return true;
   }
 
   EventLoop* const loop_;
@@ -184,6 +211,13 @@ absl::Status AgentServer::Start() {
   }
   LOG(INFO) << "node=" << agent_.config().name << " agent listening on " << address_
             << " slots=" << agent_.config().slots << " manager=" << agent_.config().manager;
+  if (c.startup_probe > absl::ZeroDuration()) {
+    // Note [Speed probe] in probe.cc: the baseline, measured once, off the loop.
+    probe_thread_ = std::thread([this, d = c.startup_probe] {
+      const double score = RunSpeedProbe(d);
+      loop_.Post([this, score] { agent_.set_probe_score(score); });
+    });
+  }
   if (options_.background_heartbeats) hb_.thread = std::thread([this] { HeartbeatLoop(); });
   if (!agent_.config().preemption_notice_url.empty()) {
     notice_cancel_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -205,6 +239,7 @@ void AgentServer::Shutdown() {
   }
   if (http_ != nullptr) http_->Stop();
   if (hb_.thread.joinable()) hb_.thread.join();
+  if (probe_thread_.joinable()) probe_thread_.join();
   if (notice_thread_.joinable()) notice_thread_.join();
   if (notice_cancel_fd_ >= 0) close(notice_cancel_fd_);
   notice_cancel_fd_ = -1;

@@ -77,6 +77,7 @@ class AgentServer {
   } hb_;
   void WakeHeartbeat();
   EventLoop loop_;
+  std::thread probe_thread_;  // the startup speed probe
   std::unique_ptr<Service> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

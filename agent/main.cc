@@ -28,6 +28,9 @@ ABSL_FLAG(int, slots, 0, "worker slots (GPUs) on this machine (default 1)");
 ABSL_FLAG(std::string, name, "", "node name (default: hostname)");
 ABSL_FLAG(int, standby_workers, -2,
           "warm standby varuna-worker processes kept ready (default: one per free slot; 0: none)");
+ABSL_FLAG(
+    int, startup_probe_ms, -1,
+    "speed probe at start, the baseline for re-admitting a straggler (default 500; 0 = none)");
 ABSL_FLAG(std::string, work_dir, "", "where job specs and worker logs go");
 ABSL_FLAG(std::string, worker_binary, "", "varuna-worker path (default: next to varuna-agent)");
 ABSL_FLAG(std::string, worker_user, "",
@@ -79,6 +82,9 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_advertise_host); !v.empty()) config.advertise_host = v;
   if (auto v = absl::GetFlag(FLAGS_slots); v != 0) config.slots = v;
   if (auto v = absl::GetFlag(FLAGS_standby_workers); v != -2) config.standby_workers = v;
+  if (auto v = absl::GetFlag(FLAGS_startup_probe_ms); v != -1) {
+    config.startup_probe = absl::Milliseconds(v);
+  }
   if (auto v = absl::GetFlag(FLAGS_name); !v.empty()) config.name = v;
   if (auto v = absl::GetFlag(FLAGS_work_dir); !v.empty()) config.work_dir = v;
   if (auto v = absl::GetFlag(FLAGS_worker_binary); !v.empty()) config.worker_binary = v;

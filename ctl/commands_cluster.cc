@@ -22,13 +22,19 @@ absl::StatusOr<int> RunNodes(Session& s, const ParsedArgs&) {
     s.out() << "[" << absl::StrJoin(parts, ",") << "]\n";
     return kExitOk;
   }
-  s.out() << absl::StrFormat("%-16s %-22s %-5s %-4s %-9s %-9s %s\n", "NAME", "ADDRESS", "SLOTS",
-                             "USED", "STATE", "HEARTBEAT", "REASON");
+  // SPEED: relative to its peers in the jobs it runs (the slowest job's view; "-" when not
+  // measured); REASON also says why it is slow or evicted (docs/morphing.md "Stragglers").
+  s.out() << absl::StrFormat("%-16s %-22s %-5s %-4s %-9s %-9s %-6s %s\n", "NAME", "ADDRESS",
+                             "SLOTS", "USED", "STATE", "HEARTBEAT", "SPEED", "REASON");
   for (const auto& n : resp.nodes()) {
+    std::string reason = n.reason();
+    if (!n.speed_note().empty()) reason += (reason.empty() ? "" : "; ") + n.speed_note();
     s.out() << absl::StrFormat(
-        "%-16s %-22s %-5d %-4d %-9s %-9s %s\n", Printable(n.name()), Printable(n.address()),
+        "%-16s %-22s %-5d %-4d %-9s %-9s %-6s %s\n", Printable(n.name()), Printable(n.address()),
         n.slots(), n.used_slots(), v1::NodeState_Name(n.state()),
-        absl::StrFormat("%.1fs", n.last_heartbeat_age_s()), Printable(n.reason()));
+        absl::StrFormat("%.1fs", n.last_heartbeat_age_s()),
+        n.relative_speed() > 0 ? absl::StrFormat("%.2f", n.relative_speed()) : "-",
+        Printable(reason));
   }
   return kExitOk;
 }

@@ -63,10 +63,12 @@ void PrintMorphs(std::ostream& out, const v1::JobInfo& j) {
   };
   for (const auto& m : j.morphs()) {
     auto total = m.phases().find("total");
-    out << absl::StrFormat("  %-20s %-4d %-11s %-11s %-6d %-7s %-8s %s\n", m.at(), m.generation(),
-                           shape(m.from()), shape(m.to()), m.steps_lost(),
-                           total == m.phases().end() ? "-" : absl::StrFormat("%.2f", total->second),
-                           m.in_place() ? "in-place" : "relaunch", m.reason());
+    out << absl::StrFormat(
+        "  %-20s %-4d %-11s %-11s %-6d %-7s %-8s %s\n", m.at(), m.generation(), shape(m.from()),
+        shape(m.to()), m.steps_lost(),
+        total == m.phases().end() ? "-" : absl::StrFormat("%.2f", total->second),
+        m.in_place() ? "in-place" : "relaunch",
+        m.kind().empty() ? m.reason() : absl::StrCat(m.kind(), ": ", m.reason()));
   }
 }
 

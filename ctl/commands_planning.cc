@@ -130,6 +130,24 @@ absl::StatusOr<PlanRequest> ParsePlanRequest(const ParsedArgs& a) {
       req.slots_per_node.push_back(n);
     }
   }
+  // What-if for stragglers (Note [Speed-aware plans]): each node's speed, 1 = normal.
+  if (const std::string speeds = a.Value("--speeds"); !speeds.empty()) {
+    if (req.slots_per_node.empty()) return UsageError("--speeds needs --slots or --nodes");
+    for (absl::string_view part : absl::StrSplit(speeds, ',')) {
+      double v = 0;
+      if (!absl::SimpleAtod(part, &v) || !(v > 0) || v > 100) {
+        return UsageError(
+            absl::StrCat("--speeds needs a speed in (0, 100] per node like "
+                         "1,1,0.25, got '",
+                         speeds, "'"));
+      }
+      req.node_speed.push_back(v);
+    }
+    if (req.node_speed.size() != req.slots_per_node.size()) {
+      return UsageError(absl::StrCat("--speeds gives ", req.node_speed.size(), " speeds for ",
+                                     req.slots_per_node.size(), " nodes"));
+    }
+  }
   return req;
 }
 
@@ -265,6 +283,9 @@ Command NewCmdPlan() {
       Option("--slots", "N", "plan for one node of N slots (no manager needed)"),
       Option("--nodes", "N1,N2,...", "plan for nodes of these slots (no manager needed)"),
       Option("--profile", "FILE", "the profile JSON to plan with (needs --slots or --nodes)"),
+      Option("--speeds", "S1,S2,...",
+             "each node's speed relative to a normal one (1 = normal, 0.25 = a straggler at a "
+             "quarter), one per --nodes entry"),
       Option("--memory_gib", "G", "memory per slot, GiB (default: no limit)"),
       Switch("--all",
              "also list the rejected shapes, those not simulated and those using fewer "

@@ -33,6 +33,11 @@ class GrpcAgentClient final : public AgentClient {
       stub_->async()->Checkpoint(ctx, rq, rs, std::move(cb));
     });
   }
+  void Probe(const v1::ProbeRequest& req, Done<v1::ProbeResponse> done) override {
+    Call(req, std::move(done), "Probe", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
+      stub_->async()->Probe(ctx, rq, rs, std::move(cb));
+    });
+  }
   void FetchLogs(const v1::FetchLogsRequest& req, Done<v1::FetchLogsResponse> done) override {
     Call(req, std::move(done), "FetchLogs", [this](auto* ctx, auto* rq, auto* rs, auto cb) {
       stub_->async()->FetchLogs(ctx, rq, rs, std::move(cb));

@@ -23,6 +23,11 @@ class AgentClient {
   virtual void Stop(const v1::StopRequest& req, Done<v1::StopResponse> done) = 0;
   virtual void Checkpoint(const v1::CheckpointRequest& req, Done<v1::CheckpointResponse> done) = 0;
   virtual void FetchLogs(const v1::FetchLogsRequest& req, Done<v1::FetchLogsResponse> done) = 0;
+  // The speed probe (Note [Speed probe] in agent/probe.cc); an agent without one: Unimplemented.
+  virtual void Probe(const v1::ProbeRequest& req, Done<v1::ProbeResponse> done) {
+    (void)req;
+    done(absl::UnimplementedError("this agent has no speed probe"));
+  }
 };
 
 // Hands out one client per agent (node name and address; channels are reused).

@@ -64,11 +64,14 @@ struct Job {
 // Why a running job must change (docs/morphing.md "Triggers"). Higher priority causes
 // replace the reason of a morph in progress (a lost node explains its peers' exits).
 struct Cause {
+  // For machines (MorphRecord.kind): lost, notice, drain, join, failed, straggler, recovered.
+  std::string kind = "failed";
   std::string reason;
   bool graceful = false;                         // the workers can checkpoint at a step boundary
   std::set<std::string> leaving;                 // nodes the next plan must not use
   absl::Duration detect = absl::ZeroDuration();  // from the event to the manager knowing
   int priority = 1;  // 1 a rank saved after a peer failed, 2 a worker failed, 3 a node event
+  std::vector<v1::NodeSpeed> speeds;  // a straggler or recovered morph: what was measured
 };
 
 // "job=ID gen=N": the subject of every log line about a job.

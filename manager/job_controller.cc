@@ -104,7 +104,12 @@ void JobController::ResumeRecovered() {
 }
 
 void JobController::OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w) {
+  RecordSteps(job, w);
+}
+
+void JobController::RecordSteps(Job& job, const v1::WorkerStatus& w) {
   steps_->Record(job, w);
+  if (on_steps_) on_steps_(job, w);
 }
 
 void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node) {
@@ -115,7 +120,7 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   }
   const v1::StepMetrics& p = w.progress();
   v1::JobInfo& info = job.info();
-  steps_->Record(job, w);
+  RecordSteps(job, w);
   morph_->NoteWorkerReport(job, w);
   if (!w.error().empty() && job.gen.worker_error.empty()) {
     job.gen.worker_error = w.error().substr(0, 500);
@@ -177,6 +182,10 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, 
     if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
   }
   // Note [Retention] in job_table.cc: one submitter cannot queue without bound.
+  // The job's stragglers: settings with the manager's defaults filled in must still agree
+  // (recovered_above above slow_below).
+  RETURN_IF_ERROR(ValidateStragglers(ResolveStragglers(spec.stragglers, config_.stragglers),
+                                     "stragglers (with the manager's defaults)", true));
   int pending = 0;
   for (const auto& [id, j] : jobs_->all()) {
     pending += j.info().state() == v1::PENDING && j.info().submitted_by() == user;
@@ -402,6 +411,7 @@ void JobController::OnLaunchDone(const std::string& job_id, int generation, cons
                                  code == absl::StatusCode::kDeadlineExceeded || relaunch)) {
       nodes_->MarkUnreachable(node);
       Cause c;  // the node is unreachable: re-plan without it
+      c.kind = "lost";
       c.reason = reason;
       c.leaving = {node};
       c.priority = 3;
@@ -629,6 +639,7 @@ void JobController::OnNodeLost(const NodeTable::Node& node, absl::Duration silen
     }
     if (morph_->Allowed(job)) {
       Cause c;
+      c.kind = "lost";
       c.reason = absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
                               absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
                               "; it ran ", RanksOn(job, node.rec.name()), ")");

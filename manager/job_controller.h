@@ -44,6 +44,9 @@ class JobController final : public JobLifecycle {
                 StepSeries* steps);
   // Wiring (Manager): the morph controller this one hands running jobs' failures to.
   void set_morph(MorphController* morph) { morph_ = morph; }
+  // Who else takes the step records workers report (the straggler ladder).
+  using OnStepsFn = std::function<void(Job&, const v1::WorkerStatus&)>;
+  void set_on_steps(OnStepsFn f) { on_steps_ = std::move(f); }
 
   // After JobTable::Load: carries recovered active jobs on (exits seen before the restart,
   // launches and stops in flight, a morph in progress: Note [Morph recovery]).
@@ -80,6 +83,8 @@ class JobController final : public JobLifecycle {
 
  private:
   void StartJob(Job& job, const JobPlan& plan);
+  // The steps of a report: the step series, then on_steps_.
+  void RecordSteps(Job& job, const v1::WorkerStatus& w);
   v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
   void OnLaunchDone(const std::string& job_id, int generation, const std::string& node,
                     absl::StatusOr<v1::LaunchResponse> r);
@@ -100,6 +105,7 @@ class JobController final : public JobLifecycle {
   ProfileStore* const profiles_;
   StepSeries* const steps_;
   MorphController* morph_ = nullptr;
+  OnStepsFn on_steps_;
   absl::Time last_flush_;
 };
 

@@ -156,9 +156,13 @@ std::vector<FreeSlots> JobTable::FreeSlotsFor(const Job* job,
       }
     }
   }
+  std::set<std::string> evicted;  // Note [Straggler ladder] in straggler_controller.cc
+  if (job != nullptr) {
+    for (const auto& e : job->rec.stragglers().evicted()) evicted.insert(e.node());
+  }
   std::vector<FreeSlots> free;
   for (const auto& [name, n] : nodes_->all()) {
-    if (!nodes_->Schedulable(n) || exclude.count(name)) continue;
+    if (!nodes_->Schedulable(n) || exclude.count(name) || evicted.count(name)) continue;
     const int f = n.rec.slots() - std::max(0, used[name]);
     if (f > 0) free.push_back({name, f});
   }

@@ -50,7 +50,7 @@ class JobTable {
   // all of its slots) and workers of no active launch.
   std::map<std::string, int> UsedSlots() const;
   // Free slots on schedulable nodes not in `exclude`, counting `job`'s own live ranks as
-  // free (its next generation replaces them).
+  // free (its next generation replaces them), and not the nodes `job` evicted as stragglers.
   std::vector<FreeSlots> FreeSlotsFor(const Job* job, const std::set<std::string>& exclude) const;
 
  private:

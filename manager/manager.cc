@@ -19,8 +19,9 @@ class Manager::NodeEvents final : public NodeTable::Listener {
   void OnNodeLost(const NodeTable::Node& node, absl::Duration silent) override {
     m_->job_controller_.OnNodeLost(node, silent);
   }
-  void OnNodeLeaving(const std::string& node, const std::string& why) override {
-    m_->morph_controller_.OnNodeLeaving(node, why, absl::ZeroDuration(), /*graceful=*/true);
+  void OnNodeLeaving(const std::string& node, const std::string& kind,
+                     const std::string& why) override {
+    m_->morph_controller_.OnNodeLeaving(node, kind, why, absl::ZeroDuration(), /*graceful=*/true);
   }
   void OnNodeJoined(const std::string& node, const std::string& how) override {
     m_->events_.Emit("node_joined", "", node, how);
@@ -54,8 +55,12 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
                       &steps_),
       morph_controller_(config_, clock, &jobs_, &nodes_, agents, post_, &events_, &profiles_,
                         &job_controller_),
+      straggler_controller_(config_, clock, &jobs_, &nodes_, agents, post_, &events_, &profiles_,
+                            &morph_controller_),
       reconciler_(config_, clock, &jobs_, &nodes_, &job_controller_, &morph_controller_, post_) {
   job_controller_.set_morph(&morph_controller_);
+  job_controller_.set_on_steps(
+      [this](Job& job, const v1::WorkerStatus& w) { straggler_controller_.OnSteps(job, w); });
 }
 
 Manager::~Manager() = default;
@@ -64,6 +69,7 @@ void Manager::set_metrics(ManagerMetrics* m) {
   metrics_ = m;
   steps_.set_metrics(m);
   morph_controller_.set_metrics(m);
+  straggler_controller_.set_metrics(m);
   reconciler_.set_metrics(m);
 }
 
@@ -90,6 +96,7 @@ void Manager::Tick() {
   job_controller_.Tick();
   job_controller_.Schedule();
   morph_controller_.CheckGrowth();
+  straggler_controller_.Tick();
   if (metrics_ && clock_->Now() - metrics_refreshed_ >= absl::Seconds(1)) RefreshMetrics();
   if (clock_->Now() - pruned_at_ >= absl::Seconds(10)) {  // Note [Retention] in job_table.cc
     pruned_at_ = clock_->Now();
@@ -99,6 +106,7 @@ void Manager::Tick() {
                 << " pruned (retention: max_finished_jobs=" << config_.max_finished_jobs
                 << ", finished_job_ttl_s=" << absl::ToInt64Seconds(config_.finished_job_ttl) << ")";
       steps_.Forget(id);
+      straggler_controller_.Forget(id);
       if (metrics_) metrics_->ForgetJob(id);
     }
   }
@@ -180,7 +188,9 @@ void Manager::GetLogs(const v1::GetLogsRequest& req,
 v1::NodeInfo Manager::Describe(const NodeTable::Node& n) const {
   const auto used = jobs_.UsedSlots();
   auto it = used.find(n.rec.name());
-  return nodes_.Describe(n, it == used.end() ? 0 : it->second);
+  v1::NodeInfo info = nodes_.Describe(n, it == used.end() ? 0 : it->second);
+  straggler_controller_.Annotate(&info);
+  return info;
 }
 
 std::vector<v1::NodeInfo> Manager::ListNodes() const {
@@ -190,6 +200,7 @@ std::vector<v1::NodeInfo> Manager::ListNodes() const {
   for (const auto& [name, n] : nodes_.all()) {
     auto it = used.find(name);
     out.push_back(nodes_.Describe(n, it == used.end() ? 0 : it->second));
+    straggler_controller_.Annotate(&out.back());
   }
   return out;
 }
@@ -227,7 +238,10 @@ v1::GetProfileResponse Manager::GetProfile(const v1::GetProfileRequest& req) con
 absl::StatusOr<v1::GetStagesResponse> Manager::GetStages(const std::string& id) const {
   const Job* job = jobs_.Find(id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
-  return DescribeStages(*job, profiles_.Find(job->spec), steps_.Newest(id));
+  ASSIGN_OR_RETURN(v1::GetStagesResponse resp,
+                   DescribeStages(*job, profiles_.Find(job->spec), steps_.Newest(id)));
+  straggler_controller_.Annotate(id, &resp);
+  return resp;
 }
 
 // Note [Metrics]: counts by state (nodes, jobs) are refreshed at most once a second from the

@@ -33,6 +33,7 @@
 #include "manager/reconciler.h"
 #include "manager/state_store.h"
 #include "manager/step_series.h"
+#include "manager/straggler_controller.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {
@@ -99,6 +100,7 @@ class Manager {
   ProfileStore profiles_;
   JobController job_controller_;
   MorphController morph_controller_;
+  StragglerController straggler_controller_;
   HeartbeatReconciler reconciler_;
   ManagerMetrics* metrics_ = nullptr;
   absl::Time metrics_refreshed_ = absl::InfinitePast();

@@ -38,6 +38,7 @@ absl::Status ManagerConfig::Validate() const {
     return absl::InvalidArgumentError(
         "manager: forget_dead_after_s must be at least the time to DEAD");
   }
+  RETURN_IF_ERROR(ValidateStragglers(stragglers, "manager config stragglers", true));
   RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", listen, tls.enabled(), allow_insecure));
   if (!IsLoopbackListen(listen) && tokens_file.empty() && !allow_insecure) {
     // TLS alone lets anyone who trusts the CA in: the job API (and so every agent's
@@ -49,6 +50,30 @@ absl::Status ManagerConfig::Validate() const {
   }
   return absl::OkStatus();
 }
+
+namespace {
+
+// The `stragglers:` block: a mapping of StragglerSpec's keys; the ones it leaves out keep
+// their defaults. Ranges are checked by Validate().
+absl::Status ReadStragglers(const YAML::Node& v, const std::string& what, StragglerSpec* s) {
+  if (v.IsNull()) return absl::OkStatus();
+  return ForEachEntry(
+      v, what, "stragglers", [&](const std::string& key, const YAML::Node& value) -> absl::Status {
+        const std::string path = absl::StrCat("stragglers.", key);
+        if (key == "policy") return ReadInto(value, what, path, &s->policy);
+        if (key == "slow_below") return ReadInto(value, what, path, &s->slow_below);
+        if (key == "window_steps") return ReadInto(value, what, path, &s->window_steps);
+        if (key == "min_gain") return ReadInto(value, what, path, &s->min_gain);
+        if (key == "probation_s") return ReadInto(value, what, path, &s->probation_s);
+        if (key == "recovered_above") return ReadInto(value, what, path, &s->recovered_above);
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": unknown key '", path,
+                         "' (known: policy, slow_below, window_steps, min_gain, probation_s, "
+                         "recovered_above)"));
+      });
+}
+
+}  // namespace
 
 absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
   return ForEachConfigEntry(
@@ -87,6 +112,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "max_morphs") return num(&c->max_morphs);
         if (key == "morph_window_s") return seconds(&c->morph_window);
         if (key == "morph_in_place") return num(&c->morph_in_place);
+        if (key == "stragglers") return ReadStragglers(v, what, &c->stragglers);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: listen, http_listen, http_allow_remote, http_open_metrics, state_dir, "
@@ -96,7 +122,8 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "forget_dead_after_s, max_pending_jobs_per_user, max_finished_jobs, "
             "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
             "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
-            "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place)"));
+            "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place, "
+            "stragglers)"));
       });
 }
 

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/net/rpc.h"
+#include "common/spec/job_spec.h"
 
 namespace varuna {
 
@@ -53,6 +54,9 @@ struct ManagerConfig {
   // survivors regroup and keep their processes and state instead of saving, stopping and
   // relaunching; false keeps every morph on the relaunch path (which stays the fallback).
   bool morph_in_place = true;
+  // Stragglers (docs/job_spec.md "stragglers"): what a job's unset stragglers: fields take.
+  // The config file's `stragglers:` block may give any of them; every field must end up set.
+  StragglerSpec stragglers{"auto", 0.8, 5, 0.05, 120, 0.9};
 
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }

@@ -30,7 +30,8 @@ const prometheus::Histogram::BucketBoundaries& MorphBuckets() {
       new prometheus::Histogram::BucketBoundaries{0.1, 0.3, 1, 3, 10, 30, 100, 300};
   return *b;
 }
-const char* const kReasonKinds[] = {"lost", "preempted", "drained", "failed", "joined", "other"};
+const char* const kReasonKinds[] = {"lost",   "notice",    "drain",     "join",
+                                    "failed", "straggler", "recovered", "other"};
 // Every phase a morph record has (docs/morphing.md); the in-place path's are regroup, agree
 // and transfer. A job's series are made and removed together, so only these are exported.
 const char* const kPhases[] = {"detect",     "save",    "stop",  "plan",     "launch",
@@ -53,7 +54,9 @@ ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
       morphs_(r.Counter("varuna_morphs_total", "Finished morphs by the kind of their cause")),
       morph_phase_(r.Histogram("varuna_morph_phase_seconds", "Duration of each morph phase")),
       heartbeat_latency_(r.Histogram("varuna_heartbeat_latency_seconds",
-                                     "Round trip of an agent's heartbeat RPC, as it measured")) {
+                                     "Round trip of an agent's heartbeat RPC, as it measured")),
+      node_speed_(r.Gauge("varuna_node_relative_speed",
+                          "A node's compute speed relative to its peers in a job (1 = as fast)")) {
   SetJobs({});
   SetNodes({});
 }
@@ -105,15 +108,20 @@ void ManagerMetrics::OnSteps(const std::string& job, const std::vector<v1::StepR
   job_mfu_.Add(l).Set(newest->mfu());
 }
 
-std::string ManagerMetrics::ReasonKind(const std::string& reason) {
-  if (absl::StrContains(reason, "preempt") || absl::StrContains(reason, "notice")) {
-    return "preempted";
+std::string ManagerMetrics::ReasonKind(const v1::MorphRecord& morph) {
+  if (std::find(std::begin(kReasonKinds), std::end(kReasonKinds), morph.kind()) !=
+      std::end(kReasonKinds)) {
+    return morph.kind();
   }
-  if (absl::StrContains(reason, "drain")) return "drained";
+  const std::string& reason = morph.reason();  // a record from before kinds
+  if (absl::StrContains(reason, "preempt") || absl::StrContains(reason, "notice")) {
+    return "notice";
+  }
+  if (absl::StrContains(reason, "drain")) return "drain";
   if (absl::StrContains(reason, " lost") || absl::StrContains(reason, "does not answer")) {
     return "lost";
   }
-  if (absl::StrContains(reason, "joined")) return "joined";
+  if (absl::StrContains(reason, "joined")) return "join";
   if (absl::StrContains(reason, "exit") || absl::StrContains(reason, "fail") ||
       absl::StrContains(reason, "signal") || absl::StrContains(reason, "killed by") ||
       absl::StrContains(reason, "(frozen)")) {
@@ -123,7 +131,7 @@ std::string ManagerMetrics::ReasonKind(const std::string& reason) {
 }
 
 void ManagerMetrics::OnMorph(const std::string& job, const v1::MorphRecord& morph) {
-  morphs_.Add({{"job", job}, {"reason", ReasonKind(morph.reason())}}).Increment();
+  morphs_.Add({{"job", job}, {"reason", ReasonKind(morph)}}).Increment();
   for (const auto& [phase, seconds] : morph.phases()) {
     const bool known =
         std::find(std::begin(kPhases), std::end(kPhases), phase) != std::end(kPhases);
@@ -158,9 +166,25 @@ void ManagerMetrics::ForgetJob(const std::string& job) {
     morph_phase_.Remove(&morph_phase_.Add({{"job", job}, {"phase", phase}}, MorphBuckets()));
   }
   job_step_seconds_.Remove(&job_step_seconds_.Add(l, StepBuckets()));
+  SetNodeSpeeds(job, {});
   for (auto* family : {&job_step_, &job_loss_, &job_samples_, &job_bubble_, &job_mfu_}) {
     family->Remove(&family->Add(l));
   }
+}
+
+void ManagerMetrics::SetNodeSpeeds(const std::string& job,
+                                   const std::map<std::string, double>& speeds) {
+  std::set<std::string>& had = speed_nodes_[job];
+  for (const std::string& node : had) {
+    if (!speeds.count(node)) node_speed_.Remove(&node_speed_.Add({{"job", job}, {"node", node}}));
+  }
+  had.clear();
+  for (const auto& [node, speed] : speeds) {
+    if (!Plausible(speed, 1000)) continue;
+    node_speed_.Add({{"job", job}, {"node", node}}).Set(speed);
+    had.insert(node);
+  }
+  if (had.empty()) speed_nodes_.erase(job);
 }
 
 void ManagerMetrics::ForgetNode(const std::string& node) {

@@ -34,8 +34,13 @@ class ManagerMetrics {
   // A job the manager no longer keeps (pruned by retention): its series go.
   void ForgetJob(const std::string& job);
 
-  // The reason label of a morph: lost | preempted | drained | failed | joined | other.
-  static std::string ReasonKind(const std::string& reason);
+  // Each node's speed relative to its peers in `job` (varuna_node_relative_speed); the job's
+  // series of nodes not in `speeds` go.
+  void SetNodeSpeeds(const std::string& job, const std::map<std::string, double>& speeds);
+
+  // The reason label of a morph: its record's kind (lost | notice | drain | join | failed |
+  // straggler | recovered), or for a record without one, guessed from its reason text.
+  static std::string ReasonKind(const v1::MorphRecord& morph);
 
  private:
   prometheus::Family<prometheus::Gauge>& nodes_;
@@ -50,6 +55,8 @@ class ManagerMetrics {
   prometheus::Family<prometheus::Counter>& morphs_;
   prometheus::Family<prometheus::Histogram>& morph_phase_;
   prometheus::Family<prometheus::Histogram>& heartbeat_latency_;
+  prometheus::Family<prometheus::Gauge>& node_speed_;
+  std::map<std::string, std::set<std::string>> speed_nodes_;  // job -> nodes with a series
   std::map<std::string, prometheus::Gauge*> slots_by_node_;
   std::map<std::string, prometheus::Histogram*> latency_by_node_;
   std::set<std::string> jobs_known_;

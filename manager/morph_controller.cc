@@ -110,6 +110,7 @@ void MorphController::Trigger(Job& job, const Cause& cause) {
     }
     if (cause.priority > job.cause_priority) {
       m.mutable_record()->set_reason(cause.reason);
+      m.mutable_record()->set_kind(cause.kind);
       job.cause_priority = cause.priority;
     }
     job.last_trigger = clock_->Now();
@@ -175,6 +176,8 @@ void MorphController::BeginMorph(Job& job, const Cause& cause) {
   m.set_step_before(std::max<int64_t>(info.step(), job.gen.newest_step));
   v1::MorphRecord* r = m.mutable_record();
   r->set_reason(cause.reason);
+  r->set_kind(cause.kind);
+  *r->mutable_speeds() = {cause.speeds.begin(), cause.speeds.end()};
   *r->mutable_from() = ShapeOf(info);
   r->set_at(TimeText(clock_->Now()));
   r->set_graceful(cause.graceful);
@@ -269,6 +272,7 @@ void MorphController::OnSaveRequestFailed(const std::string& job_id, int generat
     events_->Emit("node_unreachable", "", node, std::string(status.message()));
   }
   Cause c;
+  c.kind = "lost";
   c.reason =
       absl::StrCat("node ", node, " lost (its agent does not answer: ", status.message(), ")");
   c.leaving = {node};
@@ -277,8 +281,8 @@ void MorphController::OnSaveRequestFailed(const std::string& job_id, int generat
   Advance(job);
 }
 
-void MorphController::OnNodeLeaving(const std::string& node, const std::string& why,
-                                    absl::Duration detect, bool graceful) {
+void MorphController::OnNodeLeaving(const std::string& node, const std::string& kind,
+                                    const std::string& why, absl::Duration detect, bool graceful) {
   for (auto& [id, job] : jobs_->all()) {
     const v1::JobState s = job.info().state();
     if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) continue;
@@ -286,6 +290,7 @@ void MorphController::OnNodeLeaving(const std::string& node, const std::string& 
     for (const auto& p : job.info().placement()) placed |= p.node() == node;
     if (!placed) continue;
     Cause c;
+    c.kind = kind;
     c.reason = why;
     c.graceful = graceful;
     c.leaving = {node};
@@ -773,6 +778,7 @@ void MorphController::CheckGrowth() {
       continue;
     }
     Cause c;
+    c.kind = "join";
     c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan_slots,
                             " slots available (running on ", now_slots, ")");
     c.graceful = true;

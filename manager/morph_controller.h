@@ -54,8 +54,8 @@ class MorphController {
   // A worker of the current generation reported: rendezvous done, first step.
   void NoteWorkerReport(Job& job, const v1::WorkerStatus& w);
   // `node` leaves (drain, notice, machine_list): every job on it moves off.
-  void OnNodeLeaving(const std::string& node, const std::string& why, absl::Duration detect,
-                     bool graceful);
+  void OnNodeLeaving(const std::string& node, const std::string& kind, const std::string& why,
+                     absl::Duration detect, bool graceful);
   // `node` joined: jobs may grow onto it after scale_up_delay (CheckGrowth).
   void NoteJoined(const std::string& node);
   void CheckGrowth();

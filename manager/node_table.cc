@@ -170,7 +170,7 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Drain(const std::string& name, bool 
       listener_->OnNodeJoined(name, "undrained");
       listener_->OnSlotsChanged();
     } else {
-      listener_->OnNodeLeaving(name, absl::StrCat("node ", name, " drained"));
+      listener_->OnNodeLeaving(name, "drain", absl::StrCat("node ", name, " drained"));
     }
   }
   return n;
@@ -194,7 +194,8 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Preempt(const std::string& name,
     LOG(WARNING) << "node=" << name << " preemption notice from " << notice.source() << when;
     listener_->OnNodeEvent("preemption_notice", name, absl::StrCat("from ", notice.source(), when));
     listener_->OnNodeLeaving(
-        name, absl::StrCat("preemption notice for node ", name, " (", notice.source(), ")", when));
+        name, "notice",
+        absl::StrCat("preemption notice for node ", name, " (", notice.source(), ")", when));
   }
   return n;
 }
@@ -284,7 +285,8 @@ void NodeTable::ReloadMachineList() {
     for (const auto& [name, n] : nodes_) {
       const bool now_listed = DrainReason(n).empty();
       if (before.count(name) && !now_listed) {
-        listener_->OnNodeLeaving(name, absl::StrCat("node ", name, " removed from machine_list"));
+        listener_->OnNodeLeaving(name, "drain",
+                                 absl::StrCat("node ", name, " removed from machine_list"));
       } else if (!before.count(name) && now_listed) {
         listener_->OnNodeJoined(name, "added to machine_list");
       }

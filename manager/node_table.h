@@ -27,8 +27,9 @@ class NodeTable {
     v1::NodeRecord rec;
     absl::Time last_seen;
     bool dead = false;
-    bool suspect = false;   // missed heartbeats, or did not answer an RPC: no new work
-    int other_running = 0;  // running workers of no active launch, from the last heartbeat
+    bool suspect = false;    // missed heartbeats, or did not answer an RPC: no new work
+    int other_running = 0;   // running workers of no active launch, from the last heartbeat
+    double probe_score = 0;  // the agent's startup speed probe (Note [Speed probe]); 0 = none
   };
 
   // What the job controller hears. Called on the loop thread, from inside NodeTable calls.
@@ -39,7 +40,9 @@ class NodeTable {
     virtual void OnNodeLost(const Node& node, absl::Duration silent) = 0;
     // Drained, under a preemption notice, or removed from machine_list: its jobs should move
     // off it while it still runs (`why` says which).
-    virtual void OnNodeLeaving(const std::string& node, const std::string& why) = 0;
+    // `kind`: "drain" (drained, removed from machine_list) or "notice" (a preemption notice).
+    virtual void OnNodeLeaving(const std::string& node, const std::string& kind,
+                               const std::string& why) = 0;
     // Registered for the first time or again, back from DEAD, undrained, listed again.
     virtual void OnNodeJoined(const std::string& node, const std::string& how) = 0;
     // Something worth an event record (varunactl events) that needs no action.

@@ -111,10 +111,13 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
 }
 
 absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlots> nodes,
-                                        const v1::Profile* profile) {
+                                        const v1::Profile* profile,
+                                        const std::map<std::string, double>& speeds) {
   const bool any_auto = spec.parallel.stages == 0 || spec.parallel.replicas == 0 ||
                         spec.parallel.micro_batch == 0 || spec.parallel.schedule == "auto";
   if (!spec.parallel.pipelines.empty()) return PlanJob(spec, std::move(nodes));
+  bool slow_here = false;
+  for (const auto& n : nodes) slow_here |= speeds.count(n.node) > 0;
   std::string why_not;
   if (profile == nullptr) {
     why_not = absl::StrCat("no profile of '", ModelKey(spec.model), "' (", spec.train.precision,
@@ -130,7 +133,11 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
   }
   SortFullestFirst(&nodes);
   PlanRequest req;
-  for (const auto& n : nodes) req.slots_per_node.push_back(std::max(0, n.free));
+  for (const auto& n : nodes) {
+    req.slots_per_node.push_back(std::max(0, n.free));
+    auto it = speeds.find(n.node);
+    req.node_speed.push_back(it == speeds.end() ? 1.0 : it->second);
+  }
   req.heterogeneous = true;  // mixes of pipeline depths compete with P x D (issue 13)
   absl::StatusOr<v1::PlanSet> set = PlanShapes(spec, *profile, req);
   if (!set.ok()) {
@@ -158,6 +165,7 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
   }
   plan.predicted_step_s = best.step_s();
   plan.source = set->cost_source();
+  if (slow_here) absl::StrAppend(&plan.source, ", with measured node speeds");
   return plan;
 }
 

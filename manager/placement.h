@@ -3,6 +3,7 @@
 // Placement: how many stages and replicas a job gets from the free slots, and which node
 // runs which rank. Pure functions; no RPC, no clock.
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -51,7 +52,10 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
 // (docs/heterogeneous.md) when they beat every stages x replicas shape. Without one (or with one
 // that does not fit the job: the source says why): PlanJob's placement rule. Same error codes as
 // PlanJob (ResourceExhausted: not enough slots now).
+// `speeds`: nodes measured slower than their peers (Note [Speed-aware plans] in
+// common/planner/speed_plan.cc); the plan works around them.
 absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlots> nodes,
-                                        const v1::Profile* profile);
+                                        const v1::Profile* profile,
+                                        const std::map<std::string, double>& speeds = {});
 
 }  // namespace varuna

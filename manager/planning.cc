@@ -1,6 +1,8 @@
 #include "manager/planning.h"
 
 #include <algorithm>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,7 +31,21 @@ absl::StatusOr<JobPlan> PlanForJob(const Job& job, std::vector<FreeSlots> free,
     if (plan.ok()) plan->source = "profile job";
     return plan;
   }
-  return PlanWithProfile(job.spec, std::move(free), profiles.Find(job.spec));
+  // Note [Straggler ladder] in straggler_controller.cc: the speeds it measured for this job,
+  // planned with the profile it decided with.
+  std::map<std::string, double> speeds;
+  for (const auto& n : job.rec.stragglers().speeds()) speeds[n.node()] = n.speed();
+  absl::StatusOr<v1::Profile> profile = ProfileForStragglers(job, profiles);
+  return PlanWithProfile(job.spec, std::move(free), profile.ok() ? &*profile : nullptr, speeds);
+}
+
+absl::StatusOr<v1::Profile> ProfileForStragglers(const Job& job, const ProfileStore& profiles) {
+  if (const v1::Profile* stored = profiles.Find(job.spec)) return *stored;
+  const auto& s = job.rec.stragglers();
+  if (s.speeds().empty() && s.evicted().empty()) {
+    return absl::NotFoundError("no stored profile (the placement rule plans)");
+  }
+  return BuiltinProfile(job.spec);
 }
 
 PlanInputs PlanInputsFor(const JobSpec& spec, const NodeTable& nodes,

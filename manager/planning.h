@@ -15,9 +15,16 @@ namespace varuna {
 
 // The plan for `job` on `free` slots: a profile job gets one stage per slot (it measures
 // links between all of them); any other job AutoConfig with its model's stored profile, or
-// the placement rule without one. ResourceExhausted: not enough slots yet.
+// the placement rule without one. A job with stragglers (JobRecord.stragglers) is planned
+// with their speeds, and with the built-in cost model when no profile is stored.
+// ResourceExhausted: not enough slots yet.
 absl::StatusOr<JobPlan> PlanForJob(const Job& job, std::vector<FreeSlots> free,
                                    const ProfileStore& profiles);
+
+// The profile a job with stragglers is planned with: the stored one, else (once the ladder
+// acted: JobRecord.stragglers is not empty) the built-in cost model. NotFound: the placement
+// rule plans the job.
+absl::StatusOr<v1::Profile> ProfileForStragglers(const Job& job, const ProfileStore& profiles);
 
 // What varunactl plan needs of the manager's state, copied on the loop: every alive,
 // schedulable node's slots (busy or not) and the stored profile of the spec's model.

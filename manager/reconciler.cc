@@ -61,6 +61,9 @@ absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
     metrics_->OnHeartbeat(req.name(), req.last_rtt_s());
   }
   NodeTable::Node& node = *found;
+  if (req.probe_score() > 0 && std::isfinite(req.probe_score())) {
+    node.probe_score = req.probe_score();
+  }
   if (req.has_preemption() && !node.rec.has_preemption()) {
     const std::string name = node.rec.name();
     const v1::PreemptionNotice notice = req.preemption();
@@ -173,6 +176,7 @@ void HeartbeatReconciler::CheckUnreported(const NodeTable::Node& node,
     LOG(WARNING) << JobWho(job.info()) << " " << reason;
     if (morph_->Allowed(job)) {
       Cause c;
+      c.kind = "lost";  // the agent no longer knows the rank
       c.reason = reason;
       c.priority = 3;
       morph_->Trigger(job, c);

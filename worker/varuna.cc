@@ -514,6 +514,8 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
         longest = std::max(longest, m[5 + r] + m[5 + W + r]);
       }
       result.bubble_ratio = longest > 0 ? std::max(0.0, 1.0 - busy / (p0.stages() * longest)) : 0;
+      result.rank_busy_s.assign(m + 5, m + 5 + W);
+      result.rank_wait_s.assign(m + 5 + W, m + 5 + 2 * W);
     }
     const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
     if (!skip) {

@@ -83,6 +83,8 @@ struct StepResult {
   // Note [Step timing]: every rank's time in the schedule, computing and waiting on
   // receives, gathered by the step's agreement all-reduce. For pipeline 0's stages, in order.
   std::vector<double> stage_busy_s, stage_wait_s;
+  // The same for every rank, index = rank (every pipeline's stages).
+  std::vector<double> rank_busy_s, rank_wait_s;
   // 1 - sum(busy) / (stages * max(busy + wait)) over pipeline 0: its measured bubble.
   double bubble_ratio = 0;
   int64_t model_parameters = 0;  // of the whole model, tied weights once

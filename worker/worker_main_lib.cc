@@ -570,6 +570,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       }
       for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
       for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
+      if (static_cast<int>(r.rank_busy_s.size()) <= kMaxRankValues) {
+        for (double v : r.rank_busy_s) m.add_rank_busy_s(v);
+        for (double v : r.rank_wait_s) m.add_rank_wait_s(v);
+      }
       if (writes_metrics) {
         metrics << ProtoJson(m) << "\n";
         metrics.flush();

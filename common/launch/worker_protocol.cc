@@ -287,6 +287,8 @@ void Normalize(v1::WorkerEvent* e) {
       v1::StepMetrics* m = e->mutable_step();
       if (m->stage_busy_s_size() > kMaxStageValues) m->clear_stage_busy_s();
       if (m->stage_wait_s_size() > kMaxStageValues) m->clear_stage_wait_s();
+      if (m->rank_busy_s_size() > kMaxRankValues) m->clear_rank_busy_s();
+      if (m->rank_wait_s_size() > kMaxRankValues) m->clear_rank_wait_s();
       if (m->at() == 0) m->set_at(e->t());
       break;
     }

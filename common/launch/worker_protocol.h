@@ -31,6 +31,7 @@ inline constexpr size_t kMaxCommandLineBytes = 4095;
 inline constexpr size_t kMaxErrorBytes = 2000;       // WorkerError.message; longer is cut
 inline constexpr size_t kMaxPathBytes = 4096;        // WorkerProfile.path
 inline constexpr int kMaxStageValues = 4096;         // stage_busy_s / stage_wait_s; more: dropped
+inline constexpr int kMaxRankValues = 1024;          // rank_busy_s / rank_wait_s; more: dropped
 inline constexpr size_t kMaxReconfigureText = 2048;  // pipelines, master_addr
 
 // Returns the line for `event` (no newline). Too-long error messages are cut and invalid

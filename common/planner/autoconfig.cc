@@ -28,8 +28,10 @@
 namespace varuna {
 namespace {
 
+using search::BalanceForSpeeds;
 using search::Divisors;
 using search::GiB;
+using search::HasSpeeds;
 using search::kMaxSimulatedMicroBatches;
 using search::kPruneFactor;
 using search::kSimulationBudgetTasks;
@@ -39,6 +41,7 @@ using search::PlanMixes;
 using search::Rejected;
 using search::SegmentCache;
 using search::Simulate;
+using search::SimulateWithSpeeds;
 using search::StageCosts;
 
 struct Candidate {
@@ -298,13 +301,25 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
       continue;
     }
     simulated_tasks += tasks;
-    ASSIGN_OR_RETURN(v1::Plan plan,
-                     Simulate(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req));
-    if (plan.rejected().empty()) {
-      best = std::min(best, plan.step_s());
-      *out.add_plans() = std::move(plan);
-    } else {
-      *out.add_rejected() = std::move(plan);
+    const bool speeds = HasSpeeds(req);
+    ASSIGN_OR_RETURN(
+        v1::Plan plan,
+        speeds ? SimulateWithSpeeds(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req)
+               : Simulate(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req));
+    std::vector<v1::Plan> simulated{std::move(plan)};
+    if (speeds && req.heterogeneous) {  // Note [Speed-aware plans]
+      simulated_tasks += tasks;
+      auto balanced =
+          BalanceForSpeeds(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req);
+      if (balanced.ok()) simulated.push_back(*std::move(balanced));
+    }
+    for (v1::Plan& p : simulated) {
+      if (p.rejected().empty()) {
+        best = std::min(best, p.step_s());
+        *out.add_plans() = std::move(p);
+      } else {
+        *out.add_rejected() = std::move(p);
+      }
     }
   }
   if (!spec.parallel.pipelines.empty()) {

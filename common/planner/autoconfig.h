@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/pipeline/schedule.h"
+#include "common/pipeline/topology.h"
 #include "common/spec/job_spec.h"
 #include "varuna/v1/plan.pb.h"
 
@@ -24,6 +25,11 @@ struct PlanRequest {
   // docs/autoconfig.md "Heterogeneous plans") when parallel.stages and parallel.replicas are
   // both auto. Off by default: a caller must run the plan's `topology` to use one.
   bool heterogeneous = false;
+  // Each node's speed relative to a normal one, parallel to slots_per_node (1 = normal, 0.25 =
+  // a straggler at a quarter; empty or 0 = 1). Compute on a node of speed s takes 1/s as long
+  // (Note [Speed-aware plans] in common/planner/speed_plan.cc): P x D shapes are simulated
+  // with it, and with `heterogeneous` each also gets a variant balanced for the speeds.
+  std::vector<double> node_speed;
 };
 
 // Ranks the shapes `spec` allows on the slots: fixed parallel.* values are kept, `auto` ones
@@ -49,6 +55,15 @@ std::vector<int> PackRanks(const std::vector<int>& slots_per_node, int world);
 absl::StatusOr<v1::Plan> SimulateShape(const JobSpec& spec, const v1::Profile& profile, int stages,
                                        int replicas, int micro_batch, SchedulePolicy policy,
                                        const PlanRequest& request);
+
+// The step time of `topo` as it is placed: rank r on node node_of[r] (an index into
+// request.slots_per_node and request.node_speed), each pipeline's micro-batches of
+// `micro_batch` samples. The straggler ladder (manager/straggler_controller.cc) compares the
+// plan a job runs with the plans it could run.
+absl::StatusOr<v1::Plan> SimulateTopology(const JobSpec& spec, const v1::Profile& profile,
+                                          const Topology& topo, int micro_batch,
+                                          SchedulePolicy policy, const std::vector<int>& node_of,
+                                          const PlanRequest& request);
 
 // Stage boundaries (P+1 segment indices) balancing the profiled per-micro-batch compute.
 absl::StatusOr<std::vector<int>> StageBoundaries(const v1::Profile& profile, int stages);

@@ -39,31 +39,6 @@ constexpr int kMaxMixCandidates = 16;
 constexpr double kMaxTemplateDpOps = 3e7;
 constexpr int kMaxBisectedDepth = 128;
 
-// `count` identical pipelines cut by `bounds`, each running `microbatches` micro-batches.
-struct PipelineGroup {
-  std::vector<int> bounds;
-  int count = 1;
-  int64_t microbatches = 1;
-  int stages() const { return static_cast<int>(bounds.size()) - 1; }
-};
-
-// What the pipelines of one heterogeneous plan share: micro-batch size, schedule, the task
-// lists by (stages, micro-batches), and the simulated task count (for the budget).
-struct MixContext {
-  MixContext(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
-             const PlanRequest& req, int mb, SchedulePolicy policy)
-      : spec(spec), profile(profile), cache(cache), req(req), mb(mb), policy(policy) {}
-  const JobSpec& spec;
-  const v1::Profile& profile;
-  SegmentCache& cache;
-  const PlanRequest& req;
-  const int mb;
-  const SchedulePolicy policy;
-  bool data_parallel = true;  // more than one pipeline: a gradient bucket is resident
-  int64_t tasks = 0;
-  std::map<std::pair<int, int64_t>, std::vector<std::vector<Task>>> schedules;
-};
-
 double EndOf(const SimResult& r) {
   double end = 0;
   for (double e : r.end_s) end = std::max(end, e);
@@ -135,11 +110,26 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
   ASSIGN_OR_RETURN(Topology topo, Topology::Make(std::move(layouts)));
   const int world = topo.world_size();
   const int K = topo.num_pipelines();
-  const std::vector<int> node_of = PackRanks(ctx.req.slots_per_node, world);
+  const std::vector<int> node_of =
+      ctx.placed != nullptr ? *ctx.placed : PackRanks(ctx.req.slots_per_node, world);
   if (static_cast<int>(node_of.size()) < world) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the pipelines need ", world, " slots, ", node_of.size(), " given"));
   }
+  // A rank on a node of speed s computes 1/s as long (Note [Speed-aware plans] in
+  // speed_plan.cc).
+  std::vector<double> factor(world, 1.0);
+  bool slowed = false;
+  for (int r = 0; r < world; ++r) {
+    factor[r] = 1 / NodeSpeed(ctx.req, node_of[r]);
+    slowed |= factor[r] != 1;
+  }
+  auto factors_of = [&](int k) {
+    const PipelineLayout& p = topo.pipeline(k);
+    return slowed ? std::vector<double>(factor.begin() + p.first_rank,
+                                        factor.begin() + p.first_rank + p.stages())
+                  : std::vector<double>();
+  };
   const CommModel comm(profile);
   // Identical pipelines on the same link pattern with the same slowdowns are simulated once.
   using Key = std::tuple<int, std::vector<int>, std::vector<double>>;
@@ -162,9 +152,8 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
     return memo[key] = SimulatePipeline(ctx, g.bounds, g.microbatches, nodes, factor);
   };
   std::vector<SimResult> res(K);
-  for (int k = 0; k < K; ++k) res[k] = simulate(k, {});
+  for (int k = 0; k < K; ++k) res[k] = simulate(k, factors_of(k));
   // Note [Contention], per rank.
-  std::vector<double> factor(world, 1.0);
   const double slowdown = profile.compute_slowdown() > 1 ? profile.compute_slowdown() : 1.0;
   if (slowdown > 1) {
     const int measured_slots = std::max(2, profile.slots_per_host());
@@ -180,13 +169,10 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
     }
     for (int r = 0; r < world; ++r) {
       const double others = host_util[node_of[r]] - util[r];
-      factor[r] = 1 + (slowdown - 1) * std::min(1.0, others / (measured_slots - 1));
+      factor[r] *= 1 + (slowdown - 1) * std::min(1.0, others / (measured_slots - 1));
     }
-    for (int k = 0; k < K; ++k) {
-      const PipelineLayout& p = topo.pipeline(k);
-      res[k] = simulate(k, std::vector<double>(factor.begin() + p.first_rank,
-                                               factor.begin() + p.first_rank + p.stages()));
-    }
+    slowed = true;
+    for (int k = 0; k < K; ++k) res[k] = simulate(k, factors_of(k));
   }
   // The per-segment data-parallel all-reduce, in holder-set order.
   std::vector<double> avail(world, 0), optimizer(world, 0);

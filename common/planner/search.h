@@ -6,6 +6,7 @@
 
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,6 +61,55 @@ std::vector<SimStage> StageCosts(const JobSpec& spec, const v1::Profile& profile
 absl::StatusOr<v1::Plan> Simulate(const JobSpec& spec, const v1::Profile& profile,
                                   SegmentCache& cache, const std::vector<int>& bounds, int P, int D,
                                   int mb, SchedulePolicy policy, const PlanRequest& req);
+
+// `count` identical pipelines cut by `bounds`, each running `microbatches` micro-batches.
+struct PipelineGroup {
+  std::vector<int> bounds;
+  int count = 1;
+  int64_t microbatches = 1;
+  int stages() const { return static_cast<int>(bounds.size()) - 1; }
+};
+
+// What the pipelines of one heterogeneous plan share: micro-batch size, schedule, the task
+// lists by (stages, micro-batches), and the simulated task count (for the budget).
+struct MixContext {
+  MixContext(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
+             const PlanRequest& req, int mb, SchedulePolicy policy)
+      : spec(spec), profile(profile), cache(cache), req(req), mb(mb), policy(policy) {}
+  const JobSpec& spec;
+  const v1::Profile& profile;
+  SegmentCache& cache;
+  const PlanRequest& req;
+  const int mb;
+  const SchedulePolicy policy;
+  bool data_parallel = true;  // more than one pipeline: a gradient bucket is resident
+  // Each rank's node (an index into req.slots_per_node and req.node_speed) when the ranks are
+  // already placed; null: PackRanks, as the manager places a new plan.
+  const std::vector<int>* placed = nullptr;
+  int64_t tasks = 0;
+  std::map<std::pair<int, int64_t>, std::vector<std::vector<Task>>> schedules;
+};
+
+// The pipelines of `groups` laid out in order on consecutive ranks, simulated as one step
+// (Note [Heterogeneous step] in mix_search.cc), with the request's node speeds.
+absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<PipelineGroup>& groups);
+
+// Note [Speed-aware plans] (speed_plan.cc): the speed of node `node` in the request (1 when
+// unset), and whether any node's is not 1.
+double NodeSpeed(const PlanRequest& req, int node);
+bool HasSpeeds(const PlanRequest& req);
+// Simulate()'s P x D shape with the request's node speeds: every replica its own pipeline.
+absl::StatusOr<v1::Plan> SimulateWithSpeeds(const JobSpec& spec, const v1::Profile& profile,
+                                            SegmentCache& cache, const std::vector<int>& bounds,
+                                            int P, int D, int mb, SchedulePolicy policy,
+                                            const PlanRequest& req);
+// The same ranks with work moved off the slow ones: each pipeline's stages cut so that the
+// busiest stage, its work divided by its node's speed, is smallest, and each pipeline a share
+// of the step's micro-batches by how fast it runs. A heterogeneous plan (Plan.topology).
+absl::StatusOr<v1::Plan> BalanceForSpeeds(const JobSpec& spec, const v1::Profile& profile,
+                                          SegmentCache& cache, const std::vector<int>& bounds,
+                                          int P, int D, int mb, SchedulePolicy policy,
+                                          const PlanRequest& req);
 
 // A shape listed with the reason it was not simulated or does not fit.
 v1::Plan Rejected(int P, int D, int mb, const std::string& schedule, const std::string& why);

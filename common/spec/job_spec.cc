@@ -118,7 +118,83 @@ absl::Status ReadEnv(const YAML::Node& node, std::map<std::string, std::string>*
       });
 }
 
+// The keys of a stragglers block, in the order they are checked.
+constexpr const char* kStragglerKeys[] = {"policy",   "slow_below",  "window_steps",
+                                          "min_gain", "probation_s", "recovered_above"};
+
+absl::Status StragglerRange(const std::string& what, const char* key, double value, double lo,
+                            bool lo_open, double hi, bool hi_open) {
+  const bool ok = std::isfinite(value) && (lo_open ? value > lo : value >= lo) &&
+                  (hi_open ? value < hi : value <= hi);
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ".", key, " is ", value, "; must be a finite number in ",
+                   lo_open ? "(" : "[", lo, ", ", hi, hi_open ? ")" : "]"));
+}
+
+// Whether `key` of `s` is set (the unset values are in job_spec.h). NaN counts as set, so it
+// is refused rather than replaced by the default.
+bool StragglerFieldSet(const StragglerSpec& s, absl::string_view key) {
+  if (key == "policy") return !s.policy.empty();
+  if (key == "slow_below") return s.slow_below != 0;
+  if (key == "window_steps") return s.window_steps != 0;
+  if (key == "min_gain") return !(s.min_gain < 0);
+  if (key == "probation_s") return s.probation_s != 0;
+  return s.recovered_above != 0;  // recovered_above
+}
+
+// Checks `key` of `s` as though it were set: an unset value is out of range too. The parser
+// calls it for every key a spec writes, so `slow_below: 0` or `min_gain: -0.5` is an error,
+// not a silent fall-back to the manager's default.
+absl::Status CheckStragglerField(const StragglerSpec& s, const std::string& what,
+                                 absl::string_view key) {
+  if (key == "policy") {
+    if (s.policy == "auto" || s.policy == "report" || s.policy == "off") return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".policy must be auto, report or off, not '", s.policy, "'"));
+  }
+  if (key == "slow_below") {
+    return StragglerRange(what, "slow_below", s.slow_below, 0, true, 1, true);
+  }
+  if (key == "window_steps") {
+    if (s.window_steps >= 2 && s.window_steps <= 1000) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(what, ".window_steps is ", s.window_steps,
+                                                   "; must be an integer in [2, 1000]"));
+  }
+  if (key == "min_gain") return StragglerRange(what, "min_gain", s.min_gain, 0, false, 1, true);
+  if (key == "probation_s") {
+    return StragglerRange(what, "probation_s", s.probation_s, 1, false, 604800, false);
+  }
+  return StragglerRange(what, "recovered_above", s.recovered_above, 0, true, 1, false);
+}
+
 }  // namespace
+
+StragglerSpec ResolveStragglers(const StragglerSpec& job, const StragglerSpec& defaults) {
+  StragglerSpec r = job;
+  if (!StragglerFieldSet(job, "policy")) r.policy = defaults.policy;
+  if (!StragglerFieldSet(job, "slow_below")) r.slow_below = defaults.slow_below;
+  if (!StragglerFieldSet(job, "window_steps")) r.window_steps = defaults.window_steps;
+  if (!StragglerFieldSet(job, "min_gain")) r.min_gain = defaults.min_gain;
+  if (!StragglerFieldSet(job, "probation_s")) r.probation_s = defaults.probation_s;
+  if (!StragglerFieldSet(job, "recovered_above")) r.recovered_above = defaults.recovered_above;
+  return r;
+}
+
+absl::Status ValidateStragglers(const StragglerSpec& s, const std::string& what, bool require_all) {
+  for (const char* key : kStragglerKeys) {
+    if (require_all || StragglerFieldSet(s, key)) {
+      RETURN_IF_ERROR(CheckStragglerField(s, what, key));
+    }
+  }
+  if (StragglerFieldSet(s, "slow_below") && StragglerFieldSet(s, "recovered_above") &&
+      !(s.recovered_above > s.slow_below)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".recovered_above (", s.recovered_above,
+                                                   ") must be greater than ", what, ".slow_below (",
+                                                   s.slow_below, ")"));
+  }
+  return absl::OkStatus();
+}
 
 bool IsValidEnvKey(absl::string_view key) {
   if (key.empty() || key.size() > 256 || absl::ascii_isdigit(key[0])) return false;
@@ -222,6 +298,9 @@ absl::Status JobSpec::Validate() const {
   }
   if (resources.max_slots != 0 && resources.max_slots < resources.min_slots) {
     return Bad("resources.max_slots", "must be >= resources.min_slots (or 0 for no limit)");
+  }
+  if (absl::Status st = ValidateStragglers(stragglers, "stragglers", false); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: ", st.message()));
   }
   for (size_t i = 0; i < entrypoint.size(); ++i) {
     if (entrypoint[i].find('\0') != std::string::npos || (i == 0 && entrypoint[i].empty())) {
@@ -370,6 +449,25 @@ std::function<absl::Status(const YAML::Node&)> AutoInt(const std::string& key, i
   };
 }
 
+// stragglers: each key given is read and checked as set (CheckStragglerField), so a value
+// equal to the "unset" marker is refused instead of silently taking the manager's default.
+void StragglerKeys(MapReader& r, StragglerSpec* out) {
+  auto key = [&r, out](const std::string& k, auto* field) {
+    r.Sub(k, [out, k, field](const YAML::Node& v) -> absl::Status {
+      RETURN_IF_ERROR(ReadInto(v, "job spec", absl::StrCat("stragglers.", k), field));
+      absl::Status st = CheckStragglerField(*out, "stragglers", k);
+      if (st.ok()) return st;
+      return absl::InvalidArgumentError(absl::StrCat("job spec: ", st.message()));
+    });
+  };
+  key("policy", &out->policy);
+  key("slow_below", &out->slow_below);
+  key("window_steps", &out->window_steps);
+  key("min_gain", &out->min_gain);
+  key("probation_s", &out->probation_s);
+  key("recovered_above", &out->recovered_above);
+}
+
 // parallel.pipelines: a list of {stages: [[module, ...], ...], count, microbatches}.
 absl::Status ReadPipelines(const YAML::Node& v, std::vector<PipelineEntrySpec>* out) {
   if (!v.IsSequence()) return Bad("parallel.pipelines", "must be a list of pipelines");
@@ -495,6 +593,8 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                                       .Field("max_slots", &spec.resources.max_slots)
                                       .Field("max_wait_s", &spec.resources.max_wait_s);
                                 }))
+      .Sub("stragglers",
+           section("stragglers", [&](MapReader& r) { StragglerKeys(r, &spec.stragglers); }))
       .Field("entrypoint", &spec.entrypoint)
       .Field("code_dir", &spec.code_dir)
       .Field("morphing", &spec.morphing)

@@ -105,6 +105,33 @@ struct ResourcesSpec {
   double max_wait_s = 600;
 };
 
+// Stragglers (docs/job_spec.md "stragglers"): how a job treats a node slower than its peers.
+// Unset fields (policy "", numbers 0, min_gain < 0) take the manager's defaults
+// (ManagerConfig::stragglers).
+struct StragglerSpec {
+  // "auto" (detect and act), "report" (detect, event only), "off"; "" = the default.
+  std::string policy;
+  // A node is slow when its smoothed relative speed is below this; (0, 1).
+  double slow_below = 0;
+  // Steps in the smoothing window (median); [2, 1000].
+  int window_steps = 0;
+  // Act only when the simulator predicts at least this fraction faster; [0, 1).
+  double min_gain = -1;
+  // An evicted node is probed for re-admission after this long; [1, 604800].
+  double probation_s = 0;
+  // A probe at or above this fraction of the node's baseline re-admits it; (0, 1].
+  double recovered_above = 0;
+};
+// `job`'s fields where set, else `defaults`' (which has every field set).
+StragglerSpec ResolveStragglers(const StragglerSpec& job, const StragglerSpec& defaults);
+// InvalidArgument naming the field and its range for any set field out of range (and an unknown
+// policy: "stragglers.policy must be auto, report or off, not 'x'"); `what` prefixes the message
+// ("stragglers" in a job spec). With require_all, unset fields are errors too (the manager's
+// defaults). recovered_above must be above slow_below when both are set. A job's fields and the
+// manager's defaults are each valid alone; their mix from ResolveStragglers is checked by the
+// caller with require_all.
+absl::Status ValidateStragglers(const StragglerSpec& s, const std::string& what, bool require_all);
+
 struct JobSpec {
   std::string name = "job";
   ModelSpec model;
@@ -113,6 +140,7 @@ struct JobSpec {
   ParallelSpec parallel;
   CheckpointSpec checkpoint;
   ResourcesSpec resources;
+  StragglerSpec stragglers;
   std::vector<std::string> entrypoint;
   // Where a user entrypoint starts on every node (Varuna's --code_dir); checked by the agent
   // before launch. Empty = the generation's work directory.

@@ -159,6 +159,11 @@ TEST(UsageTest, ErrorsNameTheProblemAndPointToHelp) {
       {{"cancel", "1", "2"}, "unexpected argument '2'", "(varunactl help cancel"},
       {{"preempt", "n1", "--in", "soon"}, "--in needs a duration like 30s or 2m, not 'soon'", ""},
       {{"plan", "job.yaml", "--slots", "2", "--nodes", "2,2"}, "--slots and --nodes exclude", ""},
+      {{"plan", "job.yaml", "--nodes", "2,2", "--speeds", "1"},
+       "--speeds gives 1 speeds for 2",
+       ""},
+      {{"plan", "job.yaml", "--nodes", "2,2", "--speeds", "1,0"}, "--speeds needs a speed in", ""},
+      {{"plan", "job.yaml", "--speeds", "1"}, "--speeds needs --slots or --nodes", ""},
       {{"-o", "yaml", "list"}, "-o must be table or json, not 'yaml'", "(varunactl help list"},
       {{"--manager", "nocolon", "list"}, "nocolon", "(varunactl help list for usage)"},
       {{"--manager"}, "missing COMMAND", "(varunactl help for usage)"},
@@ -209,6 +214,11 @@ TEST_F(JobFileTest, PlanWithSlotsNeedsNoManager) {
   ASSERT_EQ(table.code, kExitOk) << table.err;
   EXPECT_THAT(table.out, HasSubstr("costs: "));
   EXPECT_THAT(table.out, HasSubstr("planned in"));
+  // What-if with a straggler: the best plan works around it (Note [Speed-aware plans]).
+  const Result slow = Ctl(
+      {"plan", job_, "--nodes", "1,1,1", "--speeds", "1,1,0.25", "--stages", "1", "-o", "json"});
+  ASSERT_EQ(slow.code, kExitOk) << slow.err;
+  EXPECT_THAT(slow.out, HasSubstr("\"topology\""));
   // Without slots it asks the manager, and there is none.
   const Result none = Ctl({"plan", job_});
   EXPECT_EQ(none.code, kExitUsage);

@@ -94,8 +94,12 @@ class Cluster:
 
     def standby_flags(self, name):
         """No warm standby workers unless a test asks (agent_args): they cost CPU here."""
-        given = any(a.startswith("--standby_workers") for a in self.agent_args.get(name, []))
-        return [] if given else ["--standby_workers=0"]
+        args = self.agent_args.get(name, [])
+        given = any(a.startswith("--standby_workers") for a in args)
+        probe = any(a.startswith("--startup_probe_ms") for a in args)
+        # Nor a startup speed probe (half a second of CPU per agent) unless a test asks.
+        return ([] if given else ["--standby_workers=0"]) + ([] if probe else
+                                                              ["--startup_probe_ms=0"])
 
     def worker_user_flags(self):
         """The harness's temp dirs are root's (0700): workers run as the agent, asked for

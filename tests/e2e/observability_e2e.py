@@ -174,7 +174,7 @@ class ObservabilityTest(Scenario):
         self.assertTrue(0 <= bubble < 1, bubble)
         mfu = value("varuna_job_mfu", **job)
         self.assertTrue(0 < mfu <= 1, mfu)
-        self.assertGreaterEqual(value("varuna_morphs_total", reason="drained", **job), 1)
+        self.assertGreaterEqual(value("varuna_morphs_total", reason="drain", **job), 1)
         # The drain took the in-place path (the default): no stop, a regroup instead.
         for phase in ("save", "plan", "launch", "regroup", "agree", "transfer", "first_step"):
             self.assertGreaterEqual(value("varuna_morph_phase_seconds_count", phase=phase, **job),

@@ -88,9 +88,10 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
     node_events_.push_back("lost " + node.rec.name());
     jobs_ctl_->OnNodeLost(node, silent);
   }
-  void OnNodeLeaving(const std::string& node, const std::string& why) override {
+  void OnNodeLeaving(const std::string& node, const std::string& kind,
+                     const std::string& why) override {
     node_events_.push_back("leaving " + node);
-    morph_->OnNodeLeaving(node, why, absl::ZeroDuration(), /*graceful=*/true);
+    morph_->OnNodeLeaving(node, kind, why, absl::ZeroDuration(), /*graceful=*/true);
   }
   void OnNodeJoined(const std::string& node, const std::string& how) override {
     node_events_.push_back("joined " + node);

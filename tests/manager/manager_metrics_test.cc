@@ -24,7 +24,7 @@ TEST(ManagerMetricsTest, AJobsCountersExistAtZeroFromItsStart) {
   m.AddJob("7");  // idempotent
   const std::string text = registry.Text();
   EXPECT_THAT(text, HasSubstr("varuna_morphs_total{job=\"7\",reason=\"lost\"} 0"));
-  EXPECT_THAT(text, HasSubstr("varuna_morphs_total{job=\"7\",reason=\"preempted\"} 0"));
+  EXPECT_THAT(text, HasSubstr("varuna_morphs_total{job=\"7\",reason=\"notice\"} 0"));
   EXPECT_THAT(text, HasSubstr("varuna_job_step_seconds_count{job=\"7\"} 0"));
   EXPECT_THAT(text, HasSubstr("varuna_morph_phase_seconds_count{job=\"7\",phase=\"save\"} 0"));
   v1::MorphRecord morph;
@@ -35,21 +35,43 @@ TEST(ManagerMetricsTest, AJobsCountersExistAtZeroFromItsStart) {
   EXPECT_THAT(registry.Text(), Not(HasSubstr("job=\"7\"")));
 }
 
-// The reasons the manager writes (job_controller.cc, morph_controller.cc), by label.
+// A record's kind is its label; a record from before kinds is labelled from its reason text.
 TEST(ManagerMetricsTest, EveryTriggersReasonHasItsLabel) {
   const std::pair<const char*, const char*> cases[] = {
       {"node node2 lost (no heartbeat for 4s; it ran ranks 4,5)", "lost"},
       {"rank 1 on node node0 lost a peer: step 20 failed", "lost"},
-      {"preemption notice for node node1 (varunactl) (gone in 29s)", "preempted"},
-      {"node node1 drained by request", "drained"},
-      {"node(s) node2 joined: 6 slots available (running on 4)", "joined"},
+      {"preemption notice for node node1 (varunactl) (gone in 29s)", "notice"},
+      {"node node1 drained by request", "drain"},
+      {"node(s) node2 joined: 6 slots available (running on 4)", "join"},
       {"rank 3 on node node1 was killed by SIGKILL", "failed"},
       {"rank 2 on node node1 is stopped (frozen)", "failed"},
       {"rank 0 on node node0 exited with code 1", "failed"},
   };
   for (const auto& [reason, label] : cases) {
-    EXPECT_EQ(ManagerMetrics::ReasonKind(reason), label) << reason;
+    v1::MorphRecord morph;
+    morph.set_reason(reason);
+    EXPECT_EQ(ManagerMetrics::ReasonKind(morph), label) << reason;
   }
+  v1::MorphRecord morph;
+  morph.set_reason("node n1 at 0.25x its peers' speed: rebalance");
+  morph.set_kind("straggler");
+  EXPECT_EQ(ManagerMetrics::ReasonKind(morph), "straggler");
+  morph.set_kind("recovered");
+  EXPECT_EQ(ManagerMetrics::ReasonKind(morph), "recovered");
+  morph.set_kind("no such kind");
+  EXPECT_EQ(ManagerMetrics::ReasonKind(morph), "other");
+}
+
+TEST(ManagerMetricsTest, NodeSpeedsFollowTheJob) {
+  MetricsRegistry registry;
+  ManagerMetrics m(registry);
+  m.AddJob("7");
+  m.SetNodeSpeeds("7", {{"a", 1.0}, {"b", 0.25}});
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_node_relative_speed{job=\"7\",node=\"b\"} 0.25"));
+  m.SetNodeSpeeds("7", {{"a", 1.0}});  // b left the job
+  EXPECT_THAT(registry.Text(), Not(HasSubstr("node=\"b\"")));
+  m.ForgetJob("7");
+  EXPECT_THAT(registry.Text(), Not(HasSubstr("varuna_node_relative_speed{")));
 }
 
 TEST(ManagerMetricsTest, AbsurdValuesDoNotPoisonHistograms) {

@@ -577,6 +577,79 @@ TEST(ConfigFileTest, HostileConfigFilesAreErrorsNamingTheKey) {
   std::filesystem::remove_all(dir);
 }
 
+// The stragglers: block gives the defaults of jobs' unset stragglers: fields; each key it
+// leaves out keeps its built-in default, and Validate() checks every field.
+TEST(ConfigFileTest, StragglersBlockIsReadAndChecked) {
+  const std::string dir = MakeTempDir();
+  auto write = [&](const std::string& text) {
+    std::ofstream(dir + "/c.yaml", std::ios::trunc) << text;
+    return dir + "/c.yaml";
+  };
+  {
+    ManagerConfig m;
+    m.state_dir = dir;
+    EXPECT_THAT(m.Validate(), IsOk());  // the built-in defaults are valid
+    EXPECT_EQ(m.stragglers.policy, "auto");
+    EXPECT_EQ(m.stragglers.slow_below, 0.8);
+    EXPECT_EQ(m.stragglers.window_steps, 5);
+    EXPECT_EQ(m.stragglers.min_gain, 0.05);
+    EXPECT_EQ(m.stragglers.probation_s, 120);
+    EXPECT_EQ(m.stragglers.recovered_above, 0.9);
+  }
+  {
+    ManagerConfig m;
+    ASSERT_THAT(LoadManagerConfigFile(write("state_dir: /tmp/x\n"
+                                            "stragglers: {policy: report, slow_below: 0.6, "
+                                            "window_steps: 10, min_gain: 0, probation_s: 600, "
+                                            "recovered_above: 0.85}\n"),
+                                      &m),
+                IsOk());
+    EXPECT_EQ(m.stragglers.policy, "report");
+    EXPECT_EQ(m.stragglers.slow_below, 0.6);
+    EXPECT_EQ(m.stragglers.window_steps, 10);
+    EXPECT_EQ(m.stragglers.min_gain, 0);
+    EXPECT_EQ(m.stragglers.probation_s, 600);
+    EXPECT_EQ(m.stragglers.recovered_above, 0.85);
+    EXPECT_THAT(m.Validate(), IsOk());
+  }
+  {
+    ManagerConfig m;  // a partial block keeps the other defaults
+    ASSERT_THAT(
+        LoadManagerConfigFile(write("state_dir: /tmp/x\nstragglers:\n  policy: 'off'\n"), &m),
+        IsOk());
+    EXPECT_EQ(m.stragglers.policy, "off");
+    EXPECT_EQ(m.stragglers.window_steps, 5);
+    EXPECT_THAT(m.Validate(), IsOk());
+  }
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{slow_below: 1.5}", "manager config stragglers.slow_below"},
+      {"{slow_below: 0}", "manager config stragglers.slow_below"},
+      {"{window_steps: 1}", "manager config stragglers.window_steps"},
+      {"{min_gain: -0.5}", "manager config stragglers.min_gain"},
+      {"{probation_s: .nan}", "manager config stragglers.probation_s"},
+      {"{recovered_above: 0.7}", "manager config stragglers.recovered_above (0.7) must be"},
+      {"{policy: maybe}", "stragglers.policy must be auto, report or off, not 'maybe'"},
+      {"{policy: ''}", "manager config stragglers.policy"},
+  };
+  for (const auto& [block, needle] : bad) {
+    ManagerConfig m;
+    ASSERT_THAT(LoadManagerConfigFile(write("state_dir: /tmp/x\nstragglers: " + block + "\n"), &m),
+                IsOk())
+        << block;
+    EXPECT_THAT(m.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, needle)) << block;
+  }
+  ManagerConfig m;
+  EXPECT_THAT(LoadManagerConfigFile(write("stragglers: {speed: 1}\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'stragglers.speed'"));
+  EXPECT_THAT(LoadManagerConfigFile(write("stragglers: [auto]\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "'stragglers' must be a mapping"));
+  EXPECT_THAT(LoadManagerConfigFile(write("stragglers: {window_steps: 2.5}\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "stragglers.window_steps"));
+  EXPECT_THAT(LoadManagerConfigFile(write("straglers: {}\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "stragglers)"));  // in the known list
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TokenTableTest, ParsesAndLooksUp) {
   auto t = TokenTable::Parse("# c\nalice 0123456789abcdef0\n\nbob  fedcba98765432100\n", "f");
   ASSERT_THAT(t.status(), IsOk());
@@ -665,6 +738,8 @@ TEST(DeployConfigTest, ExampleConfigsLoad) {
       IsOk());
   EXPECT_EQ(m.max_morphs, 20);
   EXPECT_EQ(m.scale_up_delay, absl::Seconds(10));
+  EXPECT_EQ(m.stragglers.policy, "auto");
+  EXPECT_EQ(m.stragglers.window_steps, 5);
   AgentConfig a;
   EXPECT_THAT(LoadAgentConfigFile(absl::StrCat(VARUNA_SOURCE_DIR, "/deploy/config/agent.yaml"), &a),
               IsOk());

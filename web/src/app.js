@@ -472,7 +472,7 @@ function renderNodes() {
   const tbody = $('#nodes tbody');
   tbody.textContent = '';
   if (!state.nodes.length) {
-    tbody.append(el('tr', null, el('td', { colspan: 6, class: 'muted' }, 'no nodes registered')));
+    tbody.append(el('tr', null, el('td', { colspan: 7, class: 'muted' }, 'no nodes registered')));
     return;
   }
   for (const n of state.nodes) {
@@ -484,7 +484,9 @@ function renderNodes() {
       el('td', null, stateBadge(n.state)),
       el('td', null, slotBar(num(n.used_slots) || 0, num(n.slots) || 0)),
       el('td', { class: `num ${age > 10 ? 'warn' : ''}` }, Number.isFinite(age) ? `${age.toFixed(1)} s` : '–'),
-      el('td', { class: 'reason' }, n.reason || '')));
+      el('td', { class: `num ${n.speed_note ? 'warn' : ''}`, 'data-speed': num(n.relative_speed) || null },
+        num(n.relative_speed) > 0 ? `${num(n.relative_speed).toFixed(2)}x` : '–'),
+      el('td', { class: 'reason' }, [n.reason, n.speed_note].filter(Boolean).join('; '))));
   }
 }
 
@@ -779,24 +781,30 @@ function renderStages(js) {
       const heavy = list.length > 1 && cost >= maxCost - 1e-9 && cost > even * 1.1;
       const busy = num(s.busy_s) || 0, wait = num(s.wait_s) || 0;
       const bw = busy + wait;
+      // The straggler detector's view of the rank's node (docs/morphing.md "Stragglers").
+      const speed = num(s.node_speed) || 0;
+      const slow = !!s.slow;
       const intensity = 0.15 + 0.6 * (cost / maxCost);
       cells.append(el('div', {
-        class: `stage${heavy ? ' heavy' : ''}`,
+        class: `stage${heavy ? ' heavy' : ''}${slow ? ' slow' : ''}`,
         'data-rank': num(s.rank),
+        'data-slow': slow ? 'true' : null,
         'data-stage': num(s.stage),
         'data-node': s.node,
         'data-cost': cost.toFixed(3),
-        title: `rank ${s.rank} on ${s.node}\nstage ${s.stage} of pipeline ${p}\ncost ${(cost * 100).toFixed(1)}% of the pipeline\nlayers: ${(s.layers || []).join(', ')}`,
+        title: `rank ${s.rank} on ${s.node}\nstage ${s.stage} of pipeline ${p}\ncost ${(cost * 100).toFixed(1)}% of the pipeline\nlayers: ${(s.layers || []).join(', ')}` +
+          (speed > 0 ? `\nnode speed ${speed.toFixed(2)}x its peers${slow ? ' (straggler)' : ''}` : ''),
         style: { flexGrow: String(Math.max(0.05, cost)), background: `rgba(88, 166, 255, ${intensity.toFixed(3)})` },
       },
         el('div', { class: 'stage-top' }, el('b', null, `r${s.rank}`), el('span', { class: 'node' }, s.node),
           el('span', { class: 'sidx' }, `S${s.stage}`)),
         el('div', { class: 'layers mono' }, layersText(s.layers)),
-        el('div', { class: 'cost' }, `cost ${(cost * 100).toFixed(0)}%`, heavy ? el('span', { class: 'heavy-tag' }, '▲ heaviest') : null),
+        el('div', { class: 'cost' }, `cost ${(cost * 100).toFixed(0)}%`, heavy ? el('span', { class: 'heavy-tag' }, '▲ heaviest') : null,
+          slow ? el('span', { class: 'slow-tag' }, `slow node ${speed.toFixed(2)}x`) : null),
         el('div', { class: 'bw', title: `busy ${busy.toFixed(3)} s, wait ${wait.toFixed(3)} s (newest step)` },
           bw > 0 ? [el('span', { class: 'busy', style: { width: `${(100 * busy / bw).toFixed(1)}%` } }),
                     el('span', { class: 'wait', style: { width: `${(100 * wait / bw).toFixed(1)}%` } })] : null),
-        el('div', { class: 'bw-txt small' }, bw > 0 ? `busy ${secs(busy)} · wait ${secs(wait)}` : p > 0 ? 'busy/wait: measured on P0' : 'busy/wait –')));
+        el('div', { class: 'bw-txt small' }, bw > 0 ? `busy ${secs(busy)} · wait ${secs(wait)}` : 'busy/wait –')));
     });
     row.append(cells);
     map.append(row);

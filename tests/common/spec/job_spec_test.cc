@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "tests/testing/status_matchers.h"
 
 namespace varuna {
@@ -238,6 +239,112 @@ TEST(JobSpecTest, FilesMustBeRegularAndChecksNeverBlock) {
   EXPECT_THAT(ParseJobSpec(std::string(2 << 20, '#')),
               StatusIs(absl::StatusCode::kInvalidArgument, "limit"));
   std::filesystem::remove_all(dir);
+}
+
+// A spec with `stragglers:` set to `block` (a flow mapping).
+absl::StatusOr<JobSpec> WithStragglers(const std::string& block) {
+  return ParseJobSpec(absl::StrCat("data: {path: /x}\nstragglers: ", block, "\n"));
+}
+
+TEST(StragglerSpecTest, FullBlockParses) {
+  auto spec = WithStragglers(
+      "{policy: report, slow_below: 0.7, window_steps: 9, min_gain: 0, probation_s: 300, "
+      "recovered_above: 0.95}");
+  ASSERT_THAT(spec, IsOk());
+  const StragglerSpec& s = spec->stragglers;
+  EXPECT_EQ(s.policy, "report");
+  EXPECT_EQ(s.slow_below, 0.7);
+  EXPECT_EQ(s.window_steps, 9);
+  EXPECT_EQ(s.min_gain, 0);  // 0 is a value here, not "unset"
+  EXPECT_EQ(s.probation_s, 300);
+  EXPECT_EQ(s.recovered_above, 0.95);
+  EXPECT_THAT(WithStragglers("{policy: 'off'}"), IsOk());
+  EXPECT_THAT(WithStragglers("{policy: off}"), IsOk());  // a plain string to yaml-cpp
+  EXPECT_THAT(WithStragglers("{policy: auto, recovered_above: 1}"), IsOk());
+}
+
+TEST(StragglerSpecTest, UnsetFieldsTakeTheDefaults) {
+  const StragglerSpec defaults{"auto", 0.8, 5, 0.05, 120, 0.9};
+  auto none = ParseJobSpec("data: {path: /x}\n");
+  ASSERT_THAT(none, IsOk());
+  const StragglerSpec& u = none->stragglers;
+  EXPECT_EQ(u.policy, "");
+  EXPECT_EQ(u.slow_below, 0);
+  EXPECT_EQ(u.window_steps, 0);
+  EXPECT_LT(u.min_gain, 0);
+  EXPECT_EQ(u.probation_s, 0);
+  EXPECT_EQ(u.recovered_above, 0);
+  EXPECT_THAT(ValidateStragglers(u, "stragglers", false), IsOk());
+  const StragglerSpec all = ResolveStragglers(u, defaults);
+  EXPECT_EQ(all.policy, "auto");
+  EXPECT_EQ(all.slow_below, 0.8);
+  EXPECT_EQ(all.window_steps, 5);
+  EXPECT_EQ(all.min_gain, 0.05);
+  EXPECT_EQ(all.probation_s, 120);
+  EXPECT_EQ(all.recovered_above, 0.9);
+  EXPECT_THAT(ValidateStragglers(all, "x", true), IsOk());
+
+  auto some = WithStragglers("{policy: report, window_steps: 20, min_gain: 0}");
+  ASSERT_THAT(some, IsOk());
+  const StragglerSpec mixed = ResolveStragglers(some->stragglers, defaults);
+  EXPECT_EQ(mixed.policy, "report");
+  EXPECT_EQ(mixed.slow_below, 0.8);
+  EXPECT_EQ(mixed.window_steps, 20);
+  EXPECT_EQ(mixed.min_gain, 0);
+  EXPECT_EQ(mixed.probation_s, 120);
+  EXPECT_EQ(mixed.recovered_above, 0.9);
+  EXPECT_THAT(WithStragglers("{}"), IsOk());
+  EXPECT_THAT(WithStragglers(""), IsOk());  // null: nothing set
+}
+
+TEST(StragglerSpecTest, EveryBoundIsCheckedAndNamed) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{slow_below: 0}", "stragglers.slow_below"},
+      {"{slow_below: 1}", "stragglers.slow_below"},
+      {"{slow_below: 1.5}", "stragglers.slow_below"},
+      {"{slow_below: -1}", "stragglers.slow_below"},
+      {"{slow_below: .nan}", "stragglers.slow_below"},
+      {"{slow_below: .inf}", "stragglers.slow_below"},
+      {"{window_steps: 1}", "stragglers.window_steps"},
+      {"{window_steps: 1001}", "stragglers.window_steps"},
+      {"{window_steps: 0}", "stragglers.window_steps"},
+      {"{window_steps: 2.5}", "stragglers.window_steps"},
+      {"{min_gain: 1}", "stragglers.min_gain"},
+      {"{min_gain: -0.5}", "stragglers.min_gain"},
+      {"{min_gain: .nan}", "stragglers.min_gain"},
+      {"{probation_s: 0.5}", "stragglers.probation_s"},
+      {"{probation_s: 604801}", "stragglers.probation_s"},
+      {"{probation_s: -.inf}", "stragglers.probation_s"},
+      {"{recovered_above: 0}", "stragglers.recovered_above"},
+      {"{recovered_above: 1.2}", "stragglers.recovered_above"},
+      {"{recovered_above: .nan}", "stragglers.recovered_above"},
+      {"{slow_below: 0.8, recovered_above: 0.8}", "stragglers.recovered_above (0.8) must be"},
+      {"{slow_below: 0.8, recovered_above: 0.5}", "greater than stragglers.slow_below"},
+      {"{policy: maybe}", "stragglers.policy must be auto, report or off, not 'maybe'"},
+      {"{policy: ''}", "stragglers.policy"},
+      {"{policy: [auto]}", "stragglers.policy"},
+      {"{speed: 1}", "unknown key 'stragglers.speed'"},
+      {"{slow_below: 0.5, slow_below: 0.6}", "given twice"},
+      {"5", "'stragglers' must be a mapping"},
+  };
+  for (const auto& [block, needle] : bad) {
+    EXPECT_THAT(WithStragglers(block), StatusIs(absl::StatusCode::kInvalidArgument, needle))
+        << block;
+  }
+  // The range is in the message, and the struct is checked the same way without the parser.
+  EXPECT_THAT(WithStragglers("{slow_below: 1.5}"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be a finite number in (0, 1)"));
+  JobSpec spec;
+  spec.data.path = "/x";
+  spec.stragglers.window_steps = 1001;
+  EXPECT_THAT(spec.Validate(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "job spec: stragglers.window_steps"));
+  StragglerSpec unset;
+  EXPECT_THAT(ValidateStragglers(unset, "manager config stragglers", true),
+              StatusIs(absl::StatusCode::kInvalidArgument, "manager config stragglers.policy"));
+  unset.policy = "auto";
+  EXPECT_THAT(ValidateStragglers(unset, "manager config stragglers", true),
+              StatusIs(absl::StatusCode::kInvalidArgument, "manager config stragglers.slow_below"));
 }
 
 }  // namespace
