@@ -188,9 +188,9 @@ void Manager::GetLogs(const v1::GetLogsRequest& req,
 v1::NodeInfo Manager::Describe(const NodeTable::Node& n) const {
   const auto used = jobs_.UsedSlots();
   auto it = used.find(n.rec.name());
-  v1::NodeInfo info = nodes_.Describe(n, it == used.end() ? 0 : it->second);
+  std::vector<v1::NodeInfo> info{nodes_.Describe(n, it == used.end() ? 0 : it->second)};
   straggler_controller_.Annotate(&info);
-  return info;
+  return info[0];
 }
 
 std::vector<v1::NodeInfo> Manager::ListNodes() const {
@@ -200,8 +200,8 @@ std::vector<v1::NodeInfo> Manager::ListNodes() const {
   for (const auto& [name, n] : nodes_.all()) {
     auto it = used.find(name);
     out.push_back(nodes_.Describe(n, it == used.end() ? 0 : it->second));
-    straggler_controller_.Annotate(&out.back());
   }
+  straggler_controller_.Annotate(&out);
   return out;
 }
 

@@ -56,7 +56,7 @@ struct ManagerConfig {
   bool morph_in_place = true;
   // Stragglers (docs/job_spec.md "stragglers"): what a job's unset stragglers: fields take.
   // The config file's `stragglers:` block may give any of them; every field must end up set.
-  StragglerSpec stragglers{"auto", 0.8, 5, 0.05, 120, 0.9};
+  StragglerSpec stragglers{"auto", 0.7, 5, 0.05, 120, 0.9};
 
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }

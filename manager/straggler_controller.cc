@@ -25,25 +25,34 @@ namespace varuna {
 //     smaller batch share for it) and the best plan without it (evict). Unless the better of
 //     the two is at least min_gain faster, and its saving over the steps left (scaled to
 //     measured seconds by the current step's measured/predicted ratio) exceeds what a morph
-//     costs this job (its morphs' measured total; 10 s before the first), nothing happens.
+//     costs this job (its morphs' measured total; 5 s before the first), nothing happens.
 //  2. rebalance: the job's record keeps the node's speed (JobRecord.stragglers.speeds), and
 //     a graceful morph (kind "straggler") re-plans: the planner, and every later plan of the
 //     job, sees the node as slow.
 //  3. evict: the node goes into JobRecord.stragglers.evicted (FreeSlotsFor leaves it out of
 //     this job's plans) and a graceful morph moves off it, as a drain does.
-//  4. re-admit: a rebalanced node measured at recovered_above again loses its speed factor
-//     (a morph of kind "recovered" when the plan changes). An evicted node is probed after
-//     probation_s (Note [Speed probe] in agent/probe.cc): at recovered_above of its baseline
-//     it is re-admitted (kind "recovered", when the job can use it); otherwise the probation
-//     doubles (up to an hour).
+//  4. re-admit: a rebalanced node measured at recovered_above for probation_s loses its
+//     speed factor (a morph of kind "recovered" when the plan changes): with less work a
+//     node may look fast while what slows it persists (a neighbour taking a fixed share). An
+//     evicted node is probed after probation_s (Note [Speed probe] in agent/probe.cc): at
+//     recovered_above of its baseline it is re-admitted (kind "recovered", when the job can use
+//     it); otherwise the probation doubles (up to an hour).
 // Each action's morph record carries the kind and the measured speeds; the event stream says
-// what was predicted for each rung. The thresholds (slow_below < recovered_above) leave a
-// band in which nothing changes, so a node near the threshold does not flap.
+// what was predicted for each rung. Against flapping: the thresholds (slow_below <
+// recovered_above) leave a band in which nothing changes; a node already planned around keeps
+// the speed its plan used until it is measured outside 2x of it (kReplanFactor); the ladder
+// runs once per window, and not before two windows of a generation it made; and it never
+// spends more than half of the job's morph budget
+// (max_morphs within morph_window_s), which is there for failures.
 
 namespace {
 
-constexpr double kDefaultMorphCostS = 10;
+// A morph's cost before the job has measured one: above what a morph costs here in place
+// (about 1 s) or by relaunch (about 3 s), docs/benchmarks.md (f).
+constexpr double kDefaultMorphCostS = 5;
 constexpr double kMaxProbationS = 3600;
+// A node planned around at speed s is re-planned only when measured outside [s/2, 2 s].
+constexpr double kReplanFactor = 2;
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -157,11 +166,23 @@ void StragglerController::Decide(Job& job, JobState& st) {
   }
   const int64_t step = job.gen.newest_step;
   if (st.decided_at_step > 0 && step - st.decided_at_step < s.window_steps) return;
+  // A generation the ladder made settles for two windows before the ladder runs again.
+  const auto& morphs = job.info().morphs();
+  if (!morphs.empty() && morphs.rbegin()->generation() == job.info().generation() &&
+      (morphs.rbegin()->kind() == "straggler" || morphs.rbegin()->kind() == "recovered") &&
+      st.detector->steps() < 2 * s.window_steps) {
+    return;
+  }
   st.decided_at_step = step;
   for (const auto& n : job.rec.stragglers().speeds()) {
     auto it = st.speeds.find(n.node());
-    if (it != st.speeds.end() && it->second >= s.recovered_above) {
-      Recover(job, st, n.node(), it->second);
+    if (it == st.speeds.end() || it->second < s.recovered_above) {
+      st.fast_since.erase(n.node());
+      continue;
+    }
+    const absl::Time since = st.fast_since.emplace(n.node(), clock_->Now()).first->second;
+    if (clock_->Now() - since >= absl::Seconds(s.probation_s)) {
+      Recover(job, st, std::string(n.node()), it->second);  // a copy: Recover removes n
       return;
     }
   }
@@ -181,11 +202,27 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   };
   if (!profile.ok()) return cannot(std::string(profile.status().message()));
   // The speeds the planner sees: the measured ones of slow nodes, 1 for the rest (their
-  // noise is not planned for); nodes the job already plans around keep their measured speed.
+  // noise is not planned for). A node the job already plans around keeps the speed its plan
+  // used unless the measurement moved past kReplanFactor of it: a node measured at 0.3 and
+  // then 0.5 is the same straggler, not a reason for another morph.
   std::map<std::string, double> speeds;
   for (const std::string& n : slow) speeds[n] = st.speeds[n];
   for (const auto& n : job.rec.stragglers().speeds()) {
-    if (st.speeds.count(n.node())) speeds[n.node()] = st.speeds[n.node()];
+    auto it = st.speeds.find(n.node());
+    if (it == st.speeds.end()) continue;
+    const double ratio = it->second / n.speed();
+    speeds[n.node()] = ratio < kReplanFactor && ratio > 1 / kReplanFactor ? n.speed() : it->second;
+  }
+  // Morphs for stragglers never spend the budget that keeps a job alive through failures
+  // (max_morphs within morph_window): past half of it, the node is tolerated.
+  int recent = 0;
+  for (const auto& m : info.morphs()) {
+    absl::Time at;
+    std::string err;
+    if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", m.at(), &at, &err) &&
+        clock_->Now() - at <= config_.morph_window) {
+      ++recent;
+    }
   }
   // Now: the running topology, as placed, with those speeds.
   auto topo = TopologyOf(info, *profile, job.spec.train.global_batch);
@@ -232,17 +269,22 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   const int64_t left = std::max<int64_t>(0, info.total_steps() - job.gen.newest_step);
   const double saving_s = (now_s - best) * scale * static_cast<double>(left);
   std::string why_not;
-  if (!(best < now_s * (1 - s.min_gain))) {
+  if (2 * recent >= config_.max_morphs) {
+    why_not = absl::StrCat(recent, " morphs within morph_window_s already (max_morphs ",
+                           config_.max_morphs, "): the rest is kept for failures");
+  } else if (!(best < now_s * (1 - s.min_gain))) {
     why_not = absl::StrFormat("neither is %.0f%% faster (stragglers.min_gain)", 100 * s.min_gain);
   } else if (saving_s < MorphCost(job)) {
     why_not = absl::StrFormat("saves %.1f s over the %d steps left, a morph costs %.1f s", saving_s,
                               left, MorphCost(job));
   }
   if (!why_not.empty()) {
-    const std::string msg = absl::StrCat(text, "; tolerated: ", why_not);
-    if (st.no_plan != msg) {
-      st.no_plan = msg;
-      events_->Emit("straggler_tolerated", info.id(), "", msg);
+    // Once per slow set and reason, not every window (the numbers move with every window).
+    const std::string key = absl::StrCat(absl::StrJoin(slow, ","), why_not.substr(0, 8));
+    if (st.no_plan != key) {
+      st.no_plan = key;
+      events_->Emit("straggler_tolerated", info.id(), "",
+                    absl::StrCat(text, "; tolerated: ", why_not));
     }
     return;
   }
@@ -274,12 +316,13 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   }
 }
 
-void StragglerController::Recover(Job& job, JobState& st, const std::string& node, double speed) {
+void StragglerController::Recover(Job& job, JobState& st, std::string node, double speed) {
   auto* sp = job.rec.mutable_stragglers()->mutable_speeds();
   sp->erase(std::remove_if(sp->begin(), sp->end(),
                            [&](const v1::NodeSpeed& n) { return n.node() == node; }),
             sp->end());
   st.reported.erase(node);
+  st.fast_since.erase(node);
   const std::string reason = absl::StrCat("node ", node, " computes at ", SpeedText(speed),
                                           " its peers' speed again: planned at full speed");
   auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, {}), *profiles_);
@@ -412,32 +455,38 @@ void StragglerController::OnProbe(const std::string& job_id, const std::string& 
   Trigger(*job, "recovered", reason, {}, {{node, ratio}});
 }
 
-void StragglerController::Annotate(v1::NodeInfo* node) const {
-  double slowest = 0;
-  std::vector<std::string> notes;
+void StragglerController::Annotate(std::vector<v1::NodeInfo>* nodes) const {
+  // One pass over the jobs, then one lookup per node: ListNodes serves thousands of nodes.
+  std::map<std::string, double> slowest;
+  std::map<std::string, std::vector<std::string>> notes;
   for (const auto& [id, st] : jobs_state_) {
     const Job* job = jobs_->Find(id);
     if (job == nullptr) continue;
-    auto it = st.speeds.find(node->name());
-    if (it == st.speeds.end()) continue;
-    slowest = slowest == 0 ? it->second : std::min(slowest, it->second);
-    if (it->second < Settings(*job).slow_below) {
-      notes.push_back(absl::StrCat("slow in job ", id, " (", SpeedText(it->second), ")"));
+    const double slow_below = Settings(*job).slow_below;
+    for (const auto& [node, speed] : st.speeds) {
+      auto [it, fresh] = slowest.emplace(node, speed);
+      if (!fresh) it->second = std::min(it->second, speed);
+      if (speed < slow_below) {
+        notes[node].push_back(absl::StrCat("slow in job ", id, " (", SpeedText(speed), ")"));
+      }
     }
   }
   const double now = UnixSeconds(clock_->Now());
   for (const auto& [id, job] : jobs_->all()) {
     if (!Active(job.info().state())) continue;
     for (const auto& e : job.rec.stragglers().evicted()) {
-      if (e.node() != node->name()) continue;
-      notes.push_back(
+      notes[e.node()].push_back(
           absl::StrCat("evicted by job ", id, " at ", SpeedText(e.speed()), ", probe in ",
                        std::max<int64_t>(0, static_cast<int64_t>(e.probe_after() - now)), " s"));
-      if (slowest == 0) slowest = e.speed();
+      slowest.emplace(e.node(), e.speed());
     }
   }
-  node->set_relative_speed(slowest);
-  node->set_speed_note(absl::StrJoin(notes, "; "));
+  for (v1::NodeInfo& n : *nodes) {
+    auto s = slowest.find(n.name());
+    n.set_relative_speed(s == slowest.end() ? 0 : s->second);
+    auto t = notes.find(n.name());
+    n.set_speed_note(t == notes.end() ? "" : absl::StrJoin(t->second, "; "));
+  }
 }
 
 void StragglerController::Annotate(const std::string& job_id, v1::GetStagesResponse* stages) const {

@@ -40,8 +40,8 @@ class StragglerController {
   void OnSteps(Job& job, const v1::WorkerStatus& w);
   // Each running job's ladder, and the probes of the nodes jobs evicted.
   void Tick();
-  // varunactl nodes: the node's speed in the jobs it runs (the slowest view) and its state.
-  void Annotate(v1::NodeInfo* node) const;
+  // varunactl nodes: each node's speed in the jobs it runs (the slowest view) and its state.
+  void Annotate(std::vector<v1::NodeInfo>* nodes) const;
   // The stage map: every rank's newest busy and wait, its node's speed, whether it is slow.
   void Annotate(const std::string& job_id, v1::GetStagesResponse* stages) const;
   // A job that ended or was pruned.
@@ -60,7 +60,10 @@ class StragglerController {
     std::set<std::string> links;           // slow links reported this generation
     std::vector<double> step_times;        // recent steps' wall time, seconds
     std::set<std::string> probing;         // evicted nodes with a probe in flight
-    std::string no_plan;                   // why the ladder cannot plan (reported once)
+    // Nodes the job plans around, measured at recovered_above since (Recover waits
+    // probation_s: with less work a node can look fast while its cause persists).
+    std::map<std::string, absl::Time> fast_since;
+    std::string no_plan;  // why the ladder cannot plan (reported once)
   };
 
   JobState& StateFor(const Job& job);
@@ -68,7 +71,7 @@ class StragglerController {
   // Once a window: compare tolerating, rebalancing and evicting; act on the best.
   void Ladder(Job& job, JobState& st, const std::set<std::string>& slow);
   // A node the job planned around (speeds) that is fast again.
-  void Recover(Job& job, JobState& st, const std::string& node, double speed);
+  void Recover(Job& job, JobState& st, std::string node, double speed);
   void ProbeEvicted(Job& job, JobState& st);
   void OnProbe(const std::string& job_id, const std::string& node,
                absl::StatusOr<v1::ProbeResponse> r);

@@ -590,7 +590,7 @@ TEST(ConfigFileTest, StragglersBlockIsReadAndChecked) {
     m.state_dir = dir;
     EXPECT_THAT(m.Validate(), IsOk());  // the built-in defaults are valid
     EXPECT_EQ(m.stragglers.policy, "auto");
-    EXPECT_EQ(m.stragglers.slow_below, 0.8);
+    EXPECT_EQ(m.stragglers.slow_below, 0.7);
     EXPECT_EQ(m.stragglers.window_steps, 5);
     EXPECT_EQ(m.stragglers.min_gain, 0.05);
     EXPECT_EQ(m.stragglers.probation_s, 120);
