@@ -17,8 +17,11 @@ same way, slow from the start; its rate counts the steps after --slow_after. CPU
 kernel's child accounting (user + system) of everything the run started (manager, agents,
 workers). The machine must be otherwise idle (the caps assume free cores).
 
-usage: bench/stragglers.py [--rounds 5] [--factors 0.5,0.25,0.1] [--steps 100]
-                           [--slow_after 5] [--share 0.5]
+`off` runs --off_steps steps (its rate does not change after the slowdown), `auto` and
+`known` --steps.
+
+usage: bench/stragglers.py [--rounds 5] [--factors 0.5,0.25,0.1] [--steps 300]
+                           [--off_steps 80] [--slow_after 5] [--share 0.5]
 """
 
 import argparse
@@ -79,6 +82,7 @@ def step_ends(root):
 
 
 def run_managed(policy, factor, args, cgroot):
+    steps = args.off_steps if policy == "off" else args.steps
     cpu0 = cpu_now()
     root = os.path.join(cgroot, f"{policy}-{os.getpid()}-{time.time_ns()}")
     os.makedirs(root)
@@ -88,7 +92,7 @@ def run_managed(policy, factor, args, cgroot):
     try:
         data = os.path.join(c.dir, "corpus.txt")
         harness.write_text_corpus(data)
-        job_id = json.loads(c.ctl("-o", "json", "submit", job(c.dir, data, args.steps, policy),
+        job_id = json.loads(c.ctl("-o", "json", "submit", job(c.dir, data, steps, policy),
                                   check=0).stdout)["id"]
         wait_for(lambda: max(step_ends(c.dir), default=0) >= args.slow_after, 300, "training")
         t_slow = time.time()
@@ -96,7 +100,8 @@ def run_managed(policy, factor, args, cgroot):
         final = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
                                   and s)(c.status(job_id)), 1800, "the job to finish")
         assert final["state"] == "SUCCEEDED", final
-        events = json.loads(c.ctl("-o", "json", "events", job_id, check=0).stdout)
+        events = [json.loads(line) for line in
+                  c.ctl("-o", "json", "events", job_id, check=0).stdout.splitlines() if line]
         ends = step_ends(c.dir)
     finally:
         c.close()
@@ -105,12 +110,18 @@ def run_managed(policy, factor, args, cgroot):
     rate = len(after) * BATCH / (max(ends.values()) - t_slow)
     cpu = cpu_now() - cpu0
     action = ""
-    for e in events if isinstance(events, list) else events.get("events", []):
+    for e in events:
         if e.get("kind") == "straggler_action":
             at = time.mktime(time.strptime(e["at"], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
             action = f"{at - t_slow:.1f} s: {'evict' if 'evict' in e['message'] else 'rebalance'}"
             break
-    return rate, args.steps * BATCH / cpu, action
+    # auto after its action: the steady state it reached (the action's cost excluded).
+    if action and policy == "auto":
+        acted = t_slow + float(action.split(" s:")[0])
+        later = sorted(t for t in ends.values() if t > acted + 3)
+        if len(later) > 10:
+            action += f"; after it {(len(later) - 1) * BATCH / (later[-1] - later[0]):.1f}/s"
+    return rate, steps * BATCH / cpu, action
 
 
 def run_known(factor, args, cgroot):
@@ -162,7 +173,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--factors", default="0.5,0.25,0.1")
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=300)
+    # off runs at one rate from the slowdown on (nothing changes), so fewer steps measure it.
+    ap.add_argument("--off_steps", type=int, default=80)
     ap.add_argument("--slow_after", type=int, default=5)
     ap.add_argument("--share", type=float, default=0.5)
     args = ap.parse_args()
