@@ -269,5 +269,24 @@ TEST_F(JobControllerTest, FinishedJobsArePrunedByCountAndAge) {
   EXPECT_NE(jobs_->Find(ids[4]), nullptr);
 }
 
+// A job's stragglers: settings valid alone can disagree with the manager's defaults once
+// merged (slow_below 0.95 above the default recovered_above 0.9): refused at submit, named.
+TEST_F(JobControllerTest, StragglerSettingsMergedWithTheDefaultsAreChecked) {
+  v1::SubmitRequest req;
+  req.set_spec_yaml(Spec("parallel: {stages: 2}\nstragglers: {slow_below: 0.95}"));
+  auto spec = JobController::Admit(req);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  auto info = jobs_ctl_->Submit(req, *std::move(spec), "");
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr("recovered_above"));
+  EXPECT_THAT(std::string(info.status().message()), HasSubstr("manager's defaults"));
+  req.set_spec_yaml(
+      Spec("parallel: {stages: 2}\nstragglers: {slow_below: 0.95, recovered_above: 0.97}"));
+  auto ok = JobController::Admit(req);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(jobs_ctl_->Submit(req, *std::move(ok), "").ok());
+}
+
 }  // namespace
 }  // namespace varuna
