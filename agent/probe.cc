@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace varuna {
@@ -16,6 +17,9 @@ namespace varuna {
 // with it. The probe measures the host's CPU: a GPU slowed on its own (thermal throttling, a
 // bad card) is not seen by it; its workers' step times are (Note [Straggler detection]).
 double RunSpeedProbe(absl::Duration duration) {
+  // One probe at a time: two at once (two jobs probing the node) would halve each other.
+  static absl::Mutex mu(absl::kConstInit);
+  absl::MutexLock lock(&mu);
   duration = std::clamp(duration, absl::Milliseconds(10), absl::Seconds(5));
   constexpr int kN = 64;
   std::vector<float> a(kN * kN), b(kN * kN), c(kN * kN);

@@ -7,8 +7,9 @@
 
 namespace varuna {
 
-// Runs the probe kernel on the calling thread for about `duration` (capped at 5 s) and returns
-// work units per second of wall clock (> 0). Comparable between runs on one machine only.
+// Runs the probe kernel on the calling thread for about `duration` (capped at 5 s; one probe
+// at a time per process, a second waits) and returns work units per second of wall clock
+// (> 0). Comparable between runs on one machine only.
 double RunSpeedProbe(absl::Duration duration);
 
 }  // namespace varuna

@@ -18,7 +18,9 @@ kernel's child accounting (user + system) of everything the run started (manager
 workers). The machine must be otherwise idle (the caps assume free cores).
 
 `off` runs --off_steps steps (its rate does not change after the slowdown), `auto` and
-`known` --steps.
+`known` --steps. With --modes ...,drained: node2 is drained before the submit, so the manager
+runs the eviction known up front (the same plan as `known` when that is the eviction, with
+the manager's and agents' overhead).
 
 usage: bench/stragglers.py [--rounds 5] [--factors 0.5,0.25,0.1] [--steps 300]
                            [--off_steps 80] [--slow_after 5] [--share 0.5]
@@ -92,7 +94,10 @@ def run_managed(policy, factor, args, cgroot):
     try:
         data = os.path.join(c.dir, "corpus.txt")
         harness.write_text_corpus(data)
-        job_id = json.loads(c.ctl("-o", "json", "submit", job(c.dir, data, steps, policy),
+        if policy == "drained":  # the eviction known up front, run by the manager
+            c.ctl("drain", "node2", check=0)
+        job_id = json.loads(c.ctl("-o", "json", "submit",
+                                  job(c.dir, data, steps, "off" if policy == "drained" else policy),
                                   check=0).stdout)["id"]
         wait_for(lambda: max(step_ends(c.dir), default=0) >= args.slow_after, 300, "training")
         t_slow = time.time()
@@ -178,12 +183,15 @@ def main():
     ap.add_argument("--off_steps", type=int, default=80)
     ap.add_argument("--slow_after", type=int, default=5)
     ap.add_argument("--share", type=float, default=0.5)
+    ap.add_argument("--modes", default="off,auto,known",
+                    help="also: drained (node2 drained before the submit: the eviction known up "
+                         "front, under the manager)")
     args = ap.parse_args()
     if not se.cgroup_available():
         sys.exit(f"no write access to {se.CGROUP_ROOT}: the nodes cannot be capped")
     cgroot = os.path.join(se.CGROUP_ROOT, f"varuna-bench-{os.getpid()}")
     os.makedirs(cgroot, exist_ok=True)
-    modes = ["off", "auto", "known"]
+    modes = args.modes.split(",")
     results = {}
     print(f"model {MODEL}, global batch {BATCH}, {args.steps} steps, 3 nodes x 1 slot at "
           f"{args.share} core each; node2 slowed after step {args.slow_after}", flush=True)
@@ -192,7 +200,7 @@ def main():
     try:
         for factor in [float(x) for x in args.factors.split(",")]:
             for rnd in range(args.rounds):
-                order = modes[rnd % 3:] + modes[:rnd % 3]
+                order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]
                 for mode in order:
                     if mode == "known":
                         rate, per_cpu, note = run_known(factor, args, cgroot)
@@ -203,15 +211,16 @@ def main():
                           f"{per_cpu:.2f} | {note} |", flush=True)
     finally:
         se.remove_cgroup_tree(cgroot)
-    print("\n| factor | off samples/s | auto samples/s | known samples/s | auto / known | "
-          "auto / off | auto / known per CPU-s |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| factor | " + " | ".join(f"{m} samples/s" for m in modes) +
+          " | auto / known | auto / off | auto / known per CPU-s |")
+    print("|---|" + "---|" * (len(modes) + 3))
     for factor in [float(x) for x in args.factors.split(",")]:
         med = {m: statistics.median(r for r, _ in results[(factor, m)]) for m in modes}
         cpu = {m: statistics.median(c for _, c in results[(factor, m)]) for m in modes}
-        print(f"| 1/{1 / factor:.0f} | {med['off']:.1f} | {med['auto']:.1f} | "
-              f"{med['known']:.1f} | {med['auto'] / med['known']:.2f} | "
-              f"{med['auto'] / med['off']:.2f} | {cpu['auto'] / cpu['known']:.2f} |")
+        ratio = lambda a, b, d: f"{d[a] / d[b]:.2f}" if a in d and b in d else "-"  # noqa: E731
+        print(f"| 1/{1 / factor:.0f} | " + " | ".join(f"{med[m]:.1f}" for m in modes) +
+              f" | {ratio('auto', 'known', med)} | {ratio('auto', 'off', med)} | "
+              f"{ratio('auto', 'known', cpu)} |")
 
 
 if __name__ == "__main__":

@@ -249,20 +249,25 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   auto rebalanced = PlanWithProfile(job.spec, jobs_->FreeSlotsFor(&job, {}), &*profile, speeds);
   auto evicted = PlanWithProfile(job.spec, jobs_->FreeSlotsFor(&job, slow), &*profile, speeds);
   const double inf = std::numeric_limits<double>::infinity();
-  const double reb_s = rebalanced.ok() ? rebalanced->predicted_step_s : inf;
-  const double ev_s = evicted.ok() ? evicted->predicted_step_s : inf;
+  // A plan without a prediction (fixed parallel.pipelines: the placement rule) is no option.
+  auto predicted = [&](const absl::StatusOr<JobPlan>& p) {
+    return p.ok() && p->predicted_step_s > 0 ? p->predicted_step_s : inf;
+  };
+  const double reb_s = predicted(rebalanced);
+  const double ev_s = predicted(evicted);
   std::vector<std::string> parts;
   for (const std::string& n : slow) {
     parts.push_back(absl::StrCat("node ", n, " at ", SpeedText(st.speeds[n])));
   }
+  auto option = [&](const absl::StatusOr<JobPlan>& p, double s) {
+    if (!p.ok()) return absl::StrCat("impossible (", p.status().message(), ")");
+    if (s == inf) return absl::StrCat("not predicted (", p->source, ")");
+    return absl::StrFormat("%.3f s (%s)", s, PlanText(*p));
+  };
   std::string text = absl::StrFormat(
       "%s its peers' speed: predicted step %.3f s now; rebalanced %s; without %s %s",
-      absl::StrJoin(parts, ", "), now_s,
-      rebalanced.ok() ? absl::StrFormat("%.3f s (%s)", reb_s, PlanText(*rebalanced))
-                      : absl::StrCat("impossible (", rebalanced.status().message(), ")"),
-      absl::StrJoin(slow, ","),
-      evicted.ok() ? absl::StrFormat("%.3f s (%s)", ev_s, PlanText(*evicted))
-                   : absl::StrCat("impossible (", evicted.status().message(), ")"));
+      absl::StrJoin(parts, ", "), now_s, option(rebalanced, reb_s), absl::StrJoin(slow, ","),
+      option(evicted, ev_s));
   const double best = std::min(reb_s, ev_s);
   const double measured = Median(st.step_times);
   const double scale = now_s > 0 && measured > 0 ? measured / now_s : 1;
@@ -492,7 +497,10 @@ void StragglerController::Annotate(std::vector<v1::NodeInfo>* nodes) const {
 void StragglerController::Annotate(const std::string& job_id, v1::GetStagesResponse* stages) const {
   auto it = jobs_state_.find(job_id);
   const Job* job = jobs_->Find(job_id);
-  if (it == jobs_state_.end() || job == nullptr || it->second.detector == nullptr) return;
+  if (it == jobs_state_.end() || job == nullptr || it->second.detector == nullptr ||
+      it->second.generation != job->info().generation()) {
+    return;  // nothing measured of this generation yet
+  }
   const JobState& st = it->second;
   const double slow_below = Settings(*job).slow_below;
   const std::vector<double>& busy = st.detector->newest_busy();
