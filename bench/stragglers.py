@@ -88,8 +88,10 @@ def run_managed(policy, factor, args, cgroot):
     cpu0 = cpu_now()
     root = os.path.join(cgroot, f"{policy}-{os.getpid()}-{time.time_ns()}")
     os.makedirs(root)
-    c = se.CappedCluster(root, period_us=PERIOD_US, agents=3, slots=1,
-                         manager_config="scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n",
+    config = "scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n"
+    if policy == "relaunch":  # auto, its morph on the relaunch path instead of in place
+        config += "morph_in_place: false\n"
+    c = se.CappedCluster(root, period_us=PERIOD_US, agents=3, slots=1, manager_config=config,
                          agent_args={f"node{i}": ["--startup_probe_ms=500"] for i in range(3)})
     try:
         data = os.path.join(c.dir, "corpus.txt")
@@ -97,7 +99,8 @@ def run_managed(policy, factor, args, cgroot):
         if policy == "drained":  # the eviction known up front, run by the manager
             c.ctl("drain", "node2", check=0)
         job_id = json.loads(c.ctl("-o", "json", "submit",
-                                  job(c.dir, data, steps, "off" if policy == "drained" else policy),
+                                  job(c.dir, data, steps, {"drained": "off", "relaunch": "auto"}
+                                      .get(policy, policy)),
                                   check=0).stdout)["id"]
         wait_for(lambda: max(step_ends(c.dir), default=0) >= args.slow_after, 300, "training")
         t_slow = time.time()
@@ -121,7 +124,7 @@ def run_managed(policy, factor, args, cgroot):
             action = f"{at - t_slow:.1f} s: {'evict' if 'evict' in e['message'] else 'rebalance'}"
             break
     # auto after its action: the steady state it reached (the action's cost excluded).
-    if action and policy == "auto":
+    if action and policy in ("auto", "relaunch"):
         acted = t_slow + float(action.split(" s:")[0])
         later = sorted(t for t in ends.values() if t > acted + 3)
         if len(later) > 10:
@@ -185,7 +188,7 @@ def main():
     ap.add_argument("--share", type=float, default=0.5)
     ap.add_argument("--modes", default="off,auto,known",
                     help="also: drained (node2 drained before the submit: the eviction known up "
-                         "front, under the manager)")
+                         "front, under the manager), relaunch (auto with morph_in_place: false)")
     args = ap.parse_args()
     if not se.cgroup_available():
         sys.exit(f"no write access to {se.CGROUP_ROOT}: the nodes cannot be capped")
