@@ -102,4 +102,17 @@ void ApplyPlan(v1::JobInfo& info, const JobPlan& plan, const std::string& first_
   info.set_master(absl::StrCat(HostOf(first_node_address), ":0"));
 }
 
+std::vector<const v1::MorphRecord*> RecentMorphs(const Job& job, absl::Time now,
+                                                 absl::Duration window) {
+  std::vector<const v1::MorphRecord*> out;
+  for (const auto& r : job.info().morphs()) {
+    absl::Time at;
+    std::string err;
+    if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", r.at(), &at, &err) && now - at <= window) {
+      out.push_back(&r);
+    }
+  }
+  return out;
+}
+
 }  // namespace varuna

@@ -91,6 +91,9 @@ bool Terminal(v1::JobState s);
 bool Reserving(const Job& job);
 // Whether `rank` of the job's current generation is placed on `node`.
 bool PlacedOn(const Job& job, const std::string& node, int rank);
+// The job's morph records that began within `window` before `now` (the restart budget).
+std::vector<const v1::MorphRecord*> RecentMorphs(const Job& job, absl::Time now,
+                                                 absl::Duration window);
 // "rank 3" or "ranks 2,3": the job's ranks on `node`.
 std::string RanksOn(const Job& job, const std::string& node);
 

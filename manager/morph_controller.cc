@@ -149,17 +149,11 @@ void MorphController::Trigger(Job& job, const Cause& cause) {
 void MorphController::BeginMorph(Job& job, const Cause& cause) {
   const absl::Time now = clock_->Now();
   // The restart budget: max_morphs within morph_window, then FAILED with the history.
-  int recent = 0;
   std::vector<std::string> history;
-  for (const auto& r : job.info().morphs()) {
-    absl::Time at;
-    std::string err;
-    if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", r.at(), &at, &err) &&
-        now - at <= config_.morph_window) {
-      ++recent;
-      history.push_back(absl::StrCat(r.at(), " ", r.reason()));
-    }
+  for (const v1::MorphRecord* r : RecentMorphs(job, now, config_.morph_window)) {
+    history.push_back(absl::StrCat(r->at(), " ", r->reason()));
   }
+  const int recent = static_cast<int>(history.size());
   if (recent >= config_.max_morphs) {
     lifecycle_->Fail(job,
                      absl::StrCat(cause.reason, "; not morphing again: ", recent, " morphs within ",

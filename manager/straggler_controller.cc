@@ -54,13 +54,6 @@ constexpr double kMaxProbationS = 3600;
 // A node planned around at speed s is re-planned only when measured outside [s/2, 2 s].
 constexpr double kReplanFactor = 2;
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 std::string SpeedText(double s) { return absl::StrFormat("%.2fx", s); }
 
 std::string PlanText(const JobPlan& p) {
@@ -85,6 +78,11 @@ StragglerController::StragglerController(const ManagerConfig& config, Clock* clo
       profiles_(profiles),
       morph_(morph) {}
 
+absl::StatusOr<v1::Profile> StragglerController::CostsOf(const Job& job) const {
+  absl::StatusOr<v1::Profile> profile = ProfileForStragglers(job, *profiles_);
+  return profile.ok() ? profile : BuiltinProfile(job.spec);
+}
+
 StragglerSpec StragglerController::Settings(const Job& job) const {
   return ResolveStragglers(job.spec.stragglers, config_.stragglers);
 }
@@ -98,8 +96,7 @@ StragglerController::JobState& StragglerController::StateFor(const Job& job) {
   st.links.clear();
   st.step_times.clear();
   st.decided_at_step = 0;
-  absl::StatusOr<v1::Profile> profile = ProfileForStragglers(job, *profiles_);
-  if (!profile.ok()) profile = BuiltinProfile(job.spec);
+  absl::StatusOr<v1::Profile> profile = CostsOf(job);
   if (!profile.ok()) return st;
   auto ranks = RanksOf(job.info(), *profile, job.spec.train.global_batch);
   if (!ranks.ok()) {
@@ -192,8 +189,7 @@ void StragglerController::Decide(Job& job, JobState& st) {
 void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::string>& slow) {
   const StragglerSpec s = Settings(job);
   const v1::JobInfo& info = job.info();
-  absl::StatusOr<v1::Profile> profile = ProfileForStragglers(job, *profiles_);
-  if (!profile.ok()) profile = BuiltinProfile(job.spec);
+  absl::StatusOr<v1::Profile> profile = CostsOf(job);
   auto cannot = [&](const std::string& why) {
     if (st.no_plan == why) return;
     st.no_plan = why;
@@ -215,15 +211,8 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   }
   // Morphs for stragglers never spend the budget that keeps a job alive through failures
   // (max_morphs within morph_window): past half of it, the node is tolerated.
-  int recent = 0;
-  for (const auto& m : info.morphs()) {
-    absl::Time at;
-    std::string err;
-    if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", m.at(), &at, &err) &&
-        clock_->Now() - at <= config_.morph_window) {
-      ++recent;
-    }
-  }
+  const int recent =
+      static_cast<int>(RecentMorphs(job, clock_->Now(), config_.morph_window).size());
   // Now: the running topology, as placed, with those speeds.
   auto topo = TopologyOf(info, *profile, job.spec.train.global_batch);
   auto policy = ParseSchedulePolicy(info.schedule().empty() ? "varuna" : info.schedule());

@@ -67,6 +67,8 @@ class StragglerController {
   };
 
   JobState& StateFor(const Job& job);
+  // The costs the job is (or would be) planned with: ProfileForStragglers, else built-in.
+  absl::StatusOr<v1::Profile> CostsOf(const Job& job) const;
   void Decide(Job& job, JobState& st);
   // Once a window: compare tolerating, rebalancing and evicting; act on the best.
   void Ladder(Job& job, JobState& st, const std::set<std::string>& slow);

@@ -34,8 +34,6 @@ namespace varuna {
 // median, is reported with its neighbours' nodes (SlowLinks). It is only reported: the
 // planner does not model a single slow link.
 
-namespace {
-
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   const size_t mid = v.size() / 2;
@@ -44,6 +42,8 @@ double Median(std::vector<double> v) {
   if (v.size() % 2 == 0) m = (m + *std::max_element(v.begin(), v.begin() + mid)) / 2;
   return m;
 }
+
+namespace {
 
 // The lower median: of two, the faster (a pair has no majority to say which is normal, and
 // the slower is the suspect); of three with one slow, a normal one.

@@ -38,6 +38,9 @@ absl::StatusOr<Topology> TopologyOf(const v1::JobInfo& info, const v1::Profile& 
 absl::StatusOr<std::vector<RankWork>> RanksOf(const v1::JobInfo& info, const v1::Profile& profile,
                                               int64_t global_batch);
 
+// The median of `v` (the mean of the middle two when even); 0 when empty.
+double Median(std::vector<double> v);
+
 class StragglerDetector {
  public:
   StragglerDetector(std::vector<RankWork> ranks, int window);
