@@ -17,7 +17,7 @@ CPU_BUDGET=${1:-600}
 shift || true
 TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=(job_spec_fuzz submission_fuzz stage_map_fuzz checkpoint_fuzz rpc_fuzz worker_protocol_fuzz
-                            progress_fuzz http_request_fuzz)
+                            progress_fuzz http_request_fuzz safetensors_fuzz)
 PARALLEL=${VARUNA_FUZZ_PARALLEL:-2}
 
 if ! command -v clang++ >/dev/null || ! dpkg-query -W libclang-rt-14-dev >/dev/null 2>&1; then

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/base/safe_file.h"
+#include "worker/models/builtin.h"
 #include "worker/torch_status.h"
 
 namespace varuna {
@@ -283,6 +284,8 @@ absl::StatusOr<Model> BuildModel(const ModelSpec& spec) {
   if (spec.kind == "gpt") return GptModel(spec);
   if (spec.kind == "mlp") return MlpModel(spec);
   if (spec.kind == "torchscript") return ScriptModel(spec);
+  if (spec.kind == "llama") return LlamaModel(spec);
+  if (spec.kind == "gpt2") return Gpt2Model(spec);
   return absl::InvalidArgumentError(absl::StrCat("unknown model kind '", spec.kind, "'"));
 }
 

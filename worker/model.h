@@ -74,9 +74,9 @@ class Model {
 std::shared_ptr<Layer> BuildLayer(const Model& model, int index, uint64_t seed,
                                   torch::Device device);
 
-// Builds a built-in model (gpt, mlp) or loads TorchScript segments from spec.path
-// (segment_0.pt, segment_1.pt, ...: each a scripted module with
-// forward(x: Tensor, input_ids: Tensor, labels: Tensor) -> Tensor).
+// Builds a built-in model (gpt, mlp; llama and gpt2 in worker/models/) or loads TorchScript
+// segments from spec.path (segment_0.pt, segment_1.pt, ...: each a scripted module with forward(x:
+// Tensor, input_ids: Tensor, labels: Tensor) -> Tensor).
 absl::StatusOr<Model> BuildModel(const ModelSpec& spec);
 
 }  // namespace varuna

@@ -174,6 +174,16 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
   return AgreeOnStartup(groups_, xfer, st);
 }
 
+absl::Status Varuna::InitWeights(
+    const std::function<absl::Status(const std::string&, torch::nn::Module&)>& load) {
+  const torch::Device xfer = TransferDevice(groups_, device_);
+  absl::Status st;
+  for (size_t i = 0; i < layers_.size() && st.ok(); ++i) st = load(layer_names_[i], *layers_[i]);
+  RETURN_IF_ERROR(AgreeOnStartup(groups_, xfer, st));
+  st = TieAtStart(named_params_, model_.tied(), groups_, xfer);
+  return AgreeOnStartup(groups_, xfer, st);
+}
+
 // Builds this stage's layers and its gradient reducer, and checks, without communicating,
 // everything a later collective depends on.
 absl::Status Varuna::BuildLocal() {

@@ -171,6 +171,11 @@ class Varuna {
   absl::StatusOr<int64_t> load_checkpoint(const std::string& ckpt_path);
   // Names of every layer of the whole model (all stages), as a checkpoint records them.
   std::vector<std::string> model_layer_names() const;
+  // Fills this stage's layers with load(layer name, layer) before the first step
+  // (model.init_from), agreed by every rank like the start-up, then makes tied copies equal
+  // again (a tied second the source lacks takes the first's loaded value).
+  absl::Status InitWeights(
+      const std::function<absl::Status(const std::string&, torch::nn::Module&)>& load);
 
   // Morph in place (Note [Morph in place] in worker/regroup.cc). The steps whose state this
   // rank can hand over: the newest it applied and, while that one is not committed, the one

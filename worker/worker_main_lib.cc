@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include <unistd.h>
@@ -31,6 +32,7 @@
 #include "worker/data.h"
 #include "worker/device.h"
 #include "worker/heterogeneous.h"
+#include "worker/hf.h"
 #include "worker/lr_schedule.h"
 #include "worker/profiler.h"
 #include "worker/regroup.h"
@@ -278,6 +280,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   int64_t profile_batch = 0;  // the job's global batch, for a profile run
   absl::Status input = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(spec, LoadJobSpec(args.job_path));
+    RETURN_IF_ERROR(ResolveInitFrom(&spec.model));
     RETURN_IF_ERROR(spec.ValidateFiles());
     ASSIGN_OR_RETURN(built, BuildModel(spec.model));
     if (args.list_modules) return absl::OkStatus();
@@ -407,10 +410,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
 
   // Note [Resume]: the checkpoint records the model spec; a different one is refused. The
   // global batch is checked by the engine. Data position = step, so nothing else is needed.
-  const std::string model_spec =
-      absl::StrFormat("kind=%s layers=%d d_model=%d heads=%d seq_len=%d vocab=%d path=%s",
-                      spec.model.kind, spec.model.layers, spec.model.d_model, spec.model.heads,
-                      spec.model.seq_len, spec.model.vocab, spec.model.path);
+  const std::string model_spec = ModelSpecLine(spec.model);
   const std::string& ckpt_dir = spec.checkpoint.dir;
   int64_t first_step = 1;
   std::optional<HandoverStats> joined;  // a joiner's hand-over (Note [Morph in place])
@@ -458,8 +458,26 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     }();
     if (!resumed.ok()) return MarkBadInput(resumed);
   }
-  const std::map<std::string, std::string> ckpt_info = {{"model_spec", model_spec},
-                                                        {"job_name", spec.name}};
+  if (first_step == 1 && !joined && !spec.model.init_from.empty()) {
+    // A fresh start from a Hugging Face model (docs/models.md): each rank reads the tensors
+    // of its own layers only. A resumed or joined rank has its state already.
+    const std::string& dir = spec.model.init_from;
+    std::set<std::string> upcast;
+    absl::Status loaded = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(HfWeights weights, HfWeights::Open(dir));
+      return engine->InitWeights([&](const std::string& layer, torch::nn::Module& module) {
+        return LoadHfLayer(weights, spec.model, dir, layer, module, &upcast);
+      });
+    }();
+    if (!loaded.ok()) return MarkBadInput(loaded);
+    LOG(INFO) << who << " initialized " << engine->layer_names().size() << " layers from " << dir
+              << (upcast.empty() ? std::string()
+                                 : absl::StrCat("; ", absl::StrJoin(upcast, ", "),
+                                                " weights upcast to fp32 master weights"));
+  }
+  std::map<std::string, std::string> ckpt_info = {{"model_spec", model_spec},
+                                                  {"job_name", spec.name}};
+  if (!spec.data.tokenizer_dir.empty()) ckpt_info["tokenizer_dir"] = spec.data.tokenizer_dir;
 
   // The rescue thread (Note [Rescue] in checkpoint.cc): on SIGUSR2 or a failed step, save the
   // last completed step and exit kExitRescued. It owns the exit from then on, so the

@@ -202,6 +202,9 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   if (n["model_spec"]) {
     ASSIGN_OR_RETURN(c.model_spec, Get<std::string>(n, "model_spec", what));
   }
+  if (n["tokenizer_dir"]) {
+    ASSIGN_OR_RETURN(c.tokenizer_dir, Get<std::string>(n, "tokenizer_dir", what));
+  }
   if (n["pipelines"]) {
     ASSIGN_OR_RETURN(c.pipelines, Get<std::string>(n, "pipelines", what));
   }

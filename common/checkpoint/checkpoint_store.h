@@ -69,6 +69,7 @@ struct CheckpointCommon {
   std::vector<int> writers;
   std::vector<std::string> layers;
   std::string model_spec;
+  std::string tokenizer_dir;  // the job's data.tokenizer_dir ("" if none), for export
   // Written for people and tools, not read back:
   int micro_batch = 0;
   std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)

@@ -42,7 +42,8 @@ std::string MismatchDetail(const std::vector<std::string>& want,
 }  // namespace
 
 const std::vector<std::string>& SupportedTemplateModels() {
-  static const auto* models = new std::vector<std::string>{"gpt", "mlp", "torchscript"};
+  static const auto* models =
+      new std::vector<std::string>{"gpt", "mlp", "torchscript", "llama", "gpt2"};
   return *models;
 }
 
@@ -64,7 +65,7 @@ absl::StatusOr<std::vector<int>> TemplateBoundaries(
     return absl::InvalidArgumentError("a pipeline template needs at least one stage");
   }
   if (modules.empty()) return absl::InvalidArgumentError("the model has no modules");
-  const bool builtin = model_name == "gpt" || model_name == "mlp";
+  const bool builtin = model_name != "torchscript";
   auto contains = [](const std::vector<std::string>& stage, const std::string& m) {
     for (const std::string& s : stage) {
       if (s == m) return true;

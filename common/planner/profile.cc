@@ -76,6 +76,9 @@ std::string ModelKey(const ModelSpec& m) {
   if (m.kind == "torchscript") return absl::StrCat("torchscript path=", m.path);
   std::string key = absl::StrCat(m.kind, " layers=", m.layers, " d_model=", m.d_model);
   if (m.kind == "gpt") absl::StrAppend(&key, " heads=", m.heads);
+  if (IsHfKind(m.kind)) {
+    absl::StrAppend(&key, " heads=", m.heads, " kv_heads=", m.kv_heads, " ffn=", m.ffn);
+  }
   absl::StrAppend(&key, " seq_len=", m.seq_len, " vocab=", m.vocab);
   return key;
 }
@@ -98,6 +101,27 @@ absl::StatusOr<std::vector<SegmentShape>> DescribeModel(const ModelSpec& m) {
           {absl::StrCat("blocks.", i), 16 * t * d * d, 8 * d * d + 7 * d, t * d, 11 * t * d});
     }
     out.push_back({"head", 2 * t * d * v, v * d + v, 1, 3 * t * v});
+  } else if (m.kind == "llama") {
+    // Projections q,o: d x d; k,v: d x kv*hd; SwiGLU: 3 x d x ffn; no biases.
+    const double kv = static_cast<double>(m.kv_heads) * (m.d_model / m.heads), f = m.ffn;
+    const double params = 2 * d * d + 2 * d * kv + 3 * d * f + 2 * d;
+    out.push_back({"model.embed_tokens", t * d, v * d, t * d, t * d});
+    for (int i = 0; i < m.layers; ++i) {
+      out.push_back({absl::StrCat("model.layers.", i), 2 * t * (params - 2 * d) + 4 * t * t * d,
+                     params, t * d, 18 * t * d + 4 * t * f + 5 * h * t * t});
+    }
+    out.push_back({"model.norm,lm_head", 2 * t * d * v, v * d + d, 1, 3 * t * v + 2 * t * d});
+  } else if (m.kind == "gpt2") {
+    const double f = m.ffn, pos = m.max_positions;
+    const double params = 4 * d * d + 2 * d * f + 9 * d + f;
+    out.push_back({"transformer.wte,transformer.wpe", t * d, v * d + pos * d, t * d, 2 * t * d});
+    for (int i = 0; i < m.layers; ++i) {
+      out.push_back({absl::StrCat("transformer.h.", i),
+                     2 * t * (4 * d * d + 2 * d * f) + 4 * t * t * d, params, t * d,
+                     18 * t * d + 4 * t * f + 5 * h * t * t});
+    }
+    out.push_back(
+        {"transformer.ln_f,lm_head", 2 * t * d * v, v * d + 2 * d, 1, 3 * t * v + 2 * t * d});
   } else {
     return absl::FailedPreconditionError(absl::StrCat(
         "model.kind '", m.kind, "' has no built-in cost model; profile it (varunactl profile)"));
@@ -137,7 +161,9 @@ absl::StatusOr<v1::Profile> BuiltinProfile(const JobSpec& spec) {
       c->set_peak_bytes(c->graph_bytes() + s.params * kBytesPerElem);
     }
   }
-  if (spec.model.kind == "gpt") p.set_tied_bytes(spec.model.vocab * spec.model.d_model * 4.0);
+  if (!TiedParameters(spec.model).empty()) {
+    p.set_tied_bytes(spec.model.vocab * spec.model.d_model * 4.0);
+  }
   return p;
 }
 

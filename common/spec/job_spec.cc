@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -216,20 +217,7 @@ absl::Status JobSpec::Validate() const {
       return Bad("name", "must not hold control characters (it is shown in terminals)");
     }
   }
-  RETURN_IF_ERROR(OneOf("model.kind", model.kind, {"gpt", "mlp", "torchscript"}));
-  RETURN_IF_ERROR(InRange("model.layers", model.layers, 1, kMaxLayers));
-  RETURN_IF_ERROR(InRange("model.d_model", model.d_model, 1, 65536));
-  RETURN_IF_ERROR(InRange("model.heads", model.heads, 1, 1024));
-  if (model.kind == "gpt" && model.d_model % model.heads != 0) {
-    return Bad("model.heads",
-               absl::StrCat("(", model.heads, ") must divide model.d_model (", model.d_model, ")"));
-  }
-  RETURN_IF_ERROR(InRange("model.seq_len", model.seq_len, 1, 1 << 17));
-  RETURN_IF_ERROR(InRange("model.vocab", model.vocab, 2, 1 << 22));
-  if (!(model.dropout >= 0 && model.dropout < 1)) return Bad("model.dropout", "must be in [0, 1)");
-  if (model.kind == "torchscript" && model.path.empty()) {
-    return Bad("model.path", "is required for model.kind torchscript");
-  }
+  RETURN_IF_ERROR(ValidateModel(model));
   RETURN_IF_ERROR(OneOf("data.kind", data.kind, {"text", "tokens"}));
   if (data.path.empty()) return Bad("data.path", "is required");
   RETURN_IF_ERROR(OneOf("data.dtype", data.dtype, {"uint16", "uint32"}));
@@ -240,7 +228,8 @@ absl::Status JobSpec::Validate() const {
   RETURN_IF_ERROR(InRange("train.global_batch", train.global_batch, 1, kMaxGlobalBatch));
   RETURN_IF_ERROR(InRange("train.steps", train.steps, 0, kMaxSteps));
   RETURN_IF_ERROR(OneOf("train.optimizer", train.optimizer, {"adamw", "sgd"}));
-  RETURN_IF_ERROR(Finite("train.lr", train.lr, 0, 100, /*open_low=*/true));
+  // lr 0 is a run that changes no weight (evaluate, or convert: docs/models.md).
+  RETURN_IF_ERROR(Finite("train.lr", train.lr, 0, 100, /*open_low=*/false));
   if (!(train.min_lr >= 0 && train.min_lr <= train.lr)) {
     return Bad("train.min_lr", "must be in [0, lr]");
   }
@@ -427,6 +416,27 @@ absl::Status JobSpec::ValidateFiles() const {
   if (model.kind == "torchscript") {
     RETURN_IF_ERROR(CheckRegularFile(model.path + "/segment_0.pt", "model.path segment_0.pt"));
   }
+  if (!data.tokenizer_dir.empty()) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(data.tokenizer_dir, ec)) {
+      return Bad("data.tokenizer_dir",
+                 absl::StrCat("'", data.tokenizer_dir, "' is not a directory"));
+    }
+  }
+  if (!model.init_from.empty()) {
+    std::vector<std::string> missing;
+    for (const auto& [key, value] : ArchitectureKeys(model)) {
+      if (!model.given.count(key)) missing.push_back(key);
+    }
+    if (!missing.empty()) {
+      return Bad("model.init_from",
+                 absl::StrCat("needs the architecture in the job spec (varunactl submit and "
+                              "varuna-worker fill it in from config.json); missing: ",
+                              absl::StrJoin(missing, ", ")));
+    }
+    ModelSpec resolved = model;
+    RETURN_IF_ERROR(ResolveInitFrom(&resolved));
+  }
   return absl::OkStatus();
 }
 
@@ -528,20 +538,20 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
   top.Field("name", &spec.name)
       .Sub("model", section("model",
                             [&](MapReader& r) {
-                              r.Field("kind", &spec.model.kind)
-                                  .Field("layers", &spec.model.layers)
-                                  .Field("d_model", &spec.model.d_model)
-                                  .Field("heads", &spec.model.heads)
-                                  .Field("seq_len", &spec.model.seq_len)
-                                  .Field("vocab", &spec.model.vocab)
-                                  .Field("dropout", &spec.model.dropout)
-                                  .Field("path", &spec.model.path);
+                              for (const std::string& key : ModelKeys()) {
+                                r.Sub(key, [&spec, key](const YAML::Node& v) -> absl::Status {
+                                  ASSIGN_OR_RETURN(std::string text,
+                                                   YamlScalar(v, "job spec", "model." + key));
+                                  return SetModelKey(key, text, &spec.model);
+                                });
+                              }
                             }))
       .Sub("data", section("data",
                            [&](MapReader& r) {
                              r.Field("kind", &spec.data.kind)
                                  .Field("path", &spec.data.path)
-                                 .Field("dtype", &spec.data.dtype);
+                                 .Field("dtype", &spec.data.dtype)
+                                 .Field("tokenizer_dir", &spec.data.tokenizer_dir);
                            }))
       .Sub("train", section("train",
                             [&](MapReader& r) {
@@ -601,6 +611,7 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
       .Sub("env", [&](const YAML::Node& v) { return ReadEnv(v, &spec.env); })
       .Field("env_file", &spec.env_file);
   RETURN_IF_ERROR(top.Read());
+  FillModelDefaults(&spec.model);
   RETURN_IF_ERROR(spec.Validate());
   return spec;
 }

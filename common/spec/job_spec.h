@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/pipeline/limits.h"
+#include "common/spec/model_spec.h"
 
 namespace varuna {
 
@@ -25,21 +26,13 @@ inline constexpr int64_t kMaxSteps = 1000000000;
 // A shell variable name: [A-Za-z_][A-Za-z0-9_]*, at most 256 characters.
 bool IsValidEnvKey(absl::string_view key);
 
-struct ModelSpec {
-  std::string kind = "gpt";  // gpt | mlp | torchscript
-  int layers = 4;            // gpt: transformer blocks; mlp: hidden blocks
-  int d_model = 128;
-  int heads = 4;         // gpt only; must divide d_model
-  int seq_len = 64;      // tokens per sample
-  int vocab = 256;       // token ids must be < vocab
-  double dropout = 0.0;  // in [0, 1)
-  std::string path;      // torchscript: directory holding segment_<i>.pt files
-};
-
 struct DataSpec {
   std::string kind = "text";  // text (bytes of a file, vocab >= 256) | tokens (flat binary)
   std::string path;
   std::string dtype = "uint16";  // tokens only: uint16 | uint32
+  // The Hugging Face tokenizer that made the tokens (tokenizer.json, ...): not used for
+  // training; varuna-ckpt export copies its files next to the weights.
+  std::string tokenizer_dir;
 };
 
 struct TrainSpec {
@@ -163,8 +156,10 @@ struct JobSpec {
   // parallel.pipelines without the model: counts, micro-batch counts, the batch they add up
   // to, identical templates with different counts (part of Validate()).
   absl::Status ValidatePipelines() const;
-  // Checks that referenced files are readable regular files. Opens never block (a FIFO is
-  // refused, not waited on); still, callers on an event loop run it elsewhere.
+  // Checks that referenced files are readable regular files, and that a model.init_from
+  // spec carries the architecture its config.json has (ResolveInitFrom fills it in). Opens
+  // never block (a FIFO is refused, not waited on); still, callers on an event loop run it
+  // elsewhere.
   absl::Status ValidateFiles() const;
 };
 

@@ -14,14 +14,20 @@ namespace varuna {
 
 absl::StatusOr<std::vector<std::string>> BuiltinModules(const ModelSpec& model) {
   RETURN_IF_ERROR(CheckTemplateModel(model.kind));
-  if (model.kind != "gpt" && model.kind != "mlp") {
-    return absl::UnimplementedError(absl::StrCat(
-        "the modules of a ", model.kind, " model are known only to the worker (--list_modules)"));
-  }
-  std::vector<std::string> modules = {"embed"};
-  for (int i = 0; i < model.layers; ++i) modules.push_back(absl::StrCat("blocks.", i));
-  modules.push_back("head");
+  ASSIGN_OR_RETURN(auto layout, ModelLayout(model));
+  std::vector<std::string> modules;
+  for (const auto& segment : layout) modules.insert(modules.end(), segment.begin(), segment.end());
   return modules;
+}
+
+std::vector<int> BuiltinSegmentOf(const ModelSpec& model) {
+  std::vector<int> segment_of;
+  auto layout = ModelLayout(model);
+  if (!layout.ok()) return segment_of;
+  for (size_t s = 0; s < layout->size(); ++s) {
+    segment_of.insert(segment_of.end(), (*layout)[s].size(), static_cast<int>(s));
+  }
+  return segment_of;
 }
 
 absl::StatusOr<std::vector<std::string>> ModulesOf(const ModelSpec& model, int num_segments) {
@@ -50,10 +56,17 @@ absl::StatusOr<Topology> TopologyFromSpec(const JobSpec& spec,
                                                    ") does not match world size (", world_size,
                                                    ")."));
   }
+  // A built-in model's modules group into segments by its layout (gpt2's transformer.wte and
+  // transformer.wpe are one segment); the caller's segment_of wins.
+  std::vector<int> segments = segment_of;
+  if (segments.empty() && spec.model.kind != "torchscript" &&
+      modules.size() == BuiltinSegmentOf(spec.model).size()) {
+    segments = BuiltinSegmentOf(spec.model);
+  }
   std::vector<PipelineLayout> layouts;
   for (size_t i = 0; i < par.pipelines.size(); ++i) {
     const PipelineEntrySpec& e = par.pipelines[i];
-    auto bounds = TemplateBoundaries(spec.model.kind, modules, e.stages, segment_of);
+    auto bounds = TemplateBoundaries(spec.model.kind, modules, e.stages, segments);
     if (!bounds.ok()) {
       return absl::Status(bounds.status().code(),
                           absl::StrCat("parallel.pipelines[", i, "]: ", bounds.status().message()));

@@ -13,9 +13,11 @@
 
 namespace varuna {
 
-// The ordered module names of a built-in model: embed, blocks.0 .. blocks.{n-1}, head (the
-// worker's layer names). TorchScript models: Unimplemented here (the worker reads the files).
+// The ordered module names of a built-in model (ModelLayout flattened: the worker's layer
+// names). TorchScript models: Unimplemented here (the worker reads the files).
 absl::StatusOr<std::vector<std::string>> BuiltinModules(const ModelSpec& model);
+// The segment of each of BuiltinModules (empty for TorchScript).
+std::vector<int> BuiltinSegmentOf(const ModelSpec& model);
 
 // The ordered modules of any model kind with `num_segments` segments: BuiltinModules, or
 // segment_0 .. segment_{n-1} for TorchScript (one module per segment file).

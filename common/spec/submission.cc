@@ -264,9 +264,20 @@ absl::StatusOr<std::string> Prepare(const std::string& path, const SubmitOptions
 
   YAML::Emitter out;
   out << root;
-  const std::string yaml = out.c_str();
+  std::string yaml = out.c_str();
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return fail(spec.status());
+  // model.init_from: the architecture comes from DIR/config.json here, where the directory
+  // is, and travels in the spec (the manager plans with it; the worker checks it again).
+  if (opts.check_files && !spec->model.init_from.empty()) {
+    if (absl::Status s = ResolveInitFrom(&spec->model); !s.ok()) return fail(s);
+    for (const auto& [key, value] : ArchitectureKeys(spec->model)) root["model"][key] = value;
+    YAML::Emitter resolved;
+    resolved << root;
+    yaml = resolved.c_str();
+    spec = ParseJobSpec(yaml);
+    if (!spec.ok()) return fail(spec.status());
+  }
   if (absl::Status s = spec->ValidateShape(); !s.ok()) return fail(s);
   if (opts.check_files) {
     absl::Status s = spec->ValidateFiles();

@@ -191,4 +191,30 @@ HTTP = {
 }
 for name, text in HTTP.items():
     put("http_request_fuzz", name, text)
+
+
+# safetensors files: valid ones (F32, BF16, F16, scalar, empty, metadata) and headers that lie.
+def safetensors(header, data):
+    h = header.encode()
+    return struct.pack("<Q", len(h)) + h + data
+
+
+F = '{"dtype":"%s","shape":%s,"data_offsets":[%d,%d]}'
+SAFETENSORS = {
+    "valid": safetensors('{"__metadata__":{"format":"pt"},"a":' + F % ("F32", "[2]", 0, 8) +
+                         ',"b":' + F % ("BF16", "[2,1]", 8, 12) + ',"c":' +
+                         F % ("F16", "[]", 12, 14) + ',"e":' + F % ("F32", "[0]", 14, 14) + "}",
+                         bytes(range(14))),
+    "overlap": safetensors('{"a":' + F % ("F32", "[1]", 0, 4) + ',"b":' +
+                           F % ("F32", "[1]", 2, 6) + "}", bytes(6)),
+    "gap": safetensors('{"a":' + F % ("F32", "[1]", 0, 4) + ',"b":' +
+                       F % ("F32", "[1]", 8, 12) + "}", bytes(12)),
+    "past_end": safetensors('{"a":' + F % ("F64", "[4]", 0, 32) + "}", bytes(8)),
+    "huge_shape": safetensors('{"a":' + F % ("F32", "[4294967296,4294967296,16]", 0, 4) + "}",
+                              bytes(4)),
+    "length_lies": struct.pack("<Q", 1 << 40) + b"{}",
+    "nested": safetensors('{"a":' + "[" * 200 + "]" * 200 + "}", b""),
+}
+for name, data in SAFETENSORS.items():
+    put("safetensors_fuzz", name, data)
 print("seeds written under", ROOT)

@@ -49,8 +49,8 @@ TEST(PipelineTemplateTest, CreateChecksAgainstTheModel) {
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "The last stage must contain"));
   EXPECT_THAT(
-      PipelineTemplate::Create("llama", {PipelineTemplate::GetModules(m)}, m).status(),
-      StatusIs(absl::StatusCode::kUnimplemented, "Auto policy for llama is not implemented"));
+      PipelineTemplate::Create("bert", {PipelineTemplate::GetModules(m)}, m).status(),
+      StatusIs(absl::StatusCode::kUnimplemented, "Auto policy for bert is not implemented"));
 }
 
 TEST(HeterogeneousParallelPluginTest, SetPipelinesBuildsTheTopology) {

@@ -141,7 +141,7 @@ TEST(PipelineTemplateTest, TheSeedsErrors) {
   EXPECT_THAT(bert.status(), StatusIs(absl::StatusCode::kUnimplemented,
                                       "Auto policy for bert is not implemented"));
   EXPECT_THAT(std::string(bert.status().message()),
-              HasSubstr("Supported models are [gpt, mlp, torchscript]"));
+              HasSubstr("Supported models are [gpt, mlp, torchscript, llama, gpt2]"));
 }
 
 constexpr char kHetero[] = R"(

@@ -1,0 +1,388 @@
+#include "common/checkpoint/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/base/yaml_util.h"
+
+namespace varuna {
+namespace {
+
+absl::Status Lie(const std::string& what, const std::string& problem) {
+  return absl::DataLossError(absl::StrCat(what, ": ", problem));
+}
+
+// A JSON integer in [0, 2^63): the text must be all digits (no sign, exponent or fraction).
+absl::StatusOr<uint64_t> Count(const YAML::Node& v, const std::string& what,
+                               const std::string& key) {
+  if (!v.IsScalar()) return Lie(what, absl::StrCat(key, " must be a number"));
+  const std::string& s = v.Scalar();
+  uint64_t n = 0;
+  if (s.empty() || s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos ||
+      !absl::SimpleAtoi(s, &n) || n >= (uint64_t{1} << 63)) {
+    return Lie(what, absl::StrCat(key, " must be a non-negative integer, got '", Describe(v), "'"));
+  }
+  return n;
+}
+
+void AppendJsonString(std::string* out, absl::string_view s) {
+  out->push_back('"');
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out->push_back('\\');
+      out->push_back(static_cast<char>(c));
+    } else if (c < 0x20) {
+      static const char* kHex = "0123456789abcdef";
+      absl::StrAppend(out, "\\u00", std::string(1, kHex[c >> 4]), std::string(1, kHex[c & 15]));
+    } else {
+      out->push_back(static_cast<char>(c));
+    }
+  }
+  out->push_back('"');
+}
+
+absl::Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, std::min<uint64_t>(bytes, 1 << 30));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+    }
+    p += n;
+    bytes -= static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int SafetensorsDtypeBytes(absl::string_view dtype) {
+  static const auto* sizes = new std::map<std::string, int, std::less<>>{
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  auto it = sizes->find(dtype);
+  return it == sizes->end() ? 0 : it->second;
+}
+
+int64_t SafetensorsEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view header,
+                                                         uint64_t file_size,
+                                                         const std::string& what) {
+  const size_t first = header.find_first_not_of(" \t\r\n");
+  if (first == absl::string_view::npos || header[first] != '{') {
+    return Lie(what, "the header is not a JSON object");
+  }
+  absl::StatusOr<YAML::Node> parsed = ParseYaml(std::string(header), what + " header");
+  if (!parsed.ok()) return Lie(what, std::string(parsed.status().message()));
+  const YAML::Node& root = *parsed;
+  if (!root.IsMap()) return Lie(what, "the header is not a JSON object");
+  SafetensorsHeader out;
+  out.data_start = 8 + header.size();
+  if (out.data_start > file_size) return Lie(what, "the header runs past the end of the file");
+  const uint64_t data_size = file_size - out.data_start;
+  std::set<std::string> names;
+  absl::Status st = ForEachEntry(
+      root, what, "", [&](const std::string& name, const YAML::Node& v) -> absl::Status {
+        if (name == "__metadata__") {
+          if (!v.IsMap()) return Lie(what, "__metadata__ must be an object of strings");
+          return ForEachEntry(v, what, "__metadata__",
+                              [&](const std::string& k, const YAML::Node& s) -> absl::Status {
+                                if (!s.IsScalar()) {
+                                  return Lie(what,
+                                             absl::StrCat("__metadata__.", k, " must be a string"));
+                                }
+                                out.metadata[k] = s.Scalar();
+                                return absl::OkStatus();
+                              });
+        }
+        if (name.empty()) return Lie(what, "a tensor has an empty name");
+        if (!v.IsMap()) return Lie(what, absl::StrCat("tensor '", name, "' is not an object"));
+        SafetensorsEntry e;
+        e.name = name;
+        bool has_dtype = false, has_shape = false, has_offsets = false;
+        RETURN_IF_ERROR(ForEachEntry(
+            v, what, name, [&](const std::string& k, const YAML::Node& f) -> absl::Status {
+              const std::string key = absl::StrCat("tensor '", name, "' ", k);
+              if (k == "dtype") {
+                if (!f.IsScalar() || SafetensorsDtypeBytes(f.Scalar()) == 0) {
+                  return Lie(what,
+                             absl::StrCat(key, " '", Describe(f), "' is not a safetensors dtype"));
+                }
+                e.dtype = f.Scalar();
+                has_dtype = true;
+              } else if (k == "shape") {
+                if (!f.IsSequence() || f.size() > static_cast<size_t>(kMaxSafetensorsRank)) {
+                  return Lie(what, absl::StrCat(key, " must be a list of at most ",
+                                                kMaxSafetensorsRank, " sizes"));
+                }
+                for (const YAML::Node& d : f) {
+                  ASSIGN_OR_RETURN(uint64_t n, Count(d, what, key));
+                  e.shape.push_back(static_cast<int64_t>(n));
+                }
+                has_shape = true;
+              } else if (k == "data_offsets") {
+                if (!f.IsSequence() || f.size() != 2) {
+                  return Lie(what, absl::StrCat(key, " must be [begin, end]"));
+                }
+                ASSIGN_OR_RETURN(e.begin, Count(f[0], what, key));
+                ASSIGN_OR_RETURN(e.end, Count(f[1], what, key));
+                has_offsets = true;
+              } else {
+                return Lie(what,
+                           absl::StrCat("tensor '", name, "' has an unknown field '", k, "'"));
+              }
+              return absl::OkStatus();
+            }));
+        if (!has_dtype || !has_shape || !has_offsets) {
+          return Lie(what, absl::StrCat("tensor '", name, "' lacks ",
+                                        !has_dtype   ? "dtype"
+                                        : !has_shape ? "shape"
+                                                     : "data_offsets"));
+        }
+        if (e.begin > e.end || e.end > data_size) {
+          return Lie(what, absl::StrCat("tensor '", name, "' data_offsets [", e.begin, ", ", e.end,
+                                        "] are outside the ", data_size, "-byte data buffer"));
+        }
+        // numel * itemsize, without overflow, must be the span the offsets give.
+        uint64_t bytes = static_cast<uint64_t>(SafetensorsDtypeBytes(e.dtype));
+        for (int64_t d : e.shape) {
+          if (__builtin_mul_overflow(bytes, static_cast<uint64_t>(d), &bytes)) {
+            return Lie(what, absl::StrCat("tensor '", name, "' shape is too large"));
+          }
+        }
+        if (bytes != e.end - e.begin) {
+          return Lie(what, absl::StrCat("tensor '", name, "' has ", e.end - e.begin,
+                                        " bytes of data but its dtype and shape need ", bytes));
+        }
+        e.begin += out.data_start;
+        e.end += out.data_start;
+        out.tensors.push_back(std::move(e));
+        return absl::OkStatus();
+      });
+  if (!st.ok()) {
+    return st.code() == absl::StatusCode::kDataLoss ? st : Lie(what, std::string(st.message()));
+  }
+  // The tensors tile the data buffer: no gap, no overlap, nothing after the last.
+  std::sort(out.tensors.begin(), out.tensors.end(),
+            [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+              return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+            });
+  uint64_t at = out.data_start;
+  for (const SafetensorsEntry& e : out.tensors) {
+    if (e.begin != at) {
+      return Lie(what, absl::StrCat("tensor '", e.name, "' starts at data offset ",
+                                    e.begin - out.data_start, " but the previous one ends at ",
+                                    at - out.data_start, " (a gap or an overlap)"));
+    }
+    at = e.end;
+  }
+  if (at != file_size) {
+    return Lie(what, absl::StrCat("the tensors cover ", at - out.data_start, " of the ", data_size,
+                                  " data bytes"));
+  }
+  return out;
+}
+
+absl::StatusOr<SafetensorsReader> SafetensorsReader::Open(const std::string& path) {
+  SafetensorsReader r;
+  r.path_ = path;
+  ASSIGN_OR_RETURN(r.fd_, OpenRegularFile(path, "safetensors file"));
+  const off_t size = ::lseek(r.fd_, 0, SEEK_END);
+  if (size < 8) return Lie(path, "shorter than the 8-byte header length");
+  unsigned char len_bytes[8];
+  if (::pread(r.fd_, len_bytes, 8, 0) != 8) return Lie(path, "cannot read the header length");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];
+  if (n > kMaxSafetensorsHeaderBytes) {
+    return Lie(path, absl::StrCat("the header claims ", n, " bytes; the limit is ",
+                                  kMaxSafetensorsHeaderBytes));
+  }
+  if (n > static_cast<uint64_t>(size) - 8) {
+    return Lie(path, absl::StrCat("the header claims ", n, " bytes but the file has ", size));
+  }
+  std::string header(n, '\0');
+  if (n > 0 && ::pread(r.fd_, header.data(), n, 8) != static_cast<ssize_t>(n)) {
+    return Lie(path, "cannot read the header");
+  }
+  ASSIGN_OR_RETURN(r.header_, ParseSafetensorsHeader(header, static_cast<uint64_t>(size), path));
+  for (size_t i = 0; i < r.header_.tensors.size(); ++i) r.index_[r.header_.tensors[i].name] = i;
+  return r;
+}
+
+SafetensorsReader::SafetensorsReader(SafetensorsReader&& o) noexcept { *this = std::move(o); }
+
+SafetensorsReader& SafetensorsReader::operator=(SafetensorsReader&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    path_ = std::move(o.path_);
+    fd_ = std::exchange(o.fd_, -1);
+    header_ = std::move(o.header_);
+    index_ = std::move(o.index_);
+  }
+  return *this;
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const SafetensorsEntry* SafetensorsReader::Find(absl::string_view name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &header_.tensors[it->second];
+}
+
+absl::Status SafetensorsReader::Read(const SafetensorsEntry& e, void* out) const {
+  char* p = static_cast<char*>(out);
+  uint64_t off = e.begin;
+  while (off < e.end) {
+    const ssize_t n = ::pread(fd_, p, std::min<uint64_t>(e.end - off, 1 << 30), off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      return absl::DataLossError(absl::StrCat(path_, ": cannot read tensor '", e.name, "': ",
+                                              n == 0 ? "the file shrank" : std::strerror(errno)));
+    }
+    p += n;
+    off += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+std::string SafetensorsWriter::HeaderFor(std::vector<SafetensorsEntry>* tensors,
+                                         const std::map<std::string, std::string>& meta) {
+  std::string h = "{";
+  if (!meta.empty()) {
+    h += "\"__metadata__\":{";
+    bool first = true;
+    for (const auto& [k, v] : meta) {
+      if (!first) h += ",";
+      first = false;
+      AppendJsonString(&h, k);
+      h += ":";
+      AppendJsonString(&h, v);
+    }
+    h += "}";
+  }
+  uint64_t at = 0;
+  for (SafetensorsEntry& e : *tensors) {
+    e.begin = at;
+    e.end = at + static_cast<uint64_t>(e.numel()) * SafetensorsDtypeBytes(e.dtype);
+    at = e.end;
+    if (h.size() > 1) h += ",";
+    AppendJsonString(&h, e.name);
+    absl::StrAppend(&h, ":{\"dtype\":\"", e.dtype, "\",\"shape\":[");
+    for (size_t i = 0; i < e.shape.size(); ++i) absl::StrAppend(&h, i ? "," : "", e.shape[i]);
+    absl::StrAppend(&h, "],\"data_offsets\":[", e.begin, ",", e.end, "]}");
+  }
+  h += "}";
+  while ((8 + h.size()) % 8 != 0) h += ' ';
+  return h;
+}
+
+absl::StatusOr<SafetensorsWriter> SafetensorsWriter::Create(
+    const std::string& path, std::vector<SafetensorsEntry> tensors,
+    const std::map<std::string, std::string>& meta) {
+  std::set<absl::string_view> names;
+  for (const SafetensorsEntry& e : tensors) {
+    if (e.name.empty() || e.name == "__metadata__" || !names.insert(e.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": tensor name '", e.name, "' is empty, reserved or repeated"));
+    }
+    if (SafetensorsDtypeBytes(e.dtype) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": unknown dtype '", e.dtype, "'"));
+    }
+    for (int64_t d : e.shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat(path, ": negative shape"));
+    }
+  }
+  SafetensorsWriter w;
+  w.path_ = path;
+  w.tmp_ = absl::StrCat(path, ".tmp.", ::getpid());
+  const std::string header = HeaderFor(&tensors, meta);
+  w.tensors_ = std::move(tensors);
+  w.fd_ = ::open(w.tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (w.fd_ < 0) {
+    return absl::InternalError(absl::StrCat("cannot create ", w.tmp_, ": ", std::strerror(errno)));
+  }
+  unsigned char len[8];
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  RETURN_IF_ERROR(WriteAll(w.fd_, len, 8, w.tmp_));
+  RETURN_IF_ERROR(WriteAll(w.fd_, header.data(), header.size(), w.tmp_));
+  return w;
+}
+
+SafetensorsWriter::SafetensorsWriter(SafetensorsWriter&& o) noexcept { *this = std::move(o); }
+
+SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& o) noexcept {
+  if (this != &o) {
+    path_ = std::move(o.path_);
+    tmp_ = std::move(o.tmp_);
+    fd_ = std::exchange(o.fd_, -1);
+    tensors_ = std::move(o.tensors_);
+    next_ = o.next_;
+  }
+  return *this;
+}
+
+SafetensorsWriter::~SafetensorsWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_.c_str());
+  }
+}
+
+absl::Status SafetensorsWriter::Append(absl::string_view name, const void* data, uint64_t bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  if (next_ >= tensors_.size() || tensors_[next_].name != name) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": tensor '", name, "' written out of order (expected '",
+        next_ < tensors_.size() ? tensors_[next_].name : std::string("nothing more"), "')"));
+  }
+  if (bytes != tensors_[next_].bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' has ", bytes,
+                                                   " bytes; its header says ",
+                                                   tensors_[next_].bytes()));
+  }
+  RETURN_IF_ERROR(WriteAll(fd_, data, bytes, tmp_));
+  ++next_;
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsWriter::Finish() {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  if (next_ != tensors_.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": ", tensors_.size() - next_, " tensors were never written"));
+  }
+  if (::fsync(fd_) != 0 || ::close(fd_) != 0) {
+    fd_ = -1;
+    ::unlink(tmp_.c_str());
+    return absl::InternalError(absl::StrCat("cannot sync ", tmp_, ": ", std::strerror(errno)));
+  }
+  fd_ = -1;
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp_.c_str());
+    return absl::InternalError(
+        absl::StrCat("cannot rename ", tmp_, " to ", path_, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace varuna

@@ -1,0 +1,180 @@
+#include "common/spec/model_spec.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/spec/job_spec.h"
+#include "common/spec/job_topology.h"
+#include "common/spec/submission.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/status_matchers.h"
+
+namespace varuna {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::varuna::testing::IsOk;
+using ::varuna::testing::StatusIs;
+
+absl::StatusOr<JobSpec> Spec(const std::string& model) {
+  return ParseJobSpec(absl::StrCat("data: {kind: tokens, path: /x}\nmodel: ", model, "\n"));
+}
+
+TEST(ModelSpecTest, HuggingFaceNamesPerKind) {
+  ASSERT_OK_AND_ASSIGN(JobSpec s, Spec("{kind: llama, hidden_size: 64, num_hidden_layers: 2, "
+                                       "num_attention_heads: 4, num_key_value_heads: 2, "
+                                       "intermediate_size: 96, vocab_size: 300}"));
+  EXPECT_EQ(s.model.d_model, 64);
+  EXPECT_EQ(s.model.layers, 2);
+  EXPECT_EQ(s.model.kv_heads, 2);
+  EXPECT_EQ(s.model.ffn, 96);
+  EXPECT_EQ(s.model.norm_eps, 1e-6);  // LlamaConfig's defaults
+  EXPECT_EQ(s.model.rope_theta, 10000);
+  EXPECT_EQ(s.model.max_positions, 2048);
+  EXPECT_FALSE(s.model.tie_embeddings);
+  ASSERT_OK_AND_ASSIGN(JobSpec g, Spec("{kind: gpt2, n_embd: 48, n_layer: 3, n_head: 4}"));
+  EXPECT_EQ(g.model.ffn, 4 * 48);
+  EXPECT_EQ(g.model.norm_eps, 1e-5);
+  EXPECT_TRUE(g.model.tie_embeddings);
+  // Our names for their kinds, and theirs for ours, are refused with the right name.
+  EXPECT_THAT(Spec("{kind: llama, d_model: 64}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "'model.d_model' is not a field of model.kind llama (it is called "
+                       "model.hidden_size)"));
+  EXPECT_THAT(Spec("{kind: gpt, hidden_size: 64}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "called model.d_model"));
+  EXPECT_THAT(Spec("{kind: gpt2, rope_theta: 5}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a field of model.kind gpt2"));
+  // Cross-field rules, in the kind's names.
+  EXPECT_THAT(Spec("{kind: llama, num_attention_heads: 4, num_key_value_heads: 3}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.num_key_value_heads"));
+  EXPECT_THAT(Spec("{kind: llama, hidden_size: 12, num_attention_heads: 4}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "even for rotary"));
+  EXPECT_THAT(Spec("{kind: gpt2, n_positions: 8, seq_len: 16}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.n_positions"));
+  EXPECT_THAT(Spec("{kind: llama, tie_word_embeddings: maybe}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tie_word_embeddings"));
+  EXPECT_THAT(Spec("{kind: gpt, init_from: /x}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a field of model.kind gpt"));
+}
+
+TEST(ModelSpecTest, LayoutsUseHuggingFaceModuleNames) {
+  ModelSpec m;
+  m.kind = "llama";
+  m.layers = 2;
+  ASSERT_OK_AND_ASSIGN(auto modules, BuiltinModules(m));
+  EXPECT_THAT(modules, ElementsAre("model.embed_tokens", "model.layers.0", "model.layers.1",
+                                   "model.norm", "lm_head"));
+  EXPECT_THAT(BuiltinSegmentOf(m), ElementsAre(0, 1, 2, 3, 3));
+  m.kind = "gpt2";
+  ASSERT_OK_AND_ASSIGN(modules, BuiltinModules(m));
+  EXPECT_THAT(modules, ElementsAre("transformer.wte", "transformer.wpe", "transformer.h.0",
+                                   "transformer.h.1", "transformer.ln_f", "lm_head"));
+  EXPECT_THAT(BuiltinSegmentOf(m), ElementsAre(0, 0, 1, 2, 3, 3));
+  m.kind = "gpt";
+  ASSERT_OK_AND_ASSIGN(modules, BuiltinModules(m));
+  EXPECT_THAT(modules, ElementsAre("embed", "blocks.0", "blocks.1", "head"));
+}
+
+TEST(ModelSpecTest, SpecLineRoundTripsAndKeepsTheOldFormat) {
+  ModelSpec gpt;
+  EXPECT_EQ(ModelSpecLine(gpt), "kind=gpt layers=4 d_model=128 heads=4 seq_len=64 vocab=256 path=");
+  ASSERT_OK_AND_ASSIGN(JobSpec s, Spec("{kind: llama, num_key_value_heads: 2, rms_norm_eps: "
+                                       "1e-5, tie_word_embeddings: true}"));
+  const std::string line = ModelSpecLine(s.model);
+  EXPECT_THAT(line, HasSubstr("kv_heads=2 ffn=512 norm_eps=1e-05 rope_theta=10000 tie=1"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec back, ParseModelSpecLine(line));
+  EXPECT_EQ(ModelSpecLine(back), line);
+  EXPECT_THAT(ParseModelSpecLine("kind=llama layers=x path=").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a model line"));
+}
+
+class InitFromTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / absl::StrCat("init_from_test_", getpid());
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "data.bin") << std::string(1000, 'a');
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void Config(const std::string& json) { std::ofstream(dir_ / "config.json") << json; }
+  ModelSpec Llama() {
+    ModelSpec m;
+    m.kind = "llama";
+    m.init_from = dir_.string();
+    m.given = {"kind", "init_from"};
+    FillModelDefaults(&m);
+    return m;
+  }
+  fs::path dir_;
+};
+
+TEST_F(InitFromTest, FillsWhatTheSpecLeftOutAndChecksWhatItGave) {
+  Config(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 300, "rms_norm_eps": 1e-05, "rope_scaling": null,
+             "torch_dtype": "bfloat16"})");
+  ModelSpec m = Llama();
+  ASSERT_THAT(ResolveInitFrom(&m), IsOk());
+  EXPECT_EQ(m.d_model, 64);
+  EXPECT_EQ(m.kv_heads, 2);
+  EXPECT_EQ(m.norm_eps, 1e-5);
+  EXPECT_EQ(m.rope_theta, 10000);  // absent from the file: LlamaConfig's default
+  EXPECT_EQ(m.max_positions, 2048);
+  EXPECT_TRUE(m.given.count("hidden_size"));
+  ModelSpec wrong = Llama();
+  wrong.heads = 8;
+  wrong.given.insert("num_attention_heads");
+  EXPECT_THAT(ResolveInitFrom(&wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "model.num_attention_heads is 8 in the job spec but 4 in"));
+  // config.json the kind cannot load.
+  Config(R"({"model_type": "gpt2", "n_embd": 4})");
+  ModelSpec other = Llama();
+  EXPECT_THAT(ResolveInitFrom(&other),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model_type is 'gpt2'"));
+  Config(R"({"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+             "vocab_size": 9, "rope_scaling": {"type": "linear"}})");
+  other = Llama();
+  EXPECT_THAT(ResolveInitFrom(&other),
+              StatusIs(absl::StatusCode::kInvalidArgument, "rope_scaling is set"));
+  Config(R"({"hidden_size": 64, "num_attention_heads": 4, "vocab_size": 9})");
+  other = Llama();
+  EXPECT_THAT(ResolveInitFrom(&other),
+              StatusIs(absl::StatusCode::kInvalidArgument, "lacks num_hidden_layers"));
+  Config("not json {");
+  other = Llama();
+  EXPECT_FALSE(ResolveInitFrom(&other).ok());
+  fs::remove(dir_ / "config.json");
+  other = Llama();
+  EXPECT_FALSE(ResolveInitFrom(&other).ok());
+}
+
+TEST_F(InitFromTest, SubmissionWritesTheArchitectureIntoTheSpec) {
+  Config(R"({"model_type": "gpt2", "n_embd": 48, "n_layer": 3, "n_head": 4,
+             "n_positions": 32, "vocab_size": 300, "n_inner": null})");
+  const std::string job = (dir_ / "job.yaml").string();
+  std::ofstream(job) << "name: j\nmodel: {kind: gpt2, init_from: " << dir_.string()
+                     << ", seq_len: 16}\ndata: {kind: tokens, path: "
+                     << (dir_ / "data.bin").string() << "}\n";
+  SubmitOptions opts;
+  ASSERT_OK_AND_ASSIGN(std::string yaml, PrepareSubmission(job, opts));
+  ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(yaml));
+  EXPECT_EQ(spec.model.d_model, 48);
+  EXPECT_EQ(spec.model.max_positions, 32);
+  EXPECT_THAT(spec.ValidateFiles(), IsOk());
+  // The same spec without the architecture fails ValidateFiles (the manager's check).
+  ASSERT_OK_AND_ASSIGN(JobSpec bare,
+                       ParseJobSpec(absl::StrCat(
+                           "model: {kind: gpt2, init_from: ", dir_.string(),
+                           "}\ndata: {kind: tokens, path: ", (dir_ / "data.bin").string(), "}\n")));
+  EXPECT_THAT(bare.ValidateFiles(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "missing: vocab_size, n_embd"));
+}
+
+}  // namespace
+}  // namespace varuna

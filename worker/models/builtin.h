@@ -1,0 +1,20 @@
+#pragma once
+
+// The built-in model kinds that follow Hugging Face (common/spec/model_spec.h): each returns
+// the Model whose layer and parameter names are Hugging Face's, cut between blocks.
+
+#include <memory>
+
+#include "common/spec/model_spec.h"
+#include "worker/model.h"
+
+namespace varuna {
+
+Model LlamaModel(const ModelSpec& spec);  // worker/models/llama.cc
+Model Gpt2Model(const ModelSpec& spec);   // worker/models/gpt2.cc
+
+// "lm_head": logits = x W^T (W [vocab, d], no bias), then the mean cross-entropy against
+// the labels. Shared by llama and gpt2 (where W is tied to the token embedding).
+std::shared_ptr<Layer> LmHead(int vocab, int d);
+
+}  // namespace varuna
