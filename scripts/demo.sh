@@ -3,7 +3,9 @@
 # fortunes corpus, starts a local varuna-manager and two varuna-agents (2 slots each),
 # submits the small GPT job (2 pipeline stages x 2 data-parallel replicas) with
 # `varunactl submit --follow`, and shuts everything down when it ends. Extra arguments go
-# to `varunactl submit` (e.g. --steps 50, --set train.lr=1e-3).
+# to `varunactl submit` (e.g. --steps 50, --set train.lr=1e-3). VARUNA_DEMO_JOB=FILE runs
+# another job file (examples/jobs/llama_fortunes.yaml: a small Llama, checkpointed to
+# build/demo/checkpoints for `varuna-ckpt export`).
 # The loss falls from ~5.5 (uniform over bytes) to well below 3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,7 +18,9 @@ DEMO=$BUILD_DIR/demo
 rm -rf "$DEMO/cluster"
 mkdir -p "$DEMO/cluster"
 scripts/prepare_corpus.sh "$DEMO/fortunes.txt"
-sed "s|@CORPUS@|$DEMO/fortunes.txt|" examples/jobs/gpt_fortunes.yaml > "$DEMO/job.yaml"
+# VARUNA_DEMO_JOB picks another job file (examples/jobs/llama_fortunes.yaml).
+sed -e "s|@CORPUS@|$DEMO/fortunes.txt|" -e "s|@CHECKPOINTS@|$DEMO/checkpoints|" \
+  "${VARUNA_DEMO_JOB:-examples/jobs/gpt_fortunes.yaml}" > "$DEMO/job.yaml"
 
 port=$(/usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 export VARUNA_MANAGER=127.0.0.1:$port

@@ -44,7 +44,9 @@ bool IsTiedSecond(const ModelSpec& spec, const std::string& name) {
 // whose data.pkl names storages data/0, data/1, ...) is mapped read-only, and each storage is
 // handed to the unpickler as a view of the mapping (a DeserializationStorageContext filled
 // beforehand), so loading copies nothing and only the pages of tensors actually read become
-// resident. Export touches the parameters and never the optimizer state beside them.
+// resident. Export touches the parameters and never the optimizer state beside them, a
+// piece at a time, and gives each piece's pages back once written (MappedLayer::Release), so
+// its memory is a piece, not a layer.
 class MappedLayer {
  public:
   static absl::StatusOr<std::unique_ptr<MappedLayer>> Open(const std::string& path) {
@@ -101,6 +103,17 @@ class MappedLayer {
     dict_.clear();
     if (base_ != nullptr) ::munmap(base_, size_);
   }
+  // Drops the mapped pages under [p, p + bytes) from this process (the file stays in the
+  // page cache): a streaming reader keeps resident only the piece it is working on.
+  void Release(const void* p, size_t bytes) const {
+    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const uintptr_t base = reinterpret_cast<uintptr_t>(base_);
+    uintptr_t begin = reinterpret_cast<uintptr_t>(p), end = begin + bytes;
+    if (bytes == 0 || begin < base || end > base + size_) return;
+    begin = begin / page * page;
+    end = std::min((end + page - 1) / page * page, base + size_);
+    ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+  }
   // The parameters ("param.<key>" entries) by key, sorted.
   std::map<std::string, at::Tensor> Params() const {
     std::map<std::string, at::Tensor> out;
@@ -117,6 +130,9 @@ class MappedLayer {
   size_t size_ = 0;
   c10::Dict<std::string, at::Tensor> dict_;
 };
+
+// Export converts and writes a tensor in pieces of this many elements (16 MB of fp32).
+constexpr int64_t kPieceElems = int64_t{4} << 20;
 
 const char* const kTokenizerFiles[] = {"tokenizer.json",
                                        "tokenizer_config.json",
@@ -249,12 +265,20 @@ absl::StatusOr<HfExportStats> ExportHf(const std::string& ckpt_path, const std::
       if (found == params.end()) {
         return absl::DataLossError(absl::StrCat(file, ": '", it.key, "' vanished"));
       }
+      // Piece by piece (kPieceElems at a time): convert, append, drop the source pages.
       RETURN_IF_ERROR(TorchCall("converting " + it.entry.name, [&]() -> absl::Status {
-        torch::Tensor t = found->second;
-        if (t.scalar_type() != TorchDtype(options.dtype)) t = t.to(TorchDtype(options.dtype));
-        t = t.contiguous();
-        return writer.Append(it.entry.name, t.data_ptr(),
-                             static_cast<uint64_t>(t.numel()) * t.element_size());
+        const torch::Tensor flat = found->second.reshape({-1});
+        const torch::Dtype to = TorchDtype(options.dtype);
+        const int64_t n = flat.numel();
+        for (int64_t off = 0; off < n || off == 0; off += kPieceElems) {
+          const torch::Tensor piece = flat.narrow(0, off, std::min(kPieceElems, n - off));
+          const torch::Tensor out_piece = piece.scalar_type() == to ? piece : piece.to(to);
+          RETURN_IF_ERROR(writer.Append(it.entry.name, out_piece.data_ptr(),
+                                        static_cast<uint64_t>(out_piece.nbytes())));
+          mapped->Release(piece.data_ptr(), piece.nbytes());
+          if (n == 0) break;
+        }
+        return absl::OkStatus();
       }));
       weight_map.emplace_back(it.entry.name, shard_name(shard));
       ++stats.tensors;

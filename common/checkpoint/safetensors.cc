@@ -337,6 +337,7 @@ SafetensorsWriter& SafetensorsWriter::operator=(SafetensorsWriter&& o) noexcept 
     fd_ = std::exchange(o.fd_, -1);
     tensors_ = std::move(o.tensors_);
     next_ = o.next_;
+    done_ = o.done_;
   }
   return *this;
 }
@@ -355,13 +356,17 @@ absl::Status SafetensorsWriter::Append(absl::string_view name, const void* data,
         path_, ": tensor '", name, "' written out of order (expected '",
         next_ < tensors_.size() ? tensors_[next_].name : std::string("nothing more"), "')"));
   }
-  if (bytes != tensors_[next_].bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' has ", bytes,
-                                                   " bytes; its header says ",
-                                                   tensors_[next_].bytes()));
+  const uint64_t want = tensors_[next_].bytes();
+  if (bytes > want - done_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor '", name, "' gets ", done_ + bytes, " bytes; its header says ", want));
   }
   RETURN_IF_ERROR(WriteAll(fd_, data, bytes, tmp_));
-  ++next_;
+  done_ += bytes;
+  if (done_ == want) {
+    ++next_;
+    done_ = 0;
+  }
   return absl::OkStatus();
 }
 

@@ -93,7 +93,9 @@ class SafetensorsWriter {
   SafetensorsWriter(const SafetensorsWriter&) = delete;
   ~SafetensorsWriter();  // an unfinished file is removed
 
-  // The next tensor's bytes, in the order given to Create; `name` must be that tensor's.
+  // Bytes of the current tensor, in the order given to Create; `name` must be its name. A
+  // tensor may come in several parts (a streaming exporter converts it piece by piece); it
+  // is complete when its header's byte count has been appended.
   absl::Status Append(absl::string_view name, const void* data, uint64_t bytes);
   // Checks every tensor was written, fsyncs, renames into place.
   absl::Status Finish();
@@ -107,6 +109,7 @@ class SafetensorsWriter {
   int fd_ = -1;
   std::vector<SafetensorsEntry> tensors_;
   size_t next_ = 0;
+  uint64_t done_ = 0;  // bytes of tensors_[next_] written so far
 };
 
 }  // namespace varuna

@@ -88,8 +88,14 @@ class ImportExportTest(Fixture):
         ids, labels = hf_models.tokens_sample(self.one, SEQ)
         want = hf_models.reference_loss(src, ids, labels)
         ckpt = os.path.join(self.tmp, f"ckpt-{kind}-{os.path.basename(src)}")
+        # The tokenizer the tokens came from travels with the export (data.tokenizer_dir).
+        tok = os.path.join(self.tmp, "tokenizer-" + kind)
+        os.makedirs(tok, exist_ok=True)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(tok, name), "w") as f:
+                f.write('{"made_by": "hf_e2e"}')
         job = write_job(os.path.join(self.tmp, f"{kind}.yaml"), one_sample_model,
-                        f"{{kind: tokens, path: {self.one}}}",
+                        f"{{kind: tokens, path: {self.one}, tokenizer_dir: {tok}}}",
                         extra=f"checkpoint: {{dir: {ckpt}, every_steps: 1}}\n")
         res = self.run_job(job, stages=2)
         losses = res.losses()
@@ -105,6 +111,9 @@ class ImportExportTest(Fixture):
                              f"{kind}: export reloads at {got}, the system said {losses[2]}")
         with open(os.path.join(out, "config.json")) as f:
             self.assertEqual(json.load(f)["model_type"], kind)
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            with open(os.path.join(out, name)) as f:
+                self.assertIn("hf_e2e", f.read())
 
     def test_llama_import_matches_reference_and_export_reloads(self):
         src = self.make("llama", "llama", LLAMA, seed=1)
@@ -216,6 +225,24 @@ class LlamaParityTest(Fixture):
         res = harness.run_workers(2, ["--job", badjob])
         self.assertFalse(res.ok)
         self.assertIn("not a cut point", res.outputs[0])
+
+
+    def test_example_job_trains(self):
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        with open(os.path.join(root, "examples", "jobs", "llama_fortunes.yaml")) as f:
+            text = f.read()
+        text = (text.replace("@CORPUS@", self.corpus)
+                .replace("@CHECKPOINTS@", os.path.join(self.tmp, "example-ckpt"))
+                .replace("steps: 200", "steps: 6").replace("every_steps: 50", "every_steps: 3"))
+        job = os.path.join(self.tmp, "example.yaml")
+        with open(job, "w") as f:
+            f.write(text)
+        res = self.run_job(job, stages=2)
+        self.assertEqual(len(res.losses()), 6)
+        self.assertLess(res.losses()[-1], res.losses()[0])
+        out = os.path.join(self.tmp, "example-hf")
+        self.export(os.path.join(self.tmp, "example-ckpt"), 6, out)
+        self.assertTrue(os.path.exists(os.path.join(out, "model.safetensors")))
 
 
 class LlamaMorphTest(Fixture):

@@ -29,7 +29,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (e.end > size || e.begin > e.end) __builtin_trap();  // accepted but out of range
       std::vector<char> buf(e.bytes());
       if (!r->Read(e, buf.data()).ok()) __builtin_trap();
-      if (std::memcmp(buf.data(), data + e.begin, buf.size()) != 0) __builtin_trap();
+      if (!buf.empty() && std::memcmp(buf.data(), data + e.begin, buf.size()) != 0) {
+        __builtin_trap();
+      }
       covered += e.bytes();
     }
     if (covered + (r->tensors().empty() ? 0 : r->tensors().front().begin) > size) __builtin_trap();

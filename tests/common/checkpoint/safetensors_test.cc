@@ -113,8 +113,10 @@ TEST_F(SafetensorsTest, WriterRefusesMisuse) {
                        SafetensorsWriter::Create((dir_ / "a").string(), e, {}));
   float two[2] = {1, 2};
   EXPECT_THAT(w.Append("y", two, 2), StatusIs(absl::StatusCode::kFailedPrecondition, "order"));
-  EXPECT_THAT(w.Append("x", two, 4), StatusIs(absl::StatusCode::kInvalidArgument, "8"));
-  ASSERT_THAT(w.Append("x", two, 8), IsOk());
+  ASSERT_THAT(w.Append("x", two, 4), IsOk());  // a tensor may come in parts
+  EXPECT_THAT(w.Append("x", two, 8),
+              StatusIs(absl::StatusCode::kInvalidArgument, "gets 12 bytes; its header says 8"));
+  ASSERT_THAT(w.Append("x", two + 1, 4), IsOk());
   EXPECT_THAT(w.Finish(), StatusIs(absl::StatusCode::kFailedPrecondition, "never written"));
   EXPECT_FALSE(fs::exists(dir_ / "a"));  // nothing half-written is left under the name
 }

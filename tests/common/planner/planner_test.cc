@@ -163,6 +163,34 @@ TEST(ProfileTest, BuiltinRoundTripsThroughJson) {
   EXPECT_OK(CheckProfileFor(back, spec));
 }
 
+// llama and gpt2 have built-in cost models whose segments are named as the worker's profiler
+// names them (its layers, comma-joined), so a measured profile and the built-in one agree.
+TEST(ProfileTest, HuggingFaceKindsHaveCostModels) {
+  JobSpec spec = Gpt(3, 16);
+  spec.model.kind = "llama";
+  spec.model.d_model = 64;
+  spec.model.kv_heads = 2;
+  spec.model.ffn = 96;
+  spec.model.tie_embeddings = true;
+  FillModelDefaults(&spec.model);
+  ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
+  ASSERT_EQ(p.segments_size(), 5);
+  EXPECT_EQ(p.segments(0).layers(), "model.embed_tokens");
+  EXPECT_EQ(p.segments(4).layers(), "model.norm,lm_head");
+  // q, o: d x d; k, v: d x 32; SwiGLU 3 x d x 96; two norms.
+  EXPECT_DOUBLE_EQ(p.segments(1).param_bytes(),
+                   4.0 * (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 96 + 2 * 64));
+  EXPECT_GT(p.tied_bytes(), 0);
+  EXPECT_OK(CheckProfileFor(p, spec));
+  spec.model.kind = "gpt2";
+  spec.model.ffn = 0;
+  spec.model.max_positions = 0;
+  FillModelDefaults(&spec.model);
+  ASSERT_OK_AND_ASSIGN(p, BuiltinProfile(spec));
+  EXPECT_EQ(p.segments(0).layers(), "transformer.wte,transformer.wpe");
+  EXPECT_EQ(p.segments(4).layers(), "transformer.ln_f,lm_head");
+}
+
 TEST(ProfileTest, DamagedAndForeignProfilesAreClearErrors) {
   JobSpec spec = Gpt(4, 16);
   ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
