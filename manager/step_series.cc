@@ -125,10 +125,10 @@ absl::StatusOr<v1::GetStagesResponse> DescribeStages(const Job& job, const v1::P
       topo.SetUniformBoundaries(*bounds).IgnoreError();
     }
   }
-  std::vector<std::string> modules;
+  std::vector<std::string> labels;  // per segment
   if (topo.has_boundaries()) {
-    if (auto m = ModulesOf(job.spec.model, topo.pipeline(0).boundaries.back()); m.ok()) {
-      modules = *std::move(m);
+    if (auto m = SegmentLabels(job.spec.model, topo.pipeline(0).boundaries.back()); m.ok()) {
+      labels = *std::move(m);
     }
     if (static_cast<int>(cost.size()) != topo.pipeline(0).boundaries.back()) cost.clear();
   }
@@ -143,7 +143,7 @@ absl::StatusOr<v1::GetStagesResponse> DescribeStages(const Job& job, const v1::P
     s->set_stage(st);
     if (!topo.has_boundaries()) continue;
     const auto [a, b] = topo.SegmentsOf(r);
-    for (int g = a; g < b && g < static_cast<int>(modules.size()); ++g) s->add_layers(modules[g]);
+    for (int g = a; g < b && g < static_cast<int>(labels.size()); ++g) s->add_layers(labels[g]);
     if (static_cast<int>(cost.size()) >= b) {
       double mine = 0, total = 0;
       for (int g = 0; g < static_cast<int>(cost.size()); ++g) {

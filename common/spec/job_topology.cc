@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 #include "common/pipeline/pipeline_template.h"
 
@@ -35,6 +36,14 @@ absl::StatusOr<std::vector<std::string>> ModulesOf(const ModelSpec& model, int n
   std::vector<std::string> modules;
   for (int i = 0; i < num_segments; ++i) modules.push_back(absl::StrCat("segment_", i));
   return modules;
+}
+
+absl::StatusOr<std::vector<std::string>> SegmentLabels(const ModelSpec& model, int num_segments) {
+  if (model.kind == "torchscript") return ModulesOf(model, num_segments);
+  ASSIGN_OR_RETURN(auto layout, ModelLayout(model));
+  std::vector<std::string> labels;
+  for (const auto& segment : layout) labels.push_back(absl::StrJoin(segment, ","));
+  return labels;
 }
 
 int PipelineRanks(const ParallelSpec& parallel) {

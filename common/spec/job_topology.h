@@ -23,6 +23,10 @@ std::vector<int> BuiltinSegmentOf(const ModelSpec& model);
 // segment_0 .. segment_{n-1} for TorchScript (one module per segment file).
 absl::StatusOr<std::vector<std::string>> ModulesOf(const ModelSpec& model, int num_segments);
 
+// One label per segment: its modules, comma-joined ("model.norm,lm_head"); segment_<i> for
+// TorchScript. For stage maps, which are cut in segments.
+absl::StatusOr<std::vector<std::string>> SegmentLabels(const ModelSpec& model, int num_segments);
+
 // The topology of spec.parallel.pipelines on `modules` (the model's, see BuiltinModules):
 // each entry's template checked, `count` copies laid out in entry order, each reading
 // microbatches x parallel.micro_batch samples. With `world_size` > 0 the ranks must match:

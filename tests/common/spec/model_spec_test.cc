@@ -75,6 +75,9 @@ TEST(ModelSpecTest, LayoutsUseHuggingFaceModuleNames) {
   EXPECT_THAT(modules, ElementsAre("transformer.wte", "transformer.wpe", "transformer.h.0",
                                    "transformer.h.1", "transformer.ln_f", "lm_head"));
   EXPECT_THAT(BuiltinSegmentOf(m), ElementsAre(0, 0, 1, 2, 3, 3));
+  ASSERT_OK_AND_ASSIGN(auto labels, SegmentLabels(m, 4));
+  EXPECT_THAT(labels, ElementsAre("transformer.wte,transformer.wpe", "transformer.h.0",
+                                  "transformer.h.1", "transformer.ln_f,lm_head"));
   m.kind = "gpt";
   ASSERT_OK_AND_ASSIGN(modules, BuiltinModules(m));
   EXPECT_THAT(modules, ElementsAre("embed", "blocks.0", "blocks.1", "head"));
