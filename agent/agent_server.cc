@@ -319,6 +319,15 @@ void AgentServer::NoticeLoop() {
   }
 }
 
+void AgentServer::PostNotice(v1::PreemptionNotice notice) {
+  loop_.Post([this, n = std::move(notice)] { agent_.SetPreemptionNotice(n); });
+  WakeHeartbeat();
+}
+
+int AgentServer::RunningWorkers() {
+  return loop_.RunSync([this] { return agent_.running_workers(); });
+}
+
 void AgentServer::WakeHeartbeat() {
   {
     std::lock_guard<std::mutex> lock(hb_.mu);

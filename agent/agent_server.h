@@ -55,6 +55,14 @@ class AgentServer {
   absl::Status HeartbeatOnce();
   void Tick();
   Agent& agent() { return agent_; }
+  // A preemption notice from outside the agent's own sources (Slurm's SIGTERM, main.cc),
+  // applied on the loop and reported with the next heartbeat, which it wakes.
+  void PostNotice(v1::PreemptionNotice notice);
+  // Workers running now (asked on the loop).
+  int RunningWorkers();
+  // Sends a heartbeat now (from the heartbeat thread): e.g. the exits of workers that left
+  // under a notice, before the agent itself goes.
+  void ReportNow() { WakeHeartbeat(); }
   EventLoop& loop() { return loop_; }
 
  private:

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 
@@ -12,6 +13,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "agent/agent_server.h"
 #include "common/base/logging.h"
 #include "glog/logging.h"
@@ -57,6 +59,11 @@ ABSL_FLAG(std::string, cloud_vm_name, "",
 ABSL_FLAG(std::string, preemption_notice_url, "",
           "http:// metadata endpoint to poll for a preemption notice (Azure Scheduled Events, "
           "GCE instance/preempted, AWS spot/instance-action)");
+
+ABSL_FLAG(int, slurm_grace_s, 30,
+          "under Slurm (SLURM_JOB_ID set): SIGTERM is a preemption notice with this many seconds "
+          "left (the partition's GraceTime, or sbatch --signal's lead); the agent stays until "
+          "its workers have checkpointed and left, or the time is up. 0: SIGTERM stops at once");
 
 namespace {
 
@@ -153,6 +160,42 @@ int Run() {
   }
   int sig = 0;
   sigwait(&stop_signals, &sig);
+  // Note [Slurm preemption]: Slurm preempts a job by SIGTERM, then SIGKILL once the grace
+  // time is up. Under Slurm the first SIGTERM is a preemption notice like a cloud's: the
+  // manager checkpoints the job at a step boundary and morphs it off this node (or, when
+  // every node is going, parks it until machines come back); the agent stays until its
+  // workers are gone or the time is nearly up. A second signal stops it at once.
+  const int grace_s = absl::GetFlag(FLAGS_slurm_grace_s);
+  if (sig == SIGTERM && grace_s > 0 && std::getenv("SLURM_JOB_ID") != nullptr) {
+    const auto deadline = absl::Now() + absl::Seconds(grace_s);
+    varuna::v1::PreemptionNotice notice;
+    notice.set_source("slurm");
+    notice.set_deadline_ms(absl::ToUnixMillis(deadline));
+    notice.set_detail(absl::StrCat("SIGTERM from Slurm job ", std::getenv("SLURM_JOB_ID")));
+    LOG(INFO) << "node=" << config.name << " Slurm preemption (SIGTERM): notice, " << grace_s
+              << " s to leave";
+    server.PostNotice(notice);
+    const timespec tick{0, 250'000'000};
+    // Leave 2 s of the grace for the shutdown itself.
+    bool again = false;
+    while (absl::Now() < deadline - absl::Seconds(2)) {
+      if (sigtimedwait(&stop_signals, nullptr, &tick) > 0) {
+        again = true;
+        break;
+      }
+      if (absl::Now() > deadline - absl::Seconds(grace_s) + absl::Seconds(2) &&
+          server.RunningWorkers() == 0) {
+        break;
+      }
+    }
+    // The workers' exits (each saved its step) reach the manager before the agent goes, so
+    // the job's morph completes: it waits for machines rather than for these workers.
+    if (!again) {
+      server.ReportNow();
+      const timespec second{1, 0};
+      sigtimedwait(&stop_signals, nullptr, &second);
+    }
+  }
   LOG(INFO) << "node=" << config.name << " got signal " << sig << "; shutting down";
   server.Shutdown();
   return 0;

@@ -114,8 +114,17 @@ void MorphController::Trigger(Job& job, const Cause& cause) {
       job.cause_priority = cause.priority;
     }
     job.last_trigger = clock_->Now();
-    LOG(INFO) << JobWho(job.info()) << " morph: also " << cause.reason;
-    if (phase == v1::MorphState::PLANNING && m.in_place()) {
+    LOG(INFO) << JobWho(job.info()) << " morph: also " << cause.reason << " (phase "
+              << v1::MorphState::Phase_Name(phase) << (m.in_place() ? ", in place" : "") << ")";
+    if (phase == v1::MorphState::SAVING && m.in_place() && m.graceful() && cause.graceful &&
+        EveryNodeLeaving(job, {m.lost_nodes().begin(), m.lost_nodes().end()})) {
+      // Every node of the job is now under notice: nobody stays to regroup. The parked
+      // workers (their step saved) exit, and the job waits for machines.
+      m.set_in_place(false);
+      m.mutable_record()->set_in_place(false);
+      m.mutable_record()->set_path("relaunch: every node of the job is leaving");
+      SendSaveRequests(job, /*abort_step=*/false);
+    } else if (phase == v1::MorphState::PLANNING && m.in_place()) {
       // Still planning: the survivors regroup into a plan without these nodes too.
     } else if (phase == v1::MorphState::LAUNCHING) {
       // The new generation may not be able to start (a node of it is gone): stop it too.
@@ -525,9 +534,19 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
 }
 
 bool MorphController::InPlacePossible(const Job& job, const Cause& cause) const {
-  (void)cause;
   return config_.morph_in_place && job.spec.entrypoint.empty() &&
-         job.info().state() != v1::STARTING;
+         job.info().state() != v1::STARTING && !EveryNodeLeaving(job, cause.leaving);
+}
+
+// True when `leaving` holds every node the job's generation runs on: no survivor would be
+// left to regroup (a whole Slurm allocation preempted, every node under notice), so the
+// workers save and exit and the job waits for machines holding none.
+bool MorphController::EveryNodeLeaving(const Job& job, const std::set<std::string>& leaving) {
+  if (job.info().placement().empty()) return false;
+  for (const v1::RankPlacement& p : job.info().placement()) {
+    if (!leaving.count(p.node())) return false;
+  }
+  return true;
 }
 
 std::string MorphController::RelaunchReason(const Job& job, const Cause& cause) const {
@@ -742,42 +761,6 @@ void MorphController::NoteWorkerReport(Job& job, const v1::WorkerStatus& w) {
     phases["first_step"] = std::max(0.0, first - m.phase_since());
     m.set_phase_since(0);  // FinishMorph must not add the phase again
     Finish(job);
-  }
-}
-
-void MorphController::NoteJoined(const std::string& node) {
-  joined_.insert(node);
-  grow_check_at_ = clock_->Now() + config_.scale_up_delay;
-}
-
-// Jobs grow onto joined slots after scale_up_delay, by a graceful morph, only if the plan
-// for the larger slot set differs from the shape they run (a morph that would not change
-// the world is skipped). Pending jobs were scheduled first and took what they needed.
-void MorphController::CheckGrowth() {
-  if (clock_->Now() < grow_check_at_) return;
-  grow_check_at_ = absl::InfiniteFuture();
-  const std::string joined = absl::StrJoin(joined_, ",");
-  joined_.clear();
-  for (const std::string& id : jobs_->order()) {
-    Job& job = *jobs_->Find(id);
-    if (job.info().state() != v1::RUNNING || job.morphing() || !Allowed(job)) continue;
-    auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, {}), *profiles_);
-    if (!plan.ok()) continue;
-    const int now_slots = job.info().slots();
-    const int plan_slots = static_cast<int>(plan->ranks.size());
-    if (plan_slots <= now_slots) continue;
-    if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
-        plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule() &&
-        plan->pipelines == job.info().pipelines()) {
-      continue;
-    }
-    Cause c;
-    c.kind = "join";
-    c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan_slots,
-                            " slots available (running on ", now_slots, ")");
-    c.graceful = true;
-    c.priority = 3;
-    Trigger(job, c);
   }
 }
 

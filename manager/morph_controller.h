@@ -68,6 +68,7 @@ class MorphController {
   // Morph in place (Note [Morph in place] in worker/regroup.cc): whether this cause can take
   // it, why not, and the survivors the new placement adopts.
   bool InPlacePossible(const Job& job, const Cause& cause) const;
+  static bool EveryNodeLeaving(const Job& job, const std::set<std::string>& leaving);
   std::string RelaunchReason(const Job& job, const Cause& cause) const;
   void AdoptSurvivors(Job& job, const v1::JobInfo& old);
   bool AllRanksGone(const Job& job) const;

@@ -128,14 +128,17 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Register(
   const bool was_gone = n.dead || inserted;
   n.dead = false;
   n.suspect = false;
-  if (n.rec.has_preemption()) {
+  const bool was_noticed = n.rec.has_preemption();
+  if (was_noticed) {
     // A registration is a (re)started agent: a new machine under the old name.
     LOG(INFO) << "node=" << req.name() << " registered again; its preemption notice is over";
     n.rec.clear_preemption();
   }
   Persist(n);
-  if (was_gone) {
-    listener_->OnNodeJoined(req.name(), absl::StrCat(req.slots(), " slots at ", req.address()));
+  if (was_gone || was_noticed) {
+    listener_->OnNodeJoined(req.name(),
+                            absl::StrCat(req.slots(), " slots at ", req.address(),
+                                         was_noticed ? " (back after a preemption notice)" : ""));
   }
   listener_->OnSlotsChanged();
   return &n;

@@ -11,6 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   fortunes fortunes-min
   iproute2 procps openssl libssl-dev systemd
+  slurm-wlm munge
   clang-format
   prometheus-cpp-dev prometheus python3-prometheus-client chromium
 )

@@ -8,6 +8,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/launch/launch_args.h"
+#include "common/launch/slurm_env.h"
 #include "common/pipeline/partition.h"
 #include "worker/comm.h"
 #include "worker/device.h"
@@ -133,7 +134,8 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
   args.chunk_size = chunk_size;
   JobSpec spec;
   spec.train.global_batch = batch_size;
-  ASSIGN_OR_RETURN(WorkerTopology topo, ResolveTopology(args, &spec, model.num_segments(), GetEnv));
+  ASSIGN_OR_RETURN(WorkerTopology topo,
+                   ResolveTopology(args, &spec, model.num_segments(), WithSlurmFallback(GetEnv)));
   if (device.is_cuda() && !device.has_index()) {
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
   }

@@ -24,6 +24,7 @@
 #include "common/checkpoint/checkpoint_store.h"
 #include "common/launch/exit_codes.h"
 #include "common/launch/launch_args.h"
+#include "common/launch/slurm_env.h"
 #include "common/launch/worker_channel.h"
 #include "common/launch/worker_protocol.h"
 #include "common/net/proto_json.h"
@@ -232,6 +233,13 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // PyTorch users run, ignores SIGPIPE from the start; so does this process. Writes then fail
   // with EPIPE, which gloo reports as an error of the step.
   std::signal(SIGPIPE, SIG_IGN);
+  // Under Slurm (docs/operations.md "Slurm"): Slurm's place in the job stands in for
+  // torchrun's when the launcher set none, and its preemption signal (SIGTERM to every
+  // process of the job, GraceTime before SIGKILL) means what SIGUSR1 means: finish the step,
+  // checkpoint, exit. Under an agent the agent asks the same at the same time (Note [Slurm
+  // preemption] in agent/main.cc); a worker that died of the signal would lose the step.
+  const EnvGetter env = WithSlurmFallback(GetEnv);
+  if (UnderSlurm(GetEnv)) std::signal(SIGTERM, OnSigusr1);
   // The agent's commands (the same requests as those signals) from here on.
   const std::unique_ptr<AgentCommandListener> agent_commands = ListenToAgent();
   // Until the engine is up, an abort (SIGUSR2: a peer is gone) means exit at once: nothing
@@ -288,7 +296,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       // A profile run measures the model and the links; the shape it was launched with (one
       // replica per slot, say) is irrelevant, so the spec's parallel section is ignored.
       int world = 1;
-      if (auto w = GetEnv("WORLD_SIZE"); w && !absl::SimpleAtoi(*w, &world)) world = 1;
+      if (auto w = env("WORLD_SIZE"); w && !absl::SimpleAtoi(*w, &world)) world = 1;
       profile_batch = spec.train.global_batch;
       spec.parallel.stages = spec.parallel.replicas = spec.parallel.micro_batch = 0;
       spec.parallel.pipelines.clear();
@@ -298,7 +306,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
       args.chunk_size.reset();
       args.stage_to_rank_map = StageMap::Make(1, std::max(1, world)).ToString();
     }
-    ASSIGN_OR_RETURN(topo, ResolveTopology(args, &spec, built->num_segments(), GetEnv));
+    ASSIGN_OR_RETURN(topo, ResolveTopology(args, &spec, built->num_segments(), env));
     // The manager's plan (LaunchRequest) fixes the schedule; "auto" run by hand is varuna.
     if (args.schedule) spec.parallel.schedule = *args.schedule;
     if (spec.parallel.schedule == "auto") spec.parallel.schedule = "varuna";
@@ -358,7 +366,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // Ranks on this machine (the agent and torchrun set LOCAL_WORLD_SIZE): more than its GPUs
   // means ranks share a GPU, which NCCL cannot do.
   int local_world = topo.world_size;
-  if (auto w = GetEnv("LOCAL_WORLD_SIZE");
+  if (auto w = env("LOCAL_WORLD_SIZE");
       w && (!absl::SimpleAtoi(*w, &local_world) || local_world < 1)) {
     local_world = topo.world_size;
   }

@@ -234,6 +234,48 @@ TEST_F(ControlPlaneTest, TooFewSlotsAfterALossWaitsThenFailsAfterMaxWait) {
   EXPECT_THAT(info.reason(), ::testing::HasSubstr("resources.max_wait_s"));
 }
 
+// A whole Slurm allocation preempted (docs/operations.md "Slurm"): every node of the job
+// gets a notice, its workers save and exit, and the job waits for machines. When the same
+// nodes come back as new agents (the requeued allocation), the waiting morph plans on them
+// again: they are no longer the nodes it lost.
+TEST_F(ControlPlaneTest, EveryNodePreemptedThenBackResumesOnThem) {
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  auto job = Submit(Spec(absl::StrCat("parallel: {stages: 2}\ncheckpoint: {dir: ", dir_, "/c}")));
+  ASSERT_THAT(job.status(), IsOk());
+  const std::string id = job->id();
+  ASSERT_TRUE(WaitState(id, v1::RUNNING));
+  for (const char* node : {"a1", "a2"}) {
+    grpc::ClientContext ctx;
+    v1::PreemptNodeRequest req;
+    req.set_node(node);
+    req.set_in_ms(30000);
+    v1::PreemptNodeResponse resp;
+    ASSERT_TRUE(jobs_->PreemptNode(&ctx, req, &resp).ok());
+  }
+  for (auto& a : agents_) {
+    for (const auto& p : a->launcher.procs()) a->launcher.Exit(p.pid, 0);  // saved, exited
+  }
+  BeatAll();
+  clock_.Advance(absl::Seconds(2));
+  Tick();
+  v1::JobInfo info = Get(id);
+  ASSERT_EQ(info.state(), v1::RECONFIGURING) << info.DebugString();
+  EXPECT_THAT(info.reason(), ::testing::HasSubstr("waiting for slots"));
+  // The allocation is requeued: new agents under the same names register.
+  agents_.clear();
+  AddAgent("a1", 2);
+  AddAgent("a2", 2);
+  clock_.Advance(absl::Seconds(2));
+  ASSERT_TRUE(Eventually([&] {
+    Tick();
+    BeatAll();
+    return Get(id).state() == v1::RUNNING;
+  })) << Get(id).DebugString();
+  EXPECT_EQ(Get(id).generation(), 2);
+  EXPECT_EQ(Get(id).slots(), 4);
+}
+
 TEST_F(ControlPlaneTest, AMorphInProgressSurvivesAManagerRestart) {
   AddAgent("a1", 2);
   AddAgent("a2", 2);

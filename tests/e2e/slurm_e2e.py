@@ -1,0 +1,242 @@
+"""Slurm on a real test cluster (docs/operations.md "Slurm").
+
+scripts/slurm_test_cluster.sh starts Debian's slurmctld and munged and 3 slurmd, each in its
+own network and UTS namespace, with a preemptible partition (requeue, GraceTime) and a
+high-priority one. Without root, namespaces or slurm-wlm every class skips (exit 77).
+
+SrunTest: `srun -N 2 -n 4 varuna-worker` (no torchrun: Slurm's variables) computes the
+losses of the same job under torchrun's variables (harness.run_workers), 1e-4.
+SbatchTest: deploy/slurm/varuna.sbatch trains a job to SUCCEEDED in one allocation; then a
+high-priority job preempts the allocation mid-run: the agents take SIGTERM as a notice, the
+job is checkpointed at a step boundary, Slurm requeues the script, and the requeued
+allocation resumes the same job from that checkpoint: no step lost, none run twice, every
+loss equal to an uninterrupted run (1e-4).
+"""
+
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CLUSTER = os.path.join(ROOT, "scripts", "slurm_test_cluster.sh")
+SBATCH = os.path.join(ROOT, "deploy", "slurm", "varuna.sbatch")
+SLURM_DIR = "/tmp/varuna-slurm-e2e"
+ENV = dict(os.environ, VARUNA_SLURM_DIR=SLURM_DIR, VARUNA_SLURM_SUBNET="10.78.0",
+           VARUNA_SLURM_GRACE_S="30", SLURM_CONF=os.path.join(SLURM_DIR, "slurm.conf"))
+_state = {}
+
+
+def cluster_up():
+    """Starts the test cluster once per process; returns None or why it cannot run."""
+    if "why" in _state:
+        return _state["why"]
+    why = None
+    if os.geteuid() != 0:
+        why = "needs root (namespaces)"
+    elif not shutil.which("slurmctld") or not shutil.which("munged"):
+        why = "slurm-wlm and munge are not installed"
+    else:
+        r = subprocess.run([CLUSTER, "start", "3"], env=ENV, capture_output=True, text=True,
+                           timeout=120)
+        if r.returncode != 0:
+            why = f"the test cluster did not start: {r.stderr[-2000:]}"
+    _state["why"] = why
+    return why
+
+
+def slurm(*args, check=True, timeout=60):
+    r = subprocess.run(list(args), env=ENV, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{' '.join(args)}: {r.stderr}")
+    return r.stdout
+
+
+def job_state(job_id):
+    """The Slurm job's state and restart count (squeue's --json, not its human output)."""
+    # Slurm 22.05's squeue --json ignores -j: pick the job out.
+    out = json.loads(slurm("squeue", "--json", "-t", "all"))
+    j = [x for x in out["jobs"] if str(x["job_id"]) == str(job_id)][0]
+    state = j["job_state"]
+    return (state[0] if isinstance(state, list) else state), j.get("restart_cnt", 0)
+
+
+def read(path):
+    with open(path, errors="replace") as f:
+        return f.read()
+
+
+def wait_for(fn, timeout, what):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def write_job(path, data, steps, ckpt=None, stages=1, every=None):
+    ck = ""
+    if ckpt:
+        ck = f"checkpoint: {{dir: {ckpt}" + (f", every_steps: {every}" if every else "") + "}\n"
+    with open(path, "w") as f:
+        f.write("name: slurm\nmodel: {kind: gpt, layers: 4, d_model: 32, heads: 4, seq_len: 16,"
+                " vocab: 256}\n"
+                f"data: {{kind: text, path: {data}}}\n"
+                f"train: {{global_batch: 12, steps: {steps}, lr: 0.001, schedule: constant, "
+                "seed: 7}\n"
+                f"parallel: {{stages: {stages}, micro_batch: 2, timeout_s: 60}}\n"
+                # The three "nodes" share this machine's cores: their speeds say nothing.
+                f"stragglers: {{policy: report}}\n{ck}")
+    return path
+
+
+class Fixture(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        why = cluster_up()
+        if why:
+            raise unittest.SkipTest(why)
+        cls.tmp = tempfile.mkdtemp(prefix="varuna-slurm-", dir="/tmp")
+        cls.data = harness.write_text_corpus(os.path.join(cls.tmp, "corpus.txt"))
+
+
+class SrunTest(Fixture):
+    def test_srun_workers_match_torchrun(self):
+        job = write_job(os.path.join(self.tmp, "srun.yaml"), self.data, steps=5, stages=2)
+        smap = harness.stage_map(2, 2)
+        metrics = os.path.join(self.tmp, "srun.jsonl")
+        # sbatch --wait: the steps run inside an allocation, where srun's tasks reach back.
+        out = os.path.join(self.tmp, "srun.out")
+        slurm("sbatch", "--wait", "-N", "2", "-n", "4", "-o", out, "--wrap",
+              f"srun -n 4 {harness.WORKER} --job {job} --stage_to_rank_map '{smap}' "
+              f"--metrics_out {metrics}", timeout=300)
+        with open(out) as f:
+            log = f.read()
+        with open(metrics) as f:
+            got = [json.loads(line)["loss"] for line in f if line.strip()]
+        ref = harness.run_workers(4, ["--job", job, "--stage_to_rank_map", smap])
+        self.assertTrue(ref.ok, ref.outputs[0][-2000:])
+        self.assertEqual(len(got), 5, log[-3000:])
+        for i, (g, w) in enumerate(zip(got, ref.losses())):
+            self.assertLessEqual(abs(g - w), 1e-4 * abs(w), f"step {i + 1}")
+        self.assertIn("rank=3 world=4", log, "ranks and world from Slurm's variables")
+
+
+def rank0_losses(state_dir):
+    """step -> [(loss, file)] from every generation's rank-0 progress file under the agents'
+    work directories (the worker's per-step records, full precision)."""
+    seen = {}
+    pattern = os.path.join(state_dir, "agent-*", "jobs", "*", "gen*", "progress.rank0")
+    for path in glob.glob(pattern):
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    step = json.loads(line).get("step")
+                except ValueError:
+                    continue  # a line being written
+                if isinstance(step, dict):
+                    seen.setdefault(int(step["step"]), []).append((step["loss"], path))
+    return seen
+
+
+def resumed_from(state_dir):
+    """The step each generation's rank 0 resumed from (its progress file's ready record)."""
+    out = []
+    pattern = os.path.join(state_dir, "agent-*", "jobs", "*", "gen*", "progress.rank0")
+    for path in glob.glob(pattern):
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    ready = json.loads(line).get("ready")
+                except ValueError:
+                    continue
+                if isinstance(ready, dict):
+                    out.append(int(ready.get("resumed_from", 0)))
+                    break
+    return sorted(out)
+
+
+class SbatchTest(Fixture):
+    def sbatch(self, name, steps, every=None, extra=()):
+        state = os.path.join(self.tmp, name)
+        job = write_job(os.path.join(self.tmp, name + ".yaml"), self.data, steps,
+                        ckpt=os.path.join(self.tmp, name + "-ckpt"), every=every)
+        env = dict(ENV, VARUNA_JOB=job, VARUNA_BIN=harness.BIN_DIR, VARUNA_STATE=state)
+        r = subprocess.run(["sbatch", "--parsable", "-N", "3", "-o",
+                            os.path.join(self.tmp, name + "-%j.out"), *extra, SBATCH],
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return r.stdout.strip().split(";")[0], state, job
+
+    def reference(self, job, steps):
+        r = harness.run_workers(1, ["--job", job, "--stage_to_rank_map", "0;"], timeout=600)
+        self.assertTrue(r.ok, r.outputs[0][-2000:])
+        return r.losses()
+
+    def check_losses(self, state, ref, steps, once=True):
+        """Every step ran, each run's loss equals the uninterrupted run's (1e-4); with `once`,
+        no step ran twice (a morph that grows the job may redo the step in flight)."""
+        seen = rank0_losses(state)
+        self.assertEqual(sorted(seen), list(range(1, steps + 1)), "every step")
+        for step, runs in seen.items():
+            if once:
+                self.assertEqual(len(runs), 1, f"step {step} ran {len(runs)} times: {runs}")
+            for loss, path in runs:
+                self.assertLessEqual(abs(loss - ref[step - 1]), 1e-4 * abs(ref[step - 1]),
+                                     f"step {step} ({path})")
+
+    def test_one_allocation_trains_to_succeeded(self):
+        job_id, state, job = self.sbatch("plain", steps=30)
+        wait_for(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED"), 300,
+                 "the allocation to end")
+        out = read(glob.glob(os.path.join(self.tmp, f"plain-{job_id}.out"))[0])
+        self.assertEqual(job_state(job_id)[0], "COMPLETED", out[-3000:])
+        self.assertIn("SUCCEEDED", out)
+        self.check_losses(state, self.reference(job, 30), 30)
+
+    def test_preempted_allocation_requeues_and_resumes(self):
+        steps = 1500
+        job_id, state, job = self.sbatch("preempt", steps=steps)
+        # Mid-run: a high-priority job wants every node.
+        wait_for(lambda: max(rank0_losses(state) or [0]) >= 100, 300, "step 100")
+        hi = slurm("sbatch", "--parsable", "-p", "high", "-N", "3", "--wrap", "sleep 5").strip()
+        wait_for(lambda: job_state(job_id)[1] >= 1, 120, "the requeue")
+        before = max(rank0_losses(state))
+        wait_for(lambda: job_state(hi)[0] == "COMPLETED", 120, "the high-priority job")
+        wait_for(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED"), 900,
+                 "the requeued allocation to end")
+        out = read(glob.glob(os.path.join(self.tmp, f"preempt-{job_id}.out"))[0])
+        self.assertEqual(job_state(job_id)[0], "COMPLETED", out[-3000:])
+        self.assertIn("restart 1", out)
+        self.assertGreater(steps, before, "preempted before the end")
+        # Nothing lost: a generation after the requeue resumed from the last step run
+        # before it (the agents' notice made the job checkpoint at that step boundary).
+        resumed = resumed_from(state)
+        self.assertIn(before, resumed, f"last step before preemption {before}; resumed {resumed}")
+        # After the requeue the job may start on the first agent back and grow in place as
+        # the others register; growing may redo the step in flight, with the same loss.
+        self.check_losses(state, self.reference(job, steps), steps, once=False)
+
+
+if __name__ == "__main__":
+    try:
+        program = unittest.main(exit=False)
+    finally:
+        if "why" in _state and _state["why"] is None and not os.environ.get("VARUNA_KEEP_TMP"):
+            subprocess.run([CLUSTER, "stop"], env=ENV, capture_output=True, timeout=60)
+    r = program.result
+    if r.failures or r.errors or r.unexpectedSuccesses:
+        sys.exit(1)
+    if r.skipped and r.testsRun <= len(r.skipped):
+        sys.exit(77)
+    sys.exit(0)
