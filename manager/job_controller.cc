@@ -96,6 +96,12 @@ void JobController::ResumeRecovered() {
       case v1::MorphState::LAUNCHING:
         SendLaunches(job);
         break;
+      case v1::MorphState::PLANNING:
+        // The wait for slots starts again: the time the manager was down (a requeued Slurm
+        // allocation waiting in the queue) is not the job's wait for machines.
+        job.morph().set_waiting_since(UnixSeconds(now));
+        jobs_->Persist(job);
+        break;
       default:
         break;
     }

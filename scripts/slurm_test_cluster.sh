@@ -22,10 +22,10 @@ SUBNET=${VARUNA_SLURM_SUBNET:-10.79.0}
 GRACE=${VARUNA_SLURM_GRACE_S:-30}
 # Names and the controller's port derive from the subnet, so two clusters (a demo and a test)
 # with different subnets and directories do not collide.
-OCTET=$(echo "$SUBNET" | cut -d. -f2)
-TAG=vsl$OCTET
+IFS=. read -r _ O2 O3 <<< "$SUBNET"
+TAG=vsl$(printf '%02x%02x' "$((O2 % 256))" "$((O3 % 256))")
 BR=${TAG}br
-CTLD_PORT=$((6800 + OCTET % 100))
+CTLD_PORT=$((6800 + (O2 * 256 + O3) % 1000))
 CONF=$D/slurm.conf
 # The nodes' names resolve through /etc/hosts lines carrying this mark (removed by stop), as
 # a cluster's DNS would make them.
@@ -35,11 +35,20 @@ say() { echo "slurm_test_cluster: $*" >&2; }
 
 nodes_running() { ls "$D"/node*.ns 2>/dev/null | wc -l; }
 
+# The pid in file $1 if it is still one of our daemons (a stale file after a reboot may name
+# an unrelated process).
+ours() {
+  local pid
+  pid=$(cat "$1" 2>/dev/null || true)
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  [[ $(cat "/proc/$pid/comm" 2>/dev/null) =~ ^(slurmctld|slurmd|munged)$ ]] || return 1
+  echo "$pid"
+}
+
 stop() {
   for f in "$D"/slurmd.*.pid "$D"/slurmctld.pid "$D"/munged.pid; do
     [[ -f $f ]] || continue
-    pid=$(cat "$f" 2>/dev/null || true)
-    [[ -n $pid ]] && kill -TERM "$pid" 2>/dev/null || true
+    pid=$(ours "$f") && kill -TERM "$pid" 2>/dev/null || true
   done
   # slurmd's job steps (slurmstepd) and anything left in the namespaces.
   for f in "$D"/node*.ns; do
@@ -52,15 +61,18 @@ stop() {
   sleep 0.5
   for f in "$D"/slurmd.*.pid "$D"/slurmctld.pid "$D"/munged.pid; do
     [[ -f $f ]] || continue
-    pid=$(cat "$f" 2>/dev/null || true)
-    [[ -n $pid ]] && kill -KILL "$pid" 2>/dev/null || true
+    pid=$(ours "$f") && kill -KILL "$pid" 2>/dev/null || true
     rm -f "$f"
   done
   ip link del "$BR" 2>/dev/null || true
-  if grep -qF "$HOSTS_MARK" /etc/hosts 2>/dev/null; then
-    grep -vF "$HOSTS_MARK" /etc/hosts > "$D/hosts.tmp" || true
-    cat "$D/hosts.tmp" > /etc/hosts
-    rm -f "$D/hosts.tmp"
+  # Only lines ending in exactly this cluster's mark; /etc/hosts is rewritten only from a
+  # complete copy (grep exits 0 or 1, never 2), so nothing else is lost.
+  if grep -q " $HOSTS_MARK\$" /etc/hosts 2>/dev/null; then
+    local tmp rc=0
+    tmp=$(mktemp /etc/hosts.varuna-slurm.XXXXXX)
+    grep -v " $HOSTS_MARK\$" /etc/hosts > "$tmp" || rc=$?
+    if ((rc <= 1)); then cat "$tmp" > /etc/hosts; else say "left /etc/hosts alone (grep failed)"; fi
+    rm -f "$tmp"
   fi
 }
 
@@ -149,6 +161,7 @@ start() {
     ip netns exec "$ns" ip link set lo up
     ip netns exec "$ns" ip route add default via "$SUBNET.1" 2>/dev/null || true
   done
+  [[ -z $(tail -c 1 /etc/hosts) ]] || echo >> /etc/hosts  # a last line without newline
   for ((i = 1; i <= n; i++)); do echo "$SUBNET.$((10 + i)) node$i $HOSTS_MARK" >> /etc/hosts; done
   slurmctld -f "$CONF"
   for ((i = 1; i <= n; i++)); do

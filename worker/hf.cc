@@ -246,6 +246,16 @@ absl::StatusOr<HfExportStats> ExportHf(const std::string& ckpt_path, const std::
   std::error_code ec;
   std::filesystem::create_directories(out, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", out, ": ", ec.message()));
+  // Weights of an earlier export into OUT would be read instead of (or beside) these: a
+  // loader prefers model.safetensors, or the index, whichever is there.
+  for (std::filesystem::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"))) {
+      std::error_code rm;
+      std::filesystem::remove(it->path(), rm);
+    }
+  }
 
   // Pass 2: the data, one mapped layer at a time, in the order of pass 1.
   int shard = 0;

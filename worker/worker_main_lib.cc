@@ -46,6 +46,14 @@ namespace {
 // Set by SIGUSR1 (Varuna's contract): finish the step, checkpoint, exit 0.
 std::atomic<bool> g_stop_requested{false};
 void OnSigusr1(int) { g_stop_requested.store(true); }
+// Under Slurm (RunWorker): the first SIGTERM asks for that stop (Slurm's preemption notice);
+// a second is the hard stop SIGTERM always was (an agent's stop past its grace, a kill).
+void OnSigtermUnderSlurm(int sig) {
+  if (g_stop_requested.exchange(true)) {
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+  }
+}
 // Set by SIGUSR2 (the manager: a peer is gone, abort the step) or by the training thread
 // after a failed step: the rescue thread saves the last completed step and exits.
 std::atomic<bool> g_rescue_requested{false};
@@ -236,10 +244,11 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // Under Slurm (docs/operations.md "Slurm"): Slurm's place in the job stands in for
   // torchrun's when the launcher set none, and its preemption signal (SIGTERM to every
   // process of the job, GraceTime before SIGKILL) means what SIGUSR1 means: finish the step,
-  // checkpoint, exit. Under an agent the agent asks the same at the same time (Note [Slurm
-  // preemption] in agent/main.cc); a worker that died of the signal would lose the step.
+  // checkpoint, exit; a second SIGTERM still kills. Under an agent the agent asks the same at
+  // the same time (Note [Slurm preemption] in agent/main.cc); a worker that died of the
+  // signal would lose the step.
   const EnvGetter env = WithSlurmFallback(GetEnv);
-  if (UnderSlurm(GetEnv)) std::signal(SIGTERM, OnSigusr1);
+  if (GetEnv("SLURM_JOB_ID")) std::signal(SIGTERM, OnSigtermUnderSlurm);
   // The agent's commands (the same requests as those signals) from here on.
   const std::unique_ptr<AgentCommandListener> agent_commands = ListenToAgent();
   // Until the engine is up, an abort (SIGUSR2: a peer is gone) means exit at once: nothing

@@ -97,7 +97,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view heade
   out.data_start = 8 + header.size();
   if (out.data_start > file_size) return Lie(what, "the header runs past the end of the file");
   const uint64_t data_size = file_size - out.data_start;
-  std::set<std::string> names;
+  // (A name given twice is refused by ForEachEntry.)
   absl::Status st = ForEachEntry(
       root, what, "", [&](const std::string& name, const YAML::Node& v) -> absl::Status {
         if (name == "__metadata__") {

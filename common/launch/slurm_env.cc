@@ -61,7 +61,9 @@ bool UnderSlurm(const EnvGetter& env) {
     auto v = env(name);
     return v && !v->empty();
   };
-  return set("SLURM_JOB_ID") && set("SLURM_PROCID");
+  // An srun task: the batch script itself has SLURM_PROCID=0 and the job's task count, but
+  // no step.
+  return set("SLURM_JOB_ID") && set("SLURM_STEP_ID") && set("SLURM_PROCID");
 }
 
 EnvGetter WithSlurmFallback(EnvGetter base) {
@@ -74,20 +76,25 @@ EnvGetter WithSlurmFallback(EnvGetter base) {
       return v && !v->empty() ? v : std::nullopt;
     };
     if (name == "RANK") return slurm("SLURM_PROCID");
-    if (name == "WORLD_SIZE") return slurm("SLURM_NTASKS");
+    if (name == "WORLD_SIZE") {
+      if (auto n = slurm("SLURM_STEP_NUM_TASKS")) return n;
+      return slurm("SLURM_NTASKS");
+    }
     if (name == "LOCAL_RANK") return slurm("SLURM_LOCALID");
     if (name == "NODE_RANK") return slurm("SLURM_NODEID");
     if (name == "LOCAL_WORLD_SIZE") {
-      if (auto n = slurm("SLURM_NTASKS_PER_NODE")) return n;
       int node = 0;
       auto id = slurm("SLURM_NODEID");
-      auto per = slurm("SLURM_TASKS_PER_NODE");
+      auto per = slurm("SLURM_STEP_TASKS_PER_NODE");
+      if (!per) per = slurm("SLURM_TASKS_PER_NODE");
       if (!per || (id && !absl::SimpleAtoi(*id, &node))) return std::nullopt;
       if (auto n = SlurmTasksOnNode(*per, node)) return absl::StrCat(*n);
       return std::nullopt;
     }
     if (name == "MASTER_ADDR") {
-      auto list = slurm("SLURM_NODELIST");
+      // The step's nodes: SLURM_NODELIST stays the whole job's inside a step.
+      auto list = slurm("SLURM_STEP_NODELIST");
+      if (!list) list = slurm("SLURM_NODELIST");
       if (!list) list = slurm("SLURM_JOB_NODELIST");
       if (!list) return std::nullopt;
       // A malformed list is left to the default address, named by the caller's error.

@@ -254,6 +254,16 @@ absl::Status ValidateModel(const ModelSpec& m) {
                               own == "model.?" ? "" : absl::StrCat(" (it is called ", own, ")")));
     }
   }
+  // With init_from the architecture comes from config.json (ResolveInitFrom checks it all
+  // once it is filled in): the defaults standing in for it until then are not checked.
+  if (!m.init_from.empty()) {
+    for (const auto& [key, value] : ArchitectureKeys(m)) {
+      if (m.given.count(key)) continue;
+      RETURN_IF_ERROR(InRange("model.seq_len", m.seq_len, 1, 1 << 17));
+      if (!(m.dropout >= 0 && m.dropout < 1)) return Bad("model.dropout", "must be in [0, 1)");
+      return absl::OkStatus();
+    }
+  }
   const std::string& k = m.kind;
   RETURN_IF_ERROR(InRange(Name(k, Field::kLayers), m.layers, 1, 4096));
   RETURN_IF_ERROR(InRange(Name(k, Field::kDModel), m.d_model, 1, 65536));

@@ -224,6 +224,8 @@ absl::StatusOr<std::string> Prepare(const std::string& path, const SubmitOptions
   const fs::path base = fs::absolute(fs::path(path)).parent_path();
   AbsolutizeKey(root, "data", "path", base);
   AbsolutizeKey(root, "model", "path", base);
+  AbsolutizeKey(root, "model", "init_from", base);
+  AbsolutizeKey(root, "data", "tokenizer_dir", base);
   AbsolutizeKey(root, "checkpoint", "dir", base);
   AbsolutizeKey(root, "", "env_file", base);
 

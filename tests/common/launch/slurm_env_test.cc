@@ -41,10 +41,18 @@ TEST(SlurmEnvTest, TasksPerNode) {
 }
 
 TEST(SlurmEnvTest, SlurmStandsInForTorchrun) {
-  const std::map<std::string, std::string> slurm = {
-      {"SLURM_JOB_ID", "123456"},       {"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "8"},
-      {"SLURM_LOCALID", "1"},           {"SLURM_NODEID", "2"}, {"SLURM_NODELIST", "gpu[03-06]"},
-      {"SLURM_TASKS_PER_NODE", "2(x4)"}};
+  // An srun step of 8 tasks on gpu[03-06] inside a job allocated more nodes.
+  const std::map<std::string, std::string> slurm = {{"SLURM_JOB_ID", "123456"},
+                                                    {"SLURM_STEP_ID", "0"},
+                                                    {"SLURM_PROCID", "5"},
+                                                    {"SLURM_NTASKS", "8"},
+                                                    {"SLURM_STEP_NUM_TASKS", "8"},
+                                                    {"SLURM_LOCALID", "1"},
+                                                    {"SLURM_NODEID", "2"},
+                                                    {"SLURM_NODELIST", "gpu[01-06]"},
+                                                    {"SLURM_STEP_NODELIST", "gpu[03-06]"},
+                                                    {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"},
+                                                    {"SLURM_TASKS_PER_NODE", "1(x6)"}};
   EnvGetter env = WithSlurmFallback(Env(slurm));
   EXPECT_EQ(env("RANK"), "5");
   EXPECT_EQ(env("WORLD_SIZE"), "8");
@@ -62,8 +70,11 @@ TEST(SlurmEnvTest, SlurmStandsInForTorchrun) {
   EXPECT_EQ(env("RANK"), "0");
   EXPECT_EQ(env("MASTER_PORT"), "29500");
   EXPECT_EQ(env("WORLD_SIZE"), "8");
-  // Not a Slurm task: nothing is made up.
+  // Not a Slurm task: nothing is made up. A batch script (no step) is not one either.
   env = WithSlurmFallback(Env({{"SLURM_NTASKS", "8"}}));
+  EXPECT_EQ(env("WORLD_SIZE"), std::nullopt);
+  env =
+      WithSlurmFallback(Env({{"SLURM_JOB_ID", "7"}, {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}}));
   EXPECT_EQ(env("WORLD_SIZE"), std::nullopt);
   EXPECT_FALSE(UnderSlurm(Env({{"SLURM_JOB_ID", "1"}})));
 }

@@ -157,6 +157,22 @@ TEST_F(InitFromTest, FillsWhatTheSpecLeftOutAndChecksWhatItGave) {
   EXPECT_FALSE(ResolveInitFrom(&other).ok());
 }
 
+// Before config.json is read, the kind's defaults stand in for the architecture: they are not
+// held against the fields given (a seq_len past the default max_position_embeddings, more
+// KV heads than the default heads).
+TEST_F(InitFromTest, DefaultsDoNotRefuseASpecBeforeConfigJsonIsRead) {
+  ASSERT_OK_AND_ASSIGN(JobSpec spec,
+                       ParseJobSpec(absl::StrCat("model: {kind: llama, init_from: ", dir_.string(),
+                                                 ", seq_len: 4096, num_key_value_heads: 8}\n",
+                                                 "data: {kind: tokens, path: /x}\n")));
+  Config(R"({"model_type": "llama", "hidden_size": 256, "num_hidden_layers": 2,
+             "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 300,
+             "max_position_embeddings": 8192})");
+  ASSERT_THAT(ResolveInitFrom(&spec.model), IsOk());
+  EXPECT_EQ(spec.model.max_positions, 8192);
+  EXPECT_EQ(spec.model.heads, 32);
+}
+
 TEST_F(InitFromTest, SubmissionWritesTheArchitectureIntoTheSpec) {
   Config(R"({"model_type": "gpt2", "n_embd": 48, "n_layer": 3, "n_head": 4,
              "n_positions": 32, "vocab_size": 300, "n_inner": null})");
