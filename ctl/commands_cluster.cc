@@ -29,12 +29,28 @@ absl::StatusOr<int> RunNodes(Session& s, const ParsedArgs&) {
   for (const auto& n : resp.nodes()) {
     std::string reason = n.reason();
     if (!n.speed_note().empty()) reason += (reason.empty() ? "" : "; ") + n.speed_note();
+    if (!n.source().empty()) reason += (reason.empty() ? "" : "; ") + n.source();
     s.out() << absl::StrFormat(
         "%-16s %-22s %-5d %-4d %-9s %-9s %-6s %s\n", Printable(n.name()), Printable(n.address()),
         n.slots(), n.used_slots(), v1::NodeState_Name(n.state()),
         absl::StrFormat("%.1fs", n.last_heartbeat_age_s()),
         n.relative_speed() > 0 ? absl::StrFormat("%.2f", n.relative_speed()) : "-",
         Printable(reason));
+  }
+  // Machine sources (Slurm): what they have and want, and why they cannot get it.
+  for (const auto& src : resp.sources()) {
+    s.out() << "\n"
+            << Printable(src.name()) << " (" << Printable(src.detail()) << "): " << src.running()
+            << " running, " << src.pending() << " queued"
+            << (src.pending_reason().empty() ? "" : " (" + Printable(src.pending_reason()) + ")")
+            << ", " << src.wanted() << " wanted\n";
+    if (!src.error().empty()) {
+      s.out() << "  error"
+              << (src.failures() > 0 ? absl::StrFormat(" (%d tries, last %.0fs ago)",
+                                                       src.failures(), src.error_age_s())
+                                     : std::string())
+              << ": " << Printable(src.error()) << "\n";
+    }
   }
   return kExitOk;
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
@@ -628,10 +629,15 @@ void JobController::MarkCancelled(Job& job, const std::string& reason) {
   post_([this] { Schedule(); });
 }
 
-void JobController::OnNodeLost(const NodeTable::Node& node, absl::Duration silent) {
-  events_->Emit("node_lost", "", node.rec.name(),
-                absl::StrCat("no heartbeat for ",
-                             absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
+void JobController::OnNodeLost(const NodeTable::Node& node, absl::Duration silent,
+                               const std::string& why) {
+  events_->Emit("node_lost", "", node.rec.name(), why);
+  // The job's reason keeps whole seconds ("no heartbeat for 4s"); a source's reason as it is.
+  const std::string what =
+      absl::StartsWith(why, "no heartbeat")
+          ? absl::StrCat("no heartbeat for ",
+                         absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))))
+          : why;
   for (auto& [id, job] : jobs_->all()) {
     if (!Active(job.info().state())) continue;
     std::vector<int> ranks;
@@ -646,9 +652,8 @@ void JobController::OnNodeLost(const NodeTable::Node& node, absl::Duration silen
     if (morph_->Allowed(job)) {
       Cause c;
       c.kind = "lost";
-      c.reason = absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
-                              absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
-                              "; it ran ", RanksOn(job, node.rec.name()), ")");
+      c.reason = absl::StrCat("node ", node.rec.name(), " lost (", what, "; it ran ",
+                              RanksOn(job, node.rec.name()), ")");
       c.leaving = {node.rec.name()};
       c.detect = silent;
       c.priority = 3;
@@ -658,8 +663,7 @@ void JobController::OnNodeLost(const NodeTable::Node& node, absl::Duration silen
     }
     // Until morphing lands, losing a node fails the job (ARCHITECTURE "Morph" is next).
     Fail(job,
-         absl::StrCat("node ", node.rec.name(), " lost (no heartbeat for ",
-                      absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))), "; it ran ",
+         absl::StrCat("node ", node.rec.name(), " lost (", what, "; it ran ",
                       RanksOn(job, node.rec.name()), ")",
                       job.gen.pending_failure.empty() ? "" : "; then ", job.gen.pending_failure));
   }

@@ -71,7 +71,7 @@ class JobController final : public JobLifecycle {
   void OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w);
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
                   int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0);
-  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent);
+  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent, const std::string& why);
   // Launch timeouts, held failures, repeated stops, morph timers, progress flush.
   void Tick();
 

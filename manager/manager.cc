@@ -1,5 +1,6 @@
 #include "manager/manager.h"
 
+#include <algorithm>
 #include <map>
 #include <utility>
 
@@ -16,8 +17,9 @@ namespace varuna {
 class Manager::NodeEvents final : public NodeTable::Listener {
  public:
   explicit NodeEvents(Manager* m) : m_(m) {}
-  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent) override {
-    m_->job_controller_.OnNodeLost(node, silent);
+  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent,
+                  const std::string& why) override {
+    m_->job_controller_.OnNodeLost(node, silent, why);
   }
   void OnNodeLeaving(const std::string& node, const std::string& kind,
                      const std::string& why) override {
@@ -33,6 +35,69 @@ class Manager::NodeEvents final : public NodeTable::Listener {
   }
   void OnSlotsChanged() override {
     m_->post_([m = m_] { m->job_controller_.Schedule(); });
+  }
+
+ private:
+  Manager* const m_;
+};
+
+// ---- the Slurm source's view and hands ----------------------------------------------------
+
+namespace {
+
+// Slots a job could use: its fixed shape, else resources.max_slots, else unbounded.
+int64_t MaxUsefulSlots(const JobSpec& s) {
+  constexpr int64_t kUnbounded = int64_t{1} << 40;
+  int64_t n = kUnbounded;
+  if (!s.parallel.pipelines.empty()) {
+    n = 0;
+    for (const auto& p : s.parallel.pipelines) {
+      n += static_cast<int64_t>(p.count) * static_cast<int64_t>(p.stages.size());
+    }
+  } else if (s.parallel.stages > 0 && s.parallel.replicas > 0) {
+    n = static_cast<int64_t>(s.parallel.stages) * s.parallel.replicas;
+  }
+  if (s.resources.max_slots > 0) n = std::min<int64_t>(n, s.resources.max_slots);
+  return n;
+}
+
+}  // namespace
+
+class Manager::SlurmHost final : public SlurmSource::Host {
+ public:
+  explicit SlurmHost(Manager* m) : m_(m) {}
+  SlurmView View() override {
+    SlurmView v;
+    const auto used = m_->jobs_.UsedSlots();
+    int64_t others = 0;  // slots of schedulable nodes the source did not bring
+    for (const auto& [name, n] : m_->nodes_.all()) {
+      auto it = used.find(name);
+      const int u = it == used.end() ? 0 : it->second;
+      v.nodes.push_back({name, !n.dead, !m_->nodes_.DrainReason(n).empty(), u});
+      if (m_->slurm_->SourceOf(name).empty() && m_->nodes_.Schedulable(n)) {
+        others += n.rec.slots();
+      }
+    }
+    int64_t want = 0;
+    for (const auto& [id, job] : m_->jobs_.all()) {
+      const v1::JobState s = job.info().state();
+      if (Terminal(s) || s == v1::CANCELLING) continue;
+      want = std::min<int64_t>(want + MaxUsefulSlots(job.spec), int64_t{1} << 40);
+    }
+    v.wanted_slots = std::max<int64_t>(0, want - others);
+    return v;
+  }
+  void LoseNode(const std::string& node, const std::string& why) override {
+    m_->nodes_.Lose(node, why);
+  }
+  void ForgetNode(const std::string& node) override {
+    const auto used = m_->jobs_.UsedSlots();
+    auto it = used.find(node);
+    m_->nodes_.Forget(node, it == used.end() ? 0 : it->second);
+  }
+  void Event(const std::string& kind, const std::string& node,
+             const std::string& message) override {
+    m_->events_.Emit(kind, "", node, message);
   }
 
  private:
@@ -73,6 +138,13 @@ void Manager::set_metrics(ManagerMetrics* m) {
   reconciler_.set_metrics(m);
 }
 
+void Manager::StartSlurm(SlurmCommands* commands, Post off_loop) {
+  if (!config_.slurm.enabled()) return;
+  slurm_host_ = std::make_unique<SlurmHost>(this);
+  slurm_ = std::make_unique<SlurmSource>(config_.slurm, clock_, commands, post_,
+                                         std::move(off_loop), slurm_host_.get());
+}
+
 absl::Status Manager::Recover() {
   RETURN_IF_ERROR(nodes_.Load());
   RETURN_IF_ERROR(jobs_.Load(clock_->Now()));
@@ -97,6 +169,7 @@ void Manager::Tick() {
   job_controller_.Schedule();
   morph_controller_.CheckGrowth();
   straggler_controller_.Tick();
+  if (slurm_) slurm_->Tick();
   if (metrics_ && clock_->Now() - metrics_refreshed_ >= absl::Seconds(1)) RefreshMetrics();
   if (clock_->Now() - pruned_at_ >= absl::Seconds(10)) {  // Note [Retention] in job_table.cc
     pruned_at_ = clock_->Now();
@@ -200,8 +273,15 @@ std::vector<v1::NodeInfo> Manager::ListNodes() const {
   for (const auto& [name, n] : nodes_.all()) {
     auto it = used.find(name);
     out.push_back(nodes_.Describe(n, it == used.end() ? 0 : it->second));
+    if (slurm_) out.back().set_source(slurm_->SourceOf(name));
   }
   straggler_controller_.Annotate(&out);
+  return out;
+}
+
+std::vector<v1::MachineSource> Manager::ListSources() const {
+  std::vector<v1::MachineSource> out;
+  if (slurm_) out.push_back(slurm_->Status());
   return out;
 }
 

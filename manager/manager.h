@@ -31,6 +31,7 @@
 #include "manager/planning.h"
 #include "manager/profile_store.h"
 #include "manager/reconciler.h"
+#include "manager/slurm_source.h"
 #include "manager/state_store.h"
 #include "manager/step_series.h"
 #include "manager/straggler_controller.h"
@@ -51,6 +52,9 @@ class Manager {
   void Tick();
   // Metrics (docs/observability.md): updated in the transitions from here on. Optional.
   void set_metrics(ManagerMetrics* m);
+  // With config.slurm set: Slurm as a source of machines (manager/slurm_source.h), its
+  // commands run through `commands` on `off_loop` (a thread that may block). Before Recover.
+  void StartSlurm(SlurmCommands* commands, Post off_loop);
   const ManagerConfig& config() const { return config_; }
 
   // AgentRegistry.
@@ -70,6 +74,8 @@ class Manager {
   void GetLogs(const v1::GetLogsRequest& req,
                std::function<void(absl::StatusOr<v1::GetLogsResponse>)> done);
   std::vector<v1::NodeInfo> ListNodes() const;
+  // The machine sources' state (Slurm's counts and last error), for varunactl nodes.
+  std::vector<v1::MachineSource> ListSources() const;
   absl::StatusOr<v1::NodeInfo> Drain(const std::string& node, bool undo);
   // A preemption notice for `node` (varunactl preempt, or the node's own agent).
   absl::StatusOr<v1::NodeInfo> Preempt(const std::string& node, const v1::PreemptionNotice& n);
@@ -85,6 +91,8 @@ class Manager {
  private:
   // What a node's change means for jobs: the NodeTable's listener (manager.cc).
   class NodeEvents;
+  // The Slurm source's view of the tables and its hands on them (manager.cc).
+  class SlurmHost;
   v1::NodeInfo Describe(const NodeTable::Node& n) const;
   void RefreshMetrics();
 
@@ -102,6 +110,8 @@ class Manager {
   MorphController morph_controller_;
   StragglerController straggler_controller_;
   HeartbeatReconciler reconciler_;
+  std::unique_ptr<SlurmHost> slurm_host_;
+  std::unique_ptr<SlurmSource> slurm_;
   ManagerMetrics* metrics_ = nullptr;
   absl::Time metrics_refreshed_ = absl::InfinitePast();
   absl::Time pruned_at_ = absl::InfinitePast();

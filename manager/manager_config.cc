@@ -39,6 +39,7 @@ absl::Status ManagerConfig::Validate() const {
         "manager: forget_dead_after_s must be at least the time to DEAD");
   }
   RETURN_IF_ERROR(ValidateStragglers(stragglers, "manager config stragglers", true));
+  if (slurm.enabled()) RETURN_IF_ERROR(slurm.Validate());
   RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", listen, tls.enabled(), allow_insecure));
   if (!IsLoopbackListen(listen) && tokens_file.empty() && !allow_insecure) {
     // TLS alone lets anyone who trusts the CA in: the job API (and so every agent's
@@ -51,7 +52,81 @@ absl::Status ManagerConfig::Validate() const {
   return absl::OkStatus();
 }
 
+absl::Status SlurmSourceConfig::Validate() const {
+  auto bad = [](absl::string_view m) {
+    return absl::InvalidArgumentError(absl::StrCat("manager config slurm: ", m));
+  };
+  if (max_nodes < 1) return bad("max_nodes must be >= 1");
+  if (min_nodes < 0 || min_nodes > max_nodes) return bad("need 0 <= min_nodes <= max_nodes");
+  if (slots_per_node < 1) return bad("slots_per_node must be >= 1");
+  if (agent_command.empty()) {
+    return bad(
+        "agent_command is required: the varuna-agent command line run on each node "
+        "(its --manager address, --slots, TLS files)");
+  }
+  if (grace_s < 0) return bad("grace_s must be >= 0");
+  if (poll_period < absl::Milliseconds(100)) return bad("poll_s must be >= 0.1");
+  if (command_timeout < absl::Seconds(1)) return bad("command_timeout_s must be >= 1");
+  auto plain = [](const std::string& v) {
+    for (char c : v) {
+      if (c == '\n' || c == '\0' || c == ',' || c == ' ') return false;
+    }
+    return true;
+  };
+  for (const auto& [key, v] : {std::pair<const char*, const std::string*>{"partition", &partition},
+                               {"account", &account},
+                               {"qos", &qos},
+                               {"time_limit", &time_limit},
+                               {"job_name", &job_name}}) {
+    if (!plain(*v)) return bad(absl::StrCat(key, " '", *v, "' may not hold spaces or commas"));
+  }
+  if (job_name.empty()) return bad("job_name may not be empty");
+  for (const std::string& a : sbatch_args) {
+    if (a.empty() || a[0] != '-') {
+      return bad(absl::StrCat("sbatch_args entry '", a, "' is not an option (--name=value)"));
+    }
+    if (a.rfind("--wrap", 0) == 0 || a.rfind("--parsable", 0) == 0) {
+      return bad(absl::StrCat("sbatch_args may not give ", a, ": the manager sets it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 namespace {
+
+// The `slurm:` block (SlurmSourceConfig's keys).
+absl::Status ReadSlurm(const YAML::Node& v, const std::string& what, SlurmSourceConfig* s) {
+  if (v.IsNull()) return absl::OkStatus();
+  return ForEachEntry(
+      v, what, "slurm", [&](const std::string& key, const YAML::Node& value) -> absl::Status {
+        const std::string path = absl::StrCat("slurm.", key);
+        auto str = [&](std::string* out) { return ReadInto(value, what, path, out); };
+        auto num = [&](int* out) { return ReadInto(value, what, path, out); };
+        auto seconds = [&](absl::Duration* out) { return ReadSeconds(value, what, path, out); };
+        if (key == "partition") return str(&s->partition);
+        if (key == "account") return str(&s->account);
+        if (key == "qos") return str(&s->qos);
+        if (key == "time_limit") return str(&s->time_limit);
+        if (key == "max_nodes") return num(&s->max_nodes);
+        if (key == "min_nodes") return num(&s->min_nodes);
+        if (key == "slots_per_node") return num(&s->slots_per_node);
+        if (key == "sbatch_args") return ReadInto(value, what, path, &s->sbatch_args);
+        if (key == "agent_command") return str(&s->agent_command);
+        if (key == "job_name") return str(&s->job_name);
+        if (key == "grace_s") return num(&s->grace_s);
+        if (key == "output") return str(&s->output);
+        if (key == "poll_s") return seconds(&s->poll_period);
+        if (key == "idle_release_s") return seconds(&s->idle_release);
+        if (key == "command_timeout_s") return seconds(&s->command_timeout);
+        if (key == "slurm_conf") return str(&s->slurm_conf);
+        if (key == "bin_dir") return str(&s->bin_dir);
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": unknown key '", path,
+            "' (known: partition, account, qos, time_limit, max_nodes, min_nodes, "
+            "slots_per_node, sbatch_args, agent_command, job_name, grace_s, output, poll_s, "
+            "idle_release_s, command_timeout_s, slurm_conf, bin_dir)"));
+      });
+}
 
 // The `stragglers:` block: a mapping of StragglerSpec's keys; the ones it leaves out keep
 // their defaults. Ranges are checked by Validate().
@@ -113,6 +188,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "morph_window_s") return seconds(&c->morph_window);
         if (key == "morph_in_place") return num(&c->morph_in_place);
         if (key == "stragglers") return ReadStragglers(v, what, &c->stragglers);
+        if (key == "slurm") return ReadSlurm(v, what, &c->slurm);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: listen, http_listen, http_allow_remote, http_open_metrics, state_dir, "
@@ -123,7 +199,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
             "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
             "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place, "
-            "stragglers)"));
+            "stragglers, slurm)"));
       });
 }
 

@@ -136,7 +136,10 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
       Access::kPublic, /*priority=*/true);
   http.Get("/api/v1/nodes", [&](const Request&) {
     v1::ListNodesResponse r;
-    for (auto& n : loop.RunSync([&] { return m.ListNodes(); })) *r.add_nodes() = std::move(n);
+    loop.RunSync([&] {
+      for (auto& n : m.ListNodes()) *r.add_nodes() = std::move(n);
+      for (auto& s : m.ListSources()) *r.add_sources() = std::move(s);
+    });
     return Response{200, "application/json", ProtoJson(r), {}};
   });
   // Paged like ListJobs (Note [Pages] in manager.cc): ?page_size=N&page_token=T.

@@ -165,6 +165,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       for (auto& n : m_->ListNodes()) *resp->add_nodes() = std::move(n);
+      for (auto& s : m_->ListSources()) *resp->add_sources() = std::move(s);
       return absl::OkStatus();
     });
   }
@@ -278,7 +279,8 @@ ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
       clock_(clock),
       agents_(std::move(agents)),
       loop_("manager", options.tick_period, [this] { manager_->Tick(); }),
-      files_("manager-files", absl::ZeroDuration(), [] {}) {}
+      files_("manager-files", absl::ZeroDuration(), [] {}),
+      slurm_loop_("manager-slurm", absl::ZeroDuration(), [] {}) {}
 
 ManagerServer::~ManagerServer() { Shutdown(); }
 
@@ -299,6 +301,12 @@ absl::Status ManagerServer::Start() {
     metrics_registry_ = std::make_unique<MetricsRegistry>();
     metrics_ = std::make_unique<ManagerMetrics>(*metrics_registry_);
     manager_->set_metrics(metrics_.get());
+  }
+  if (config_.slurm.enabled()) {
+    slurm_commands_ = MakeSlurmCommands(config_.slurm);
+    manager_->StartSlurm(slurm_commands_.get(),
+                         [this](std::function<void()> fn) { slurm_loop_.Post(std::move(fn)); });
+    slurm_loop_.Start();
   }
   if (absl::Status s = manager_->Recover(); !s.ok()) return s;
   loop_.Start();
@@ -345,7 +353,8 @@ void ManagerServer::Shutdown() {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   }
-  files_.Stop();  // first: what it still holds posts to the loop, which then answers
+  files_.Stop();       // first: what it still holds posts to the loop, which then answers
+  slurm_loop_.Stop();  // likewise (a command in flight finishes or times out)
   loop_.Stop();
 }
 

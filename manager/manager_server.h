@@ -49,7 +49,9 @@ class ManagerServer {
   Clock* const clock_;
   std::unique_ptr<AgentClientPool> agents_;
   EventLoop loop_;
-  EventLoop files_;  // file checks for submissions (Note [Off the loop])
+  EventLoop files_;       // file checks for submissions (Note [Off the loop])
+  EventLoop slurm_loop_;  // Slurm's commands (manager/slurm_source.h), which may block
+  std::unique_ptr<SlurmCommands> slurm_commands_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Manager> manager_;
   std::unique_ptr<JobService> job_service_;

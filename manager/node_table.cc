@@ -209,6 +209,25 @@ void NodeTable::MarkUnreachable(const std::string& name) {
   n->suspect = true;
 }
 
+void NodeTable::Lose(const std::string& name, const std::string& why) {
+  Node* n = Find(name);
+  if (n == nullptr || n->dead) return;
+  n->dead = true;
+  LOG(WARNING) << "node=" << name << " DEAD: " << why;
+  listener_->OnNodeLost(*n, clock_->Now() - n->last_seen, why);
+}
+
+void NodeTable::Forget(const std::string& name, int used) {
+  auto it = nodes_.find(name);
+  if (it == nodes_.end() || used > 0) return;
+  LOG(INFO) << "node=" << name << " forgotten (given back to its machine source)";
+  if (absl::Status s = store_->DeleteNode(name); !s.ok()) {
+    LOG(WARNING) << "cannot delete node " << name << ": " << s.message();
+  }
+  nodes_.erase(it);
+  listener_->OnNodeEvent("node_forgotten", name, "given back to its machine source");
+}
+
 bool NodeTable::Schedulable(const Node& n) const {
   return !n.dead && !n.suspect && DrainReason(n).empty();
 }
@@ -328,7 +347,10 @@ void NodeTable::Tick(const std::function<int(const std::string&)>& used) {
     if (silent >= config_.dead_after()) {
       n.dead = true;
       LOG(WARNING) << "node=" << name << " DEAD: no heartbeat for " << silent;
-      listener_->OnNodeLost(n, silent);
+      listener_->OnNodeLost(
+          n, silent,
+          absl::StrCat("no heartbeat for ",
+                       absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
     } else if (silent >= config_.suspect_after() && !n.suspect) {
       n.suspect = true;
       LOG(WARNING) << "node=" << name << " SUSPECT: no heartbeat for " << silent;

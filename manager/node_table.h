@@ -36,8 +36,9 @@ class NodeTable {
   class Listener {
    public:
     virtual ~Listener() = default;
-    // DEAD after dead_after_missed heartbeats.
-    virtual void OnNodeLost(const Node& node, absl::Duration silent) = 0;
+    // DEAD after dead_after_missed heartbeats (`why`: "no heartbeat for 10s"), or because its
+    // machine source says it is gone (Lose).
+    virtual void OnNodeLost(const Node& node, absl::Duration silent, const std::string& why) = 0;
     // Drained, under a preemption notice, or removed from machine_list: its jobs should move
     // off it while it still runs (`why` says which).
     // `kind`: "drain" (drained, removed from machine_list) or "notice" (a preemption notice).
@@ -69,6 +70,10 @@ class NodeTable {
   absl::StatusOr<Node*> Preempt(const std::string& name, const v1::PreemptionNotice& notice);
   // An RPC to the node failed: no new work until it heartbeats again.
   void MarkUnreachable(const std::string& name);
+  // DEAD now, not after the missed heartbeats: its machine source (Slurm) says it is gone.
+  void Lose(const std::string& name, const std::string& why);
+  // Drops a node that is not alive or runs nothing (`used` == 0): a machine source gave it back.
+  void Forget(const std::string& name, int used);
 
   // Liveness by missed heartbeats, machine_list reload, forgetting idle DEAD nodes.
   void Tick(const std::function<int(const std::string&)>& used);

@@ -104,6 +104,9 @@ MpiDefault=none
 LaunchParameters=use_interactive_step
 ReturnToService=2
 SchedulerType=sched/backfill
+# A test cluster decides at once: the main loop's default sched_interval (60 s) delays a
+# preemption by up to a minute.
+SchedulerParameters=sched_interval=2,bf_interval=2
 SelectType=select/linear
 PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE

@@ -36,7 +36,7 @@ class Cluster:
 
     def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None,
                  secure=False, manager_config="", agent_args=None, worker_user=None,
-                 tokens=None):
+                 tokens=None, port=None):
         """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
         secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
         then sends the CA and `self.token`. worker_user: the agents' --worker_user (default:
@@ -51,7 +51,7 @@ class Cluster:
                            stdout=subprocess.DEVNULL)
             with open(os.path.join(self.dir, "tokens"), "w") as f:
                 f.write(f"alice {self.token}\n" + "".join(t + "\n" for t in tokens or []))
-        self.port = free_port()
+        self.port = port or free_port()
         self.address = f"{manager_host}:{self.port}"
         self.agent_host = agent_host or (lambda name: ([], "127.0.0.1"))
         self.agent_args = agent_args or {}

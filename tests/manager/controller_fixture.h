@@ -84,9 +84,10 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
   }
 
   // NodeTable::Listener, wired as Manager wires it; every call is also recorded.
-  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent) override {
+  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent,
+                  const std::string& why) override {
     node_events_.push_back("lost " + node.rec.name());
-    jobs_ctl_->OnNodeLost(node, silent);
+    jobs_ctl_->OnNodeLost(node, silent, why);
   }
   void OnNodeLeaving(const std::string& node, const std::string& kind,
                      const std::string& why) override {

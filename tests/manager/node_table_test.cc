@@ -36,6 +36,23 @@ TEST_F(NodeTableTest, AliveThenSuspectThenDeadByMissedHeartbeatsThenBack) {
   EXPECT_THAT(node_events_, ::testing::Contains("joined a"));
 }
 
+TEST_F(NodeTableTest, AMachineSourceLosesANodeAtOnceAndForgetsOnlyAnIdleOne) {
+  AddNode("a", 2);
+  AddNode("b", 2);
+  node_events_.clear();
+  nodes_->Lose("a", "its Slurm job 4 is PREEMPTED");
+  EXPECT_TRUE(nodes_->Find("a")->dead);
+  EXPECT_THAT(node_events_, ElementsAre("lost a"));
+  nodes_->Lose("a", "again");  // already DEAD: nothing more
+  nodes_->Lose("ghost", "unknown");
+  EXPECT_EQ(node_events_.size(), 1u);
+  nodes_->Forget("b", /*used=*/2);  // runs ranks: kept
+  EXPECT_NE(nodes_->Find("b"), nullptr);
+  nodes_->Forget("b", 0);
+  EXPECT_EQ(nodes_->Find("b"), nullptr);
+  EXPECT_THAT(node_events_, ::testing::Contains("node_forgotten b"));
+}
+
 TEST_F(NodeTableTest, DrainTellsTheListenerAndUndrainJoinsAgain) {
   AddNode("a", 2);
   node_events_.clear();

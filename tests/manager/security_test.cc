@@ -646,7 +646,39 @@ TEST(ConfigFileTest, StragglersBlockIsReadAndChecked) {
   EXPECT_THAT(LoadManagerConfigFile(write("stragglers: {window_steps: 2.5}\n"), &m),
               StatusIs(absl::StatusCode::kInvalidArgument, "stragglers.window_steps"));
   EXPECT_THAT(LoadManagerConfigFile(write("straglers: {}\n"), &m),
-              StatusIs(absl::StatusCode::kInvalidArgument, "stragglers)"));  // in the known list
+              StatusIs(absl::StatusCode::kInvalidArgument, "stragglers, slurm)"));  // known list
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ConfigFileTest, SlurmBlockIsReadAndChecked) {
+  const std::string dir = ::testing::TempDir() + "/slurm_cfg";
+  std::filesystem::create_directories(dir);
+  auto write = [&](const std::string& text) {
+    const std::string path = dir + "/c.yaml";
+    std::ofstream(path) << text;
+    return path;
+  };
+  ManagerConfig m;
+  ASSERT_THAT(LoadManagerConfigFile(
+                  write("state_dir: /tmp/x\nslurm:\n  partition: gpu\n  max_nodes: 4\n"
+                        "  agent_command: /opt/varuna-agent --slots 8\n  slots_per_node: 8\n"
+                        "  sbatch_args: [--gres=gpu:8, --constraint=a100]\n  poll_s: 2.5\n"),
+                  &m),
+              IsOk());
+  EXPECT_TRUE(m.slurm.enabled());
+  EXPECT_EQ(m.slurm.max_nodes, 4);
+  EXPECT_EQ(m.slurm.sbatch_args.size(), 2u);
+  EXPECT_EQ(m.slurm.poll_period, absl::Milliseconds(2500));
+  EXPECT_THAT(m.Validate(), IsOk());
+  ManagerConfig none;
+  ASSERT_THAT(LoadManagerConfigFile(write("state_dir: /tmp/x\nslurm: {partition: gpu}\n"), &none),
+              IsOk());
+  EXPECT_THAT(none.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        "manager config slurm: max_nodes must be >= 1"));
+  EXPECT_THAT(LoadManagerConfigFile(write("slurm: {partion: gpu}\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'slurm.partion'"));
+  EXPECT_THAT(LoadManagerConfigFile(write("slurm: {sbatch_args: --gres=gpu:8}\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "slurm.sbatch_args"));
   std::filesystem::remove_all(dir);
 }
 
