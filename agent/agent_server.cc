@@ -8,7 +8,9 @@
 #include "agent/preemption.h"
 #include "agent/probe.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/base/status_macros.h"
 #include "common/net/rpc.h"
 #include "glog/logging.h"
@@ -16,34 +18,90 @@
 namespace varuna {
 namespace {
 
+// Note [Following the leader]: with several managers (a:7070,b:7070,c:7070), a call goes to
+// the one that answered last; a standby answers UNAVAILABLE with the leader's address in the
+// trailing metadata `varuna-leader`, and the call is made again there at once; an unreachable
+// manager sends the next call to the next address. The agent's workers are untouched by any
+// of this: a new leader loads the jobs from etcd and the agent's next heartbeat reaches it.
 class GrpcManagerClient final : public ManagerClient {
  public:
-  GrpcManagerClient(const std::string& address, absl::Duration timeout, const TlsConfig& tls)
-      : address_(address),
-        timeout_(timeout),
-        stub_(v1::AgentRegistry::NewStub(MakeChannel(address, tls))) {}
+  GrpcManagerClient(const std::string& addresses, absl::Duration timeout, const TlsConfig& tls)
+      : timeout_(timeout), tls_(tls) {
+    for (const std::string& a : SplitAddressList(addresses)) {
+      managers_.push_back({a, v1::AgentRegistry::NewStub(MakeChannel(a, tls))});
+    }
+    if (managers_.empty())
+      managers_.push_back({addresses, v1::AgentRegistry::NewStub(MakeChannel(addresses, tls))});
+  }
 
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout_);
-    v1::RegisterResponse resp;
-    grpc::Status s = stub_->Register(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("manager ", address_));
-    return resp;
+    return Call<v1::RegisterResponse>(
+        "Register", [&](v1::AgentRegistry::Stub* stub, grpc::ClientContext* ctx,
+                        v1::RegisterResponse* resp) { return stub->Register(ctx, req, resp); });
   }
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) override {
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, timeout_);
-    v1::HeartbeatResponse resp;
-    grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
-    if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("manager ", address_));
-    return resp;
+    return Call<v1::HeartbeatResponse>(
+        "Heartbeat", [&](v1::AgentRegistry::Stub* stub, grpc::ClientContext* ctx,
+                         v1::HeartbeatResponse* resp) { return stub->Heartbeat(ctx, req, resp); });
+  }
+  std::string current() const override {
+    absl::MutexLock lock(&mu_);
+    return managers_[current_].address;
   }
 
  private:
-  const std::string address_;
+  struct Manager {
+    std::string address;
+    std::shared_ptr<v1::AgentRegistry::Stub> stub;
+  };
+
+  template <typename Resp, typename F>
+  absl::StatusOr<Resp> Call(const char* method, F call) {
+    grpc::Status s;
+    std::string address;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::shared_ptr<v1::AgentRegistry::Stub> stub;
+      {
+        absl::MutexLock lock(&mu_);
+        address = managers_[current_].address;
+        stub = managers_[current_].stub;
+      }
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, timeout_);
+      Resp resp;
+      s = call(stub.get(), &ctx, &resp);
+      if (s.ok()) return resp;
+      const std::string leader = LeaderFromTrailers(ctx);
+      absl::MutexLock lock(&mu_);
+      if (!leader.empty() && leader != address) {
+        Follow(leader);  // a standby named the leader: ask it now
+        continue;
+      }
+      if (managers_.size() > 1 && (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                   s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+        current_ = (current_ + 1) % managers_.size();  // the next beat tries the next one
+      }
+      break;
+    }
+    return FromGrpcStatus(s, absl::StrCat("manager ", address, " ", method));
+  }
+
+  void Follow(const std::string& leader) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (size_t i = 0; i < managers_.size(); ++i) {
+      if (managers_[i].address == leader) {
+        current_ = i;
+        return;
+      }
+    }
+    managers_.push_back({leader, v1::AgentRegistry::NewStub(MakeChannel(leader, tls_))});
+    current_ = managers_.size() - 1;
+  }
+
   const absl::Duration timeout_;
-  std::unique_ptr<v1::AgentRegistry::Stub> stub_;
+  const TlsConfig tls_;
+  mutable absl::Mutex mu_;
+  std::vector<Manager> managers_ ABSL_GUARDED_BY(mu_);
+  size_t current_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace
@@ -59,8 +117,13 @@ std::unique_ptr<ManagerClient> MakeGrpcManagerClient(const std::string& address,
 // agent's certificate (same CA) cannot launch anything here.
 class AgentServer::Service final : public v1::AgentApi::CallbackService {
  public:
-  Service(EventLoop* loop, Agent* agent, bool tls, std::string manager_name)
-      : loop_(loop), agent_(agent), tls_(tls), manager_name_(std::move(manager_name)) {}
+  Service(EventLoop* loop, Agent* agent, bool tls, std::string manager_name,
+          std::atomic<int64_t>* term)
+      : loop_(loop),
+        agent_(agent),
+        tls_(tls),
+        manager_name_(std::move(manager_name)),
+        term_(term) {}
 
   grpc::ServerUnaryReactor* Launch(grpc::CallbackServerContext* ctx, const v1::LaunchRequest* req,
                                    v1::LaunchResponse* resp) override {
@@ -138,6 +201,29 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
         return false;
       }
     }
+    // Note [Leader lease] (manager/leader_election.h): with several managers each call
+    // carries the leader's term; one older than a term this agent has seen is a deposed
+    // leader's, refused.
+    const auto& md = ctx.client_metadata();
+    if (auto it = md.find("varuna-term"); it != md.end()) {
+      int64_t term = 0;
+      if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &term)) {
+        reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad varuna-term"));
+        return false;
+      }
+      int64_t seen = term_->load();
+      while (term > seen && !term_->compare_exchange_weak(seen, term)) {
+      }
+      if (term < seen) {
+        LOG(WARNING) << "refused a call from a deposed manager (term " << term << " < " << seen
+                     << ") at " << ctx.peer();
+        reactor->Finish(grpc::Status(
+            grpc::StatusCode::FAILED_PRECONDITION,
+            absl::StrCat("this agent follows the leader of term ", seen, "; the caller's term ",
+                         term, " is older (a deposed manager)")));
+        return false;
+      }
+    }
     return true;
   }
 
@@ -145,6 +231,7 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
   Agent* const agent_;
   const bool tls_;
   const std::string manager_name_;
+  std::atomic<int64_t>* const term_;
 };
 
 AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* launcher,
@@ -169,7 +256,8 @@ absl::Status AgentServer::Start() {
   RETURN_IF_ERROR(CheckListenSecurity("varuna-agent", c.listen, c.tls.enabled(), c.allow_insecure));
   ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(c.tls, /*need_cert=*/true, "varuna-agent"));
   loop_.Start();
-  service_ = std::make_unique<Service>(&loop_, &agent_, tls.enabled, c.tls_manager_name);
+  service_ =
+      std::make_unique<Service>(&loop_, &agent_, tls.enabled, c.tls_manager_name, &manager_term_);
   auto started =
       StartServer(c.listen, {service_.get()}, c.advertise_host, tls, ClientCerts::kRequired);
   if (!started.ok()) return started.status();
@@ -271,8 +359,9 @@ absl::Status AgentServer::HeartbeatOnce() {
     auto r = manager_->Register(reg);
     if (!r.ok()) return r.status();
     registered_ = true;
-    LOG(INFO) << "node=" << c.name << " registered with manager " << c.manager;
+    LOG(INFO) << "node=" << c.name << " registered with manager " << manager_->current();
     AdoptHeartbeatPeriod(r->heartbeat_period_ms());
+    AdoptTerm(r->manager_term());
   }
   v1::HeartbeatRequest hb = loop_.RunSync([this] { return agent_.BuildHeartbeat(); });
   hb.set_last_rtt_s(last_rtt_s_);
@@ -288,6 +377,7 @@ absl::Status AgentServer::HeartbeatOnce() {
     return resp.status();
   }
   AdoptHeartbeatPeriod(resp->heartbeat_period_ms());
+  AdoptTerm(resp->manager_term());
   loop_.Post([this, r = *std::move(resp)] { agent_.OnHeartbeatResponse(r); });
   return absl::OkStatus();
 }
@@ -316,6 +406,12 @@ void AgentServer::NoticeLoop() {
                         [this] { return hb_.stop; })) {
       return;
     }
+  }
+}
+
+void AgentServer::AdoptTerm(int64_t term) {
+  int64_t seen = manager_term_.load();
+  while (term > seen && !manager_term_.compare_exchange_weak(seen, term)) {
   }
 }
 

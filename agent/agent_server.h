@@ -26,8 +26,12 @@ class ManagerClient {
   virtual ~ManagerClient() = default;
   virtual absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req) = 0;
   virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
+  // The manager it talks to now (with several, the one that answered as leader last).
+  virtual std::string current() const { return ""; }
 };
 
+// `address`: one manager, or several (a:7070,b:7070): calls go to the one that leads, found
+// from a standby's answer (it names the leader) or by trying the next.
 std::unique_ptr<ManagerClient> MakeGrpcManagerClient(const std::string& address,
                                                      absl::Duration timeout,
                                                      const TlsConfig& tls = {});
@@ -87,6 +91,9 @@ class AgentServer {
   EventLoop loop_;
   std::thread probe_thread_;  // the startup speed probe
   std::unique_ptr<Service> service_;
+  // The newest leader term seen (several managers): calls with an older one are refused.
+  std::atomic<int64_t> manager_term_{0};
+  void AdoptTerm(int64_t term);
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 

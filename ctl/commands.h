@@ -31,6 +31,7 @@ Command NewCmdMetrics();
 Command NewCmdNodes();
 Command NewCmdDrain();
 Command NewCmdPreempt();
+Command NewCmdManagers();
 
 Command NewCmdPlan();
 Command NewCmdProfile();

@@ -92,7 +92,46 @@ absl::StatusOr<int> RunPreempt(Session& s, const ParsedArgs& a) {
   return kExitOk;
 }
 
+absl::StatusOr<int> RunManagers(Session& s, const ParsedArgs&) {
+  v1::ListManagersResponse resp;
+  grpc::Status st = s.stub()->ListManagers(s.Context().get(), v1::ListManagersRequest(), &resp);
+  if (!st.ok()) return s.CallError(st, "ListManagers");
+  if (s.json()) {
+    s.out() << s.Json(resp) << "\n";
+    return kExitOk;
+  }
+  s.out() << absl::StrFormat("%-28s %-8s %s\n", "ADDRESS", "ROLE", "TERM");
+  for (const auto& m : resp.managers()) {
+    s.out() << absl::StrFormat("%-28s %-8s %s\n", Printable(m.address()),
+                               m.leader() ? "leader" : "standby",
+                               m.leader() ? absl::StrCat(m.term()) : "-");
+  }
+  s.out() << "store: " << Printable(resp.store());
+  if (resp.lease_ttl_s() > 0) s.out() << absl::StrFormat(", lease %.0fs", resp.lease_ttl_s());
+  s.out() << " (answered by " << Printable(resp.answered_by()) << ")\n";
+  if (resp.leader().empty()) {
+    s.out() << "no leader elected" << (resp.note().empty() ? "" : ": " + Printable(resp.note()))
+            << "\n";
+  }
+  return kExitOk;
+}
+
 }  // namespace
+
+Command NewCmdManagers() {
+  Command c;
+  c.name = "managers";
+  c.group = kGroupCluster;
+  c.synopsis = "the managers, which one leads, its term";
+  c.help =
+      "Lists the managers sharing one etcd (docs/operations.md \"Several managers\"): each\n"
+      "one's address, whether it leads or stands by, and the leader's term (it grows with\n"
+      "every election). Any manager answers, a standby too. With one manager (SQLite) it\n"
+      "is the only one listed. -o json: {\"managers\": [{\"address\", \"leader\", \"term\"}],\n"
+      "\"leader\", \"term\", \"store\", ...}.\n";
+  c.run = RunManagers;
+  return c;
+}
 
 Command NewCmdNodes() {
   Command c;

@@ -19,7 +19,9 @@ std::string Printable(const std::string& text) {
 }
 
 absl::Status Session::Connect(const ManagerOptions& options) {
-  RETURN_IF_ERROR(SplitHostPort(options.address).status());
+  const std::vector<std::string> managers = SplitAddressList(options.address);
+  if (managers.empty()) RETURN_IF_ERROR(SplitHostPort(options.address).status());
+  for (const std::string& m : managers) RETURN_IF_ERROR(SplitHostPort(m).status());
   // A header carries printable ASCII only; gRPC aborts the process on anything else.
   for (char c : options.token) {
     const auto u = static_cast<unsigned char>(c);
@@ -32,9 +34,21 @@ absl::Status Session::Connect(const ManagerOptions& options) {
   TlsFiles files;
   files.ca = options.tls_ca;
   ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(files, /*need_cert=*/false, "varunactl"));
-  manager_ = options.address;
   token_ = options.token;
   tls_ = tls.enabled;
+  manager_ = managers.empty() ? options.address : managers[0];
+  // Several managers (Note [Following the leader] in agent/agent_server.cc): the first that
+  // answers says who leads, and the command talks to the leader.
+  for (size_t i = 0; managers.size() > 1 && i < managers.size(); ++i) {
+    auto stub = v1::JobApi::NewStub(MakeChannel(managers[i], tls));
+    v1::ListManagersResponse who;
+    if (!stub->ListManagers(Context(absl::Seconds(2)).get(), v1::ListManagersRequest(), &who)
+             .ok()) {
+      continue;
+    }
+    manager_ = who.leader().empty() ? managers[i] : who.leader();
+    break;
+  }
   stub_ = v1::JobApi::NewStub(MakeChannel(manager_, tls));
   return absl::OkStatus();
 }

@@ -30,7 +30,9 @@ const std::vector<std::string>& Groups() {
 // Flags every command takes, before or after its name.
 std::vector<Flag> GlobalFlags() {
   return {
-      Option("--manager", "HOST:PORT", "the manager's address (default: $VARUNA_MANAGER)"),
+      Option("--manager", "HOST:PORT[,...]",
+             "the manager's address, or several managers' (the leader is found; default: "
+             "$VARUNA_MANAGER)"),
       Option("--tls_ca", "FILE",
              "the cluster CA, to talk TLS to the manager (default: $VARUNA_TLS_CA)"),
       Option("--token", "T", "the bearer token the manager knows you by (default: $VARUNA_TOKEN)"),
@@ -83,9 +85,9 @@ Command NewCmdHelp() {
 }
 
 std::vector<Command> CommandTable() {
-  return {NewCmdSubmit(), NewCmdList(),    NewCmdStatus(), NewCmdCancel(), NewCmdLogs(),
-          NewCmdEvents(), NewCmdMetrics(), NewCmdNodes(),  NewCmdDrain(),  NewCmdPreempt(),
-          NewCmdPlan(),   NewCmdProfile(), NewCmdHelp()};
+  return {NewCmdSubmit(),   NewCmdList(),    NewCmdStatus(),  NewCmdCancel(), NewCmdLogs(),
+          NewCmdEvents(),   NewCmdMetrics(), NewCmdNodes(),   NewCmdDrain(),  NewCmdPreempt(),
+          NewCmdManagers(), NewCmdPlan(),    NewCmdProfile(), NewCmdHelp()};
 }
 
 // The position of the command's name in `args`: the first word before "--" that is neither

@@ -1,5 +1,6 @@
 #include "manager/agent_client.h"
 
+#include <atomic>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -13,9 +14,10 @@ namespace {
 class GrpcAgentClient final : public AgentClient {
  public:
   GrpcAgentClient(const std::string& node, const std::string& address, absl::Duration timeout,
-                  const TlsConfig& tls)
+                  const TlsConfig& tls, std::shared_ptr<const std::atomic<int64_t>> term)
       : address_(address),
         timeout_(timeout),
+        term_(std::move(term)),
         stub_(v1::AgentApi::NewStub(MakeChannel(address, tls, /*peer_name=*/node))) {}
 
   void Launch(const v1::LaunchRequest& req, Done<v1::LaunchResponse> done) override {
@@ -55,6 +57,9 @@ class GrpcAgentClient final : public AgentClient {
     auto* st = new State;
     st->req = req;
     SetDeadline(&st->ctx, timeout_);
+    if (const int64_t term = term_->load(); term > 0) {
+      st->ctx.AddMetadata("varuna-term", absl::StrCat(term));
+    }
     const std::string what = absl::StrCat("agent ", address_, " ", method);
     start(&st->ctx, &st->req, &st->resp, [st, done = std::move(done), what](grpc::Status s) {
       if (s.ok()) {
@@ -68,6 +73,7 @@ class GrpcAgentClient final : public AgentClient {
 
   const std::string address_;
   const absl::Duration timeout_;
+  std::shared_ptr<const std::atomic<int64_t>> term_;
   std::unique_ptr<v1::AgentApi::Stub> stub_;
 };
 
@@ -84,13 +90,15 @@ class GrpcAgentClientPool final : public AgentClientPool {
   std::shared_ptr<AgentClient> For(const std::string& node, const std::string& address) override {
     absl::MutexLock lock(&mu_);
     auto& c = clients_[{node, address}];
-    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(node, address, timeout_, tls_);
+    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(node, address, timeout_, tls_, term_);
     return c;
   }
+  void set_term(int64_t term) override { term_->store(term); }
 
  private:
   const absl::Duration timeout_;
   const TlsConfig tls_;
+  const std::shared_ptr<std::atomic<int64_t>> term_ = std::make_shared<std::atomic<int64_t>>(0);
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<AgentClient>> clients_
       ABSL_GUARDED_BY(mu_);

@@ -35,6 +35,9 @@ class AgentClientPool {
  public:
   virtual ~AgentClientPool() = default;
   virtual std::shared_ptr<AgentClient> For(const std::string& node, const std::string& address) = 0;
+  // The leader's term, sent with every call from now on (Note [Leader lease] in
+  // manager/leader_election.h); 0 (one manager) sends none.
+  virtual void set_term(int64_t term) { (void)term; }
 };
 
 // With `tls` enabled, calls present the manager's certificate (agents accept no one else), and

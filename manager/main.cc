@@ -28,6 +28,12 @@ ABSL_FLAG(std::string, tls_cert, "", "the manager's certificate (PEM, common nam
 ABSL_FLAG(std::string, tls_key, "", "the manager's private key (PEM)");
 ABSL_FLAG(std::string, tokens_file, "", "file of 'NAME TOKEN' lines; varunactl must send one");
 ABSL_FLAG(bool, allow_insecure, false, "allow a non-loopback --listen without TLS");
+ABSL_FLAG(std::string, etcd_endpoints, "",
+          "etcd client endpoints HOST:PORT,... : several managers elect a leader and keep the "
+          "state in etcd (docs/operations.md \"Several managers\"); default: one manager, SQLite");
+ABSL_FLAG(std::string, advertise, "",
+          "HOST:PORT clients reach this manager at (default: --listen; needed with etcd when "
+          "--listen is a wildcard)");
 
 namespace {
 
@@ -50,6 +56,8 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_tls_key); !v.empty()) config.tls.key = v;
   if (auto v = absl::GetFlag(FLAGS_tokens_file); !v.empty()) config.tokens_file = v;
   if (absl::GetFlag(FLAGS_allow_insecure)) config.allow_insecure = true;
+  if (auto v = absl::GetFlag(FLAGS_etcd_endpoints); !v.empty()) config.etcd_endpoints = v;
+  if (auto v = absl::GetFlag(FLAGS_advertise); !v.empty()) config.advertise = v;
   if (absl::Status s = config.Validate(); !s.ok()) {
     std::cerr << "varuna-manager: " << s.message() << "\n";
     return 2;

@@ -108,6 +108,7 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
                  Post post)
     : config_(std::move(config)),
       clock_(clock),
+      store_(store),
       agents_(agents),
       post_(std::move(post)),
       node_events_(std::make_unique<NodeEvents>(this)),
@@ -170,6 +171,10 @@ void Manager::Tick() {
   morph_controller_.CheckGrowth();
   straggler_controller_.Tick();
   if (slurm_) slurm_->Tick();
+  if (clock_->Now() - synced_at_ >= absl::Seconds(1)) {  // Note [High-rate state] (etcd_store.h)
+    synced_at_ = clock_->Now();
+    if (absl::Status s = store_->Sync(); !s.ok()) LOG(WARNING) << "state store: " << s;
+  }
   if (metrics_ && clock_->Now() - metrics_refreshed_ >= absl::Seconds(1)) RefreshMetrics();
   if (clock_->Now() - pruned_at_ >= absl::Seconds(10)) {  // Note [Retention] in job_table.cc
     pruned_at_ = clock_->Now();

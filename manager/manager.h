@@ -98,6 +98,7 @@ class Manager {
 
   const ManagerConfig config_;
   Clock* const clock_;
+  StateStore* const store_;
   AgentClientPool* const agents_;
   const Post post_;
   std::unique_ptr<NodeEvents> node_events_;
@@ -115,6 +116,7 @@ class Manager {
   ManagerMetrics* metrics_ = nullptr;
   absl::Time metrics_refreshed_ = absl::InfinitePast();
   absl::Time pruned_at_ = absl::InfinitePast();
+  absl::Time synced_at_ = absl::InfinitePast();
 };
 
 }  // namespace varuna

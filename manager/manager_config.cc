@@ -40,6 +40,24 @@ absl::Status ManagerConfig::Validate() const {
   }
   RETURN_IF_ERROR(ValidateStragglers(stragglers, "manager config stragglers", true));
   if (slurm.enabled()) RETURN_IF_ERROR(slurm.Validate());
+  if (!etcd_endpoints.empty()) {
+    if (lease_ttl < absl::Seconds(2) || lease_ttl > absl::Seconds(60)) {
+      return absl::InvalidArgumentError("manager: lease_ttl_s must be in [2, 60]");
+    }
+    if (etcd_flush < absl::Seconds(1)) {
+      return absl::InvalidArgumentError("manager: etcd_flush_s must be >= 1");
+    }
+    if (etcd_prefix.empty() || etcd_prefix.front() != '/' || etcd_prefix.back() != '/') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manager: etcd_prefix '", etcd_prefix, "' must start and end with '/'"));
+    }
+    const std::string host = advertise_address().substr(0, advertise_address().rfind(':'));
+    if (host.empty() || host == "0.0.0.0" || host == "[::]" || host == "::") {
+      return absl::InvalidArgumentError(
+          "manager: with etcd_endpoints, give --advertise HOST:PORT (the address agents, "
+          "varunactl and the other managers reach this one at): --listen is a wildcard");
+    }
+  }
   RETURN_IF_ERROR(CheckListenSecurity("varuna-manager", listen, tls.enabled(), allow_insecure));
   if (!IsLoopbackListen(listen) && tokens_file.empty() && !allow_insecure) {
     // TLS alone lets anyone who trusts the CA in: the job API (and so every agent's
@@ -90,6 +108,10 @@ absl::Status SlurmSourceConfig::Validate() const {
     }
   }
   return absl::OkStatus();
+}
+
+std::string ManagerConfig::advertise_address() const {
+  return advertise.empty() ? listen : advertise;
 }
 
 namespace {
@@ -189,6 +211,11 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "morph_in_place") return num(&c->morph_in_place);
         if (key == "stragglers") return ReadStragglers(v, what, &c->stragglers);
         if (key == "slurm") return ReadSlurm(v, what, &c->slurm);
+        if (key == "etcd_endpoints") return str(&c->etcd_endpoints);
+        if (key == "etcd_prefix") return str(&c->etcd_prefix);
+        if (key == "lease_ttl_s") return seconds(&c->lease_ttl);
+        if (key == "etcd_flush_s") return seconds(&c->etcd_flush);
+        if (key == "advertise") return str(&c->advertise);
         return absl::InvalidArgumentError(absl::StrCat(
             what, ": unknown key '", key,
             "' (known: listen, http_listen, http_allow_remote, http_open_metrics, state_dir, "
@@ -199,7 +226,8 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
             "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
             "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place, "
-            "stragglers, slurm)"));
+            "stragglers, slurm, etcd_endpoints, etcd_prefix, lease_ttl_s, etcd_flush_s, "
+            "advertise)"));
       });
 }
 

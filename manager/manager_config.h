@@ -85,6 +85,17 @@ struct ManagerConfig {
   // The config file's `stragglers:` block may give any of them; every field must end up set.
   StragglerSpec stragglers{"auto", 0.7, 5, 0.05, 120, 0.9};
   SlurmSourceConfig slurm;
+  // Several managers on etcd (docs/operations.md "Several managers"): "" = one manager, its
+  // state in SQLite under state_dir. Else etcd's client endpoints (host:port,...): managers
+  // elect a leader on a lease of lease_ttl and keep the state under etcd_prefix; state_dir
+  // holds each one's local copy of events and step records. `advertise` is the address
+  // clients and standbys hand out for this manager (default: listen, unless a wildcard).
+  std::string etcd_endpoints;
+  std::string etcd_prefix = "/varuna/";
+  absl::Duration lease_ttl = absl::Seconds(3);
+  absl::Duration etcd_flush = absl::Seconds(5);  // Note [High-rate state]
+  std::string advertise;
+  std::string advertise_address() const;  // advertise, else listen
 
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }

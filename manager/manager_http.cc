@@ -110,10 +110,20 @@ Response Logs(EventLoop& loop, Manager& m, const std::string& id, int lines) {
   return {200, "application/json", body, {}};
 }
 
+// The JSON API only where the manager leads (a standby answers 503 naming the leader).
+HttpServer::Handler Gated(std::function<absl::Status()> gate, HttpServer::Handler handler) {
+  if (!gate) return handler;
+  return [gate, handler](const Request& req) -> Response {
+    if (absl::Status s = gate(); !s.ok()) return JsonError(503, std::string(s.message()));
+    return handler(req);
+  };
+}
+
 }  // namespace
 
 void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
-                         const MetricsRegistry& metrics, bool open_metrics) {
+                         const MetricsRegistry& metrics, bool open_metrics,
+                         std::function<absl::Status()> gate) {
   using Access = HttpServer::Access;
   http.Get(
       "/metrics",
@@ -134,49 +144,51 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
         return {200, "text/plain", "ok\n", {}};
       },
       Access::kPublic, /*priority=*/true);
-  http.Get("/api/v1/nodes", [&](const Request&) {
-    v1::ListNodesResponse r;
-    loop.RunSync([&] {
-      for (auto& n : m.ListNodes()) *r.add_nodes() = std::move(n);
-      for (auto& s : m.ListSources()) *r.add_sources() = std::move(s);
-    });
-    return Response{200, "application/json", ProtoJson(r), {}};
-  });
+  http.Get("/api/v1/nodes", Gated(gate, [&](const Request&) {
+             v1::ListNodesResponse r;
+             loop.RunSync([&] {
+               for (auto& n : m.ListNodes()) *r.add_nodes() = std::move(n);
+               for (auto& s : m.ListSources()) *r.add_sources() = std::move(s);
+             });
+             return Response{200, "application/json", ProtoJson(r), {}};
+           }));
   // Paged like ListJobs (Note [Pages] in manager.cc): ?page_size=N&page_token=T.
-  http.Get("/api/v1/jobs", [&](const Request& req) {
-    v1::ListJobsRequest q;
-    q.set_page_size(
-        static_cast<int32_t>(std::clamp<int64_t>(ParamInt(req, "page_size", 0), 0, 1000)));
-    if (auto it = req.params.find("page_token"); it != req.params.end())
-      q.set_page_token(it->second);
-    return Json(loop.RunSync([&] { return m.ListJobs(q); }));
-  });
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64}))", [&](const Request& req) {
-    return Json(loop.RunSync([&] { return m.GetJob(req.matches[0]); }));
-  });
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/metrics)", [&](const Request& req) {
-    v1::GetMetricsRequest q;
-    q.set_job_id(req.matches[0]);
-    q.set_after_step(ParamInt(req, "after_step", 0));
-    return Json(loop.RunSync([&] { return m.GetMetrics(q); }));
-  });
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/stages)", [&](const Request& req) {
-    return Json(loop.RunSync([&] { return m.GetStages(req.matches[0]); }));
-  });
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/events)", [&](const Request& req) {
-    if (auto job = loop.RunSync([&] { return m.GetJob(req.matches[0]); }); !job.ok()) {
-      return Json(job);
-    }
-    v1::ListEventsRequest q;
-    q.set_job_id(req.matches[0]);
-    q.set_after_seq(ParamInt(req, "after_seq", 0));
-    return Response{
-        200, "application/json", ProtoJson(loop.RunSync([&] { return m.ListEvents(q); })), {}};
-  });
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/logs)", [&](const Request& req) {
-    const int tail = static_cast<int>(std::clamp<int64_t>(ParamInt(req, "tail", 20), 1, 200));
-    return Logs(loop, m, req.matches[0], tail);
-  });
+  http.Get("/api/v1/jobs", Gated(gate, [&](const Request& req) {
+             v1::ListJobsRequest q;
+             q.set_page_size(
+                 static_cast<int32_t>(std::clamp<int64_t>(ParamInt(req, "page_size", 0), 0, 1000)));
+             if (auto it = req.params.find("page_token"); it != req.params.end())
+               q.set_page_token(it->second);
+             return Json(loop.RunSync([&] { return m.ListJobs(q); }));
+           }));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64}))", Gated(gate, [&](const Request& req) {
+             return Json(loop.RunSync([&] { return m.GetJob(req.matches[0]); }));
+           }));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/metrics)", Gated(gate, [&](const Request& req) {
+             v1::GetMetricsRequest q;
+             q.set_job_id(req.matches[0]);
+             q.set_after_step(ParamInt(req, "after_step", 0));
+             return Json(loop.RunSync([&] { return m.GetMetrics(q); }));
+           }));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/stages)", Gated(gate, [&](const Request& req) {
+             return Json(loop.RunSync([&] { return m.GetStages(req.matches[0]); }));
+           }));
+  http.Get(
+      R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/events)", Gated(gate, [&](const Request& req) {
+        if (auto job = loop.RunSync([&] { return m.GetJob(req.matches[0]); }); !job.ok()) {
+          return Json(job);
+        }
+        v1::ListEventsRequest q;
+        q.set_job_id(req.matches[0]);
+        q.set_after_seq(ParamInt(req, "after_seq", 0));
+        return Response{
+            200, "application/json", ProtoJson(loop.RunSync([&] { return m.ListEvents(q); })), {}};
+      }));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/logs)", Gated(gate, [&](const Request& req) {
+             const int tail =
+                 static_cast<int>(std::clamp<int64_t>(ParamInt(req, "tail", 20), 1, 200));
+             return Logs(loop, m, req.matches[0], tail);
+           }));
   http.Get(R"(/api/v1/.*)", [](const Request& req) {
     return JsonError(404, absl::StrCat("no API endpoint ", req.path));
   });

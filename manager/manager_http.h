@@ -14,7 +14,9 @@ namespace varuna {
 
 // Every route but /healthz and the dashboard's static files needs a bearer token when the
 // server has an authorizer; /metrics too unless `open_metrics`.
+// `gate`: with several managers, OK only on the leader (the API answers 503 elsewhere).
 void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& manager,
-                         const MetricsRegistry& metrics, bool open_metrics);
+                         const MetricsRegistry& metrics, bool open_metrics,
+                         std::function<absl::Status()> gate = nullptr);
 
 }  // namespace varuna

@@ -56,10 +56,19 @@ ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
       heartbeat_latency_(r.Histogram("varuna_heartbeat_latency_seconds",
                                      "Round trip of an agent's heartbeat RPC, as it measured")),
       node_speed_(r.Gauge("varuna_node_relative_speed",
-                          "A node's compute speed relative to its peers in a job (1 = as fast)")) {
+                          "A node's compute speed relative to its peers in a job (1 = as fast)")),
+      is_leader_(r.Gauge("varuna_manager_is_leader",
+                         "1 while this manager leads (several managers on etcd; 1 when alone)")),
+      leader_changes_(r.Counter("varuna_manager_leader_changes_total",
+                                "Elections this manager won (several managers on etcd)")) {
   SetJobs({});
   SetNodes({});
+  leader_changes_.Add({});
 }
+
+void ManagerMetrics::SetLeader(bool leading) { is_leader_.Add({}).Set(leading ? 1 : 0); }
+
+void ManagerMetrics::OnElected() { leader_changes_.Add({}).Increment(); }
 
 void ManagerMetrics::SetNodes(const std::vector<v1::NodeInfo>& nodes) {
   std::map<std::string, double> by_state;

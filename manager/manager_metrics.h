@@ -26,6 +26,10 @@ class ManagerMetrics {
   // A finished morph: counted by the kind of its reason; each phase's duration observed.
   void OnMorph(const std::string& job, const v1::MorphRecord& morph);
   void OnHeartbeat(const std::string& node, double latency_s);
+  // 1 while this manager leads (always when alone); OnElected counts each election it wins
+  // (several managers on etcd).
+  void SetLeader(bool leading);
+  void OnElected();
   // A node the manager forgot: its series go.
   void ForgetNode(const std::string& node);
   // A job's counters and histograms, at 0 from its submission or the manager's recovery of it
@@ -56,6 +60,8 @@ class ManagerMetrics {
   prometheus::Family<prometheus::Histogram>& morph_phase_;
   prometheus::Family<prometheus::Histogram>& heartbeat_latency_;
   prometheus::Family<prometheus::Gauge>& node_speed_;
+  prometheus::Family<prometheus::Gauge>& is_leader_;
+  prometheus::Family<prometheus::Counter>& leader_changes_;
   std::map<std::string, std::set<std::string>> speed_nodes_;  // job -> nodes with a series
   std::map<std::string, prometheus::Gauge*> slots_by_node_;
   std::map<std::string, prometheus::Histogram*> latency_by_node_;

@@ -2,6 +2,12 @@
 
 #include "manager/manager_http.h"
 
+#include <atomic>
+#include <cstdlib>
+
+#include "manager/etcd_store.h"
+#include "manager/leader_election.h"
+
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 #include "common/net/http_request.h"
@@ -43,6 +49,9 @@ absl::Status CheckAgentPeer(const grpc::CallbackServerContext& ctx, bool tls,
   return absl::OkStatus();
 }
 
+// A deposed leader's exit status: its unit restarts it, as a standby.
+constexpr int kExitDeposed = 75;
+
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
@@ -51,16 +60,52 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::S
 
 }  // namespace
 
+struct ManagerServer::Ha {
+  std::unique_ptr<EtcdClient> etcd;
+  EtcdStateStore* store = nullptr;  // owned by ManagerServer::store_
+  std::unique_ptr<LeaderElection> election;
+  std::atomic<bool> ready{false};  // elected and recovered: the services act
+  std::atomic<int64_t> term{0};
+
+  // OK where this manager acts; else UNAVAILABLE naming the leader (also in the trailing
+  // metadata `varuna-leader`, which agents and varunactl follow).
+  absl::Status Gate(grpc::CallbackServerContext* ctx) const {
+    if (ready) return absl::OkStatus();
+    const LeaderElection::Leader l = election->leader();
+    const std::string me = election->me();
+    if (!l.address.empty() && l.address != me) {
+      if (ctx != nullptr) ctx->AddTrailingMetadata("varuna-leader", l.address);
+      return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
+                                                 " is a standby; the leader is ", l.address,
+                                                 " (term ", l.term, ")"));
+    }
+    if (l.address == me) {
+      return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
+                                                 " was elected leader (term ", l.term,
+                                                 ") and is loading the state; try again"));
+    }
+    const std::string trouble = election->trouble();
+    return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
+                                               " is a standby and no leader is elected yet",
+                                               trouble.empty() ? "" : ": ", trouble));
+  }
+};
+
 class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackService {
  public:
-  RegistryService(EventLoop* loop, Manager* m, bool tls) : loop_(loop), m_(m), tls_(tls) {}
+  RegistryService(EventLoop* loop, Manager* m, bool tls, const Ha* ha)
+      : loop_(loop), m_(m), tls_(tls), ha_(ha) {}
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
                                      v1::RegisterResponse* resp) override {
     if (absl::Status s = CheckAgentPeer(*ctx, tls_, req->name()); !s.ok()) return Refuse(ctx, s);
+    if (ha_ != nullptr) {
+      if (absl::Status s = ha_->Gate(ctx); !s.ok()) return Refuse(ctx, s);
+    }
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Register(*req);
       if (r.ok()) *resp = *r;
+      if (ha_ != nullptr) resp->set_manager_term(ha_->term);
       return r.status();
     });
   }
@@ -68,9 +113,13 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
     if (absl::Status s = CheckAgentPeer(*ctx, tls_, req->name()); !s.ok()) return Refuse(ctx, s);
+    if (ha_ != nullptr) {
+      if (absl::Status s = ha_->Gate(ctx); !s.ok()) return Refuse(ctx, s);
+    }
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Heartbeat(*req);
       if (r.ok()) *resp = *std::move(r);
+      if (ha_ != nullptr) resp->set_manager_term(ha_->term);
       return r.status();
     });
   }
@@ -79,25 +128,64 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
   EventLoop* const loop_;
   Manager* const m_;
   const bool tls_;
+  const Ha* const ha_;
 };
 
 class ManagerServer::JobService final : public v1::JobApi::CallbackService {
  public:
   JobService(EventLoop* loop, EventLoop* files, Manager* m, Clock* clock,
-             std::optional<TokenTable> tokens, bool check_files)
+             std::optional<TokenTable> tokens, bool check_files, const Ha* ha,
+             const ManagerConfig* config)
       : loop_(loop),
         files_(files),
         m_(m),
         clock_(clock),
         tokens_(std::move(tokens)),
-        check_files_(check_files) {}
+        check_files_(check_files),
+        ha_(ha),
+        config_(config) {}
+
+  // Any manager answers, a standby too: who leads, and the managers that are up.
+  grpc::ServerUnaryReactor* ListManagers(grpc::CallbackServerContext* ctx,
+                                         const v1::ListManagersRequest* req,
+                                         v1::ListManagersResponse* resp) override {
+    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    const std::string me = config_->advertise_address();
+    resp->set_answered_by(me);
+    if (ha_ == nullptr) {
+      auto* m = resp->add_managers();
+      m->set_address(me);
+      m->set_leader(true);
+      resp->set_leader(me);
+      resp->set_store("sqlite " + config_->state_dir);
+    } else {
+      const LeaderElection::Leader l = ha_->election->leader();
+      resp->set_leader(l.address);
+      resp->set_term(l.term);
+      resp->set_note(ha_->election->trouble());
+      resp->set_lease_ttl_s(absl::ToDoubleSeconds(config_->lease_ttl));
+      resp->set_store("etcd " + ha_->etcd->endpoints());
+      std::vector<std::string> all = ha_->election->managers();
+      if (std::find(all.begin(), all.end(), me) == all.end()) all.push_back(me);
+      std::sort(all.begin(), all.end());
+      for (const std::string& a : all) {
+        auto* m = resp->add_managers();
+        m->set_address(a);
+        m->set_leader(a == l.address);
+        if (a == l.address) m->set_term(l.term);
+      }
+    }
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
 
   // Note [Off the loop]: the spec is parsed and checked (JobController::Admit) and its files
   // (non-blocking opens, regular files only) on the files thread; the loop gets the parsed
   // spec and never parses or touches the filesystem for a request.
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
                                    v1::SubmitResponse* resp) override {
-    auto user = Authenticate(*ctx);
+    auto user = Admit(ctx);
     if (!user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     files_->Post([this, reactor, req, resp, user = *user] {
@@ -120,7 +208,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->ListJobs(*req);
       if (r.ok()) *resp = *std::move(r);
@@ -129,7 +217,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                    v1::GetJobResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->GetJob(req->job_id());
       if (r.ok()) *resp->mutable_job() = *r;
@@ -139,7 +227,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
                                       const v1::CancelJobRequest* req,
                                       v1::CancelJobResponse* resp) override {
-    auto user = Authenticate(*ctx);
+    auto user = Admit(ctx);
     if (!user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=, user = *user] {
       auto r = m_->Cancel(req->job_id(), user.name);
@@ -149,7 +237,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
   grpc::ServerUnaryReactor* GetLogs(grpc::CallbackServerContext* ctx, const v1::GetLogsRequest* req,
                                     v1::GetLogsResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     loop_->Post([=] {
       m_->GetLogs(*req, [reactor, resp](absl::StatusOr<v1::GetLogsResponse> r) {
@@ -162,7 +250,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* ListNodes(grpc::CallbackServerContext* ctx,
                                       const v1::ListNodesRequest* req,
                                       v1::ListNodesResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       for (auto& n : m_->ListNodes()) *resp->add_nodes() = std::move(n);
       for (auto& s : m_->ListSources()) *resp->add_sources() = std::move(s);
@@ -172,7 +260,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* ctx,
                                       const v1::DrainNodeRequest* req,
                                       v1::DrainNodeResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Drain(req->node(), req->undo());
       if (r.ok()) *resp->mutable_node() = *r;
@@ -182,7 +270,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* PreemptNode(grpc::CallbackServerContext* ctx,
                                         const v1::PreemptNodeRequest* req,
                                         v1::PreemptNodeResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     const std::string by = Authenticate(*ctx).value_or(TokenTable::Caller{}).name;
     return OnLoop(loop_, ctx, [=] {
       if (req->in_ms() < 0 || req->in_ms() > int64_t{86400} * 1000 * 365) {
@@ -200,7 +288,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx,
                                        const v1::ListEventsRequest* req,
                                        v1::ListEventsResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       *resp = m_->ListEvents(*req);
       return absl::OkStatus();
@@ -209,7 +297,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx,
                                        const v1::GetMetricsRequest* req,
                                        v1::GetMetricsResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->GetMetrics(*req);
       if (r.ok()) *resp = *std::move(r);
@@ -218,7 +306,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
   grpc::ServerUnaryReactor* PlanJob(grpc::CallbackServerContext* ctx, const v1::PlanJobRequest* req,
                                     v1::PlanJobResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     // Parsing and planning are the caller's work: off the loop (Note [Off the loop]); the loop
     // only copies the slots and the stored profile.
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -242,7 +330,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* GetProfile(grpc::CallbackServerContext* ctx,
                                        const v1::GetProfileRequest* req,
                                        v1::GetProfileResponse* resp) override {
-    if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
+    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
       *resp = m_->GetProfile(*req);
       return absl::OkStatus();
@@ -250,6 +338,11 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
 
  private:
+  // The gate (a standby names the leader), then the token.
+  absl::StatusOr<TokenTable::Caller> Admit(grpc::CallbackServerContext* ctx) const {
+    if (ha_ != nullptr) RETURN_IF_ERROR(ha_->Gate(ctx));
+    return Authenticate(*ctx);
+  }
   // The caller's token name ("" without a tokens file), or UNAUTHENTICATED naming why.
   absl::StatusOr<TokenTable::Caller> Authenticate(const grpc::CallbackServerContext& ctx) const {
     if (!tokens_) return TokenTable::Caller{};
@@ -271,6 +364,8 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   Clock* const clock_;
   const std::optional<TokenTable> tokens_;
   const bool check_files_;
+  const Ha* const ha_;
+  const ManagerConfig* const config_;
 };
 
 ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
@@ -278,7 +373,10 @@ ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
     : config_(std::move(config)),
       clock_(clock),
       agents_(std::move(agents)),
-      loop_("manager", options.tick_period, [this] { manager_->Tick(); }),
+      loop_("manager", options.tick_period,
+            [this] {
+              if (leading()) manager_->Tick();
+            }),
       files_("manager-files", absl::ZeroDuration(), [] {}),
       slurm_loop_("manager-slurm", absl::ZeroDuration(), [] {}) {}
 
@@ -292,15 +390,30 @@ absl::Status ManagerServer::Start() {
     ASSIGN_OR_RETURN(tokens, TokenTable::Load(config_.tokens_file));
     LOG(INFO) << "manager: " << tokens->size() << " tokens from " << config_.tokens_file;
   }
-  auto store = StateStore::Open(config_.state_dir);
-  if (!store.ok()) return store.status();
-  store_ = *std::move(store);
+  if (!config_.etcd_endpoints.empty()) {
+    // Several managers (Note [Leader lease] in manager/leader_election.h): etcd's ports take
+    // the cluster's certificates when the manager has them.
+    ha_ = std::make_unique<Ha>();
+    ASSIGN_OR_RETURN(ha_->etcd,
+                     EtcdClient::Connect(config_.etcd_endpoints, tls,
+                                         std::min(absl::Seconds(2), config_.lease_ttl / 2)));
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStateStore> es,
+                     EtcdStateStore::Open(ha_->etcd.get(), config_.etcd_prefix, config_.state_dir,
+                                          config_.etcd_flush));
+    ha_->store = es.get();
+    store_ = std::move(es);
+  } else {
+    auto store = StateStore::Open(config_.state_dir);
+    if (!store.ok()) return store.status();
+    store_ = *std::move(store);
+  }
   manager_ = std::make_unique<Manager>(config_, clock_, store_.get(), agents_.get(),
                                        [this](std::function<void()> fn) { loop_.Post(fn); });
   if (!config_.http_listen.empty()) {
     metrics_registry_ = std::make_unique<MetricsRegistry>();
     metrics_ = std::make_unique<ManagerMetrics>(*metrics_registry_);
     manager_->set_metrics(metrics_.get());
+    metrics_->SetLeader(ha_ == nullptr);
   }
   if (config_.slurm.enabled()) {
     slurm_commands_ = MakeSlurmCommands(config_.slurm);
@@ -308,15 +421,19 @@ absl::Status ManagerServer::Start() {
                          [this](std::function<void()> fn) { slurm_loop_.Post(std::move(fn)); });
     slurm_loop_.Start();
   }
-  if (absl::Status s = manager_->Recover(); !s.ok()) return s;
+  if (ha_ == nullptr) {
+    if (absl::Status s = manager_->Recover(); !s.ok()) return s;
+  }
   loop_.Start();
   files_.Start();
   // The HTTP API takes the same tokens (Note [HTTP server] in common/net/http_server.cc).
   std::shared_ptr<const TokenTable> http_tokens;
   if (tokens) http_tokens = std::make_shared<const TokenTable>(*tokens);
-  job_service_ = std::make_unique<JobService>(&loop_, &files_, manager_.get(), clock_,
-                                              std::move(tokens), config_.check_job_files);
-  registry_service_ = std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled);
+  job_service_ =
+      std::make_unique<JobService>(&loop_, &files_, manager_.get(), clock_, std::move(tokens),
+                                   config_.check_job_files, ha_.get(), &config_);
+  registry_service_ =
+      std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled, ha_.get());
   auto started = StartServer(config_.listen, {job_service_.get(), registry_service_.get()}, "", tls,
                              ClientCerts::kOptional);
   if (!started.ok()) return started.status();
@@ -324,7 +441,10 @@ absl::Status ManagerServer::Start() {
   address_ = started->address;
   if (metrics_registry_) {
     http_ = std::make_unique<HttpServer>();
-    RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_, config_.http_open_metrics);
+    std::function<absl::Status()> gate;
+    if (ha_ != nullptr) gate = [ha = ha_.get()] { return ha->Gate(nullptr); };
+    RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_, config_.http_open_metrics,
+                        gate);
     HttpServer::Options o;
     o.who = "varuna-manager";
     o.listen = config_.http_listen;
@@ -340,15 +460,63 @@ absl::Status ManagerServer::Start() {
     LOG(INFO) << "manager dashboard and /metrics on " << (http_->tls() ? "https" : "http") << "://"
               << http_->address() << "/" << (http_tokens ? " (bearer tokens)" : "");
   }
+  if (ha_ != nullptr) {
+    LeaderElection::Callbacks cb;
+    cb.on_elected = [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); };
+    cb.on_deposed = [](const std::string& why) {
+      // Nothing more may be done by this process (Note [Leader lease]): its unit starts it
+      // again, as a standby.
+      LOG(ERROR) << "manager deposed (" << why << "); exiting with status " << kExitDeposed;
+      std::_Exit(kExitDeposed);
+    };
+    ha_->election = std::make_unique<LeaderElection>(ha_->etcd.get(), config_.etcd_prefix,
+                                                     config_.advertise_address(), config_.lease_ttl,
+                                                     std::move(cb));
+    ha_->election->Start();
+    LOG(INFO) << "manager " << config_.advertise_address() << " campaigning on etcd "
+              << config_.etcd_endpoints << " (prefix " << config_.etcd_prefix << ", lease "
+              << absl::FormatDuration(config_.lease_ttl) << ")";
+  }
   LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir
             << (tls.enabled ? " tls=mutual" : " tls=off")
             << (config_.tokens_file.empty() ? " tokens=off" : " tokens=on");
   return absl::OkStatus();
 }
 
+bool ManagerServer::leading() const { return ha_ == nullptr || ha_->ready; }
+
+void ManagerServer::TakeOver(int64_t term) {
+  auto fail = [](const absl::Status& s) {
+    LOG(ERROR) << "manager: cannot take over: " << s << "; exiting with status " << kExitDeposed;
+    std::_Exit(kExitDeposed);
+  };
+  const absl::Time t0 = absl::Now();
+  ha_->term = term;
+  if (absl::Status s = ha_->store->TakeOver(term,
+                                            [](const std::string& why) {
+                                              LOG(ERROR)
+                                                  << "manager deposed (" << why
+                                                  << "); exiting with status " << kExitDeposed;
+                                              std::_Exit(kExitDeposed);
+                                            });
+      !s.ok()) {
+    fail(s);
+  }
+  agents_->set_term(term);
+  if (absl::Status s = manager_->Recover(); !s.ok()) fail(s);
+  ha_->ready = true;
+  if (metrics_) {
+    metrics_->SetLeader(true);
+    metrics_->OnElected();
+  }
+  LOG(INFO) << "manager " << config_.advertise_address() << " leads (term " << term
+            << "): state loaded from etcd in " << absl::FormatDuration(absl::Now() - t0);
+}
+
 void ManagerServer::Shutdown() {
   if (stopped_) return;
   stopped_ = true;
+
   if (http_ != nullptr) http_->Stop();  // its handlers wait on the loop
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -356,6 +524,8 @@ void ManagerServer::Shutdown() {
   files_.Stop();       // first: what it still holds posts to the loop, which then answers
   slurm_loop_.Stop();  // likewise (a command in flight finishes or times out)
   loop_.Stop();
+  // Last: a leader that stops cleanly hands over at once (its lease revoked).
+  if (ha_ != nullptr && ha_->election != nullptr) ha_->election->Stop();
 }
 
 void ManagerServer::Tick() {

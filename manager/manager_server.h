@@ -40,10 +40,16 @@ class ManagerServer {
   void Tick();
   EventLoop& loop() { return loop_; }
   Manager& manager() { return *manager_; }
+  // Whether this manager acts: always with one manager; with etcd, once elected and recovered.
+  bool leading() const;
 
  private:
   class JobService;
   class RegistryService;
+  // With etcd_endpoints: the client, the election, the store's etcd side (manager_server.cc).
+  struct Ha;
+  // The leader's first acts on the loop: the store guarded by `term`, the state loaded.
+  void TakeOver(int64_t term);
 
   ManagerConfig config_;
   Clock* const clock_;
@@ -52,6 +58,7 @@ class ManagerServer {
   EventLoop files_;       // file checks for submissions (Note [Off the loop])
   EventLoop slurm_loop_;  // Slurm's commands (manager/slurm_source.h), which may block
   std::unique_ptr<SlurmCommands> slurm_commands_;
+  std::unique_ptr<Ha> ha_;
   std::unique_ptr<StateStore> store_;
   std::unique_ptr<Manager> manager_;
   std::unique_ptr<JobService> job_service_;

@@ -55,19 +55,6 @@ std::string Program(const SlurmSourceConfig& c, const char* name) {
   return c.bin_dir.empty() ? name : absl::StrCat(c.bin_dir, "/", name);
 }
 
-// The shell's single quotes around `s`.
-std::string ShellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) {
-    if (ch == '\'') {
-      out += "'\\''";
-    } else {
-      out += ch;
-    }
-  }
-  return out + "'";
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<SlurmJob>> ParseSqueueJson(const std::string& json,

@@ -12,6 +12,11 @@
 namespace varuna {
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SqliteStateStore> store, SqliteStateStore::Open(dir));
+  return std::unique_ptr<StateStore>(std::move(store));
+}
+
+absl::StatusOr<std::unique_ptr<SqliteStateStore>> SqliteStateStore::Open(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -26,7 +31,7 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
     sqlite3_close(db);
     return absl::UnavailableError(absl::StrCat("cannot open state database ", path, ": ", msg));
   }
-  std::unique_ptr<StateStore> store(new StateStore(db, path));
+  std::unique_ptr<SqliteStateStore> store(new SqliteStateStore(db, path));
   for (const char* sql : {
            "PRAGMA journal_mode=WAL",
            "PRAGMA synchronous=FULL",
@@ -45,9 +50,9 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
   return store;
 }
 
-StateStore::~StateStore() { sqlite3_close(db_); }
+SqliteStateStore::~SqliteStateStore() { sqlite3_close(db_); }
 
-absl::Status StateStore::Exec(const std::string& sql) {
+absl::Status SqliteStateStore::Exec(const std::string& sql) {
   char* err = nullptr;
   if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &err) != SQLITE_OK) {
     std::string msg = err != nullptr ? err : "unknown error";
@@ -57,8 +62,8 @@ absl::Status StateStore::Exec(const std::string& sql) {
   return absl::OkStatus();
 }
 
-absl::Status StateStore::Put(const char* sql, const std::string& key, int64_t seq,
-                             const std::string& blob) {
+absl::Status SqliteStateStore::Put(const char* sql, const std::string& key, int64_t seq,
+                                   const std::string& blob) {
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
     return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
@@ -75,25 +80,25 @@ absl::Status StateStore::Put(const char* sql, const std::string& key, int64_t se
   return absl::OkStatus();
 }
 
-absl::Status StateStore::SaveJob(const v1::JobRecord& job) {
+absl::Status SqliteStateStore::SaveJob(const v1::JobRecord& job) {
   return Put("INSERT OR REPLACE INTO jobs (id, seq, record) VALUES (?, ?, ?)", job.info().id(),
              job.seq(), job.SerializeAsString());
 }
 
-absl::Status StateStore::SaveNode(const v1::NodeRecord& node) {
+absl::Status SqliteStateStore::SaveNode(const v1::NodeRecord& node) {
   return Put("INSERT OR REPLACE INTO nodes (name, seq, record) VALUES (?, ?, ?)", node.name(), 0,
              node.SerializeAsString());
 }
 
-absl::Status StateStore::DeleteNode(const std::string& name) {
+absl::Status SqliteStateStore::DeleteNode(const std::string& name) {
   return Delete("DELETE FROM nodes WHERE name = ?", name);
 }
 
-absl::Status StateStore::SaveSpec(const std::string& job_id, const std::string& yaml) {
+absl::Status SqliteStateStore::SaveSpec(const std::string& job_id, const std::string& yaml) {
   return Put("INSERT OR REPLACE INTO specs (id, seq, yaml) VALUES (?, ?, ?)", job_id, 0, yaml);
 }
 
-absl::StatusOr<std::string> StateStore::LoadSpec(const std::string& job_id) {
+absl::StatusOr<std::string> SqliteStateStore::LoadSpec(const std::string& job_id) {
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_, "SELECT yaml FROM specs WHERE id = ?", -1, &stmt, nullptr) !=
       SQLITE_OK) {
@@ -116,13 +121,13 @@ absl::StatusOr<std::string> StateStore::LoadSpec(const std::string& job_id) {
   return yaml;
 }
 
-absl::Status StateStore::DeleteJob(const std::string& job_id) {
+absl::Status SqliteStateStore::DeleteJob(const std::string& job_id) {
   RETURN_IF_ERROR(Delete("DELETE FROM steps WHERE job = ?", job_id));
   RETURN_IF_ERROR(Delete("DELETE FROM specs WHERE id = ?", job_id));
   return Delete("DELETE FROM jobs WHERE id = ?", job_id);
 }
 
-absl::Status StateStore::Delete(const char* sql, const std::string& key) {
+absl::Status SqliteStateStore::Delete(const char* sql, const std::string& key) {
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_, sql, -1, &stmt, nullptr) != SQLITE_OK) {
     return absl::InternalError(absl::StrCat("state database ", path_, ": ", sqlite3_errmsg(db_)));
@@ -167,16 +172,16 @@ absl::StatusOr<std::vector<T>> LoadAll(sqlite3* db, const char* sql, const std::
 
 }  // namespace
 
-absl::Status StateStore::SaveProfile(const v1::Profile& p) {
+absl::Status SqliteStateStore::SaveProfile(const v1::Profile& p) {
   return Put("INSERT OR REPLACE INTO profiles (key, seq, record) VALUES (?1, ?2, ?3)",
              absl::StrCat(p.model_key(), "\n", p.precision()), 0, p.SerializeAsString());
 }
 
-absl::StatusOr<std::vector<v1::Profile>> StateStore::LoadProfiles() {
+absl::StatusOr<std::vector<v1::Profile>> SqliteStateStore::LoadProfiles() {
   return LoadAll<v1::Profile>(db_, "SELECT record FROM profiles ORDER BY key", path_);
 }
 
-absl::Status StateStore::SaveEvent(const v1::Event& e) {
+absl::Status SqliteStateStore::SaveEvent(const v1::Event& e) {
   RETURN_IF_ERROR(Put("INSERT OR REPLACE INTO events (seq, record) VALUES (?2, ?3)", "", e.seq(),
                       e.SerializeAsString()));
   // Keep the newest 100000.
@@ -186,7 +191,7 @@ absl::Status StateStore::SaveEvent(const v1::Event& e) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<v1::Event>> StateStore::LoadEvents(int limit) {
+absl::StatusOr<std::vector<v1::Event>> SqliteStateStore::LoadEvents(int limit) {
   auto newest = LoadAll<v1::Event>(
       db_, absl::StrCat("SELECT record FROM events ORDER BY seq DESC LIMIT ", limit).c_str(),
       path_);
@@ -196,8 +201,8 @@ absl::StatusOr<std::vector<v1::Event>> StateStore::LoadEvents(int limit) {
 
 // Note [Step records]: a step re-run by a later generation (after a morph rolled back to a
 // checkpoint) replaces the earlier record; an older generation never overwrites a newer one.
-absl::Status StateStore::SaveSteps(const std::string& job_id,
-                                   const std::vector<v1::StepRecord>& steps) {
+absl::Status SqliteStateStore::SaveSteps(const std::string& job_id,
+                                         const std::vector<v1::StepRecord>& steps) {
   RETURN_IF_ERROR(Exec("BEGIN"));
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_,
@@ -229,8 +234,9 @@ absl::Status StateStore::SaveSteps(const std::string& job_id,
   return Exec("COMMIT");
 }
 
-absl::StatusOr<std::vector<v1::StepRecord>> StateStore::LoadSteps(const std::string& job_id,
-                                                                  int64_t after_step, int limit) {
+absl::StatusOr<std::vector<v1::StepRecord>> SqliteStateStore::LoadSteps(const std::string& job_id,
+                                                                        int64_t after_step,
+                                                                        int limit) {
   sqlite3_stmt* stmt = nullptr;
   if (sqlite3_prepare_v2(db_,
                          "SELECT record FROM steps WHERE job = ? AND step > ? ORDER BY step "
@@ -258,7 +264,7 @@ absl::StatusOr<std::vector<v1::StepRecord>> StateStore::LoadSteps(const std::str
 
 // Note [Step series] in step_series.cc: pairs of records in the older half are merged into one (the
 // first step of the pair, values averaged by how many raw steps each stands for).
-absl::Status StateStore::ThinSteps(const std::string& job_id, int max_records) {
+absl::Status SqliteStateStore::ThinSteps(const std::string& job_id, int max_records) {
   sqlite3_stmt* count = nullptr;
   if (sqlite3_prepare_v2(db_, "SELECT COUNT(*) FROM steps WHERE job = ?", -1, &count, nullptr) !=
       SQLITE_OK) {
@@ -328,12 +334,22 @@ absl::Status StateStore::ThinSteps(const std::string& job_id, int max_records) {
   return Exec("COMMIT");
 }
 
-absl::StatusOr<std::vector<v1::JobRecord>> StateStore::LoadJobs() {
+absl::StatusOr<std::vector<v1::JobRecord>> SqliteStateStore::LoadJobs() {
   return LoadAll<v1::JobRecord>(db_, "SELECT record FROM jobs ORDER BY seq", path_);
 }
 
-absl::StatusOr<std::vector<v1::NodeRecord>> StateStore::LoadNodes() {
+absl::StatusOr<std::vector<v1::NodeRecord>> SqliteStateStore::LoadNodes() {
   return LoadAll<v1::NodeRecord>(db_, "SELECT record FROM nodes ORDER BY name", path_);
+}
+
+absl::Status SqliteStateStore::ReplaceEventsAndSteps(
+    const std::vector<v1::Event>& events,
+    const std::map<std::string, std::vector<v1::StepRecord>>& steps) {
+  RETURN_IF_ERROR(Exec("DELETE FROM events"));
+  RETURN_IF_ERROR(Exec("DELETE FROM steps"));
+  for (const v1::Event& e : events) RETURN_IF_ERROR(SaveEvent(e));
+  for (const auto& [job, records] : steps) RETURN_IF_ERROR(SaveSteps(job, records));
+  return absl::OkStatus();
 }
 
 }  // namespace varuna

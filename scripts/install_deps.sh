@@ -11,7 +11,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
   fortunes fortunes-min
   iproute2 procps openssl libssl-dev systemd
-  slurm-wlm munge
+  slurm-wlm munge etcd-server etcd-client
   clang-format
   prometheus-cpp-dev prometheus python3-prometheus-client chromium
 )

@@ -2,8 +2,12 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 
@@ -96,6 +100,22 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Tls
     creds = grpc::SslCredentials(o);
   }
   return grpc::CreateCustomChannel(address, creds, args);
+}
+
+std::vector<std::string> SplitAddressList(const std::string& list) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    part = absl::StripAsciiWhitespace(part);
+    if (!part.empty()) out.emplace_back(part);
+  }
+  return out;
+}
+
+std::string LeaderFromTrailers(const grpc::ClientContext& ctx) {
+  const auto& md = ctx.GetServerTrailingMetadata();
+  auto it = md.find("varuna-leader");
+  if (it == md.end()) return "";
+  return std::string(it->second.data(), std::min<size_t>(it->second.size(), 255));
 }
 
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout) {

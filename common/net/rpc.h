@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -54,6 +55,12 @@ absl::Status FromGrpcStatus(const grpc::Status& s, const std::string& what = "")
 // address's host).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const TlsConfig& tls = {},
                                            const std::string& peer_name = "");
+
+// "a:7070, b:7070" -> {"a:7070", "b:7070"} (a list of managers; empty parts dropped).
+std::vector<std::string> SplitAddressList(const std::string& list);
+// The leader a standby manager named in its answer (trailing metadata `varuna-leader`;
+// Note [Following the leader] in agent/agent_server.cc), or "".
+std::string LeaderFromTrailers(const grpc::ClientContext& ctx);
 
 // Sets a deadline of `timeout` from now on a fresh context.
 void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout);

@@ -33,7 +33,7 @@ using ::testing::StartsWith;
 const std::vector<std::pair<std::string, std::vector<std::string>>> kGroups = {
     {"Jobs", {"submit", "list", "status", "cancel"}},
     {"Monitoring", {"logs", "events", "metrics"}},
-    {"Cluster", {"nodes", "drain", "preempt"}},
+    {"Cluster", {"nodes", "drain", "preempt", "managers"}},
     {"Planning", {"plan", "profile"}},
     {"Other", {"help"}},
 };
@@ -80,7 +80,7 @@ TEST(HelpTest, ListsEveryCommandUnderItsGroup) {
       EXPECT_EQ(r.out.find(":\n", heading + group.size() + 2) > at, true) << name;
     }
   }
-  EXPECT_THAT(r.out, HasSubstr("status   one job"));
+  EXPECT_THAT(r.out, HasSubstr("status    one job"));
   EXPECT_THAT(r.out, HasSubstr("(alias: describe)"));
   EXPECT_THAT(r.out, HasSubstr("Global flags (every command):\n"));
   EXPECT_THAT(r.out, HasSubstr("-o, --output FORMAT"));

@@ -645,8 +645,9 @@ TEST(ConfigFileTest, StragglersBlockIsReadAndChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, "'stragglers' must be a mapping"));
   EXPECT_THAT(LoadManagerConfigFile(write("stragglers: {window_steps: 2.5}\n"), &m),
               StatusIs(absl::StatusCode::kInvalidArgument, "stragglers.window_steps"));
-  EXPECT_THAT(LoadManagerConfigFile(write("straglers: {}\n"), &m),
-              StatusIs(absl::StatusCode::kInvalidArgument, "stragglers, slurm)"));  // known list
+  EXPECT_THAT(
+      LoadManagerConfigFile(write("straglers: {}\n"), &m),
+      StatusIs(absl::StatusCode::kInvalidArgument, "stragglers, slurm, etcd"));  // known list
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,321 @@
+"""Several managers on a real 3-member etcd (docs/operations.md "Several managers";
+manager/leader_election.h, manager/etcd_store.h).
+
+TakeoverTest: three managers and two agents on loopback share an etcd started by
+scripts/etcd_test_cluster.sh; varunactl and the agents are given all three managers. A job
+runs while the leader is SIGKILLed again and again (each time the killed manager is started
+again, as its unit would): a new leader is elected each time (the takeover time of every kill
+is printed, and the median must be under 5 s), a job submitted just before a kill is there
+after it, and the job runs to SUCCEEDED with every step's loss equal to an uninterrupted run
+(1e-4) and no step run twice. A stopped leader (SIGSTOP past its lease, then SIGCONT) finds
+itself deposed and exits before it changes anything.
+EtcdTroubleTest: losing one etcd member of three changes nothing; losing two (no quorum)
+leaves no leader (`varunactl managers` says why) while the job's workers keep training; when
+the members return a leader is elected and the job finishes.
+
+Without etcd-server installed every class skips (exit 77).
+"""
+
+import glob
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import harness  # noqa: E402
+from control_plane_e2e import AGENT, CTL, MANAGER  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ETCD_SCRIPT = os.path.join(ROOT, "scripts", "etcd_test_cluster.sh")
+ETCD_ENV = dict(os.environ, VARUNA_ETCD_DIR=os.environ.get("VARUNA_E2E_ETCD_DIR",
+                                                            "/tmp/varuna-etcd-e2e"),
+                VARUNA_ETCD_PORT=os.environ.get("VARUNA_E2E_ETCD_PORT", "23890"))
+LEASE_S = 3
+EXIT_DEPOSED = 75
+
+
+def wait_for(fn, timeout, what, period=0.1):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        v = fn()
+        if v:
+            return v
+        time.sleep(period)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def etcd(*args):
+    r = subprocess.run([ETCD_SCRIPT, *args], env=ETCD_ENV, capture_output=True, text=True,
+                       timeout=60)
+    if r.returncode != 0:
+        raise AssertionError(f"etcd_test_cluster.sh {' '.join(args)}: {r.stderr}")
+    return r.stdout.strip()
+
+
+class HaCluster:
+    """Three managers on one etcd, two agents; each process's log under one directory."""
+
+    def __init__(self, managers=3, agents=2, slots=1):
+        self.dir = tempfile.mkdtemp(prefix="varuna-ha-")
+        self.endpoints = etcd("start", "3").splitlines()[-1]
+        self.ports = [harness.free_port() for _ in range(managers)]
+        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        self.all = ",".join(self.addresses)
+        self.config = os.path.join(self.dir, "manager.yaml")
+        with open(self.config, "w") as f:
+            f.write("heartbeat_period_s: 0.5\nsuspect_after_missed: 4\ndead_after_missed: 12\n"
+                    f"stop_grace_s: 3\nlease_ttl_s: {LEASE_S}\netcd_flush_s: 1\n"
+                    "scale_up_delay_s: 2\nstragglers: {policy: report}\n")
+        self.managers = [None] * managers
+        self.stopped = set()  # SIGSTOPped managers: not asked who leads
+        self.agents = {}
+        for i in range(managers):
+            self.start_manager(i)
+        for k in range(agents):
+            name = f"node{k}"
+            with open(os.path.join(self.dir, f"{name}.log"), "a") as log:
+                self.agents[name] = subprocess.Popen(
+                    [AGENT, "--manager", self.all, "--listen", "127.0.0.1:0", "--slots",
+                     str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name),
+                     "--standby_workers=0", "--startup_probe_ms=0"]
+                    + (["--allow_root_workers"] if os.geteuid() == 0 else []),
+                    stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: self.leader(), 30, "a leader")
+        wait_for(lambda: len([n for n in self.nodes() if n["state"] == "ALIVE"]) == agents,
+                 30, "agents to register")
+
+    def start_manager(self, i):
+        with open(os.path.join(self.dir, f"manager{i}.log"), "a") as log:
+            self.managers[i] = subprocess.Popen(
+                [MANAGER, "--listen", self.addresses[i], "--state_dir",
+                 os.path.join(self.dir, f"state{i}"), "--config", self.config,
+                 "--etcd_endpoints", self.endpoints],
+                stdout=log, stderr=subprocess.STDOUT)
+
+    def revive_exited(self):
+        """What systemd's Restart= does: a manager that exited is started again."""
+        for i, p in enumerate(self.managers):
+            if p.poll() is not None:
+                self.start_manager(i)
+
+    def ctl(self, *args, timeout=60, check=None, manager=None):
+        r = subprocess.run([CTL, "--manager", manager or self.all, *args], capture_output=True,
+                           text=True, timeout=timeout)
+        if check is not None and r.returncode != check:
+            raise AssertionError(f"varunactl {' '.join(args)} exited {r.returncode}:\n"
+                                 f"{r.stdout}\n{r.stderr}\n{self.tail()}")
+        return r
+
+    def managers_view(self, manager=None):
+        r = self.ctl("-o", "json", "managers", manager=manager, timeout=10)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def leader(self):
+        """The leader's index once every live manager agrees on it, else None."""
+        views = []
+        for i, a in enumerate(self.addresses):
+            if self.managers[i].poll() is None and i not in self.stopped:
+                views.append(self.managers_view(a).get("leader", ""))
+        if views and views[0] and all(v == views[0] for v in views):
+            return self.addresses.index(views[0]) + 1  # 1-based: 0 would read as none
+        return None
+
+    def nodes(self):
+        r = self.ctl("-o", "json", "nodes", timeout=10)
+        return json.loads(r.stdout) if r.returncode == 0 else []
+
+    def status(self, job_id):
+        r = self.ctl("-o", "json", "status", job_id, timeout=10)
+        return json.loads(r.stdout) if r.returncode == 0 else {}
+
+    def tail(self):
+        out = []
+        for path in sorted(glob.glob(os.path.join(self.dir, "*.log"))):
+            with open(path, errors="replace") as f:
+                out.append(f"--- {os.path.basename(path)}\n" + "".join(f.readlines()[-12:]))
+        return "\n".join(out)
+
+    def close(self):
+        procs = [p for p in self.managers if p] + list(self.agents.values())
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        etcd("stop")
+        if os.environ.get("VARUNA_KEEP_TMP"):
+            print(f"kept {self.dir}", file=sys.stderr)
+        else:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def rank0_losses(root, job_id):
+    """step -> [loss] from every generation's rank-0 progress file of the job under the
+    agents' work directories."""
+    seen = {}
+    for path in glob.glob(os.path.join(root, "node*", "jobs", job_id, "gen*", "progress.rank0")):
+        with open(path, errors="replace") as f:
+            for line in f:
+                try:
+                    step = json.loads(line).get("step")
+                except ValueError:
+                    continue
+                if isinstance(step, dict):
+                    seen.setdefault(int(step["step"]), []).append(step["loss"])
+    return seen
+
+
+def write_job(c, name, steps):
+    data = os.path.join(c.dir, "corpus.txt")
+    if not os.path.exists(data):
+        harness.write_text_corpus(data)
+    path = os.path.join(c.dir, name + ".yaml")
+    with open(path, "w") as f:
+        f.write(f"name: {name}\nmodel: {{kind: gpt, layers: 4, d_model: 32, heads: 4, "
+                "seq_len: 16, vocab: 256}\n"
+                f"data: {{kind: text, path: {data}}}\n"
+                f"train: {{global_batch: 8, steps: {steps}, lr: 0.001, schedule: constant, "
+                "seed: 7}\n"
+                "parallel: {stages: 1, replicas: 2, micro_batch: 2, timeout_s: 60}\n"
+                f"checkpoint: {{dir: {os.path.join(c.dir, name + '-ckpt')}}}\n"
+                "stragglers: {policy: report}\n")
+    return path
+
+
+class Fixture(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not shutil.which("etcd"):
+            raise unittest.SkipTest("etcd-server is not installed")
+
+    def setUp(self):
+        self.c = HaCluster()
+
+    def tearDown(self):
+        self.c.close()
+
+    def check_losses(self, job, job_id, steps):
+        ref = harness.run_workers(1, ["--job", job, "--stage_to_rank_map", "0;"], timeout=600)
+        self.assertTrue(ref.ok, ref.outputs[0][-2000:])
+        want = ref.losses()
+        seen = rank0_losses(self.c.dir, job_id)
+        self.assertEqual(sorted(seen), list(range(1, steps + 1)), "every step")
+        for step, losses in seen.items():
+            self.assertEqual(len(losses), 1, f"step {step} ran {len(losses)} times")
+            self.assertLessEqual(abs(losses[0] - want[step - 1]), 1e-4 * abs(want[step - 1]),
+                                 f"step {step}")
+
+
+class TakeoverTest(Fixture):
+    KILLS = int(os.environ.get("VARUNA_HA_KILLS", "10"))
+
+    def test_leader_killed_again_and_again_job_loses_nothing(self):
+        c = self.c
+        steps = 6000
+        job = write_job(c, "ha", steps)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id).get("step", 0) >= 20, 120, "the job to train")
+        takeovers = []
+        late_jobs = []
+        for k in range(self.KILLS):
+            old = wait_for(c.leader, 30, "the leader")
+            if k % 3 == 1:  # a submit acknowledged just before the kill
+                small = write_job(c, f"late{k}", 5)
+                r = c.ctl("-o", "json", "submit", small, check=0)
+                late_jobs.append(json.loads(r.stdout)["id"])
+            c.managers[old - 1].kill()
+            t0 = time.time()
+            new = wait_for(lambda: (lambda n: n if n and n != old else None)(c.leader()), 30,
+                           "a new leader")
+            takeovers.append(time.time() - t0)
+            print(f"kill {k + 1}: leader {c.addresses[old - 1]} -> {c.addresses[new - 1]} "
+                  f"in {takeovers[-1]:.2f} s (step {c.status(job_id).get('step')})",
+                  file=sys.stderr)
+            c.managers[old - 1].wait()
+            c.start_manager(old - 1)
+            time.sleep(1)
+        print(f"takeover times (s): {[round(t, 2) for t in takeovers]}; median "
+              f"{statistics.median(takeovers):.2f}", file=sys.stderr)
+        self.assertLess(statistics.median(takeovers), 5.0, takeovers)
+        # A stopped leader (a long GC pause, a frozen VM) comes back deposed and exits.
+        old = wait_for(c.leader, 30, "the leader")
+        c.managers[old - 1].send_signal(signal.SIGSTOP)
+        c.stopped.add(old - 1)
+        wait_for(lambda: (lambda n: n if n and n != old else None)(c.leader()), 30,
+                 "a leader instead of the stopped one")
+        c.managers[old - 1].send_signal(signal.SIGCONT)
+        c.stopped.discard(old - 1)
+        rc = c.managers[old - 1].wait(timeout=30)
+        self.assertEqual(rc, EXIT_DEPOSED, c.tail())
+        c.start_manager(old - 1)
+
+        st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
+                               else None)(c.status(job_id)), 900, "the job to end", period=1)
+        self.assertEqual(st["state"], "SUCCEEDED", st.get("message"))
+        self.assertFalse(st.get("morphs"), "no morph: the workers never noticed")
+        for late in late_jobs:
+            s = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
+                                  else None)(c.status(late)), 300, f"job {late}", period=1)
+            self.assertEqual(s["state"], "SUCCEEDED", s)
+        ids = [j["id"] for j in json.loads(c.ctl("-o", "json", "list", check=0).stdout)]
+        self.assertEqual(len(ids), len(set(ids)), "no job twice")
+        self.assertEqual(sorted(ids), sorted([job_id] + late_jobs))
+        self.check_losses(job, job_id, steps)
+
+
+class EtcdTroubleTest(Fixture):
+    def test_member_loss_is_unnoticed_quorum_loss_pauses_the_managers_only(self):
+        c = self.c
+        steps = 2500
+        job = write_job(c, "trouble", steps)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id).get("step", 0) >= 20, 120, "the job to train")
+        leader = c.leader()
+        etcd("kill", "3")  # one of three: nothing noticed
+        time.sleep(2 * LEASE_S)
+        self.assertEqual(c.leader(), leader)
+        self.assertTrue(all(p.poll() is None for p in c.managers), c.tail())
+        etcd("kill", "2")  # no quorum: the leader cannot renew its lease and stops
+        step_then = c.status(job_id).get("step", 0)
+        wait_for(lambda: c.managers[leader - 1].poll() is not None, 30, "the leader to stop")
+        self.assertEqual(c.managers[leader - 1].returncode, EXIT_DEPOSED)
+        c.revive_exited()
+        view = wait_for(lambda: (lambda v: v if v and not v.get("leader") else None)(
+            c.managers_view(c.addresses[leader % 3])), 30, "a standby's view")
+        self.assertIn("no leader", c.ctl("managers", manager=c.addresses[leader % 3]).stdout)
+        self.assertTrue(view.get("note"), view)
+        # The workers train on: their progress files grow while no manager leads.
+        before = max(rank0_losses(c.dir, job_id) or [0])
+        time.sleep(3)
+        self.assertGreater(max(rank0_losses(c.dir, job_id) or [0]), max(before, step_then))
+        etcd("revive", "2")
+        etcd("revive", "3")
+        wait_for(c.leader, 60, "a leader after quorum returns")
+        st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
+                               else None)(c.status(job_id)), 900, "the job to end", period=1)
+        self.assertEqual(st["state"], "SUCCEEDED", st.get("message"))
+        self.check_losses(job, job_id, steps)
+
+
+if __name__ == "__main__":
+    program = unittest.main(exit=False)
+    r = program.result
+    if r.failures or r.errors or r.unexpectedSuccesses:
+        sys.exit(1)
+    if r.skipped and r.testsRun <= len(r.skipped):
+        sys.exit(77)
+    sys.exit(0)
