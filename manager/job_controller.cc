@@ -535,7 +535,7 @@ void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
           absl::StrCat("rank ", rank, " on node ", node, " ",
                        signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
                                    : absl::StrCat("exited with code ", exit_code));
-      job.gen.fail_at = clock_->Now() + 2 * config_.heartbeat_period;
+      job.gen.fail_at = clock_->Now() + 2 * nodes_->heartbeat_period();
     }
     jobs_->Persist(job);
     return;
@@ -552,7 +552,7 @@ void JobController::SettleFailure(Job& job) {
     const NodeTable::NodeTable::Node* it = nodes_->Find(name);
     if (it == nullptr) continue;
     const absl::Duration silent = now - it->last_seen;
-    if (it->dead || silent >= 1.5 * config_.heartbeat_period) {
+    if (it->dead || silent >= 1.5 * nodes_->heartbeat_period()) {
       Fail(job, absl::StrCat("node ", name, " lost (no heartbeat for ",
                              absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))),
                              "; it ran ", RanksOn(job, name), "); then ", job.gen.pending_failure));

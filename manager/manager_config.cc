@@ -13,6 +13,9 @@ absl::Status ManagerConfig::Validate() const {
   if (heartbeat_period < absl::Milliseconds(1)) {
     return absl::InvalidArgumentError("manager: heartbeat_period_s must be >= 0.001");
   }
+  if (max_heartbeats_per_s < 1) {
+    return absl::InvalidArgumentError("manager: max_heartbeats_per_s must be >= 1");
+  }
   if (suspect_after_missed < 1 || dead_after_missed <= suspect_after_missed) {
     return absl::InvalidArgumentError(
         "manager: need 1 <= suspect_after_missed < dead_after_missed");
@@ -184,6 +187,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "state_dir") return str(&c->state_dir);
         if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
         if (key == "suspect_after_missed") return num(&c->suspect_after_missed);
+        if (key == "max_heartbeats_per_s") return num(&c->max_heartbeats_per_s);
         if (key == "dead_after_missed") return num(&c->dead_after_missed);
         if (key == "stop_grace_s") return seconds(&c->stop_grace);
         if (key == "start_timeout_s") return seconds(&c->start_timeout);
@@ -220,7 +224,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             what, ": unknown key '", key,
             "' (known: listen, http_listen, http_allow_remote, http_open_metrics, state_dir, "
             "heartbeat_period_s, "
-            "suspect_after_missed, "
+            "max_heartbeats_per_s, suspect_after_missed, "
             "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
             "forget_dead_after_s, max_pending_jobs_per_user, max_finished_jobs, "
             "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "

@@ -3,6 +3,7 @@
 // The manager's configuration: flags and the YAML config file (docs/operations.md), checked
 // once by Validate() before anything uses it.
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -49,10 +50,13 @@ struct ManagerConfig {
   bool http_open_metrics = false;
   std::string state_dir;
   absl::Duration heartbeat_period = absl::Seconds(1);  // what agents are told to use
-  int suspect_after_missed = 3;                        // heartbeats missed before SUSPECT
-  int dead_after_missed = 10;                          // heartbeats missed before DEAD
-  absl::Duration stop_grace = absl::Seconds(10);       // SIGTERM -> SIGKILL on cancel/failure
-  absl::Duration start_timeout = absl::Seconds(120);   // STARTING longer than this fails
+  // Past this many heartbeats a second from all agents together, the period grows with the
+  // cluster (HeartbeatPeriodFor), and with it the SUSPECT and DEAD timeouts.
+  int max_heartbeats_per_s = 2000;
+  int suspect_after_missed = 3;                       // heartbeats missed before SUSPECT
+  int dead_after_missed = 10;                         // heartbeats missed before DEAD
+  absl::Duration stop_grace = absl::Seconds(10);      // SIGTERM -> SIGKILL on cancel/failure
+  absl::Duration start_timeout = absl::Seconds(120);  // STARTING longer than this fails
   absl::Duration agent_rpc_timeout = absl::Seconds(5);
   std::string machine_list;     // optional: only nodes (name or host) listed here get work
   bool check_job_files = true;  // data.path etc. must be readable by the manager at submit
@@ -100,6 +104,12 @@ struct ManagerConfig {
   absl::Status Validate() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }
   absl::Duration dead_after() const { return heartbeat_period * dead_after_missed; }
+  // The period agents are told with `nodes` registered: heartbeat_period, or longer so that
+  // nodes / period stays at most max_heartbeats_per_s (10,000 agents at 2,000/s: 5 s).
+  absl::Duration HeartbeatPeriodFor(size_t nodes) const {
+    return std::max(heartbeat_period,
+                    absl::Seconds(static_cast<double>(nodes) / max_heartbeats_per_s));
+  }
 };
 
 // Reads a manager config file (YAML; durations as *_s in seconds). Unknown keys are errors.

@@ -402,6 +402,19 @@ absl::Status ManagerServer::Start() {
                                           config_.etcd_flush));
     ha_->store = es.get();
     store_ = std::move(es);
+    // Made before the services (their gate asks it who leads), started after them.
+    LeaderElection::Callbacks cb;
+    cb.on_elected = [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); };
+    cb.on_deposed = [](const std::string& why) {
+      // Nothing more may be done by this process (Note [Leader lease]): its unit starts it
+      // again, as a standby.
+      LOG(ERROR) << "manager deposed (" << why << "); exiting with status " << kExitDeposed;
+      std::_Exit(kExitDeposed);
+    };
+    ha_->election = std::make_unique<LeaderElection>(ha_->etcd.get(), config_.etcd_prefix,
+                                                     config_.advertise_address(), config_.lease_ttl,
+                                                     std::move(cb));
+
   } else {
     auto store = StateStore::Open(config_.state_dir);
     if (!store.ok()) return store.status();
@@ -461,17 +474,6 @@ absl::Status ManagerServer::Start() {
               << http_->address() << "/" << (http_tokens ? " (bearer tokens)" : "");
   }
   if (ha_ != nullptr) {
-    LeaderElection::Callbacks cb;
-    cb.on_elected = [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); };
-    cb.on_deposed = [](const std::string& why) {
-      // Nothing more may be done by this process (Note [Leader lease]): its unit starts it
-      // again, as a standby.
-      LOG(ERROR) << "manager deposed (" << why << "); exiting with status " << kExitDeposed;
-      std::_Exit(kExitDeposed);
-    };
-    ha_->election = std::make_unique<LeaderElection>(ha_->etcd.get(), config_.etcd_prefix,
-                                                     config_.advertise_address(), config_.lease_ttl,
-                                                     std::move(cb));
     ha_->election->Start();
     LOG(INFO) << "manager " << config_.advertise_address() << " campaigning on etcd "
               << config_.etcd_endpoints << " (prefix " << config_.etcd_prefix << ", lease "

@@ -228,6 +228,16 @@ void NodeTable::Forget(const std::string& name, int used) {
   listener_->OnNodeEvent("node_forgotten", name, "given back to its machine source");
 }
 
+absl::Duration NodeTable::heartbeat_period() const {
+  return config_.HeartbeatPeriodFor(nodes_.size());
+}
+absl::Duration NodeTable::suspect_after() const {
+  return heartbeat_period() * config_.suspect_after_missed;
+}
+absl::Duration NodeTable::dead_after() const {
+  return heartbeat_period() * config_.dead_after_missed;
+}
+
 bool NodeTable::Schedulable(const Node& n) const {
   return !n.dead && !n.suspect && DrainReason(n).empty();
 }
@@ -344,14 +354,14 @@ void NodeTable::Tick(const std::function<int(const std::string&)>& used) {
   for (auto& [name, n] : nodes_) {
     if (n.dead) continue;
     const absl::Duration silent = now - n.last_seen;
-    if (silent >= config_.dead_after()) {
+    if (silent >= dead_after()) {
       n.dead = true;
       LOG(WARNING) << "node=" << name << " DEAD: no heartbeat for " << silent;
       listener_->OnNodeLost(
           n, silent,
           absl::StrCat("no heartbeat for ",
                        absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
-    } else if (silent >= config_.suspect_after() && !n.suspect) {
+    } else if (silent >= suspect_after() && !n.suspect) {
       n.suspect = true;
       LOG(WARNING) << "node=" << name << " SUSPECT: no heartbeat for " << silent;
     }

@@ -82,6 +82,11 @@ class NodeTable {
   const Node* Find(const std::string& name) const;
   const std::map<std::string, Node>& all() const { return nodes_; }
   bool Schedulable(const Node& n) const;
+  // The heartbeat period for this many nodes (ManagerConfig::HeartbeatPeriodFor), and the
+  // SUSPECT / DEAD timeouts counted in it.
+  absl::Duration heartbeat_period() const;
+  absl::Duration suspect_after() const;
+  absl::Duration dead_after() const;
   std::string DrainReason(const Node& n) const;  // "" when not draining
   v1::NodeInfo Describe(const Node& n, int used_slots) const;
 

@@ -33,7 +33,7 @@ absl::StatusOr<v1::RegisterResponse> HeartbeatReconciler::Register(const v1::Reg
                                  })
                       .status());
   v1::RegisterResponse resp;
-  resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
+  resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(nodes_->heartbeat_period()));
   return resp;
 }
 
@@ -70,7 +70,7 @@ absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
     post_([this, name, notice] { nodes_->Preempt(name, notice).IgnoreError(); });
   }
   v1::HeartbeatResponse resp;
-  resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(config_.heartbeat_period));
+  resp.set_heartbeat_period_ms(absl::ToInt64Milliseconds(nodes_->heartbeat_period()));
   std::set<std::pair<std::string, int>> stop, release;
   std::set<std::pair<std::string, int>> reported;  // (job, rank) of current generations
   int other_running = 0;
@@ -155,7 +155,7 @@ void HeartbeatReconciler::CheckUnreported(const NodeTable::Node& node,
     const absl::Time since =
         saving ? absl::UnixEpoch() + absl::Seconds(job.rec.morph().phase_since())
                : (state == v1::CANCELLING ? job.cancelling_since : job.gen.running_since);
-    if (now - since < 2 * config_.heartbeat_period) continue;
+    if (now - since < 2 * nodes_->heartbeat_period()) continue;
     std::vector<int> missing;
     for (const auto& p : job.info().placement()) {
       if (p.node() == name && !reported.count({id, p.rank()})) missing.push_back(p.rank());
@@ -184,7 +184,7 @@ void HeartbeatReconciler::CheckUnreported(const NodeTable::Node& node,
     }
     if (job.gen.pending_failure.empty()) {
       job.gen.pending_failure = reason;
-      job.gen.fail_at = now + 2 * config_.heartbeat_period;
+      job.gen.fail_at = now + 2 * nodes_->heartbeat_period();
     }
   }
 }

@@ -4,23 +4,12 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/base/json_text.h"
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 #include "common/base/yaml_util.h"
 
 namespace varuna {
-namespace {
-
-void AppendJsonString(std::string* out, const std::string& s) {
-  out->push_back('"');
-  for (char c : s) {
-    if (c == '"' || c == '\\') out->push_back('\\');
-    out->push_back(c);
-  }
-  out->push_back('"');
-}
-
-}  // namespace
 
 absl::StatusOr<HfWeights> HfWeights::Open(const std::string& dir) {
   HfWeights w;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/base/json_text.h"
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 #include "common/base/yaml_util.h"
@@ -33,22 +34,6 @@ absl::StatusOr<uint64_t> Count(const YAML::Node& v, const std::string& what,
     return Lie(what, absl::StrCat(key, " must be a non-negative integer, got '", Describe(v), "'"));
   }
   return n;
-}
-
-void AppendJsonString(std::string* out, absl::string_view s) {
-  out->push_back('"');
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out->push_back('\\');
-      out->push_back(static_cast<char>(c));
-    } else if (c < 0x20) {
-      static const char* kHex = "0123456789abcdef";
-      absl::StrAppend(out, "\\u00", std::string(1, kHex[c >> 4]), std::string(1, kHex[c & 15]));
-    } else {
-      out->push_back(static_cast<char>(c));
-    }
-  }
-  out->push_back('"');
 }
 
 absl::Status WriteAll(int fd, const void* data, uint64_t bytes, const std::string& path) {

@@ -53,6 +53,26 @@ TEST_F(NodeTableTest, AMachineSourceLosesANodeAtOnceAndForgetsOnlyAnIdleOne) {
   EXPECT_THAT(node_events_, ::testing::Contains("node_forgotten b"));
 }
 
+TEST_F(NodeTableTest, TheHeartbeatPeriodGrowsWithTheClusterAndTheTimeoutsWithIt) {
+  config_.max_heartbeats_per_s = 2;  // 1 s period up to 2 nodes
+  Build();
+  AddNode("a", 1);
+  AddNode("b", 1);
+  EXPECT_EQ(nodes_->heartbeat_period(), absl::Seconds(1));
+  AddNode("c", 1);
+  AddNode("d", 1);
+  EXPECT_EQ(nodes_->heartbeat_period(), absl::Seconds(2));  // 4 nodes at 2/s
+  EXPECT_EQ(nodes_->dead_after(), absl::Seconds(20));       // dead_after_missed = 10
+  node_events_.clear();
+  Advance(absl::Seconds(11));  // DEAD at 1 s periods, not at 2 s
+  nodes_->Tick([](const std::string&) { return 0; });
+  EXPECT_FALSE(nodes_->Find("a")->dead);
+  EXPECT_TRUE(nodes_->Find("a")->suspect);
+  Advance(absl::Seconds(10));
+  nodes_->Tick([](const std::string&) { return 0; });
+  EXPECT_TRUE(nodes_->Find("a")->dead);
+}
+
 TEST_F(NodeTableTest, DrainTellsTheListenerAndUndrainJoinsAgain) {
   AddNode("a", 2);
   node_events_.clear();
