@@ -203,9 +203,20 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
     }
     // Note [Leader lease] (manager/leader_election.h): with several managers each call
     // carries the leader's term; one older than a term this agent has seen is a deposed
-    // leader's, refused.
+    // leader's, refused, and so is a call with no term once the agent has seen one.
     const auto& md = ctx.client_metadata();
-    if (auto it = md.find("varuna-term"); it != md.end()) {
+    auto it = md.find("varuna-term");
+    if (it == md.end() && term_->load() > 0) {
+      LOG(WARNING) << "refused a call without a manager term (this agent follows term "
+                   << term_->load() << ") from " << ctx.peer();
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("this agent follows the leader of term ", term_->load(),
+                       "; a call without a term is not from that leader (restart the agent "
+                       "to move it to a cluster of one manager)")));
+      return false;
+    }
+    if (it != md.end()) {
       int64_t term = 0;
       if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &term)) {
         reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "bad varuna-term"));

@@ -1,8 +1,9 @@
 // control_plane_load: simulated agents against a real varuna-manager.
 //
-// Registers --agents nodes, then has each send a heartbeat every --period_s for
-// --duration_s, evenly spread over the period (as independent agents would be), each over
-// its own connection unless --connections says fewer. Heartbeats after --warmup_s count.
+// Registers --agents nodes one after another, and has each send a heartbeat every --period_s
+// from its registration on, evenly spread over the period (as independent agents would be),
+// each over its own connection unless --connections says fewer. Heartbeats count from
+// --warmup_s after the last registration, for --duration_s - --warmup_s.
 // Prints one JSON line: heartbeats sent, errors, latency percentiles in ms, and how late the
 // load generator itself ran (so a saturated client is not mistaken for a slow manager).
 //
@@ -16,6 +17,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -93,38 +95,54 @@ int main(int argc, char** argv) {
   }
   auto name_of = [](int i) { return absl::StrCat("sim-", i); };
 
-  // Register everyone (blocking, a few at a time is plenty).
-  for (int i = 0; i < agents; ++i) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-    v1::RegisterRequest req;
-    req.set_name(name_of(i));
-    req.set_address(absl::StrCat("127.0.0.1:", 20000 + i % 40000));
-    req.set_slots(8);
-    (*req.mutable_labels())["sim"] = "1";
-    v1::RegisterResponse resp;
-    grpc::Status s = stubs[i % conns]->Register(&ctx, req, &resp);
-    if (!s.ok()) {
-      std::fprintf(stderr, "control_plane_load: register %s: %s\n", name_of(i).c_str(),
-                   s.error_message().c_str());
-      return 1;
+  // Agents register one after another on a thread of their own, and each heartbeats from
+  // its registration on, as a real agent does (one that waited for 10,000 others to
+  // register first would be SUSPECT before its first beat). The counted window starts
+  // --warmup_s after the last registration.
+  std::atomic<int> registered{0};
+  std::atomic<bool> register_failed{false};
+  std::atomic<int64_t> registered_at_ns{0};  // when the last one registered; 0 until then
+  std::thread registrar([&] {
+    for (int i = 0; i < agents; ++i) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      v1::RegisterRequest req;
+      req.set_name(name_of(i));
+      req.set_address(absl::StrCat("127.0.0.1:", 20000 + i % 40000));
+      req.set_slots(8);
+      (*req.mutable_labels())["sim"] = "1";
+      v1::RegisterResponse resp;
+      grpc::Status s = stubs[i % conns]->Register(&ctx, req, &resp);
+      if (!s.ok()) {
+        std::fprintf(stderr, "control_plane_load: register %s: %s\n", name_of(i).c_str(),
+                     s.error_message().c_str());
+        register_failed = true;
+        return;
+      }
+      registered.store(i + 1);
     }
-  }
+    registered_at_ns.store(absl::ToUnixNanos(absl::Now()));
+  });
 
   Stats stats;
   std::atomic<int64_t> in_flight{0};
   std::vector<double> lag_ms;  // how late each send left, generator thread only
   int64_t sent = 0;
   const absl::Time t0 = absl::Now();
-  const absl::Time counting_from = t0 + warmup;
-  const absl::Time end = t0 + duration;
+  absl::Time counting_from = absl::InfiniteFuture(), end = absl::InfiniteFuture();
   const absl::Duration spacing = period / agents;
   for (int64_t k = 0;; ++k) {
+    if (register_failed) break;
+    if (end == absl::InfiniteFuture() && registered_at_ns.load() != 0) {
+      counting_from = absl::FromUnixNanos(registered_at_ns.load()) + warmup;
+      end = counting_from + (duration - warmup);
+    }
     const absl::Time due = t0 + spacing * k;
     if (due >= end) break;
     const absl::Time now = absl::Now();
     if (due > now) absl::SleepFor(due - now);
     const int i = static_cast<int>(k % agents);
+    if (i >= registered.load()) continue;  // not registered yet: no heartbeat
     auto* call = new Call;
     call->req.set_name(name_of(i));
     // As a real agent does: the previous heartbeat's round trip (the manager's histogram).
@@ -169,6 +187,8 @@ int main(int argc, char** argv) {
   while (in_flight.load() > 0) {
     absl::SleepFor(absl::Milliseconds(10));
   }
+  registrar.join();
+  if (register_failed) return 1;
   const double window_s = absl::ToDoubleSeconds(end - counting_from);
 
   std::lock_guard<std::mutex> lock(stats.mu);

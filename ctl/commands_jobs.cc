@@ -200,12 +200,16 @@ absl::StatusOr<int> RunSubmit(Session& s, const ParsedArgs& a) {
     req.set_spec_yaml(sub.specs[i]);
     req.set_request_id(sub.specs.size() > 1 ? absl::StrCat(request_id, "-", i) : request_id);
     v1::SubmitResponse resp;
-    // Safe to retry: the request id makes a repeat return the first job.
+    // Safe to retry: the request id makes a repeat return the first job, on whichever
+    // manager leads by then (a leader that died with the submit in flight: its successor
+    // has the job if the first one stored it, and makes it once if not).
     grpc::Status st;
-    for (int attempt = 0; attempt < 3; ++attempt) {
+    const int tries = s.several_managers() ? 15 : 3;  // a takeover takes seconds
+    for (int attempt = 0; attempt < tries; ++attempt) {
       st = s.stub()->Submit(s.Context().get(), req, &resp);
       if (st.error_code() != grpc::StatusCode::UNAVAILABLE) break;
       absl::SleepFor(absl::Seconds(1));
+      s.FindLeader();
     }
     if (!st.ok()) {
       if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT ||

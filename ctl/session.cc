@@ -37,20 +37,28 @@ absl::Status Session::Connect(const ManagerOptions& options) {
   token_ = options.token;
   tls_ = tls.enabled;
   manager_ = managers.empty() ? options.address : managers[0];
-  // Several managers (Note [Following the leader] in agent/agent_server.cc): the first that
-  // answers says who leads, and the command talks to the leader.
-  for (size_t i = 0; managers.size() > 1 && i < managers.size(); ++i) {
-    auto stub = v1::JobApi::NewStub(MakeChannel(managers[i], tls));
+  tls_config_ = tls;
+  if (managers.size() > 1) managers_ = managers;
+  if (!FindLeader()) stub_ = v1::JobApi::NewStub(MakeChannel(manager_, tls));
+  return absl::OkStatus();
+}
+
+// Several managers (Note [Following the leader] in agent/agent_server.cc): the first that
+// answers says who leads, and the command talks to the leader.
+bool Session::FindLeader() {
+  if (managers_.empty()) return false;
+  for (const std::string& m : managers_) {
+    auto stub = v1::JobApi::NewStub(MakeChannel(m, tls_config_));
     v1::ListManagersResponse who;
     if (!stub->ListManagers(Context(absl::Seconds(2)).get(), v1::ListManagersRequest(), &who)
              .ok()) {
       continue;
     }
-    manager_ = who.leader().empty() ? managers[i] : who.leader();
+    manager_ = who.leader().empty() ? m : who.leader();
     break;
   }
-  stub_ = v1::JobApi::NewStub(MakeChannel(manager_, tls));
-  return absl::OkStatus();
+  stub_ = v1::JobApi::NewStub(MakeChannel(manager_, tls_config_));
+  return true;
 }
 
 std::unique_ptr<grpc::ClientContext> Session::Context(absl::Duration timeout) const {

@@ -8,9 +8,11 @@
 #include <iosfwd>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/net/rpc.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace google::protobuf {
@@ -46,6 +48,10 @@ class Session {
   const std::string& manager() const { return manager_; }
   // Null until Connect succeeds.
   v1::JobApi::Stub* stub() const { return stub_.get(); }
+  // With several managers: asks them again who leads and talks to it from now on (after a
+  // call found its manager gone, or a standby). False with one manager.
+  bool FindLeader();
+  bool several_managers() const { return !managers_.empty(); }
 
   // A context for one call: deadline `timeout` from now, the token if there is one.
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(10)) const;
@@ -60,6 +66,8 @@ class Session {
   std::ostream& err_;
   const bool json_;
   std::string manager_;
+  std::vector<std::string> managers_;  // when several were given
+  TlsConfig tls_config_;
   std::string token_;
   bool tls_ = false;
   std::unique_ptr<v1::JobApi::Stub> stub_;

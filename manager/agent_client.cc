@@ -14,10 +14,12 @@ namespace {
 class GrpcAgentClient final : public AgentClient {
  public:
   GrpcAgentClient(const std::string& node, const std::string& address, absl::Duration timeout,
-                  const TlsConfig& tls, std::shared_ptr<const std::atomic<int64_t>> term)
+                  const TlsConfig& tls, std::shared_ptr<const std::atomic<int64_t>> term,
+                  std::shared_ptr<const std::function<void()>> fence)
       : address_(address),
         timeout_(timeout),
         term_(std::move(term)),
+        fence_(std::move(fence)),
         stub_(v1::AgentApi::NewStub(MakeChannel(address, tls, /*peer_name=*/node))) {}
 
   void Launch(const v1::LaunchRequest& req, Done<v1::LaunchResponse> done) override {
@@ -54,6 +56,7 @@ class GrpcAgentClient final : public AgentClient {
       Req req;
       Resp resp;
     };
+    if (*fence_) (*fence_)();
     auto* st = new State;
     st->req = req;
     SetDeadline(&st->ctx, timeout_);
@@ -74,6 +77,7 @@ class GrpcAgentClient final : public AgentClient {
   const std::string address_;
   const absl::Duration timeout_;
   std::shared_ptr<const std::atomic<int64_t>> term_;
+  std::shared_ptr<const std::function<void()>> fence_;
   std::unique_ptr<v1::AgentApi::Stub> stub_;
 };
 
@@ -90,15 +94,19 @@ class GrpcAgentClientPool final : public AgentClientPool {
   std::shared_ptr<AgentClient> For(const std::string& node, const std::string& address) override {
     absl::MutexLock lock(&mu_);
     auto& c = clients_[{node, address}];
-    if (c == nullptr) c = std::make_shared<GrpcAgentClient>(node, address, timeout_, tls_, term_);
+    if (c == nullptr)
+      c = std::make_shared<GrpcAgentClient>(node, address, timeout_, tls_, term_, fence_);
     return c;
   }
   void set_term(int64_t term) override { term_->store(term); }
+  // Set once, before the first call (TakeOver).
+  void set_fence(std::function<void()> fence) override { *fence_ = std::move(fence); }
 
  private:
   const absl::Duration timeout_;
   const TlsConfig tls_;
   const std::shared_ptr<std::atomic<int64_t>> term_ = std::make_shared<std::atomic<int64_t>>(0);
+  const std::shared_ptr<std::function<void()>> fence_ = std::make_shared<std::function<void()>>();
   absl::Mutex mu_;
   std::map<std::pair<std::string, std::string>, std::shared_ptr<AgentClient>> clients_
       ABSL_GUARDED_BY(mu_);

@@ -38,6 +38,9 @@ class AgentClientPool {
   // The leader's term, sent with every call from now on (Note [Leader lease] in
   // manager/leader_election.h); 0 (one manager) sends none.
   virtual void set_term(int64_t term) { (void)term; }
+  // Runs before every call to an agent; a manager past its leader's safe time stops there
+  // (Note [Leader lease]).
+  virtual void set_fence(std::function<void()> fence) { (void)fence; }
 };
 
 // With `tls` enabled, calls present the manager's certificate (agents accept no one else), and

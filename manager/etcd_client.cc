@@ -43,17 +43,36 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Connect(const std::strin
   return std::unique_ptr<EtcdClient>(new EtcdClient(endpoints, std::move(eps), timeout));
 }
 
-// Each attempt gets at most half a second; an endpoint that cannot answer (down, or a member
-// without a raft leader for the second an etcd election takes) passes the call to the next,
-// round after round, until the call's whole time is spent.
+namespace {
+
+// A write refused before it reached raft: safe to send to another member.
+bool NotApplied(const grpc::Status& s) {
+  if (s.error_code() != grpc::StatusCode::UNAVAILABLE) return false;
+  const std::string& m = s.error_message();
+  // etcd's own refusals say "etcdserver: ..."; of those only these are known to be made
+  // before the proposal (a timeout or a leader change may still commit it).
+  if (!absl::StartsWith(m, "etcdserver:")) return true;  // no connection: never sent
+  return absl::StrContains(m, "no leader") || absl::StrContains(m, "not capable") ||
+         absl::StrContains(m, "too many requests");
+}
+
+}  // namespace
+
+// A read's attempt gets at most half a second; an endpoint that cannot answer (down, or a
+// member without a raft leader for the second an etcd election takes) passes the call to the
+// next, round after round, until the call's whole time is spent. A write's attempt gets the
+// whole time, and moves on only when NotApplied (Note [etcd over gRPC]).
 absl::Status EtcdClient::Call(
-    const char* what, const std::function<grpc::Status(Endpoint&, grpc::ClientContext*)>& call) {
+    const char* what, Kind kind,
+    const std::function<grpc::Status(Endpoint&, grpc::ClientContext*)>& call, absl::Time deadline) {
   size_t i;
   {
     absl::MutexLock lock(&mu_);
     i = current_;
   }
-  const absl::Time deadline = absl::Now() + timeout_;
+  deadline = std::min(deadline, absl::Now() + timeout_);
+  const absl::Duration attempt =
+      kind == Kind::kRead ? absl::Milliseconds(500) : absl::InfiniteDuration();
   grpc::Status last;
   for (size_t tried = 0;; ++tried, ++i) {
     if (tried > 0 && tried % endpoints_.size() == 0) absl::SleepFor(absl::Milliseconds(50));
@@ -61,11 +80,13 @@ absl::Status EtcdClient::Call(
     if (tried > 0 && now >= deadline) break;
     Endpoint& e = endpoints_[i % endpoints_.size()];
     grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(std::min(deadline, now + absl::Milliseconds(500))));
+    ctx.set_deadline(absl::ToChronoTime(std::min(deadline, now + attempt)));
     last = call(e, &ctx);
-    const bool unreachable = last.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                             last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
-    if (!unreachable) {
+    const bool next = kind == Kind::kRead
+                          ? last.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                          : NotApplied(last);
+    if (!next) {
       absl::MutexLock lock(&mu_);
       current_ = i % endpoints_.size();
       break;
@@ -79,15 +100,23 @@ absl::StatusOr<std::vector<EtcdKv>> EtcdClient::GetPrefix(const std::string& pre
   std::vector<EtcdKv> out;
   std::string from = prefix;
   const std::string end = PrefixEnd(prefix);
+  // Pages of up to 500 keys; a page over gRPC's 4 MiB message limit (large values: step
+  // chunks are up to 256 KiB) is asked again with half as many.
+  int64_t limit = 500;
   while (true) {
     etcdserverpb::RangeRequest req;
     req.set_key(from);
     req.set_range_end(end);
-    req.set_limit(500);  // pages well under gRPC's and etcd's message limits
+    req.set_limit(limit);
     etcdserverpb::RangeResponse resp;
-    RETURN_IF_ERROR(Call("Range", [&](Endpoint& e, grpc::ClientContext* ctx) {
+    absl::Status s = Call("Range", Kind::kRead, [&](Endpoint& e, grpc::ClientContext* ctx) {
       return e.kv->Range(ctx, req, &resp);
-    }));
+    });
+    if (absl::IsResourceExhausted(s) && limit > 1) {
+      limit /= 2;
+      continue;
+    }
+    RETURN_IF_ERROR(s);
     for (const auto& kv : resp.kvs()) {
       out.push_back({kv.key(), kv.value(), kv.create_revision(), kv.mod_revision(), kv.lease()});
     }
@@ -101,7 +130,7 @@ absl::StatusOr<std::vector<EtcdKv>> EtcdClient::Get(const std::string& key) {
   etcdserverpb::RangeRequest req;
   req.set_key(key);
   etcdserverpb::RangeResponse resp;
-  RETURN_IF_ERROR(Call("Range", [&](Endpoint& e, grpc::ClientContext* ctx) {
+  RETURN_IF_ERROR(Call("Range", Kind::kRead, [&](Endpoint& e, grpc::ClientContext* ctx) {
     return e.kv->Range(ctx, req, &resp);
   }));
   std::vector<EtcdKv> out;
@@ -117,7 +146,7 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
   req.set_value(value);
   req.set_lease(lease);
   etcdserverpb::PutResponse resp;
-  return Call("Put",
+  return Call("Put", Kind::kWrite,
               [&](Endpoint& e, grpc::ClientContext* ctx) { return e.kv->Put(ctx, req, &resp); });
 }
 
@@ -126,15 +155,16 @@ absl::Status EtcdClient::DeletePrefix(const std::string& prefix) {
   req.set_key(prefix);
   req.set_range_end(PrefixEnd(prefix));
   etcdserverpb::DeleteRangeResponse resp;
-  return Call("DeleteRange", [&](Endpoint& e, grpc::ClientContext* ctx) {
+  return Call("DeleteRange", Kind::kWrite, [&](Endpoint& e, grpc::ClientContext* ctx) {
     return e.kv->DeleteRange(ctx, req, &resp);
   });
 }
 
 absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(const etcdserverpb::TxnRequest& req) {
   etcdserverpb::TxnResponse resp;
-  RETURN_IF_ERROR(Call(
-      "Txn", [&](Endpoint& e, grpc::ClientContext* ctx) { return e.kv->Txn(ctx, req, &resp); }));
+  RETURN_IF_ERROR(Call("Txn", Kind::kWrite, [&](Endpoint& e, grpc::ClientContext* ctx) {
+    return e.kv->Txn(ctx, req, &resp);
+  }));
   return resp;
 }
 
@@ -142,7 +172,7 @@ absl::StatusOr<int64_t> EtcdClient::LeaseGrant(int64_t ttl_s) {
   etcdserverpb::LeaseGrantRequest req;
   req.set_ttl(ttl_s);
   etcdserverpb::LeaseGrantResponse resp;
-  RETURN_IF_ERROR(Call("LeaseGrant", [&](Endpoint& e, grpc::ClientContext* ctx) {
+  RETURN_IF_ERROR(Call("LeaseGrant", Kind::kRead, [&](Endpoint& e, grpc::ClientContext* ctx) {
     return e.lease->LeaseGrant(ctx, req, &resp);
   }));
   if (!resp.error().empty()) {
@@ -155,23 +185,26 @@ absl::Status EtcdClient::LeaseRevoke(int64_t id) {
   etcdserverpb::LeaseRevokeRequest req;
   req.set_id(id);
   etcdserverpb::LeaseRevokeResponse resp;
-  return Call("LeaseRevoke", [&](Endpoint& e, grpc::ClientContext* ctx) {
+  return Call("LeaseRevoke", Kind::kRead, [&](Endpoint& e, grpc::ClientContext* ctx) {
     return e.lease->LeaseRevoke(ctx, req, &resp);
   });
 }
 
-absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t id) {
+absl::StatusOr<int64_t> EtcdClient::KeepAlive(int64_t id, absl::Time deadline) {
   etcdserverpb::LeaseKeepAliveRequest req;
   req.set_id(id);
   etcdserverpb::LeaseKeepAliveResponse resp;
   bool got = false;
-  RETURN_IF_ERROR(Call("LeaseKeepAlive", [&](Endpoint& e, grpc::ClientContext* ctx) {
-    auto stream = e.lease->LeaseKeepAlive(ctx);
-    if (!stream->Write(req)) return stream->Finish();
-    stream->WritesDone();
-    got = stream->Read(&resp);
-    return stream->Finish();
-  }));
+  RETURN_IF_ERROR(Call(
+      "LeaseKeepAlive", Kind::kRead,
+      [&](Endpoint& e, grpc::ClientContext* ctx) {
+        auto stream = e.lease->LeaseKeepAlive(ctx);
+        if (!stream->Write(req)) return stream->Finish();
+        stream->WritesDone();
+        got = stream->Read(&resp);
+        return stream->Finish();
+      },
+      deadline));
   if (!got) return absl::UnavailableError("etcd LeaseKeepAlive: no answer");
   return resp.ttl();
 }

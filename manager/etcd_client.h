@@ -8,7 +8,12 @@
 // defines (proto/etcd/: etcd's package, message and field numbers, only the calls used), not
 // the JSON gateway: gRPC is already how every Varuna daemon talks, it carries the cluster's
 // mutual TLS the same way, keepalives are a stream rather than one HTTP request each, and
-// bytes keys and values need no base64. Debian packages no C++ etcd client.
+// bytes keys and values need no base64. Debian packages no C++ etcd client. A read or a
+// keepalive that an endpoint does not answer in half a second goes to the next endpoint; a
+// write (a transaction, put or delete) goes to another only when the first cannot have
+// applied it (no connection, or a member without a raft leader): a write that timed out may
+// still land, and sent again elsewhere it could land after a newer write and undo it. Such
+// a write fails instead, and a leader whose write fails stops (manager/etcd_store.h).
 
 #include <cstdint>
 #include <memory>
@@ -49,8 +54,9 @@ class EtcdClient {
   absl::StatusOr<etcdserverpb::TxnResponse> Txn(const etcdserverpb::TxnRequest& req);
   absl::StatusOr<int64_t> LeaseGrant(int64_t ttl_s);
   absl::Status LeaseRevoke(int64_t id);
-  // One keepalive; the lease's remaining TTL in seconds (<= 0: the lease has expired).
-  absl::StatusOr<int64_t> KeepAlive(int64_t id);
+  // One keepalive; the lease's remaining TTL in seconds (<= 0: the lease has expired). Gives
+  // up at `deadline` if that comes before the client's timeout.
+  absl::StatusOr<int64_t> KeepAlive(int64_t id, absl::Time deadline = absl::InfiniteFuture());
 
   const std::string& endpoints() const { return endpoints_text_; }
 
@@ -62,9 +68,12 @@ class EtcdClient {
   };
   EtcdClient(std::string text, std::vector<Endpoint> endpoints, absl::Duration timeout)
       : endpoints_text_(std::move(text)), endpoints_(std::move(endpoints)), timeout_(timeout) {}
-  // Runs `call` on the current endpoint, moving on to the next while one is unreachable.
-  absl::Status Call(const char* what,
-                    const std::function<grpc::Status(Endpoint&, grpc::ClientContext*)>& call);
+  // Runs `call` on the current endpoint, moving on to the next while one is unreachable (a
+  // write: only while it cannot have been applied, Note [etcd over gRPC]).
+  enum class Kind { kRead, kWrite };
+  absl::Status Call(const char* what, Kind kind,
+                    const std::function<grpc::Status(Endpoint&, grpc::ClientContext*)>& call,
+                    absl::Time deadline = absl::InfiniteFuture());
 
   const std::string endpoints_text_;
   std::vector<Endpoint> endpoints_;

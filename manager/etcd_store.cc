@@ -11,7 +11,10 @@ namespace varuna {
 namespace {
 
 constexpr int kEventsKept = 2000;
-constexpr int kStepsPerChunk = 1000;
+// Each transaction stays well under etcd's default 1.5 MiB request limit
+// (--max-request-bytes), and a page of reads under gRPC's 4 MiB.
+constexpr size_t kMaxChunkBytes = 256 << 10;
+constexpr size_t kMaxEventsBytes = 1 << 20;
 
 etcdserverpb::RequestOp PutOp(const std::string& key, const std::string& value) {
   etcdserverpb::RequestOp op;
@@ -73,6 +76,16 @@ absl::Status EtcdStateStore::TakeOver(int64_t term,
     auto& v = steps[rest.substr(0, rest.rfind('/'))];
     v.insert(v.end(), chunk.steps().begin(), chunk.steps().end());
   }
+  for (auto& [job, v] : steps) {  // chunks of two flushes can repeat a step (Flush)
+    std::stable_sort(v.begin(), v.end(), [](const v1::StepRecord& a, const v1::StepRecord& b) {
+      return a.step() < b.step();
+    });
+    v.erase(std::unique(v.begin(), v.end(),
+                        [](const v1::StepRecord& a, const v1::StepRecord& b) {
+                          return a.step() == b.step();
+                        }),
+            v.end());
+  }
   RETURN_IF_ERROR(local_->ReplaceEventsAndSteps(events, steps));
   term_ = term;
   on_deposed_ = std::move(on_deposed);
@@ -119,7 +132,13 @@ absl::Status EtcdStateStore::SaveSpec(const std::string& job_id, const std::stri
 }
 
 absl::StatusOr<std::string> EtcdStateStore::LoadSpec(const std::string& job_id) {
-  ASSIGN_OR_RETURN(std::vector<EtcdKv> kvs, etcd_->Get(prefix_ + "specs/" + job_id));
+  absl::StatusOr<std::vector<EtcdKv>> got = etcd_->Get(prefix_ + "specs/" + job_id);
+  if (!got.ok()) {
+    // As for a write: a leader that cannot read its state cannot act on it.
+    if (on_deposed_) on_deposed_(absl::StrCat("it cannot read etcd: ", got.status().message()));
+    return got.status();
+  }
+  const std::vector<EtcdKv>& kvs = *got;
   if (kvs.empty()) return absl::NotFoundError(absl::StrCat("etcd: no spec of job ", job_id));
   return kvs[0].value;
 }
@@ -172,6 +191,7 @@ absl::Status EtcdStateStore::SaveSteps(const std::string& job_id,
 }
 
 absl::Status EtcdStateStore::ThinSteps(const std::string& job_id, int max_records) {
+  steps_dirty_.insert(job_id);
   return local_->ThinSteps(job_id, max_records);
 }
 
@@ -192,29 +212,36 @@ absl::Status EtcdStateStore::Flush() {
   if (events_dirty_) {
     ASSIGN_OR_RETURN(std::vector<v1::Event> events, local_->LoadEvents(kEventsKept));
     v1::ListEventsResponse list;
-    for (auto& e : events) *list.add_events() = std::move(e);
+    size_t first = events.size(), bytes = 0;  // the newest that fit in one request
+    while (first > 0 && bytes + events[first - 1].ByteSizeLong() + 4 <= kMaxEventsBytes) {
+      bytes += events[--first].ByteSizeLong() + 4;
+    }
+    for (size_t i = first; i < events.size(); ++i) *list.add_events() = std::move(events[i]);
     RETURN_IF_ERROR(Guarded({PutOp(prefix_ + "events", list.SerializeAsString())}));
     events_dirty_ = false;
   }
   for (auto it = steps_dirty_.begin(); it != steps_dirty_.end(); it = steps_dirty_.erase(it)) {
     ASSIGN_OR_RETURN(std::vector<v1::StepRecord> all, local_->LoadSteps(*it, 0, 1 << 20));
-    // One transaction per job: its chunks replace the old ones together (etcd refuses a
-    // transaction that touches a key twice, so the stale chunks are the range after them).
+    // Chunks of at most kMaxChunkBytes, a transaction each (a job's records together can be
+    // over etcd's request limit), then the stale chunks after them. A takeover between two
+    // of these sees some new chunks and some old ones; TakeOver drops the repeated steps.
     const std::string dir = prefix_ + "steps/" + *it + "/";
-    std::vector<etcdserverpb::RequestOp> ops;
     size_t n = 0;
-    for (size_t i = 0; i < all.size(); i += kStepsPerChunk, ++n) {
+    for (size_t i = 0; i < all.size(); ++n) {
       v1::GetMetricsResponse chunk;
-      for (size_t j = i; j < std::min(all.size(), i + kStepsPerChunk); ++j) {
-        *chunk.add_steps() = all[j];
+      size_t bytes = 0;
+      for (; i < all.size() && (bytes == 0 || bytes + all[i].ByteSizeLong() < kMaxChunkBytes);
+           ++i) {
+        bytes += all[i].ByteSizeLong() + 4;  // and its tag and length
+        *chunk.add_steps() = all[i];
       }
-      ops.push_back(PutOp(absl::StrFormat("%s%06d", dir, n), chunk.SerializeAsString()));
+      RETURN_IF_ERROR(
+          Guarded({PutOp(absl::StrFormat("%s%06d", dir, n), chunk.SerializeAsString())}));
     }
     etcdserverpb::RequestOp stale;
     stale.mutable_request_delete_range()->set_key(absl::StrFormat("%s%06d", dir, n));
     stale.mutable_request_delete_range()->set_range_end(PrefixEnd(dir));
-    ops.push_back(std::move(stale));
-    RETURN_IF_ERROR(Guarded(std::move(ops)));
+    RETURN_IF_ERROR(Guarded({std::move(stale)}));
   }
   return absl::OkStatus();
 }

@@ -9,11 +9,12 @@
 //
 // Note [High-rate state]: events and step records change every step; they are kept in the
 // manager's local SQLite (state_dir) as with one manager, and copied to etcd in bounded
-// batches at most every flush_period: PREFIX/events (the newest 2,000 events) and
-// PREFIX/steps/JOB/N (chunks of 1,000 records; a job keeps at most 4,000, Note [Step
-// series]), each well under etcd's 1.5 MiB request limit. A takeover loads them back, so it
-// loses at most the last flush_period of events and step records (the dashboard's curve
-// and `varunactl events`), never a job, node, morph or profile change.
+// batches at most every flush_period: PREFIX/events (the newest 2,000 events that fit in
+// 1 MiB) and PREFIX/steps/JOB/N (chunks of at most 256 KiB, a transaction each; a job keeps
+// at most 4,000 records, Note [Step series]), each well under etcd's 1.5 MiB request limit.
+// A takeover loads them back, so it loses at most the last flush_period of events and step
+// records (the dashboard's curve and `varunactl events`), never a job, node, morph or
+// profile change.
 
 #include <map>
 #include <memory>

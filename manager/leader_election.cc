@@ -6,6 +6,13 @@
 #include "glog/logging.h"
 
 namespace varuna {
+namespace {
+
+// How long before its lease can expire a leader stops acting (Note [Leader lease]): covers
+// the clock rates of two machines and the time from a check to the action it allows.
+constexpr absl::Duration kSafetyMargin = absl::Milliseconds(500);
+
+}  // namespace
 
 LeaderElection::LeaderElection(EtcdClient* etcd, std::string prefix, std::string me,
                                absl::Duration ttl, Callbacks callbacks)
@@ -37,6 +44,14 @@ void LeaderElection::Stop() {
 LeaderElection::Leader LeaderElection::leader() const {
   absl::MutexLock lock(&mu_);
   return leader_;
+}
+
+bool LeaderElection::may_act() const {
+  return leading_.load() && absl::ToUnixNanos(absl::Now()) < safe_until_ns_.load();
+}
+
+void LeaderElection::SetSafeUntil(absl::Time renewal_sent) {
+  safe_until_ns_.store(absl::ToUnixNanos(renewal_sent + ttl_ - kSafetyMargin));
 }
 
 std::string LeaderElection::trouble() const {
@@ -101,11 +116,13 @@ void LeaderElection::Campaign() {
   put->set_key(leader_key_);
   put->set_value(me_);
   put->set_lease(lease_);
-  for (auto* ops : {txn.add_success(), txn.add_failure()}) {
-    auto* self = ops->mutable_request_put();  // this manager is up (varunactl managers)
-    self->set_key(prefix_ + "managers/" + me_);
-    self->set_value(me_);
-    self->set_lease(lease_);
+  if (registered_lease_ != lease_) {  // once per lease: this manager is up (varunactl managers)
+    for (auto* ops : {txn.add_success(), txn.add_failure()}) {
+      auto* self = ops->mutable_request_put();
+      self->set_key(prefix_ + "managers/" + me_);
+      self->set_value(me_);
+      self->set_lease(lease_);
+    }
   }
   txn.add_failure()->mutable_request_range()->set_key(leader_key_);
   auto r = etcd_->Txn(txn);
@@ -113,6 +130,7 @@ void LeaderElection::Campaign() {
     SetTrouble(absl::StrCat("no leader can be elected: ", r.status().message()));
     return;
   }
+  registered_lease_ = lease_;
   auto others = etcd_->GetPrefix(prefix_ + "managers/");
   {
     absl::MutexLock lock(&mu_);
@@ -121,24 +139,19 @@ void LeaderElection::Campaign() {
       for (const EtcdKv& kv : *others) managers_.push_back(kv.value);
     }
   }
-  if (r->succeeded()) {
-    const int64_t term = r->header().revision();
-    renewed_ = campaign_sent;  // the lease was renewed (or granted) after this
-    {
-      absl::MutexLock lock(&mu_);
-      leader_ = {me_, term};
-      trouble_.clear();
-    }
-    leading_ = true;
-    LOG(INFO) << "manager " << me_ << " elected leader, term " << term;
-    if (callbacks_.on_elected) callbacks_.on_elected(term);
-    return;
-  }
+  // The lease was renewed (or granted) after campaign_sent.
+  if (r->succeeded()) return Elected(r->header().revision(), campaign_sent);
   Leader seen;
+  int64_t seen_lease = 0;
   for (const auto& op : r->responses()) {
     if (!op.has_response_range()) continue;
-    for (const auto& kv : op.response_range().kvs()) seen = {kv.value(), kv.create_revision()};
+    for (const auto& kv : op.response_range().kvs()) {
+      seen = {kv.value(), kv.create_revision()};
+      seen_lease = kv.lease();
+    }
   }
+  // An earlier campaign committed but its answer was lost: the key is this manager's.
+  if (seen_lease == lease_ && seen.address == me_) return Elected(seen.term, campaign_sent);
   absl::MutexLock lock(&mu_);
   if (seen.address != leader_.address || seen.term != leader_.term) {
     LOG(INFO) << "manager " << me_ << " standby; leader " << seen.address << " term " << seen.term;
@@ -147,15 +160,31 @@ void LeaderElection::Campaign() {
   trouble_.clear();
 }
 
+void LeaderElection::Elected(int64_t term, absl::Time renewal_sent) {
+  renewed_ = renewal_sent;
+  SetSafeUntil(renewal_sent);
+  {
+    absl::MutexLock lock(&mu_);
+    leader_ = {me_, term};
+    trouble_.clear();
+  }
+  leading_ = true;
+  LOG(INFO) << "manager " << me_ << " elected leader, term " << term;
+  if (callbacks_.on_elected) callbacks_.on_elected(term);
+}
+
 void LeaderElection::Lead() {
   // The lease lives at least ttl from when this renewal was sent (etcd extends it when it
-  // handles the request, after this): the safe clock starts here, not at the answer.
+  // handles the request, after this): the safe clock starts here, not at the answer. The
+  // call gives up at the safe time, when this manager must stop anyway.
   const absl::Time sent = absl::Now();
-  auto t = etcd_->KeepAlive(lease_);
+  const absl::Time safe_until = absl::FromUnixNanos(safe_until_ns_.load());
+  auto t = etcd_->KeepAlive(lease_, safe_until);
   const absl::Time now = absl::Now();
   std::string why;
   if (t.ok() && *t > 0) {
     renewed_ = sent;
+    SetSafeUntil(sent);
     if (++ticks_ % 6 == 0) {  // about once a lease: who else is up (varunactl managers)
       if (auto others = etcd_->GetPrefix(prefix_ + "managers/"); others.ok()) {
         absl::MutexLock lock(&mu_);
@@ -165,7 +194,7 @@ void LeaderElection::Lead() {
     }
   } else if (t.ok()) {
     why = "its lease expired";
-  } else if (now - renewed_ >= ttl_ - absl::Milliseconds(500)) {
+  } else if (now >= safe_until) {
     why = absl::StrCat("it could not renew its lease for ",
                        absl::FormatDuration(absl::Trunc(now - renewed_, absl::Milliseconds(100))),
                        " (", t.status().message(), ")");

@@ -8,12 +8,15 @@
 // exist; the key's create revision is the leader's *term*, which only grows. The leader's
 // state writes are transactions guarded by that key still having that create revision
 // (manager/etcd_store.h), and every call it makes to an agent carries the term (agents
-// refuse an older one). A leader that cannot renew its lease for ttl - 0.5 s (counted from
-// when its last successful renewal was sent), or whose guarded write fails or finds another
-// term, is deposed and stops at once (the manager process exits; its unit restarts it as a
-// standby). etcd deletes the key only when the lease expires, at least a full ttl after it
-// handled the last renewal (which was after it was sent; a new etcd leader extends every
-// lease), so a partitioned leader stops before anyone else can be elected. When the leader dies,
+// refuse an older one). A leader acts only until its *safe time*: ttl - 0.5 s after its last
+// successful renewal was sent. Each renewal's call is cut off at the safe time; the manager's
+// loop, its services and its calls to agents each check it (`may_act`); and a leader past it,
+// or whose guarded write fails or finds another term, is deposed and stops at once (the
+// manager process exits; its unit restarts it as a standby). etcd deletes the key only when
+// the lease expires, at least a full ttl after it handled the last renewal (which was after
+// it was sent; a new etcd leader extends every lease), so a partitioned leader stops at
+// least 0.5 s before anyone else can be elected. A campaign whose transaction committed but
+// whose answer was lost finds its own lease on the key next time, and leads. When the leader dies,
 // its key goes with its lease and a standby wins on its next try (every ttl/6): a takeover takes
 // about ttl. A leader that stops cleanly revokes its lease, and a standby takes over at once.
 
@@ -52,6 +55,8 @@ class LeaderElection {
   void Stop();
 
   bool leading() const { return leading_.load(); }
+  // Leading, and before the safe time (Note [Leader lease]): what every action checks.
+  bool may_act() const;
   Leader leader() const;
   // Why no leader is known or this manager cannot campaign ("" when all is well), e.g. etcd
   // without quorum.
@@ -66,6 +71,8 @@ class LeaderElection {
   void Campaign();
   void Lead();
   void SetTrouble(const std::string& why);
+  void Elected(int64_t term, absl::Time renewal_sent);
+  void SetSafeUntil(absl::Time renewal_sent);
 
   EtcdClient* const etcd_;
   const std::string prefix_, me_, leader_key_;
@@ -76,6 +83,8 @@ class LeaderElection {
   absl::Notification stopped_;
   std::thread thread_;
   int64_t lease_ = 0;
+  int64_t registered_lease_ = 0;  // the lease PREFIX/managers/ME was last put with
+  std::atomic<int64_t> safe_until_ns_{0};
   int64_t ticks_ = 0;
   absl::Time renewed_ = absl::InfinitePast();
   mutable absl::Mutex mu_;

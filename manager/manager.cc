@@ -33,12 +33,20 @@ class Manager::NodeEvents final : public NodeTable::Listener {
                    const std::string& message) override {
     m_->events_.Emit(kind, "", node, message);
   }
+  // Many nodes change at once (a cluster's agents coming back after a manager restart, 10,000
+  // of them): one Schedule runs for all of them, not one each queued ahead of their heartbeats.
   void OnSlotsChanged() override {
-    m_->post_([m = m_] { m->job_controller_.Schedule(); });
+    if (schedule_posted_) return;
+    schedule_posted_ = true;
+    m_->post_([this] {
+      schedule_posted_ = false;
+      m_->job_controller_.Schedule();
+    });
   }
 
  private:
   Manager* const m_;
+  bool schedule_posted_ = false;  // the manager's loop only
 };
 
 // ---- the Slurm source's view and hands ----------------------------------------------------

@@ -58,6 +58,13 @@ grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::S
   return reactor;
 }
 
+// Nothing more may be done by this process (Note [Leader lease]): its unit starts it again,
+// as a standby.
+[[noreturn]] void Deposed(const std::string& why) {
+  LOG(ERROR) << "manager deposed (" << why << "); exiting with status " << kExitDeposed;
+  std::_Exit(kExitDeposed);
+}
+
 }  // namespace
 
 struct ManagerServer::Ha {
@@ -67,9 +74,17 @@ struct ManagerServer::Ha {
   std::atomic<bool> ready{false};  // elected and recovered: the services act
   std::atomic<int64_t> term{0};
 
+  // A leader past its safe time stops here (Note [Leader lease]); a standby passes.
+  void Fence() const {
+    if (ready && !election->may_act()) {
+      Deposed("it could not renew its lease before the safe time");
+    }
+  }
+
   // OK where this manager acts; else UNAVAILABLE naming the leader (also in the trailing
   // metadata `varuna-leader`, which agents and varunactl follow).
   absl::Status Gate(grpc::CallbackServerContext* ctx) const {
+    Fence();
     if (ready) return absl::OkStatus();
     const LeaderElection::Leader l = election->leader();
     const std::string me = election->me();
@@ -375,6 +390,7 @@ ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
       agents_(std::move(agents)),
       loop_("manager", options.tick_period,
             [this] {
+              if (ha_ != nullptr) ha_->Fence();
               if (leading()) manager_->Tick();
             }),
       files_("manager-files", absl::ZeroDuration(), [] {}),
@@ -405,15 +421,11 @@ absl::Status ManagerServer::Start() {
     // Made before the services (their gate asks it who leads), started after them.
     LeaderElection::Callbacks cb;
     cb.on_elected = [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); };
-    cb.on_deposed = [](const std::string& why) {
-      // Nothing more may be done by this process (Note [Leader lease]): its unit starts it
-      // again, as a standby.
-      LOG(ERROR) << "manager deposed (" << why << "); exiting with status " << kExitDeposed;
-      std::_Exit(kExitDeposed);
-    };
+    cb.on_deposed = [](const std::string& why) { Deposed(why); };
     ha_->election = std::make_unique<LeaderElection>(ha_->etcd.get(), config_.etcd_prefix,
                                                      config_.advertise_address(), config_.lease_ttl,
                                                      std::move(cb));
+    agents_->set_fence([ha = ha_.get()] { ha->Fence(); });
 
   } else {
     auto store = StateStore::Open(config_.state_dir);
@@ -489,18 +501,11 @@ bool ManagerServer::leading() const { return ha_ == nullptr || ha_->ready; }
 
 void ManagerServer::TakeOver(int64_t term) {
   auto fail = [](const absl::Status& s) {
-    LOG(ERROR) << "manager: cannot take over: " << s << "; exiting with status " << kExitDeposed;
-    std::_Exit(kExitDeposed);
+    Deposed(absl::StrCat("it cannot take over: ", s.ToString()));
   };
   const absl::Time t0 = absl::Now();
   ha_->term = term;
-  if (absl::Status s = ha_->store->TakeOver(term,
-                                            [](const std::string& why) {
-                                              LOG(ERROR)
-                                                  << "manager deposed (" << why
-                                                  << "); exiting with status " << kExitDeposed;
-                                              std::_Exit(kExitDeposed);
-                                            });
+  if (absl::Status s = ha_->store->TakeOver(term, [](const std::string& why) { Deposed(why); });
       !s.ok()) {
     fail(s);
   }

@@ -12,6 +12,12 @@
 # Idempotent: start stops an earlier cluster in the same directory first. The directory is
 # $VARUNA_ETCD_DIR (default /tmp/varuna-etcd) and the ports start at $VARUNA_ETCD_PORT
 # (default 23790): member K listens for clients on PORT + 2(K-1) and for peers one above.
+# $VARUNA_ETCD_EXTRA_HOST (an address of this machine, e.g. a bridge's for network namespaces)
+# makes the members listen for clients there too, on the same ports. Each member keeps
+# the last 10,000 revisions (--auto-compaction-mode revision), as deploy/config/etcd.env.
+# $VARUNA_ETCD_TLS=DIR: client and peer ports use TLS with the cluster's certificates, and
+# take only clients with one (DIR/ca.pem, and DIR/etcd.pem + etcd.key from
+# scripts/make_certs.sh DIR etcd=127.0.0.1[,HOST]).
 set -euo pipefail
 D=${VARUNA_ETCD_DIR:-/tmp/varuna-etcd}
 BASE=${VARUNA_ETCD_PORT:-23790}
@@ -36,19 +42,33 @@ ours() {  # the pid in $1 if it is still an etcd of ours
   echo "$pid"
 }
 
+TLS=${VARUNA_ETCD_TLS:-}
+scheme=http
+tls_flags=()
+if [[ -n $TLS ]]; then
+  scheme=https
+  tls_flags=(--client-cert-auth --trusted-ca-file "$TLS/ca.pem" --cert-file "$TLS/etcd.pem"
+             --key-file "$TLS/etcd.key" --peer-client-cert-auth --peer-trusted-ca-file
+             "$TLS/ca.pem" --peer-cert-file "$TLS/etcd.pem" --peer-key-file "$TLS/etcd.key")
+fi
+
 start_member() {
   local k=$1 n initial=() j
   n=$(members)
-  for ((j = 1; j <= n; j++)); do initial+=("m$j=http://127.0.0.1:$(peer_port "$j")"); done
+  for ((j = 1; j <= n; j++)); do initial+=("m$j=$scheme://127.0.0.1:$(peer_port "$j")"); done
   local state=new
   [[ -d $D/m$k/member ]] && state=existing
+  local listen="$scheme://127.0.0.1:$(client_port "$k")"
+  [[ -n ${VARUNA_ETCD_EXTRA_HOST:-} ]] && listen+=",$scheme://$VARUNA_ETCD_EXTRA_HOST:$(client_port "$k")"
   (IFS=,; etcd --name "m$k" --data-dir "$D/m$k" \
-    --listen-client-urls "http://127.0.0.1:$(client_port "$k")" \
-    --advertise-client-urls "http://127.0.0.1:$(client_port "$k")" \
-    --listen-peer-urls "http://127.0.0.1:$(peer_port "$k")" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$(peer_port "$k")" \
+    --listen-client-urls "$listen" \
+    --advertise-client-urls "$scheme://127.0.0.1:$(client_port "$k")" \
+    --listen-peer-urls "$scheme://127.0.0.1:$(peer_port "$k")" \
+    --initial-advertise-peer-urls "$scheme://127.0.0.1:$(peer_port "$k")" \
+    "${tls_flags[@]}" \
     --initial-cluster "${initial[*]}" --initial-cluster-state "$state" \
     --initial-cluster-token varuna-etcd-test \
+    --auto-compaction-mode revision --auto-compaction-retention 10000 \
     >> "$D/m$k.log" 2>&1 & echo $! > "$D/m$k.pid")
 }
 
@@ -67,8 +87,10 @@ stop() {
 }
 
 healthy() {
-  ETCDCTL_API=3 etcdctl --endpoints "$(endpoints)" --dial-timeout 1s --command-timeout 2s \
-    endpoint health > /dev/null 2>&1
+  local tls=()
+  [[ -n $TLS ]] && tls=(--cacert "$TLS/ca.pem" --cert "$TLS/etcd.pem" --key "$TLS/etcd.key")
+  ETCDCTL_API=3 etcdctl --endpoints "$(endpoints)" "${tls[@]}" --dial-timeout 1s \
+    --command-timeout 2s endpoint health > /dev/null 2>&1
 }
 
 case "${1:-}" in

@@ -6,12 +6,18 @@ scripts/etcd_test_cluster.sh; varunactl and the agents are given all three manag
 runs while the leader is SIGKILLed again and again (each time the killed manager is started
 again, as its unit would): a new leader is elected each time (the takeover time of every kill
 is printed, and the median must be under 5 s), a job submitted just before a kill is there
-after it, and the job runs to SUCCEEDED with every step's loss equal to an uninterrupted run
-(1e-4) and no step run twice. A stopped leader (SIGSTOP past its lease, then SIGCONT) finds
+after it, a submit in flight during a kill ends with a job (exactly one: the request id
+makes its retry on the new leader return the first), and the job runs to SUCCEEDED with
+every step's loss equal to an uninterrupted run (1e-4) and no step run twice. A stopped leader (SIGSTOP past its lease, then SIGCONT) finds
 itself deposed and exits before it changes anything.
-MorphTakeoverTest: the leader is killed right after a drain starts a morph; the new leader
-finishes the morph from its stored record, the job grows back when the node is undrained,
-and every step's loss equals an uninterrupted run.
+MorphTakeoverTest: with TLS on every port, etcd's too (client certificates required), the
+leader is killed right after a drain starts a morph; the new leader finishes the morph from
+its stored record, the job grows back when the node is undrained, and every step's loss
+equals an uninterrupted run.
+PartitionTest: the leader runs in a network namespace (control_plane_e2e.Hosts); its routes
+to etcd are cut (blackholed), its links to agents and clients are not. It stops (exit 75)
+before another manager is elected (glog's timestamps of both), the job loses no step, and
+the old leader rejoins as a standby when its links return.
 EtcdTroubleTest: losing one etcd member of three (a raft follower) changes nothing; losing two (no quorum)
 leaves no leader (`varunactl managers` says why) while the job's workers keep training; when
 the members return a leader is elected and the job finishes.
@@ -33,7 +39,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import harness  # noqa: E402
-from control_plane_e2e import AGENT, CTL, MANAGER  # noqa: E402
+from control_plane_e2e import AGENT, CTL, MANAGER, Hosts  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ETCD_SCRIPT = os.path.join(ROOT, "scripts", "etcd_test_cluster.sh")
@@ -66,22 +72,40 @@ def etcd_follower(endpoints):
     raise AssertionError(f"no follower in {r.stdout}")
 
 
-def etcd(*args):
-    r = subprocess.run([ETCD_SCRIPT, *args], env=ETCD_ENV, capture_output=True, text=True,
-                       timeout=60)
+def etcd(*args, env=None):
+    r = subprocess.run([ETCD_SCRIPT, *args], env=env or ETCD_ENV, capture_output=True,
+                       text=True, timeout=60)
     if r.returncode != 0:
         raise AssertionError(f"etcd_test_cluster.sh {' '.join(args)}: {r.stderr}")
     return r.stdout.strip()
 
 
 class HaCluster:
-    """Three managers on one etcd, two agents; each process's log under one directory."""
+    """Three managers on one etcd, two agents; each process's log under one directory.
+    tls: every port, etcd's too, uses TLS with the cluster's certificates.
+    hosts: a control_plane_e2e.Hosts with one host, where the first manager runs (it is
+    made the leader); etcd also listens on the bridge's second address, its way there."""
 
-    def __init__(self, managers=3, agents=2, slots=1):
+    def __init__(self, managers=3, agents=2, slots=1, tls=False, hosts=None):
         self.dir = tempfile.mkdtemp(prefix="varuna-ha-")
-        self.endpoints = etcd("start", "3").splitlines()[-1]
+        self.certs = None
+        self.etcd_env = dict(ETCD_ENV)
+        if tls:
+            self.certs = os.path.join(self.dir, "certs")
+            subprocess.run([os.path.join(ROOT, "scripts", "make_certs.sh"), self.certs,
+                            "varuna-manager=127.0.0.1", "etcd=127.0.0.1",
+                            *[f"node{k}=127.0.0.1" for k in range(agents)]],
+                           check=True, capture_output=True)
+            self.etcd_env["VARUNA_ETCD_TLS"] = self.certs
+        self.hosts = hosts
+        if hosts:
+            self.etcd_env["VARUNA_ETCD_EXTRA_HOST"] = hosts.etcd_ip
+        self.endpoints = self.etcd("start", "3").splitlines()[-1]
         self.ports = [harness.free_port() for _ in range(managers)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        if hosts:
+            _, ip = hosts.agent_host("m0")
+            self.addresses[0] = f"{ip}:{self.ports[0]}"
         self.all = ",".join(self.addresses)
         self.config = os.path.join(self.dir, "manager.yaml")
         with open(self.config, "w") as f:
@@ -93,25 +117,47 @@ class HaCluster:
         self.agents = {}
         for i in range(managers):
             self.start_manager(i)
+            if hosts and i == 0:
+                wait_for(lambda: self.managers_view(self.addresses[0]).get("leader") ==
+                         self.addresses[0], 30, "the first manager to lead")
         for k in range(agents):
             name = f"node{k}"
             with open(os.path.join(self.dir, f"{name}.log"), "a") as log:
                 self.agents[name] = subprocess.Popen(
-                    [AGENT, "--manager", self.all, "--listen", "127.0.0.1:0", "--slots",
+                    [AGENT, "--manager", self.all, "--listen",
+                     f"{hosts.bridge_ip if hosts else '127.0.0.1'}:0", "--slots",
                      str(slots), "--name", name, "--work_dir", os.path.join(self.dir, name),
                      "--standby_workers=0", "--startup_probe_ms=0"]
-                    + (["--allow_root_workers"] if os.geteuid() == 0 else []),
+                    + (["--allow_root_workers"] if os.geteuid() == 0 else [])
+                    + (["--allow_insecure"] if hosts and not self.certs else [])
+                    + self.tls_flags(name),
                     stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: self.leader(), 30, "a leader")
         wait_for(lambda: len([n for n in self.nodes() if n["state"] == "ALIVE"]) == agents,
                  30, "agents to register")
 
+    def etcd(self, *args):
+        return etcd(*args, env=self.etcd_env)
+
+    def tls_flags(self, name):
+        if not self.certs:
+            return []
+        return ["--tls_ca", os.path.join(self.certs, "ca.pem"),
+                "--tls_cert", os.path.join(self.certs, name + ".pem"),
+                "--tls_key", os.path.join(self.certs, name + ".key")]
+
     def start_manager(self, i):
+        prefix, endpoints = [], self.endpoints
+        if self.hosts and i == 0:  # in its namespace, reaching etcd over the bridge
+            prefix, _ = self.hosts.agent_host("m0")
+            endpoints = endpoints.replace("127.0.0.1", self.hosts.etcd_ip)
         with open(os.path.join(self.dir, f"manager{i}.log"), "a") as log:
             self.managers[i] = subprocess.Popen(
-                [MANAGER, "--listen", self.addresses[i], "--state_dir",
-                 os.path.join(self.dir, f"state{i}"), "--config", self.config,
-                 "--etcd_endpoints", self.endpoints],
+                prefix + [MANAGER, "--listen", self.addresses[i], "--state_dir",
+                          os.path.join(self.dir, f"state{i}"), "--config", self.config,
+                          "--etcd_endpoints", endpoints]
+                + (["--allow_insecure"] if prefix and not self.certs else [])
+                + self.tls_flags("varuna-manager"),
                 stdout=log, stderr=subprocess.STDOUT)
 
     def revive_exited(self):
@@ -120,8 +166,12 @@ class HaCluster:
             if p.poll() is not None:
                 self.start_manager(i)
 
+    def ctl_argv(self, *args, manager=None):
+        tls = ["--tls_ca", os.path.join(self.certs, "ca.pem")] if self.certs else []
+        return [CTL, "--manager", manager or self.all, *tls, *args]
+
     def ctl(self, *args, timeout=60, check=None, manager=None):
-        r = subprocess.run([CTL, "--manager", manager or self.all, *args], capture_output=True,
+        r = subprocess.run(self.ctl_argv(*args, manager=manager), capture_output=True,
                            text=True, timeout=timeout)
         if check is not None and r.returncode != check:
             raise AssertionError(f"varunactl {' '.join(args)} exited {r.returncode}:\n"
@@ -171,7 +221,7 @@ class HaCluster:
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
-        etcd("stop")
+        self.etcd("stop")
         if os.environ.get("VARUNA_KEEP_TMP"):
             print(f"kept {self.dir}", file=sys.stderr)
         else:
@@ -254,8 +304,22 @@ class TakeoverTest(Fixture):
                 small = write_job(c, f"late{k}", 5)
                 r = c.ctl("-o", "json", "submit", small, check=0)
                 late_jobs.append(json.loads(r.stdout)["id"])
+            during = None
+            if k % 3 == 2:  # a submit in flight when the leader dies: it follows the next one
+                small = write_job(c, f"during{k}", 5)
+                during = subprocess.Popen(c.ctl_argv("-o", "json", "submit", small),
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True)
+                time.sleep(0.02 * k)  # from before its first call to after its answer
             c.managers[old - 1].kill()
             t0 = time.time()
+            if during:
+                out, err = during.communicate(timeout=60)
+                self.assertEqual(during.returncode, 0, f"{out}\n{err}\n{c.tail()}")
+                late_jobs.append(json.loads(out)["id"])
+                print(f"kill {k + 1}: a submit in flight got job {late_jobs[-1]}"
+                      f"{' after retrying' if 'retry' in err or err.strip() else ''}",
+                      file=sys.stderr)
             new = wait_for(lambda: (lambda n: n if n and n != old else None)(c.leader()), 30,
                            "a new leader")
             takeovers.append(time.time() - t0)
@@ -295,6 +359,9 @@ class TakeoverTest(Fixture):
 
 
 class MorphTakeoverTest(Fixture):
+    def setUp(self):
+        self.c = HaCluster(tls=True)
+
     def test_leader_killed_mid_morph_the_new_leader_finishes_it(self):
         c = self.c
         steps = 4000
@@ -326,6 +393,80 @@ class MorphTakeoverTest(Fixture):
         self.check_losses(job, job_id, steps, once=False)
 
 
+def log_time(path, pattern):
+    """The time (seconds since midnight, glog's clock) of the last line of a manager's log
+    with `pattern`, or None."""
+    found = None
+    with open(path, errors="replace") as f:
+        for line in f:
+            if pattern in line:
+                hms = line.split()[1]
+                h, m, sec = hms.split(":")
+                found = int(h) * 3600 + int(m) * 60 + float(sec)
+    return found
+
+
+class PartitionTest(Fixture):
+    def setUp(self):
+        if os.geteuid() != 0 or shutil.which("ip") is None:
+            self.skipTest("network namespaces need root and iproute2")
+        try:
+            self.hosts = Hosts(["m0"])
+        except OSError as e:
+            self.skipTest(f"cannot make a network namespace here: {e}")
+        # etcd's address as the namespace sees it: a second one on the bridge, so that cutting
+        # the route to it leaves the route to the agents (the bridge's first address) alone.
+        self.hosts.bridge_ip = f"{self.hosts.subnet}.1"
+        self.hosts.etcd_ip = f"{self.hosts.subnet}.2"
+        Hosts._ip("addr", "add", f"{self.hosts.etcd_ip}/24", "dev", self.hosts.bridge)
+        self.c = None
+        try:
+            self.c = HaCluster(hosts=self.hosts)
+        except Exception:
+            self.hosts.close()
+            raise
+
+    def tearDown(self):
+        if self.c:
+            self.c.close()
+        self.hosts.close()
+
+    def test_partitioned_leader_stops_before_another_is_elected(self):
+        c, h = self.c, self.hosts
+        steps = 2500
+        job = write_job(c, "split", steps)
+        job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: c.status(job_id).get("step", 0) >= 20, 120, "the job to train")
+        self.assertEqual(c.leader(), 1, "the manager in the namespace leads")
+        ns, _ = h.agent_host("m0")
+        cut = ns + ["ip", "route", "add", "blackhole", f"{h.etcd_ip}/32"]
+        subprocess.run(cut, check=True)
+        t0 = time.time()
+        rc = c.managers[0].wait(timeout=30)
+        stopped_after = time.time() - t0
+        self.assertEqual(rc, EXIT_DEPOSED, c.tail())
+        new = wait_for(lambda: (lambda n: n if n and n != 1 else None)(c.leader()), 30,
+                       "a new leader")
+        deposed_at = log_time(os.path.join(c.dir, "manager0.log"), "manager deposed")
+        elected_at = log_time(os.path.join(c.dir, f"manager{new - 1}.log"), "elected leader")
+        self.assertIsNotNone(deposed_at, c.tail())
+        self.assertIsNotNone(elected_at, c.tail())
+        print(f"partitioned leader stopped {stopped_after:.2f} s after the cut, "
+              f"{elected_at - deposed_at:.2f} s before {c.addresses[new - 1]} was elected",
+              file=sys.stderr)
+        self.assertLess(deposed_at, elected_at, "the old leader stopped first")
+        # Its links back, it rejoins as a standby; the job never noticed.
+        subprocess.run(ns + ["ip", "route", "del", "blackhole", f"{h.etcd_ip}/32"], check=True)
+        c.start_manager(0)
+        wait_for(lambda: c.managers_view(c.addresses[0]).get("leader") == c.addresses[new - 1],
+                 30, "the old leader to follow the new one")
+        st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
+                               else None)(c.status(job_id)), 900, "the job to end", period=1)
+        self.assertEqual(st["state"], "SUCCEEDED", st.get("message"))
+        self.assertFalse(st.get("morphs"), "no morph: the workers never noticed")
+        self.check_losses(job, job_id, steps)
+
+
 class EtcdTroubleTest(Fixture):
     def test_member_loss_is_unnoticed_quorum_loss_pauses_the_managers_only(self):
         c = self.c
@@ -338,12 +479,12 @@ class EtcdTroubleTest(Fixture):
         # leader stalls its writes for its election, a second or two, which a 3 s lease
         # may not ride out: then the managers fail over, and the jobs still notice nothing.)
         lost = etcd_follower(c.endpoints)
-        etcd("kill", str(lost))
+        c.etcd("kill", str(lost))
         time.sleep(2 * LEASE_S)
         self.assertEqual(c.leader(), leader)
         self.assertTrue(all(p.poll() is None for p in c.managers), c.tail())
         second = 1 if lost != 1 else 2
-        etcd("kill", str(second))  # no quorum: the leader cannot renew its lease and stops
+        c.etcd("kill", str(second))  # no quorum: the leader cannot renew its lease and stops
         step_then = c.status(job_id).get("step", 0)
         wait_for(lambda: c.managers[leader - 1].poll() is not None, 30, "the leader to stop")
         self.assertEqual(c.managers[leader - 1].returncode, EXIT_DEPOSED)
@@ -357,7 +498,7 @@ class EtcdTroubleTest(Fixture):
         time.sleep(3)
         self.assertGreater(max(rank0_losses(c.dir, job_id) or [0]), max(before, step_then))
         for k in (lost, second):
-            etcd("revive", str(k))
+            c.etcd("revive", str(k))
         wait_for(c.leader, 60, "a leader after quorum returns")
         st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
                                else None)(c.status(job_id)), 900, "the job to end", period=1)

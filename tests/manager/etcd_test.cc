@@ -117,14 +117,34 @@ TEST(EtcdStoreTest, WritesApplyOnlyWhileTheTermLeads) {
   e.set_seq(1);
   e.set_kind("k");
   ASSERT_TRUE((*store)->SaveEvent(e).ok());
-  std::vector<v1::StepRecord> steps(2500);
-  for (int i = 0; i < 2500; ++i) steps[i].set_step(i + 1);
+  // A deep pipeline's records (128 stages: ~2.3 KB each, 9 MB in all): each transaction
+  // stays under etcd's 1.5 MiB request limit, and reading them back pages under gRPC's
+  // 4 MiB message limit.
+  std::vector<v1::StepRecord> steps(4000);
+  for (int i = 0; i < 4000; ++i) {
+    steps[i].set_step(i + 1);
+    for (int k = 0; k < 128; ++k) {
+      steps[i].add_stage_busy_s(0.1 + k);
+      steps[i].add_stage_wait_s(0.2 + k);
+    }
+  }
   ASSERT_TRUE((*store)->SaveSteps("7", steps).ok());
   ASSERT_TRUE((*store)->Sync().ok());
-  EXPECT_EQ(c->GetPrefix("/t4/steps/7/")->size(), 3u);  // chunks of 1,000
+  auto chunks = c->GetPrefix("/t4/steps/7/");
+  ASSERT_TRUE(chunks.ok()) << chunks.status();
+  EXPECT_GT(chunks->size(), 30u);
+  for (const EtcdKv& kv : *chunks) EXPECT_LE(kv.value.size(), 256u << 10) << kv.key;
   auto other = EtcdStateStore::Open(c.get(), "/t4/", dir + "2", absl::Seconds(1));
   ASSERT_TRUE((*other)->TakeOver(term, nullptr).ok());
-  EXPECT_EQ((*other)->LoadSteps("7", 0, 100000)->size(), 2500u);
+  EXPECT_EQ((*other)->LoadSteps("7", 0, 100000)->size(), 4000u);
+  // Fewer records later (the older half thinned 2:1): the chunks past the new last one go.
+  ASSERT_TRUE((*store)->ThinSteps("7", 100).ok());
+  absl::SleepFor(absl::Seconds(1.1));  // the flush period
+  ASSERT_TRUE((*store)->Sync().ok());
+  EXPECT_LT(c->GetPrefix("/t4/steps/7/")->size(), chunks->size() * 4 / 5);
+  auto third = EtcdStateStore::Open(c.get(), "/t4/", dir + "3", absl::Seconds(1));
+  ASSERT_TRUE((*third)->TakeOver(term, nullptr).ok());
+  EXPECT_EQ((*third)->LoadSteps("7", 0, 100000)->size(), 3000u);
   EXPECT_EQ((*other)->LoadEvents(10)->size(), 1u);
   // Another leader now: a write of the old term changes nothing and says so.
   ASSERT_TRUE(c->LeaseRevoke(*lease).ok());
