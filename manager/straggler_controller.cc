@@ -18,8 +18,8 @@ namespace varuna {
 
 // Note [Straggler ladder]: once a job's detector has a full window (Note [Straggler
 // detection]), a node below stragglers.slow_below is a straggler. Policy `report` stops at an
-// event; `auto` (the default) climbs a ladder, once per window of steps, each rung only when
-// it pays:
+// event; `auto` (the default) climbs a ladder (as soon as a node is slow, then at most once
+// per window), each rung only when it pays:
 //  1. tolerate: the simulator (with the measured speeds, Note [Speed-aware plans]) predicts
 //     the current plan, a plan that works around the slow node (rebalance: fewer layers or a
 //     smaller batch share for it) and the best plan without it (evict). Unless the better of
@@ -129,7 +129,7 @@ void StragglerController::OnSteps(Job& job, const v1::WorkerStatus& w) {
 void StragglerController::Decide(Job& job, JobState& st) {
   const StragglerSpec s = Settings(job);
   const std::string& id = job.info().id();
-  st.speeds = st.detector->Speeds();
+  st.speeds = st.detector->Speeds(s.slow_below / 2);
   if (metrics_) metrics_->SetNodeSpeeds(id, st.speeds);
   std::set<std::string> slow;
   for (const auto& [node, speed] : st.speeds) {
@@ -161,6 +161,8 @@ void StragglerController::Decide(Job& job, JobState& st) {
       job.morphing()) {
     return;
   }
+  // The ladder runs as soon as a node is slow, then at most once per window (its plans cost
+  // milliseconds, and a decision needs fresh measurements).
   const int64_t step = job.gen.newest_step;
   if (st.decided_at_step > 0 && step - st.decided_at_step < s.window_steps) return;
   // A generation the ladder made settles for two windows before the ladder runs again.
@@ -170,7 +172,6 @@ void StragglerController::Decide(Job& job, JobState& st) {
       st.detector->steps() < 2 * s.window_steps) {
     return;
   }
-  st.decided_at_step = step;
   for (const auto& n : job.rec.stragglers().speeds()) {
     auto it = st.speeds.find(n.node());
     if (it == st.speeds.end() || it->second < s.recovered_above) {
@@ -179,11 +180,14 @@ void StragglerController::Decide(Job& job, JobState& st) {
     }
     const absl::Time since = st.fast_since.emplace(n.node(), clock_->Now()).first->second;
     if (clock_->Now() - since >= absl::Seconds(s.probation_s)) {
+      st.decided_at_step = step;
       Recover(job, st, std::string(n.node()), it->second);  // a copy: Recover removes n
       return;
     }
   }
-  if (!slow.empty()) Ladder(job, st, slow);
+  if (slow.empty()) return;
+  st.decided_at_step = step;
+  Ladder(job, st, slow);
 }
 
 void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::string>& slow) {

@@ -26,8 +26,11 @@ namespace varuna {
 // lower median, so that of two the faster is normal) over its own; a node's is the median
 // over its ranks. Speeds are smoothed by the median over a window of
 // steps (stragglers.window_steps), so one noisy step (a GC pause, a checkpoint) makes no
-// straggler. Busy time excludes waiting, so a slow node's peers, which wait for it, are not
-// slow themselves.
+// straggler. A large slowdown does not wait for half a window: a node whose last two steps
+// were both below half of slow_below is known from those two (the faster of them), since
+// one noisy step cannot make two, and each step at a tenth of the speed costs a job ten
+// steps' time (docs/benchmarks.md (k)). Busy time excludes waiting, so a slow node's peers,
+// which wait for it, are not slow themselves.
 //
 // A slow link shows as waiting, not computing: a rank on a node of normal speed whose wait
 // exceeds its same-layer peers' by a quarter of its step's pipeline time, over the window's
@@ -177,10 +180,16 @@ bool StragglerDetector::Add(int64_t step, const std::vector<double>& busy,
   return true;
 }
 
-std::map<std::string, double> StragglerDetector::Speeds() const {
+std::map<std::string, double> StragglerDetector::Speeds(double severe_below) const {
   std::map<std::string, double> out;
   for (const auto& [node, d] : speed_) {
-    if (!d.empty()) out[node] = Median(std::vector<double>(d.begin(), d.end()));
+    if (d.empty()) continue;
+    const size_t n = d.size();
+    if (n >= 2 && std::max(d[n - 1], d[n - 2]) < severe_below) {
+      out[node] = std::max(d[n - 1], d[n - 2]);
+    } else {
+      out[node] = Median(std::vector<double>(d.begin(), d.end()));
+    }
   }
   return out;
 }

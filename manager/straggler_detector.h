@@ -52,8 +52,10 @@ class StragglerDetector {
   int steps() const { return steps_; }
   bool full() const { return steps_ >= window_; }
   // Each node's speed relative to its peers: the median of its per-step speeds in the window
-  // (1 = as fast as they are, 0.25 = four times as slow). Nodes alone in the job: absent.
-  std::map<std::string, double> Speeds() const;
+  // (1 = as fast as they are, 0.25 = four times as slow), or, when its last two steps were
+  // both below `severe_below`, the faster of those two (Note [Straggler detection]; a large
+  // slowdown is known in two steps, not half a window). Nodes alone in the job: absent.
+  std::map<std::string, double> Speeds(double severe_below = 0) const;
   // Slow links (report only): a rank on a node of normal speed that waits much longer for its
   // pipeline neighbours than its peers holding the same layers, e.g. "rank 4 (node b) waits
   // 0.41 s more per step than its peers for its neighbours on node a: a slow link?".

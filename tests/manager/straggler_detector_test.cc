@@ -52,6 +52,27 @@ TEST(StragglerDetectorTest, OneNoisyStepIsNotAStraggler) {
   EXPECT_GT(d.Speeds()["c"], 0.9);
 }
 
+// A large slowdown is known from two steps, not half a window; one such step is still noise.
+TEST(StragglerDetectorTest, TwoStepsAtALargeSlowdownAreEnough) {
+  StragglerDetector d(
+      {Rank("a", 0, 0, 0, 6, 1), Rank("b", 1, 0, 0, 6, 1), Rank("c", 2, 0, 0, 6, 1)}, 5);
+  for (int s = 1; s <= 5; ++s) ASSERT_TRUE(d.Add(s, {1.0, 1.0, 1.0}, {0, 0, 0}));
+  ASSERT_TRUE(d.Add(6, {1.0, 1.0, 10.0}, {9, 9, 0}));
+  EXPECT_NEAR(d.Speeds(0.35)["c"], 1.0, 1e-9);  // one step: noise
+  ASSERT_TRUE(d.Add(7, {1.0, 1.0, 8.0}, {7, 7, 0}));
+  EXPECT_NEAR(d.Speeds(0.35)["c"], 0.125, 1e-9);  // the faster of the two
+  EXPECT_NEAR(d.Speeds()["c"], 1.0, 1e-9);        // without the rule: still the median
+  // A moderate slowdown (above severe_below) waits for the window's median.
+  StragglerDetector m(
+      {Rank("a", 0, 0, 0, 6, 1), Rank("b", 1, 0, 0, 6, 1), Rank("c", 2, 0, 0, 6, 1)}, 5);
+  for (int s = 1; s <= 5; ++s) ASSERT_TRUE(m.Add(s, {1.0, 1.0, 1.0}, {0, 0, 0}));
+  ASSERT_TRUE(m.Add(6, {1.0, 1.0, 2.0}, {1, 1, 0}));
+  ASSERT_TRUE(m.Add(7, {1.0, 1.0, 2.0}, {1, 1, 0}));
+  EXPECT_NEAR(m.Speeds(0.35)["c"], 1.0, 1e-9);
+  ASSERT_TRUE(m.Add(8, {1.0, 1.0, 2.0}, {1, 1, 0}));
+  EXPECT_NEAR(m.Speeds(0.35)["c"], 0.5, 1e-9);
+}
+
 // Ranks holding different layers are compared by their expected work: a stage with twice the
 // work and twice the busy time is as fast as its peers.
 TEST(StragglerDetectorTest, NormalisesByExpectedWork) {
