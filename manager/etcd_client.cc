@@ -51,7 +51,10 @@ bool NotApplied(const grpc::Status& s) {
   const std::string& m = s.error_message();
   // etcd's own refusals say "etcdserver: ..."; of those only these are known to be made
   // before the proposal (a timeout or a leader change may still commit it).
-  if (!absl::StartsWith(m, "etcdserver:")) return true;  // no connection: never sent
+  // No connection: never sent; or a connection that broke (the member died) after it was
+  // sent: then the same write may apply twice, still before the leader's next write, which
+  // it sends only after this one returns. Either way, safe to send elsewhere.
+  if (!absl::StartsWith(m, "etcdserver:")) return true;
   return absl::StrContains(m, "no leader") || absl::StrContains(m, "not capable") ||
          absl::StrContains(m, "too many requests");
 }
