@@ -162,6 +162,14 @@ void GradientReducer::RegisterHooks() {
   }
 }
 
+void GradientReducer::DeferredGradientsReady(const std::vector<torch::Tensor>& params) {
+  for (const torch::Tensor& p : params) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (params_[i].is_same(p)) OnGradReady(static_cast<int>(i));
+    }
+  }
+}
+
 void GradientReducer::OnGradReady(int param) {
   std::lock_guard<std::mutex> l(mu_);
   if (!armed_) return;

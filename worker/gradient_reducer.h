@@ -61,6 +61,9 @@ class GradientReducer {
   // From now until Finish() or Abort(), the hooks post each bucket once its gradients are
   // final. Call right before the step's last backward (earlier ones still accumulate).
   void Arm();
+  // The gradients of `params` became final outside autograd (the step's last W pass of a split
+  // schedule adds them directly, so no accumulator hook fires): counts them as the hooks do.
+  void DeferredGradientsReady(const std::vector<torch::Tensor>& params);
   // Sums the gradients of each tied pair (Note [Tied weights]): locally, and over the tied
   // group for pairs split between the first and last stage. Every parameter has a gradient.
   absl::Status ReduceTied();

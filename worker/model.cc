@@ -79,13 +79,7 @@ class GptEmbedding : public Layer {
   torch::Tensor wte_, wpe_;
 };
 
-torch::nn::Linear MakeLinear(int in, int out) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out));
-  torch::NoGradGuard g;
-  l->weight.normal_(0, 0.02);
-  l->bias.zero_();
-  return l;
-}
+Linear MakeLinear(int in, int out) { return Linear(in, out, /*bias=*/true); }
 
 // Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
 class GptBlock : public Layer {
@@ -124,7 +118,7 @@ class GptBlock : public Layer {
   int heads_;
   double dropout_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
-  torch::nn::Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, out_{nullptr};
+  Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, out_{nullptr};
 };
 
 // Final LayerNorm + LM head (its own parameter, tied to the embedding) + cross-entropy.
@@ -171,7 +165,7 @@ class MlpBlock : public Layer {
 
  private:
   torch::nn::LayerNorm ln_{nullptr};
-  torch::nn::Linear fc_{nullptr}, out_{nullptr};
+  Linear fc_{nullptr}, out_{nullptr};
 };
 
 class MlpHead : public Layer {
@@ -184,7 +178,7 @@ class MlpHead : public Layer {
   }
 
  private:
-  torch::nn::Linear head_{nullptr};
+  Linear head_{nullptr};
 };
 
 // A TorchScript segment: forward(x, input_ids, labels). Its parameters are registered on this

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "worker/device.h"
+#include "worker/linear.h"
 #include "worker/torch_status.h"
 
 namespace varuna {
@@ -124,10 +125,13 @@ struct PipelineExecutor::RunState {
   std::vector<Task> tasks;
   std::deque<Stash> stash;
   std::map<int, Graph> graphs;
+  // Split schedules: each micro-batch's recorded linears, from its forward to its W.
+  std::map<int, WeightGradCapture> captures;
   double loss = 0;
   double wait_s = 0;
   int backwards = 0;
   int forwards = 0;
+  int weight_passes = 0;
 };
 
 PipelineExecutor::PipelineExecutor(std::vector<std::shared_ptr<Layer>> layers, StageConfig config)
@@ -209,6 +213,9 @@ absl::Status PipelineExecutor::RunTasks(RunState& s) {
       case TaskKind::kBackward:
         RETURN_IF_ERROR(Backward(t.micro_batch, s));
         break;
+      case TaskKind::kWeight:
+        RETURN_IF_ERROR(WeightPass(t.micro_batch, s));
+        break;
     }
   }
   return absl::OkStatus();
@@ -225,6 +232,8 @@ absl::Status PipelineExecutor::Forward(const Task& t, RunState& s) {
   torch::Tensor out;
   if (train && t.keep_graph) {
     if (x.defined()) x.requires_grad_(true);
+    const bool split = SplitsBackward(config_.schedule);
+    ScopedWeightGradCapture capture(split ? &s.captures[m] : nullptr);
     out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device);
   } else {
     if (train) s.stash.push_back({m, x, GetRngState(config_.device)});
@@ -272,16 +281,46 @@ absl::Status PipelineExecutor::Backward(int m, RunState& s) {
   if (++s.backwards == static_cast<int>(s.mbs.size()) && s.options.before_last_backward) {
     s.options.before_last_backward();
   }
-  if (is_last_stage()) {
-    g.output.backward();
+  torch::Tensor grad;
+  if (!is_last_stage()) {
+    ASSIGN_OR_RETURN(grad, Take(grad_rx_.get(), s));
+    grad = grad.to(config_.device);
+  }
+  auto it_capture = s.captures.find(m);
+  if (it_capture == s.captures.end()) {
+    g.output.backward(grad);
   } else {
-    ASSIGN_OR_RETURN(torch::Tensor grad, Take(grad_rx_.get(), s));
-    g.output.backward(grad.to(config_.device));
+    // B of a split backward: the input gradient and every parameter but the recorded
+    // weights, whose gradients W adds (Note [Deferred weight gradients] in linear.cc).
+    std::vector<torch::Tensor> inputs;
+    if (g.input.defined()) inputs.push_back(g.input);
+    for (const auto& layer : layers_) {
+      for (const torch::Tensor& p : layer->parameters()) {
+        if (p.requires_grad() && !it_capture->second.Defers(p)) inputs.push_back(p);
+      }
+    }
+    if (!inputs.empty()) {
+      torch::autograd::backward({g.output}, {grad}, /*keep_graph=*/false,
+                                /*create_graph=*/false, inputs);
+    }
   }
   if (grad_tx_) {
     torch::Tensor gx = g.input.grad();
     if (!gx.defined()) gx = torch::zeros_like(g.input);
     grad_tx_->Send(ForTransfer(gx, config_.xfer_device));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PipelineExecutor::WeightPass(int m, RunState& s) {
+  auto it = s.captures.find(m);
+  if (it == s.captures.end()) {
+    return absl::InternalError(absl::StrCat("W of micro-batch ", m, " has no recorded linears"));
+  }
+  const std::vector<torch::Tensor> done = it->second.Apply();
+  s.captures.erase(it);
+  if (++s.weight_passes == static_cast<int>(s.mbs.size()) && s.options.after_last_weight_pass) {
+    s.options.after_last_weight_pass(done);
   }
   return absl::OkStatus();
 }

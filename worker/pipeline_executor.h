@@ -56,6 +56,7 @@ struct StageConfig {
   int rank = 0;
   int stage = 0, stages = 1;  // this stage and the depth of its pipeline
   int chunk_size = 1;         // micro-batch size (the last one may be smaller)
+  // zb-h1 splits each backward into B and W (Note [Deferred weight gradients] in linear.cc).
   SchedulePolicy schedule = SchedulePolicy::kVaruna;
   Precision precision = Precision::kFp32;
   torch::Device device = torch::kCPU;       // compute
@@ -77,6 +78,9 @@ struct PipelineRunOptions {
   double loss_scale = 1;
   // Called right before the step's last backward (GradientReducer::Arm). Optional.
   std::function<void()> before_last_backward;
+  // With a split schedule (zb-h1): called after the step's last W pass with the weights whose
+  // gradients it completed (GradientReducer::DeferredGradientsReady). Optional.
+  std::function<void(const std::vector<torch::Tensor>&)> after_last_weight_pass;
   // Called once the step's first forward on this stage is done (fault injection). Optional.
   std::function<void()> after_first_forward;
 };
@@ -116,6 +120,7 @@ class PipelineExecutor {
   absl::Status Forward(const Task& t, RunState& s);
   absl::Status Recompute(int m, RunState& s);
   absl::Status Backward(int m, RunState& s);
+  absl::Status WeightPass(int m, RunState& s);
   absl::StatusOr<torch::Tensor> Take(Receiver* rx, RunState& s);
   absl::Status JoinTransfers(absl::Status st, bool train);
 

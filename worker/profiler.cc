@@ -17,6 +17,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/planner/profile.h"
+#include "worker/linear.h"
 #include "worker/torch_status.h"
 
 namespace varuna {
@@ -164,12 +165,14 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
   // Rounds go over every size in turn, so a slow spell of the machine (a noisy neighbour)
   // touches a sample or two of each size rather than every sample of one.
   struct Samples {
-    std::vector<std::vector<double>> fwd, fwd_ng, rec, bwd, graph, peak;
+    std::vector<std::vector<double>> fwd, fwd_ng, rec, bwd, wgt, graph, peak;
     std::vector<double> act_bytes;
   };
   std::vector<Samples> samples(sizes.size());
   for (auto& sm : samples) {
-    for (auto* v : {&sm.fwd, &sm.fwd_ng, &sm.rec, &sm.bwd, &sm.graph, &sm.peak}) v->assign(n, {});
+    for (auto* v : {&sm.fwd, &sm.fwd_ng, &sm.rec, &sm.bwd, &sm.wgt, &sm.graph, &sm.peak}) {
+      v->assign(n, {});
+    }
     sm.act_bytes.assign(n, 0);
   }
   std::vector<TensorMap> batches;
@@ -183,6 +186,7 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
         auto& fwd_ng = sm.fwd_ng;
         auto& rec = sm.rec;
         auto& bwd = sm.bwd;
+        auto& wgt = sm.wgt;
         auto& graph = sm.graph;
         auto& peak = sm.peak;
         std::vector<torch::Tensor> acts(n + 1);  // acts[s]: input of segment s
@@ -201,13 +205,17 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
             }
           }
           // 2. Forward with the graph, each segment on its own detached input (as a stage).
+          // The linears are recorded (Note [Deferred weight gradients]) so step 3 can time the
+          // backward as zb-h1 runs it: B, then W.
           std::vector<torch::Tensor> ins(n), outs(n);
+          std::vector<WeightGradCapture> captures(n);
           std::vector<int64_t> held(n), fwd_peak(n);
           for (int s = 0; s < n; ++s) {
             ins[s] = acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
             const int64_t base = TrackingAllocator::current();
             TrackingAllocator::ResetPeak();
             const auto t0 = Clock::now();
+            ScopedWeightGradCapture capture(&captures[s]);
             outs[s] = ForwardLayers(segments_[s], ins[s], batch, precision_, device_);
             sync();
             if (keep) fwd[s].push_back(Since(t0));
@@ -221,13 +229,23 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
             const int64_t base = TrackingAllocator::current();
             TrackingAllocator::ResetPeak();
             const auto t0 = Clock::now();
-            if (grad.defined()) {
-              outs[s].backward(grad);
-            } else {
-              outs[s].backward();
+            std::vector<torch::Tensor> inputs;
+            if (ins[s].defined()) inputs.push_back(ins[s]);
+            for (const auto& p : ParamsOf(segments_[s])) {
+              if (p.requires_grad() && !captures[s].Defers(p)) inputs.push_back(p);
+            }
+            if (!inputs.empty()) {
+              torch::autograd::backward({outs[s]}, {grad}, /*keep_graph=*/false,
+                                        /*create_graph=*/false, inputs);
             }
             sync();
-            if (keep) bwd[s].push_back(Since(t0));
+            const auto t1 = Clock::now();
+            captures[s].Apply();
+            sync();
+            if (keep) {
+              bwd[s].push_back(Since(t0));
+              wgt[s].push_back(Since(t1));
+            }
             const int64_t transient = TrackingAllocator::peak() - base;
             outs[s] = torch::Tensor();
             if (s + 1 < n) ins[s + 1] = torch::Tensor();
@@ -269,6 +287,7 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
       c->set_forward_nograd_s(Median(sm.fwd_ng[s]));
       c->set_recompute_s(Median(sm.rec[s]));
       c->set_backward_s(Median(sm.bwd[s]));
+      c->set_weight_s(Median(sm.wgt[s]));
       c->set_activation_bytes(sm.act_bytes[s]);
       c->set_graph_bytes(track ? Median(sm.graph[s]) : 0.0);
       c->set_peak_bytes(track ? Median(sm.peak[s]) : 0.0);

@@ -427,6 +427,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     faults.Hit(FaultPoint::kBackward, taking);
     reducer_->Arm();
   };
+  run.after_last_weight_pass = [this](const std::vector<torch::Tensor>& weights) {
+    reducer_->DeferredGradientsReady(weights);
+  };
   if (!faults.empty()) {
     run.after_first_forward = [&faults, taking] { faults.Hit(FaultPoint::kPipeline, taking); };
   }

@@ -89,6 +89,22 @@ std::vector<Task> OneFOneBSchedule(int stages, int micro_batches, int stage) {
   return out;
 }
 
+// ZB-H1 (Note [Schedules]).
+std::vector<Task> ZbH1Schedule(int stages, int micro_batches, int stage) {
+  const int warmup = std::min(stages - stage - 1, micro_batches);
+  std::vector<Task> out;
+  for (int m = 0; m < warmup; ++m) out.push_back({TaskKind::kForward, m, true});
+  int next_w = 0;
+  for (int b = 0; b < micro_batches; ++b) {
+    if (b + warmup < micro_batches) out.push_back({TaskKind::kForward, b + warmup, true});
+    out.push_back({TaskKind::kBackward, b});
+    // W(m) waits until B(m + stage) has run.
+    for (; next_w <= b - stage; ++next_w) out.push_back({TaskKind::kWeight, next_w});
+  }
+  for (; next_w < micro_batches; ++next_w) out.push_back({TaskKind::kWeight, next_w});
+  return out;
+}
+
 std::vector<Task> GPipeSchedule(int micro_batches) {
   std::vector<Task> out;
   for (int m = 0; m < micro_batches; ++m) out.push_back({TaskKind::kForward, m, true});
@@ -99,12 +115,12 @@ std::vector<Task> GPipeSchedule(int micro_batches) {
 }  // namespace
 
 absl::StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name) {
-  for (SchedulePolicy p :
-       {SchedulePolicy::kVaruna, SchedulePolicy::kGPipe, SchedulePolicy::k1F1B}) {
+  for (SchedulePolicy p : {SchedulePolicy::kVaruna, SchedulePolicy::kGPipe, SchedulePolicy::k1F1B,
+                           SchedulePolicy::kZbH1}) {
     if (name == SchedulePolicyName(p)) return p;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown schedule policy \"", name, "\"; valid names are varuna, gpipe, 1f1b"));
+  return absl::InvalidArgumentError(absl::StrCat("unknown schedule policy \"", name,
+                                                 "\"; valid names are varuna, gpipe, 1f1b, zb-h1"));
 }
 
 std::string SchedulePolicyName(SchedulePolicy policy) {
@@ -115,6 +131,8 @@ std::string SchedulePolicyName(SchedulePolicy policy) {
       return "gpipe";
     case SchedulePolicy::k1F1B:
       return "1f1b";
+    case SchedulePolicy::kZbH1:
+      return "zb-h1";
   }
   return "unknown";
 }
@@ -123,12 +141,17 @@ std::vector<std::vector<Task>> MakeSchedules(SchedulePolicy policy, int stages, 
   CHECK_GE(stages, 1) << "stages=" << stages;
   CHECK_GE(micro_batches, 1) << "micro_batches=" << micro_batches;
   std::vector<std::vector<Task>> out(stages);
-  // With one stage every policy degenerates to F0 B0 F1 B1 ... (1F1B with no warm-up).
+  // With one stage every other policy degenerates to F0 B0 F1 B1 ... (1F1B with no warm-up).
   if (stages > 1 && policy == SchedulePolicy::kVaruna) return VarunaSchedule(stages, micro_batches);
   for (int s = 0; s < stages; ++s) {
-    out[s] = stages > 1 && policy == SchedulePolicy::kGPipe
-                 ? GPipeSchedule(micro_batches)
-                 : OneFOneBSchedule(stages, micro_batches, s);
+    // ZB-H1 keeps its split even on one stage (F0 B0 W0 F1 ...): the engine runs one path.
+    if (policy == SchedulePolicy::kZbH1) {
+      out[s] = ZbH1Schedule(stages, micro_batches, s);
+    } else {
+      out[s] = stages > 1 && policy == SchedulePolicy::kGPipe
+                   ? GPipeSchedule(micro_batches)
+                   : OneFOneBSchedule(stages, micro_batches, s);
+    }
   }
   return out;
 }
@@ -143,6 +166,7 @@ std::string FormatSchedule(const std::vector<Task>& tasks) {
   for (const Task& t : tasks) {
     const char* kind = t.kind == TaskKind::kForward     ? "F"
                        : t.kind == TaskKind::kRecompute ? "R"
+                       : t.kind == TaskKind::kWeight    ? "W"
                                                         : "B";
     absl::StrAppend(&out, out.empty() ? "" : " ", kind, t.micro_batch);
   }

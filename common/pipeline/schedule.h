@@ -13,7 +13,13 @@
 //  - kGPipe: all forwards (graph kept), then all backwards in micro-batch order.
 //  - k1F1B: stage s runs min(P-s-1, M) warm-up forwards, then alternates F and B, then drains
 //    the remaining backwards. Forwards keep the graph, nothing recomputes.
-// For P == 1 every policy is F0 B0 F1 B1 ... with the graph kept.
+//  - kZbH1 (zero bubble, Qi et al. ICLR'24, "ZB-H1"): the backward is split into B (the input
+//    gradient, sent upstream at once) and W (the weight gradients, which nothing waits for).
+//    F and B run in 1F1B's order; stage s runs W(m) right after B(m + s) (the rest at the end).
+//    So every stage holds at most min(P, M) micro-batches between F and W, 1F1B's peak (which
+//    1F1B reaches on stage 0 only), and with F = B = W and M >= P each stage idles P - 1 units
+//    where 1F1B idles 3(P - 1): the step takes 3M + P - 1 units (ScheduleTest, SimulatorTest).
+// For P == 1 every policy is F0 B0 F1 B1 ... with the graph kept (F0 B0 W0 F1 ... for kZbH1).
 
 #include <cstdint>
 #include <string>
@@ -23,13 +29,15 @@
 
 namespace varuna {
 
-enum class SchedulePolicy { kVaruna, kGPipe, k1F1B };
+enum class SchedulePolicy { kVaruna, kGPipe, k1F1B, kZbH1 };
 
-// Parses "varuna" | "gpipe" | "1f1b"; InvalidArgument naming the value otherwise.
+// Parses "varuna" | "gpipe" | "1f1b" | "zb-h1"; InvalidArgument naming the value otherwise.
 absl::StatusOr<SchedulePolicy> ParseSchedulePolicy(const std::string& name);
 std::string SchedulePolicyName(SchedulePolicy policy);
 
-enum class TaskKind { kForward, kRecompute, kBackward };
+// kBackward is the whole backward, or only its input-gradient part (B) when the list also has
+// kWeight tasks (kZbH1): then kWeight(m) adds micro-batch m's weight gradients.
+enum class TaskKind { kForward, kRecompute, kBackward, kWeight };
 
 struct Task {
   TaskKind kind;
@@ -47,7 +55,8 @@ struct Task {
 // micro-batches. Preconditions: stages >= 1, micro_batches >= 1, 0 <= stage < stages.
 // Invariants every policy satisfies: each micro-batch appears as exactly one F and one B
 // (and one R iff its F has keep_graph == false); forwards appear in micro-batch order;
-// backwards appear in micro-batch order; R(m) precedes B(m) and follows F(m).
+// backwards appear in micro-batch order; R(m) precedes B(m) and follows F(m). With kZbH1 each
+// micro-batch also has one W, after its B, and Ws appear in micro-batch order.
 std::vector<Task> MakeSchedule(SchedulePolicy policy, int stages, int micro_batches, int stage);
 // Every stage's list at once (index = stage); MakeSchedule() returns one element of it.
 std::vector<std::vector<Task>> MakeSchedules(SchedulePolicy policy, int stages, int micro_batches);
@@ -61,7 +70,10 @@ std::vector<std::vector<Task>> MakeSchedules(SchedulePolicy policy, int stages, 
 size_t RecomputeYieldsTo(const std::vector<Task>& tasks, size_t i, bool grad_ready,
                          bool next_input_ready, size_t next_forward = SIZE_MAX);
 
-// Formats a task list like "F0 F1 R0 B0 ..." (tests, logs).
+// Whether the policy's lists split the backward into B and W tasks.
+inline bool SplitsBackward(SchedulePolicy policy) { return policy == SchedulePolicy::kZbH1; }
+
+// Formats a task list like "F0 F1 R0 B0 W0 ..." (tests, logs).
 std::string FormatSchedule(const std::vector<Task>& tasks);
 
 }  // namespace varuna

@@ -72,10 +72,11 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
       transient = std::max(transient, t[g].peak_bytes - t[g].graph_bytes);
     }
     busiest = std::max(busiest, M * work);
-    // Graphs alive at a stage's peak: GPipe holds all M, 1F1B its warm-up depth (P - s), the
-    // Varuna schedule at least one.
+    // Graphs alive at a stage's peak: GPipe holds all M, 1F1B its warm-up depth (P - s),
+    // ZB-H1 min(P, M) on every stage (Note [Schedules]), the Varuna schedule at least one.
     const double live = c.policy == SchedulePolicy::kGPipe  ? M
                         : c.policy == SchedulePolicy::k1F1B ? std::min<double>(c.P - s, M)
+                        : c.policy == SchedulePolicy::kZbH1 ? std::min<double>(c.P, M)
                                                             : 1.0;
     const double floor_bytes =
         params * (2 + OptimizerStates(spec.train.optimizer) + (c.D > 1 ? 1 : 0)) + live * graph +
@@ -180,7 +181,8 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
   }
   std::vector<SchedulePolicy> policies;
   if (spec.parallel.schedule == "auto") {
-    policies = {SchedulePolicy::kVaruna, SchedulePolicy::k1F1B, SchedulePolicy::kGPipe};
+    policies = {SchedulePolicy::kVaruna, SchedulePolicy::k1F1B, SchedulePolicy::kGPipe,
+                SchedulePolicy::kZbH1};
   } else {
     ASSIGN_OR_RETURN(SchedulePolicy fixed, ParseSchedulePolicy(spec.parallel.schedule));
     policies = {fixed};

@@ -60,7 +60,8 @@ SimResult SimulatePipeline(MixContext& ctx, const std::vector<int>& bounds, int6
     SimStage& c = in.stages[s];
     c.optimizer_s = 0;
     if (!factor.empty()) {
-      for (double* x : {&c.forward_s, &c.forward_nograd_s, &c.recompute_s, &c.backward_s}) {
+      for (double* x :
+           {&c.forward_s, &c.forward_nograd_s, &c.recompute_s, &c.backward_s, &c.weight_s}) {
         *x *= factor[s];
       }
     }

@@ -156,6 +156,7 @@ absl::StatusOr<v1::Profile> BuiltinProfile(const JobSpec& spec) {
       c->set_forward_nograd_s(f);
       c->set_recompute_s(f);
       c->set_backward_s(2 * f);
+      c->set_weight_s(f);  // the weight gradients: one of the backward's two matmuls per linear
       c->set_activation_bytes(s.out_elems_per_sample * b * kBytesPerElem);
       c->set_graph_bytes(s.graph_elems_per_sample * b * kBytesPerElem);
       c->set_peak_bytes(c->graph_bytes() + s.params * kBytesPerElem);
@@ -201,6 +202,7 @@ absl::Status ValidateProfile(const v1::Profile& p) {
       RETURN_IF_ERROR(CheckNumber(g + ".forward_nograd_s", k.forward_nograd_s()));
       RETURN_IF_ERROR(CheckNumber(g + ".recompute_s", k.recompute_s()));
       RETURN_IF_ERROR(CheckNumber(g + ".backward_s", k.backward_s()));
+      RETURN_IF_ERROR(CheckNumber(g + ".weight_s", k.weight_s()));
       RETURN_IF_ERROR(CheckNumber(g + ".activation_bytes", k.activation_bytes()));
       RETURN_IF_ERROR(CheckNumber(g + ".graph_bytes", k.graph_bytes()));
       RETURN_IF_ERROR(CheckNumber(g + ".peak_bytes", k.peak_bytes()));
@@ -294,13 +296,14 @@ absl::StatusOr<v1::Profile> LoadProfile(const std::string& path) {
 
 SegmentTimes CostAt(const v1::SegmentProfile& seg, int micro_batch) {
   std::vector<double> xs;
-  std::vector<double> f, fn, r, b, a, g, pk;
+  std::vector<double> f, fn, r, b, w, a, g, pk;
   for (const auto& c : seg.costs()) {
     xs.push_back(c.micro_batch());
     f.push_back(c.forward_s());
     fn.push_back(c.forward_nograd_s());
     r.push_back(c.recompute_s());
     b.push_back(c.backward_s());
+    w.push_back(c.weight_s());
     a.push_back(c.activation_bytes());
     g.push_back(c.graph_bytes());
     pk.push_back(c.peak_bytes());
@@ -311,6 +314,7 @@ SegmentTimes CostAt(const v1::SegmentProfile& seg, int micro_batch) {
   t.forward_nograd_s = Interpolate(xs, fn, x);
   t.recompute_s = Interpolate(xs, r, x);
   t.backward_s = Interpolate(xs, b, x);
+  t.weight_s = std::min(Interpolate(xs, w, x), t.backward_s);
   t.activation_bytes = Interpolate(xs, a, x);
   t.graph_bytes = Interpolate(xs, g, x);
   t.peak_bytes = Interpolate(xs, pk, x);

@@ -55,7 +55,7 @@ absl::StatusOr<v1::Profile> LoadProfile(const std::string& path);
 // Piecewise-linear lookups (extrapolated from the two nearest points at the ends, never
 // below zero).
 struct SegmentTimes {
-  double forward_s = 0, forward_nograd_s = 0, recompute_s = 0, backward_s = 0;
+  double forward_s = 0, forward_nograd_s = 0, recompute_s = 0, backward_s = 0, weight_s = 0;
   double activation_bytes = 0, graph_bytes = 0, peak_bytes = 0;
 };
 SegmentTimes CostAt(const v1::SegmentProfile& segment, int micro_batch);

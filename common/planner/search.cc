@@ -50,6 +50,7 @@ std::vector<SimStage> StageCosts(const JobSpec& spec, const v1::Profile& profile
       c.forward_nograd_s += t.forward_nograd_s;
       c.recompute_s += t.recompute_s;
       c.backward_s += t.backward_s;
+      c.weight_s += t.weight_s;
       c.graph_bytes += t.graph_bytes;
       transient = std::max(transient, t.peak_bytes - t.graph_bytes);
       (*param_bytes)[s] += seg.param_bytes();
@@ -122,7 +123,7 @@ absl::StatusOr<v1::Plan> Simulate(const JobSpec& spec, const v1::Profile& profil
       }
       const double f = 1 + (slowdown - 1) * std::min(1.0, others / (measured_slots - 1));
       for (double* x : {&out[s].forward_s, &out[s].forward_nograd_s, &out[s].recompute_s,
-                        &out[s].backward_s, &out[s].optimizer_s}) {
+                        &out[s].backward_s, &out[s].weight_s, &out[s].optimizer_s}) {
         *x *= f;
       }
     }

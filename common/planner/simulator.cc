@@ -22,6 +22,7 @@ class StepSim {
       : in_(in), P_(static_cast<int>(in.stages.size())), M_(in.micro_batches), st_(P_) {
     if (in.schedules == nullptr) owned_ = MakeSchedules(in.policy, P_, M_);
     const auto& lists = in.schedules != nullptr ? *in.schedules : owned_;
+    for (const Task& t : lists[0]) split_ = split_ || t.kind == TaskKind::kWeight;
     for (int s = 0; s < P_; ++s) {
       st_[s].tasks = &lists[s];
       st_[s].next_fwd = NextForward(*st_[s].tasks, 0);
@@ -140,14 +141,18 @@ class StepSim {
         ++g.graphs;
         break;
       case TaskKind::kBackward:
-        dur = c.backward_s;
+        dur = split_ ? std::max(0.0, c.backward_s - c.weight_s) : c.backward_s;
         transient = c.transient_bytes;
         ++g.backwards_done;
+        break;
+      case TaskKind::kWeight:
+        dur = std::min(c.weight_s, c.backward_s);
         break;
     }
     g.peak = std::max(
         g.peak, c.static_bytes + g.stashes * c.stash_bytes + g.graphs * c.graph_bytes + transient);
-    if (task.kind == TaskKind::kBackward) --g.graphs;
+    // A graph's activations live until its last backward task.
+    if (task.kind == (split_ ? TaskKind::kWeight : TaskKind::kBackward)) --g.graphs;
     const double end = start + dur;
     g.busy += dur;
     if (task.kind == TaskKind::kForward && s < P_ - 1) {
@@ -177,6 +182,7 @@ class StepSim {
 
   const SimInput& in_;
   const int P_, M_;
+  bool split_ = false;  // the lists have W tasks: B is the input-gradient part only
   std::vector<std::vector<Task>> owned_;  // the task lists when the caller gave none
   std::vector<Stage> st_;
   using Event = std::pair<double, int>;

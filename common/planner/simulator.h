@@ -20,13 +20,16 @@ struct SimStage {
   double forward_nograd_s = 0;  // forward that stashes (varuna, non-last stages)
   double recompute_s = 0;
   double backward_s = 0;
+  // The weight-gradient part of backward_s: with a split schedule (zb-h1) B takes
+  // backward_s - weight_s and W weight_s.
+  double weight_s = 0;
   double send_act_s = 0;   // activation to the next stage (unused on the last)
   double send_grad_s = 0;  // gradient to the previous stage (unused on the first)
   double allreduce_s = 0;  // data-parallel gradient all-reduce (0 with one replica)
   double optimizer_s = 0;
   // Memory: resting bytes (parameters, gradients, optimizer state, buckets), bytes held per
-  // stashed micro-batch, per micro-batch with a live graph, and the transient extra during a
-  // backward.
+  // stashed micro-batch, per micro-batch with a live graph (until its W with a split
+  // schedule), and the transient extra during a backward.
   double static_bytes = 0;
   double stash_bytes = 0;
   double graph_bytes = 0;

@@ -268,7 +268,7 @@ absl::Status JobSpec::Validate() const {
     RETURN_IF_ERROR(InRange("parallel.replicas", parallel.replicas, 1, kMaxSlots));
   }
   RETURN_IF_ERROR(
-      OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b", "auto"}));
+      OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b", "zb-h1", "auto"}));
   RETURN_IF_ERROR(ValidatePipelines());
   RETURN_IF_ERROR(Finite("parallel.timeout_s", parallel.timeout_s, 0, 86400, /*open_low=*/true));
   RETURN_IF_ERROR(InRange("checkpoint.every_steps", checkpoint.every_steps, 0, kMaxSteps));

@@ -58,7 +58,7 @@ class ParityTest(Fixture):
         base = base_run.losses()
         (base_eval,) = self.eval_loss(base_run)
         self.assertEqual(len(base), 4)
-        for schedule in ["varuna", "gpipe", "1f1b"]:
+        for schedule in ["varuna", "gpipe", "1f1b", "zb-h1"]:
             job = self.job("p_" + schedule, parallel={"schedule": schedule})
             for p, d in CONFIGS:
                 run = self.run_config(job, p, d)

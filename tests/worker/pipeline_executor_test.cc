@@ -4,6 +4,7 @@
 
 #include "worker/pipeline_executor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -14,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/status_matchers.h"
+#include "worker/linear.h"
 #include "worker/thread_process_group.h"
 
 namespace varuna {
@@ -59,7 +61,9 @@ std::vector<torch::Tensor> Grads(const std::vector<std::shared_ptr<Layer>>& laye
 
 struct StageRun {
   absl::StatusOr<PipelineResult> result = absl::UnknownError("not run");
-  int armed = 0;  // calls of before_last_backward
+  int armed = 0;         // calls of before_last_backward
+  int weight_calls = 0;  // calls of after_last_weight_pass, and the weights they named
+  size_t weights = 0;
   PipelineTiming last;
 };
 
@@ -116,6 +120,10 @@ TEST_P(PipelineExecutorTest, TwoStagesMatchOneStage) {
       PipelineExecutor exec(stages[r], c);
       PipelineRunOptions mine = run;
       mine.before_last_backward = [&runs, r] { ++runs[r].armed; };
+      mine.after_last_weight_pass = [&runs, r](const std::vector<torch::Tensor>& w) {
+        ++runs[r].weight_calls;
+        runs[r].weights += w.size();
+      };
       runs[r].result = exec.Run(batch, mine);
       runs[r].last = exec.last_timing();
     });
@@ -124,6 +132,10 @@ TEST_P(PipelineExecutorTest, TwoStagesMatchOneStage) {
   for (int r = 0; r < 2; ++r) {
     ASSERT_THAT(runs[r].result.status(), IsOk()) << "stage " << r;
     EXPECT_EQ(runs[r].armed, 1) << "stage " << r;
+    // A split backward defers each block's four linear weights (and the MLP head's none: the
+    // GPT head is a tied matmul, computed in B).
+    EXPECT_EQ(runs[r].weight_calls, SplitsBackward(GetParam()) ? 1 : 0) << "stage " << r;
+    EXPECT_EQ(runs[r].weights, SplitsBackward(GetParam()) ? 8u : 0u) << "stage " << r;
     // Note [Step timing] in varuna.h: the run is timed, waits included.
     const PipelineTiming& t = runs[r].result->timing;
     EXPECT_GT(t.pipeline_s, 0) << "stage " << r;
@@ -145,8 +157,46 @@ TEST_P(PipelineExecutorTest, TwoStagesMatchOneStage) {
 
 INSTANTIATE_TEST_SUITE_P(Schedules, PipelineExecutorTest,
                          ::testing::Values(SchedulePolicy::kVaruna, SchedulePolicy::kGPipe,
-                                           SchedulePolicy::k1F1B),
-                         [](const auto& info) { return SchedulePolicyName(info.param); });
+                                           SchedulePolicy::k1F1B, SchedulePolicy::kZbH1),
+                         [](const auto& info) {
+                           std::string name = SchedulePolicyName(info.param);
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// Note [Deferred weight gradients]: B (the backward without the recorded weights) then W
+// (Apply) gives autograd's gradients, in both weight layouts, with a bias and a 3-D input.
+TEST(LinearTest, DeferredWeightGradientsEqualAutograd) {
+  for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+    torch::manual_seed(3);
+    const bool out_in = layout == WeightLayout::kOutIn;
+    auto w = (out_in ? torch::randn({5, 4}) : torch::randn({4, 5})).requires_grad_(true);
+    auto b = torch::randn({5}).requires_grad_(true);
+    auto x = torch::randn({2, 3, 4}).requires_grad_(true);
+    ApplyLinear(x, w, b, layout).tanh().sum().backward();
+    const torch::Tensor want_w = w.grad().clone(), want_b = b.grad().clone();
+    const torch::Tensor want_x = x.grad().clone();
+    for (auto* t : {&w, &b, &x}) t->mutable_grad() = torch::Tensor();
+
+    WeightGradCapture capture;
+    torch::Tensor loss;
+    {
+      ScopedWeightGradCapture scope(&capture);
+      loss = ApplyLinear(x, w, b, layout).tanh().sum();
+    }
+    EXPECT_TRUE(capture.Defers(w));
+    EXPECT_FALSE(capture.Defers(b));
+    torch::autograd::backward({loss}, {}, false, false, {x, b});
+    EXPECT_FALSE(w.grad().defined()) << "B computed the weight gradient";
+    const std::vector<torch::Tensor> done = capture.Apply();
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_TRUE(done[0].is_same(w));
+    EXPECT_TRUE(capture.empty());
+    EXPECT_TRUE(torch::allclose(w.grad(), want_w, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(b.grad(), want_b, 1e-5, 1e-6));
+    EXPECT_TRUE(torch::allclose(x.grad(), want_x, 1e-5, 1e-6));
+  }
+}
 
 // Evaluation runs forwards only: the loss is each micro-batch's weighted by its samples, no
 // gradient is made and the callback is not called.

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "common/spec/model_spec.h"
+#include "worker/linear.h"
 #include "worker/model.h"
 
 namespace varuna {

@@ -26,10 +26,7 @@ struct Conv1D : torch::nn::Module {
     bias = register_parameter("bias", torch::zeros({out}));
   }
   torch::Tensor operator()(const torch::Tensor& x) const {
-    auto y = torch::addmm(bias, x.reshape({-1, x.size(-1)}), weight);
-    auto shape = x.sizes().vec();
-    shape.back() = weight.size(1);
-    return y.view(shape);
+    return ApplyLinear(x, weight, bias, WeightLayout::kInOut);
   }
   torch::Tensor weight, bias;
 };

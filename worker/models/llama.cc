@@ -24,12 +24,7 @@ namespace F = torch::nn::functional;
 
 torch::Tensor Normal(std::vector<int64_t> shape) { return torch::randn(shape) * 0.02; }
 
-torch::nn::Linear Proj(int in, int out) {
-  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(false));
-  torch::NoGradGuard g;
-  l->weight.normal_(0, 0.02);
-  return l;
-}
+Linear Proj(int in, int out) { return Linear(in, out, /*bias=*/false); }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   auto h = x.to(torch::kFloat);
@@ -67,7 +62,7 @@ struct Attention : torch::nn::Module {
     o_proj = register_module("o_proj", Proj(heads * hd, s.d_model));
   }
   int64_t heads, kv_heads, hd;
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 
 struct Mlp : torch::nn::Module {
@@ -76,7 +71,7 @@ struct Mlp : torch::nn::Module {
     up_proj = register_module("up_proj", Proj(d, ffn));
     down_proj = register_module("down_proj", Proj(ffn, d));
   }
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
 class DecoderLayer : public Layer {

@@ -1,5 +1,6 @@
 #include "common/pipeline/schedule.h"
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -16,7 +17,7 @@ using ::varuna::testing::IsOk;
 using ::varuna::testing::StatusIs;
 
 constexpr SchedulePolicy kPolicies[] = {SchedulePolicy::kVaruna, SchedulePolicy::kGPipe,
-                                        SchedulePolicy::k1F1B};
+                                        SchedulePolicy::k1F1B, SchedulePolicy::kZbH1};
 
 std::string Schedule(SchedulePolicy policy, int stages, int micro_batches, int stage) {
   return FormatSchedule(MakeSchedule(policy, stages, micro_batches, stage));
@@ -31,10 +32,11 @@ TEST(SchedulePolicyTest, ParseAndName) {
   EXPECT_EQ(SchedulePolicyName(SchedulePolicy::kVaruna), "varuna");
   EXPECT_EQ(SchedulePolicyName(SchedulePolicy::kGPipe), "gpipe");
   EXPECT_EQ(SchedulePolicyName(SchedulePolicy::k1F1B), "1f1b");
+  EXPECT_EQ(SchedulePolicyName(SchedulePolicy::kZbH1), "zb-h1");
   EXPECT_THAT(ParseSchedulePolicy("pipedream"),
               StatusIs(absl::StatusCode::kInvalidArgument, "\"pipedream\""));
   EXPECT_THAT(ParseSchedulePolicy(""),
-              StatusIs(absl::StatusCode::kInvalidArgument, "varuna, gpipe, 1f1b"));
+              StatusIs(absl::StatusCode::kInvalidArgument, "varuna, gpipe, 1f1b, zb-h1"));
 }
 
 TEST(FormatScheduleTest, Formats) {
@@ -89,8 +91,44 @@ TEST(OneFOneBScheduleTest, WarmupSteadyDrain) {
   EXPECT_EQ(Schedule(SchedulePolicy::k1F1B, 4, 2, 0), "F0 F1 B0 B1");
 }
 
+TEST(ZbH1ScheduleTest, WeightPassesFillTheBubble) {
+  // 1F1B's F and B; stage s runs W(m) after B(m + s).
+  EXPECT_EQ(Schedule(SchedulePolicy::kZbH1, 2, 4, 0), "F0 F1 B0 W0 F2 B1 W1 F3 B2 W2 B3 W3");
+  EXPECT_EQ(Schedule(SchedulePolicy::kZbH1, 2, 4, 1), "F0 B0 F1 B1 W0 F2 B2 W1 F3 B3 W2 W3");
+  EXPECT_EQ(Schedule(SchedulePolicy::kZbH1, 3, 4, 2), "F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3");
+  EXPECT_EQ(Schedule(SchedulePolicy::kZbH1, 1, 2, 0), "F0 B0 W0 F1 B1 W1");
+  for (const Task& t : MakeSchedule(SchedulePolicy::kZbH1, 4, 8, 0)) {
+    if (t.kind == TaskKind::kForward) EXPECT_TRUE(t.keep_graph);
+  }
+  EXPECT_TRUE(SplitsBackward(SchedulePolicy::kZbH1));
+  EXPECT_FALSE(SplitsBackward(SchedulePolicy::k1F1B));
+}
+
+// In flight (forward done, W not done) never exceeds 1F1B's peak over its stages, min(P, M).
+TEST(ZbH1ScheduleTest, ActivationMemoryOf1F1B) {
+  for (int stages = 1; stages <= 6; ++stages) {
+    for (int mbs = 1; mbs <= 12; ++mbs) {
+      for (int s = 0; s < stages; ++s) {
+        int live = 0, peak = 0, peak_1f1b = 0;
+        for (const Task& t : MakeSchedule(SchedulePolicy::kZbH1, stages, mbs, s)) {
+          live += t.kind == TaskKind::kForward ? 1 : t.kind == TaskKind::kWeight ? -1 : 0;
+          peak = std::max(peak, live);
+        }
+        live = 0;
+        for (const Task& t : MakeSchedule(SchedulePolicy::k1F1B, stages, mbs, s)) {
+          live += t.kind == TaskKind::kForward ? 1 : t.kind == TaskKind::kBackward ? -1 : 0;
+          peak_1f1b = std::max(peak_1f1b, live);
+        }
+        EXPECT_LE(peak, std::min(stages, mbs)) << "P=" << stages << " M=" << mbs << " stage " << s;
+        if (s == 0) EXPECT_EQ(peak_1f1b, std::min(stages, mbs));
+      }
+    }
+  }
+}
+
 TEST(ScheduleTest, SingleStageIsForwardBackwardPairs) {
   for (SchedulePolicy p : kPolicies) {
+    if (SplitsBackward(p)) continue;  // F0 B0 W0 ...: ZbH1ScheduleTest
     const std::vector<Task> tasks = MakeSchedule(p, 1, 3, 0);
     EXPECT_EQ(FormatSchedule(tasks), "F0 B0 F1 B1 F2 B2") << SchedulePolicyName(p);
     for (const Task& t : tasks) {
@@ -111,15 +149,18 @@ TEST(ScheduleTest, Invariants) {
           SCOPED_TRACE(SchedulePolicyName(p) + " P=" + std::to_string(stages) +
                        " M=" + std::to_string(mbs) + " stage=" + std::to_string(s) + ": " +
                        FormatSchedule(tasks));
-          std::vector<int> f_at(mbs, -1), r_at(mbs, -1), b_at(mbs, -1);
+          std::vector<int> f_at(mbs, -1), r_at(mbs, -1), b_at(mbs, -1), w_at(mbs, -1);
           std::vector<bool> keep(mbs, false);
-          std::map<TaskKind, int> next = {
-              {TaskKind::kForward, 0}, {TaskKind::kRecompute, 0}, {TaskKind::kBackward, 0}};
+          std::map<TaskKind, int> next = {{TaskKind::kForward, 0},
+                                          {TaskKind::kRecompute, 0},
+                                          {TaskKind::kBackward, 0},
+                                          {TaskKind::kWeight, 0}};
           for (int i = 0; i < static_cast<int>(tasks.size()); ++i) {
             const Task& t = tasks[i];
             ASSERT_TRUE(t.micro_batch >= 0 && t.micro_batch < mbs);
             std::vector<int>& at = t.kind == TaskKind::kForward     ? f_at
                                    : t.kind == TaskKind::kRecompute ? r_at
+                                   : t.kind == TaskKind::kWeight    ? w_at
                                                                     : b_at;
             ASSERT_EQ(at[t.micro_batch], -1) << "duplicate task " << i;
             at[t.micro_batch] = i;
@@ -135,6 +176,12 @@ TEST(ScheduleTest, Invariants) {
             ASSERT_NE(f_at[m], -1) << "missing F" << m;
             ASSERT_NE(b_at[m], -1) << "missing B" << m;
             EXPECT_LT(f_at[m], b_at[m]);
+            if (SplitsBackward(p)) {
+              ASSERT_NE(w_at[m], -1) << "missing W" << m;
+              EXPECT_LT(b_at[m], w_at[m]);
+            } else {
+              EXPECT_EQ(w_at[m], -1) << "W" << m << " without a split backward";
+            }
             if (keep[m]) {
               EXPECT_EQ(r_at[m], -1) << "R" << m << " after a graph-keeping forward";
             } else {

@@ -88,7 +88,8 @@ TEST(SimulatorTest, VarunaRecomputeCost) {
 // varuna when every gradient is already there) it executes them verbatim, and with it it
 // makes exactly the engine's YieldRecompute swaps.
 TEST(SimulatorTest, ExecutesTheEnginesTaskLists) {
-  for (auto policy : {SchedulePolicy::kGPipe, SchedulePolicy::k1F1B, SchedulePolicy::kVaruna}) {
+  for (auto policy : {SchedulePolicy::kGPipe, SchedulePolicy::k1F1B, SchedulePolicy::kVaruna,
+                      SchedulePolicy::kZbH1}) {
     for (int P : {1, 2, 3, 5}) {
       for (int M : {1, 3, 8}) {
         SimInput in = Equal(policy, P, M, 1.0, 2.0);
@@ -109,6 +110,23 @@ TEST(SimulatorTest, ExecutesTheEnginesTaskLists) {
           }
         }
       }
+    }
+  }
+}
+
+// ZB-H1 with F = B = W = 1 (backward 2, of which weights 1) and M >= P: each stage idles
+// P - 1 units where 1F1B idles (P - 1)(F + B + W) = 3(P - 1) (Note [Schedules]).
+TEST(SimulatorTest, ZbH1BubbleIsAThirdOf1F1B) {
+  for (int P : {2, 3, 4, 6}) {
+    for (int M : {P, 8, 16}) {
+      SimInput in = Equal(SchedulePolicy::kZbH1, P, M, 1.0, 2.0);
+      for (auto& s : in.stages) s.weight_s = 1.0;
+      const SimResult zb = SimulateStep(in);
+      const SimResult ofob = SimulateStep(Equal(SchedulePolicy::k1F1B, P, M, 1.0, 2.0));
+      SCOPED_TRACE(absl::StrCat("P=", P, " M=", M, ": ", FormatSchedule(zb.executed[0])));
+      EXPECT_DOUBLE_EQ(ofob.pipeline_s, 3.0 * (M + P - 1));
+      EXPECT_DOUBLE_EQ(zb.pipeline_s, 3.0 * M + P - 1);
+      for (int s = 0; s < P; ++s) EXPECT_DOUBLE_EQ(zb.busy_s[s], 3.0 * M);
     }
   }
 }
