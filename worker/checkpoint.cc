@@ -136,6 +136,13 @@ absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
   rescued_also_ = 0;
   options_.faults.Hit(FaultPoint::kRescueSave, iteration_);
   if (iteration_ == 0) return 0;  // nothing trained since a fresh start
+  if (tp_.enabled()) {
+    // A rescue runs without collectives and a tp rank holds a slice: it cannot write full
+    // tensors alone.
+    return absl::FailedPreconditionError(
+        absl::StrCat("no rescue with tensor parallelism (tp_size ", tp_.size,
+                     "): the job resumes from its last periodic checkpoint"));
+  }
   // Note [Committed step] in varuna.cc: while this rank's newest step is not committed, a
   // peer may not have it; the step before it, which every survivor has, goes first.
   if (iteration_ > committed_step() && pre_update_.step == iteration_ - 1 && pre_update_.step > 0) {
@@ -164,6 +171,10 @@ std::vector<Varuna::RestorableStep> Varuna::restorable_steps() const {
 
 absl::StatusOr<Varuna::HeldState> Varuna::HeldAt(int64_t step) const {
   std::lock_guard<std::mutex> lock(state_mu_);
+  if (tp_.enabled()) {
+    return absl::FailedPreconditionError(
+        "a morph in place hands over full layers; a tensor-parallel rank holds a slice");
+  }
   HeldState out;
   out.step = step;
   LayerSnapshot snapshot;
@@ -299,13 +310,21 @@ absl::Status Varuna::checkpoint(const std::string& dir,
         writers.insert(topo_.pipeline(d).first_rank + s);
     }
   }
-  const bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
+  bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
   if (writer) {
     ASSIGN_OR_RETURN(snapshot, SnapshotLayers(mine));
+    // Every tp rank of a writer gathers; its tp rank 0 writes the full tensors.
+    if (tp_.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
+  }
+  if (tp_.rank != 0) {
+    writer = false;
+    snapshot.clear();
   }
   std::string json;
-  if (rank_ == 0) json = CommonJson(std::vector<int>(writers.begin(), writers.end()), info);
+  if (rank_ == 0 && tp_.rank == 0) {
+    json = CommonJson(std::vector<int>(writers.begin(), writers.end()), info);
+  }
   const int rank = rank_;
   const bool upload = !tempdir.empty();
   auto write_all = [path, stage_path, writer, rank, upload, json,
@@ -379,19 +398,62 @@ absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::stri
   return UnpickleLayer(bytes, file);
 }
 
+absl::Status Varuna::GatherShards(
+    const std::vector<bool>& mine,
+    std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>* snapshot) const {
+  size_t k = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!mine[i]) continue;
+    c10::Dict<std::string, at::Tensor>& d = (*snapshot)[k++].second;
+    for (const auto& [name, spec] : layer_shards_[i]) {
+      for (const std::string& key :
+           {"param." + name, "opt." + name + ".exp_avg", "opt." + name + ".exp_avg_sq",
+            "opt." + name + ".momentum_buffer"}) {
+        auto it = d.find(key);
+        if (it == d.end()) continue;
+        ASSIGN_OR_RETURN(std::vector<torch::Tensor> parts, AllGather(it->value(), tp_));
+        RETURN_IF_ERROR(
+            TorchCall("joining shards", [&] { d.insert_or_assign(key, JoinShards(parts, spec)); }));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
                                const std::string& what) {
   return TorchCall(absl::StrCat("loading ", what), [&]() -> absl::Status {
     torch::NoGradGuard g;
+    // A checkpoint holds full tensors; a sharded parameter and its optimizer state take this
+    // rank's slice (Note [Tensor parallelism]).
+    c10::Dict<std::string, at::Tensor> local = in;
+    if (tp_.enabled()) {
+      local = in.copy();
+      for (const auto& [name, spec] : layer_shards_[i]) {
+        for (const std::string& key :
+             {"param." + name, "opt." + name + ".exp_avg", "opt." + name + ".exp_avg_sq",
+              "opt." + name + ".momentum_buffer"}) {
+          auto it = in.find(key);
+          if (it == in.end()) continue;
+          const int64_t dim = spec.dim, n = it->value().dim() > dim ? it->value().size(dim) : 0;
+          if (n % (spec.blocks * tp_.size) != 0) {
+            return absl::FailedPreconditionError(
+                absl::StrCat(what, ": '", key, "' has ", n, " rows along dimension ", dim,
+                             ", which do not split over tp_size ", tp_.size));
+          }
+          local.insert_or_assign(key, TakeShard(it->value(), spec, tp_.size, tp_.rank));
+        }
+      }
+    }
     for (auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
-      auto it = in.find("param." + p.key());
-      if (it == in.end() || !it->value().sizes().equals(p.value().sizes())) {
+      auto it = local.find("param." + p.key());
+      if (it == local.end() || !it->value().sizes().equals(p.value().sizes())) {
         return absl::FailedPreconditionError(absl::StrCat(
             what, " has no parameter '", p.key(), "' of shape ", c10::str(p.value().sizes()),
             ": the model spec differs from the one that wrote the checkpoint"));
       }
       p.value().copy_(it->value());
-      LoadOptimizerState(*optimizer_, p.value(), p.key(), in);
+      LoadOptimizerState(*optimizer_, p.value(), p.key(), local);
     }
     for (auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
       auto it = in.find("buffer." + b.key());

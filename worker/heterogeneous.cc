@@ -30,9 +30,9 @@ absl::StatusOr<PipelineTemplate> PipelineTemplate::Create(
 
 absl::StatusOr<HeterogeneousParallelPlugin> HeterogeneousParallelPlugin::Create(
     int tp_size, int microbatch_size, const std::string& precision) {
-  if (tp_size != 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "tensor parallelism is not supported yet (tp_size=", tp_size, "); use tp_size=1"));
+  if (tp_size < 1 || tp_size > kMaxTensorParallel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp_size must be in [1, ", kMaxTensorParallel, "], got ", tp_size));
   }
   if (microbatch_size < 1) {
     return absl::InvalidArgumentError(

@@ -82,13 +82,41 @@ torch::Tensor ApplyLinear(const torch::Tensor& x, const torch::Tensor& weight,
   return y;
 }
 
-LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias) {
+LinearImpl::LinearImpl(int64_t in, int64_t out, bool with_bias, TpSplit split, TensorParallel tp,
+                       int blocks)
+    : split_(tp.enabled() ? split : TpSplit::kNone),
+      tp_(std::move(tp)),
+      blocks_(blocks),
+      has_bias_(with_bias) {
   // torch::nn::Linear's own initialisation runs first and is overwritten: the RNG stream, and
   // so every later layer's initial weights, stay what they were with torch::nn::Linear.
   torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(with_bias));
   torch::NoGradGuard g;
-  weight = register_parameter("weight", l->weight.normal_(0, 0.02));
-  if (with_bias) bias = register_parameter("bias", l->bias.zero_());
+  torch::Tensor w = l->weight.normal_(0, 0.02);
+  torch::Tensor b = with_bias ? l->bias.zero_() : torch::Tensor();
+  for (const auto& [name, spec] : shards()) {
+    torch::Tensor& t = name == "weight" ? w : b;
+    t = TakeShard(t, spec, tp_.size, tp_.rank);
+  }
+  weight = register_parameter("weight", w);
+  if (with_bias) bias = register_parameter("bias", b);
+}
+
+torch::Tensor LinearImpl::forward(const torch::Tensor& x) {
+  if (split_ != TpSplit::kRow) return ApplyLinear(x, weight, bias);
+  torch::Tensor y = ReduceFromTensorParallel(ApplyLinear(x, weight, torch::Tensor()), tp_);
+  return bias.defined() ? y + bias : y;
+}
+
+std::map<std::string, ShardSpec> LinearImpl::shards() const {
+  std::map<std::string, ShardSpec> out;
+  if (split_ == TpSplit::kColumn) {
+    out["weight"] = {0, blocks_};
+    if (has_bias_) out["bias"] = {0, blocks_};
+  } else if (split_ == TpSplit::kRow) {
+    out["weight"] = {1, 1};
+  }
+  return out;
 }
 
 }  // namespace varuna

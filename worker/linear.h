@@ -11,8 +11,12 @@
 
 #include <torch/torch.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
+
+#include "worker/tensor_parallel.h"
 
 namespace varuna {
 
@@ -60,14 +64,33 @@ class ScopedWeightGradCapture {
 torch::Tensor ApplyLinear(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, WeightLayout layout = WeightLayout::kOutIn);
 
+// How a linear is split over a tensor-parallel group (Note [Tensor parallelism]).
+enum class TpSplit {
+  kNone,    // replicated
+  kColumn,  // output features split (weight and bias rows); `blocks` equal parts (qkv: 3)
+  kRow,     // input features split (weight columns); partial outputs summed, then the bias
+};
+
 // torch::nn::Linear's parameters ("weight" [out, in], "bias" [out]), initialised as the built-in
-// models always did (normal(0, 0.02), zero bias), computed through ApplyLinear().
-class LinearImpl : public torch::nn::Module {
+// models always did (normal(0, 0.02), zero bias), computed through ApplyLinear(). Split, it
+// initialises the full layer the same way and keeps this rank's slice, so every tp_size
+// starts from the same model.
+class LinearImpl : public torch::nn::Module, public ShardedModule {
  public:
-  LinearImpl(int64_t in, int64_t out, bool bias);
-  torch::Tensor forward(const torch::Tensor& x) { return ApplyLinear(x, weight, bias); }
+  LinearImpl(int64_t in, int64_t out, bool bias, TpSplit split = TpSplit::kNone,
+             TensorParallel tp = {}, int blocks = 1);
+  // A column-parallel linear expects its input already through CopyToTensorParallel (once
+  // per block, shared by the block's column-parallel linears).
+  torch::Tensor forward(const torch::Tensor& x);
+  std::map<std::string, ShardSpec> shards() const override;
 
   torch::Tensor weight, bias;
+
+ private:
+  TpSplit split_;
+  TensorParallel tp_;
+  int blocks_;
+  bool has_bias_;
 };
 TORCH_MODULE(Linear);
 

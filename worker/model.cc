@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
 #include "worker/models/builtin.h"
 #include "worker/torch_status.h"
 
@@ -79,44 +80,62 @@ class GptEmbedding : public Layer {
   torch::Tensor wte_, wpe_;
 };
 
-Linear MakeLinear(int in, int out) { return Linear(in, out, /*bias=*/true); }
+Linear MakeLinear(int in, int out, TpSplit split = TpSplit::kNone, const TensorParallel& tp = {},
+                  int blocks = 1) {
+  return Linear(in, out, /*bias=*/true, split, tp, blocks);
+}
 
-// Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)).
+// Pre-LN transformer block: x + attn(ln1(x)); x + mlp(ln2(x)). With tensor parallelism
+// (Note [Tensor parallelism]) this rank holds heads / tp_size heads (qkv column-parallel in
+// three blocks, proj row-parallel) and 4d / tp_size hidden units (fc column, out row).
 class GptBlock : public Layer {
  public:
-  GptBlock(int d, int heads, double dropout) : heads_(heads), dropout_(dropout) {
+  GptBlock(int d, int heads, double dropout, const TensorParallel& tp)
+      : heads_(heads), local_heads_(heads / tp.size), dropout_(dropout), tp_(tp) {
     ln1_ = register_module("ln1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    qkv_ = register_module("qkv", MakeLinear(d, 3 * d));
-    proj_ = register_module("proj", MakeLinear(d, d));
+    qkv_ = register_module("qkv", MakeLinear(d, 3 * d, TpSplit::kColumn, tp, 3));
+    proj_ = register_module("proj", MakeLinear(d, d, TpSplit::kRow, tp));
     ln2_ = register_module("ln2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc_ = register_module("fc", MakeLinear(d, 4 * d));
-    out_ = register_module("out", MakeLinear(4 * d, d));
+    fc_ = register_module("fc", MakeLinear(d, 4 * d, TpSplit::kColumn, tp));
+    out_ = register_module("out", MakeLinear(4 * d, d, TpSplit::kRow, tp));
   }
   torch::Tensor Forward(const torch::Tensor& x, const TensorMap&) override {
     const int64_t b = x.size(0), t = x.size(1), d = x.size(2), hd = d / heads_;
+    const int64_t lh = local_heads_;
     auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
-    auto qkv = qkv_(ln1_(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
+    auto a = CopyToTensorParallel(ln1_(x), tp_);
+    auto qkv = qkv_(a).view({b, t, 3, lh, hd}).permute({2, 0, 3, 1, 4});
     auto q = qkv[0], k = qkv[1], v = qkv[2];
+    torch::Tensor y;
+    const bool dropping = is_training() && dropout_ > 0;
 #if TORCH_VERSION_MAJOR >= 2
     // Fused (flash / memory-efficient) attention where this LibTorch has it (2.0+); the
-    // dropout inside draws from the device generator, which recompute replays.
-    auto y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
-                                              is_training() ? dropout_ : 0.0, /*is_causal=*/true)
-                 .transpose(1, 2)
-                 .reshape({b, t, d});
-#else
-    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-    auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
-    att = F::dropout(torch::softmax(att.masked_fill(mask, -INFINITY), -1), drop);
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, d});
+    // dropout inside draws from the device generator, which recompute replays. Split heads
+    // with dropout take the explicit path below (the same draws on every tp rank).
+    if (!(tp_.enabled() && dropping)) {
+      y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
+                                           is_training() ? dropout_ : 0.0, /*is_causal=*/true)
+              .transpose(1, 2)
+              .reshape({b, t, lh * hd});
+    }
 #endif
+    if (!y.defined()) {
+      auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+      auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
+      att = torch::softmax(att.masked_fill(mask, -INFINITY), -1);
+      att = tp_.enabled() && dropping ? HeadSliceDropout(att, heads_, dropout_, tp_)
+                                      : F::dropout(att, drop);
+      y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, lh * hd});
+    }
     auto h = x + F::dropout(proj_(y), drop);
-    return h + F::dropout(out_(torch::gelu(fc_(ln2_(h)))), drop);
+    auto m = CopyToTensorParallel(ln2_(h), tp_);
+    return h + F::dropout(out_(torch::gelu(fc_(m))), drop);
   }
 
  private:
-  int heads_;
+  int heads_, local_heads_;
   double dropout_;
+  TensorParallel tp_;
   torch::nn::LayerNorm ln1_{nullptr}, ln2_{nullptr};
   Linear qkv_{nullptr}, proj_{nullptr}, fc_{nullptr}, out_{nullptr};
 };
@@ -154,16 +173,17 @@ class MlpEmbedding : public Layer {
 
 class MlpBlock : public Layer {
  public:
-  explicit MlpBlock(int d) {
+  MlpBlock(int d, const TensorParallel& tp) : tp_(tp) {
     ln_ = register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    fc_ = register_module("fc", MakeLinear(d, 4 * d));
-    out_ = register_module("out", MakeLinear(4 * d, d));
+    fc_ = register_module("fc", MakeLinear(d, 4 * d, TpSplit::kColumn, tp));
+    out_ = register_module("out", MakeLinear(4 * d, d, TpSplit::kRow, tp));
   }
   torch::Tensor Forward(const torch::Tensor& x, const TensorMap&) override {
-    return x + out_(torch::gelu(fc_(ln_(x))));
+    return x + out_(torch::gelu(fc_(CopyToTensorParallel(ln_(x), tp_))));
   }
 
  private:
+  TensorParallel tp_;
   torch::nn::LayerNorm ln_{nullptr};
   Linear fc_{nullptr}, out_{nullptr};
 };
@@ -200,7 +220,7 @@ class ScriptLayer : public Layer {
   torch::jit::Module module_;
 };
 
-Model GptModel(const ModelSpec& s) {
+Model GptModel(const ModelSpec& s, const TensorParallel& tp) {
   Model m;
   const double d = s.d_model, t = s.seq_len;
   m.Add("embed", t * d,
@@ -209,7 +229,7 @@ Model GptModel(const ModelSpec& s) {
     m.Add(CutPoint{});
     // Forward FLOPs per sample: 24*T*d^2 for the matmuls + 4*T^2*d for attention.
     m.Add(absl::StrCat("blocks.", i), 24 * t * d * d + 4 * t * t * d,
-          [s] { return std::make_shared<GptBlock>(s.d_model, s.heads, s.dropout); });
+          [s, tp] { return std::make_shared<GptBlock>(s.d_model, s.heads, s.dropout, tp); });
   }
   m.Add(CutPoint{});
   m.Add("head", 2 * t * d * s.vocab, [s] { return std::make_shared<GptHead>(s.vocab, s.d_model); });
@@ -217,14 +237,14 @@ Model GptModel(const ModelSpec& s) {
   return m;
 }
 
-Model MlpModel(const ModelSpec& s) {
+Model MlpModel(const ModelSpec& s, const TensorParallel& tp) {
   Model m;
   const double d = s.d_model, t = s.seq_len;
   m.Add("embed", t * d, [s] { return std::make_shared<MlpEmbedding>(s.vocab, s.d_model); });
   for (int i = 0; i < s.layers; ++i) {
     m.Add(CutPoint{});
     m.Add(absl::StrCat("blocks.", i), 16 * t * d * d,
-          [s] { return std::make_shared<MlpBlock>(s.d_model); });
+          [s, tp] { return std::make_shared<MlpBlock>(s.d_model, tp); });
   }
   m.Add(CutPoint{});
   m.Add("head", 2 * t * d * s.vocab, [s] { return std::make_shared<MlpHead>(s.vocab, s.d_model); });
@@ -274,11 +294,12 @@ std::shared_ptr<Layer> BuildLayer(const Model& model, int index, uint64_t seed,
   return layer;
 }
 
-absl::StatusOr<Model> BuildModel(const ModelSpec& spec) {
-  if (spec.kind == "gpt") return GptModel(spec);
-  if (spec.kind == "mlp") return MlpModel(spec);
+absl::StatusOr<Model> BuildModel(const ModelSpec& spec, const TensorParallel& tp) {
+  if (tp.enabled()) RETURN_IF_ERROR(CheckTensorParallel(spec, tp.size));
+  if (spec.kind == "gpt") return GptModel(spec, tp);
+  if (spec.kind == "mlp") return MlpModel(spec, tp);
   if (spec.kind == "torchscript") return ScriptModel(spec);
-  if (spec.kind == "llama") return LlamaModel(spec);
+  if (spec.kind == "llama") return LlamaModel(spec, tp);
   if (spec.kind == "gpt2") return Gpt2Model(spec);
   return absl::InvalidArgumentError(absl::StrCat("unknown model kind '", spec.kind, "'"));
 }

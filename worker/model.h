@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/spec/job_spec.h"
+#include "worker/tensor_parallel.h"
 
 namespace varuna {
 
@@ -77,6 +78,8 @@ std::shared_ptr<Layer> BuildLayer(const Model& model, int index, uint64_t seed,
 // Builds a built-in model (gpt, mlp; llama and gpt2 in worker/models/) or loads TorchScript
 // segments from spec.path (segment_0.pt, segment_1.pt, ...: each a scripted module with forward(x:
 // Tensor, input_ids: Tensor, labels: Tensor) -> Tensor).
-absl::StatusOr<Model> BuildModel(const ModelSpec& spec);
+// With `tp` enabled, each block holds this rank's slice (Note [Tensor parallelism]); the kind
+// and sizes must allow it (CheckTensorParallel).
+absl::StatusOr<Model> BuildModel(const ModelSpec& spec, const TensorParallel& tp = {});
 
 }  // namespace varuna

@@ -197,7 +197,7 @@ void PipelineExecutor::StartTransfers(const std::vector<int64_t>& sizes, bool tr
 absl::Status PipelineExecutor::RunTasks(RunState& s) {
   std::vector<Task>& tasks = s.tasks;
   for (size_t i = 0; i < tasks.size(); ++i) {
-    if (tasks[i].kind == TaskKind::kRecompute) {
+    if (tasks[i].kind == TaskKind::kRecompute && config_.reorder) {
       const size_t j = RecomputeYieldsTo(tasks, i, grad_rx_->Ready(), !act_rx_ || act_rx_->Ready());
       std::rotate(tasks.begin() + i, tasks.begin() + j, tasks.begin() + j + 1);
     }

@@ -58,6 +58,10 @@ struct StageConfig {
   int chunk_size = 1;         // micro-batch size (the last one may be smaller)
   // zb-h1 splits each backward into B and W (Note [Deferred weight gradients] in linear.cc).
   SchedulePolicy schedule = SchedulePolicy::kVaruna;
+  // Varuna's run-time swap of a waiting recompute and a ready forward (Note [Pipeline
+  // execution]). Off with tensor parallelism: the tp ranks of a stage must run their tasks,
+  // and so their collectives, in one order.
+  bool reorder = true;
   Precision precision = Precision::kFp32;
   torch::Device device = torch::kCPU;       // compute
   torch::Device xfer_device = torch::kCPU;  // where boundary tensors travel

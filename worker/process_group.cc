@@ -279,24 +279,39 @@ const char* BackendName(Backend b) {
 }
 
 absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const Topology& t,
-                                           int rank, bool has_tied,
-                                           std::chrono::milliseconds timeout) {
+                                           int process_rank, bool has_tied,
+                                           std::chrono::milliseconds timeout, int tp_size) {
   ProcessGroups g;
   g.timeout = timeout;
+  // Positions -> this tp slice's processes (Note [Tensor parallelism]).
+  const int tp_rank = process_rank % tp_size, rank = process_rank / tp_size;
+  auto processes = [&](const std::vector<int>& positions) {
+    std::vector<int> out;
+    for (int p : positions) out.push_back(p * tp_size + tp_rank);
+    return out;
+  };
+  const std::string slice = tp_size > 1 ? absl::StrCat("/tp", tp_rank) : "";
   std::vector<int> all(t.world_size());
   for (int i = 0; i < t.world_size(); ++i) all[i] = i;
-  ASSIGN_OR_RETURN(g.world, factory.Create("world", all, rank));
+  ASSIGN_OR_RETURN(g.world, factory.Create("world" + slice, processes(all), process_rank));
   for (const std::vector<int>& ranks : t.HolderSets()) {
     if (IndexIn(ranks, rank) < 0) continue;
     ASSIGN_OR_RETURN(g.holders[ranks],
-                     factory.Create(absl::StrCat("dp:", absl::StrJoin(ranks, ",")), ranks, rank));
+                     factory.Create(absl::StrCat("dp:", absl::StrJoin(ranks, ","), slice),
+                                    processes(ranks), process_rank));
   }
   for (int k = 0; has_tied && k < t.num_pipelines(); ++k) {
     const PipelineLayout& p = t.pipeline(k);
     if (p.stages() < 2) continue;
     const std::vector<int> pair{p.first_rank, p.first_rank + p.stages() - 1};
     if (IndexIn(pair, rank) < 0) continue;
-    ASSIGN_OR_RETURN(g.tied, factory.Create(absl::StrCat("tied", k), pair, rank));
+    ASSIGN_OR_RETURN(g.tied,
+                     factory.Create(absl::StrCat("tied", k, slice), processes(pair), process_rank));
+  }
+  if (tp_size > 1) {
+    std::vector<int> members;
+    for (int r = 0; r < tp_size; ++r) members.push_back(rank * tp_size + r);
+    ASSIGN_OR_RETURN(g.tp, factory.Create(absl::StrCat("tp", rank), members, process_rank));
   }
   return g;
 }
@@ -335,15 +350,15 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
   const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
   // A client that connects before the server listens backs off for a second inside TCPStore;
   // waiting here for the port in 10 ms steps takes that second off every launch and regroup.
-  if (topo.rank != 0 || topo.store_is_external) {
+  if (topo.process_rank() != 0 || topo.store_is_external) {
     WaitForListener(topo.master_addr, topo.master_port, timeout);
   }
   RETURN_IF_ERROR(TorchCall(where, [&] {
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(topo.master_port);
-    o.isServer = topo.rank == 0 && !topo.store_is_external;
+    o.isServer = topo.process_rank() == 0 && !topo.store_is_external;
     o.numWorkers =
-        topo.store_is_external ? c10::nullopt : c10::optional<std::size_t>(topo.world_size);
+        topo.store_is_external ? c10::nullopt : c10::optional<std::size_t>(topo.processes());
     o.waitWorkers = false;
     o.timeout = timeout;
     c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
@@ -370,7 +385,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
           "thread process groups are made with ThreadWorld, not a rendezvous");
   }
   absl::StatusOr<ProcessGroups> g =
-      CreateGroups(*factory, topo.topology, topo.rank, has_tied, timeout);
+      CreateGroups(*factory, topo.topology, topo.process_rank(), has_tied, timeout, topo.tp_size);
   if (!g.ok())
     return absl::Status(g.status().code(), absl::StrCat(where, ": ", g.status().message()));
   g->store = store;

@@ -102,6 +102,9 @@ struct ProcessGroups {
   // group of its holders. Empty with a single pipeline.
   std::map<std::vector<int>, ProcessGroupPtr> holders;
   ProcessGroupPtr tied;  // first + last stage of this rank's pipeline (only on those, depth > 1)
+  // The tensor-parallel ranks of this rank's position (Note [Tensor parallelism] in
+  // worker/tensor_parallel.cc); null without tensor parallelism.
+  ProcessGroupPtr tp;
   std::chrono::milliseconds timeout{300000};
   // Aborts every wait on these groups (Note [Aborting waits]); null for thread groups.
   std::shared_ptr<AbortSignal> abort;
@@ -110,9 +113,14 @@ struct ProcessGroups {
 // Creates, with `factory`, every group of `topology` that global rank `rank` belongs to. Every
 // rank walks the same list (world, holder sets, tied pairs) in the same order and joins those
 // it belongs to. `has_tied` says whether the model ties parameters.
+//
+// With tp_size > 1, `topology` places positions and `rank` is the caller's process rank
+// (position x tp_size + tp rank): the groups above are those of the caller's tp slice (the
+// processes with its tp rank, one per position; group ranks are positions), then `tp` joins
+// the tp_size processes of its position.
 absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const Topology& topology,
                                            int rank, bool has_tied,
-                                           std::chrono::milliseconds timeout);
+                                           std::chrono::milliseconds timeout, int tp_size = 1);
 
 // The backend for a job whose ranks compute on `device`: NCCL when it is a GPU, the build has
 // NCCL, and no two ranks on this machine share a GPU (`local_world_size` <= `gpus`); gloo

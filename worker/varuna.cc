@@ -156,6 +156,7 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
                                                    " (create them with CreateProcessGroups)"));
   }
   const torch::Device xfer = TransferDevice(groups_, device_);
+  tp_ = TensorParallelOf(groups_);
   absl::Status st = BuildLocal();
   RETURN_IF_ERROR(AgreeOnStartup(groups_, xfer, st));
   StageConfig config;
@@ -165,6 +166,7 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
   config.stages = stages();
   config.chunk_size = chunk_size_;
   config.schedule = options_.schedule;
+  config.reorder = !tp_.enabled();
   config.precision = options_.precision;
   config.device = device_;
   config.xfer_device = xfer;
@@ -174,6 +176,16 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
   if (st.ok()) st = dry;
   executor_ = std::make_unique<PipelineExecutor>(layers_, std::move(config));
   return AgreeOnStartup(groups_, xfer, st);
+}
+
+std::map<std::string, ShardSpec> Varuna::sharded_parameters() const {
+  std::map<std::string, ShardSpec> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (const auto& [name, spec] : layer_shards_[i]) {
+      out[absl::StrCat(layer_names_[i], ".", name)] = spec;
+    }
+  }
+  return out;
 }
 
 absl::Status Varuna::InitWeights(
@@ -275,6 +287,7 @@ absl::Status Varuna::BuildLocal() {
       named_params_.emplace_back(absl::StrCat(layer_names_[i], ".", p.key()), p.value());
       reduced.push_back({named_params_.back().first, p.value(), group});
     }
+    layer_shards_.push_back(ShardsOf(*layers_[i]));
   }
   for (const auto& [first, second] : model_.tied()) {
     for (const std::string& name : {first, second}) {
@@ -450,7 +463,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     reducer_->Abort();
     return tied;
   }
-  const double stop =
+  double stop =
       (stop_requested_.load() || (options_.stop_flag && options_.stop_flag->load())) ? 1.0 : 0.0;
   faults.Hit(FaultPoint::kDpAllreduce, taking);
   RETURN_IF_ERROR(reducer_->Finish());
@@ -465,15 +478,29 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     if (fp16) {
       for (auto& p : params) p.mutable_grad().div_(scaler_.scale());
     }
-    // Local squared norm; the second copy of a tied pair is not counted twice.
-    std::vector<torch::Tensor> squares;
-    for (auto& p : params) {
-      if (!reducer_->IsSecondCopy(p)) squares.push_back(p.grad().pow(2).sum().to(torch::kDouble));
-    }
-    const double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
+    // Local squared norm; the second copy of a tied pair is not counted twice. With tensor
+    // parallelism a sharded parameter's square is summed over the tp group, a replicated one
+    // (equal on every tp rank) counted once; the stop request joins that sum, so the tp
+    // slices, whose agreements are separate, decide alike.
+    std::vector<torch::Tensor> squares, sharded;
     int64_t local_params = 0;
-    for (auto& p : params) {
-      if (!reducer_->IsSecondCopy(p)) local_params += p.numel();
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const auto& shards = layer_shards_[i];
+      for (const auto& np : layers_[i]->named_parameters(/*recurse=*/true)) {
+        const torch::Tensor& p = np.value();
+        if (reducer_->IsSecondCopy(p)) continue;
+        const bool split = shards.count(np.key()) > 0;
+        (split ? sharded : squares).push_back(p.grad().pow(2).sum().to(torch::kDouble));
+        local_params += p.numel() * (split ? tp_.size : 1);
+      }
+    }
+    double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
+    if (tp_.enabled()) {
+      const double part = sharded.empty() ? 0.0 : torch::stack(sharded).sum().item<double>();
+      torch::Tensor v = torch::tensor({part, stop}, torch::kDouble);
+      v = ReduceFromTensorParallel(v, tp_);
+      norm_sq += v[0].item<double>();
+      stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
     }
     const bool local_overflow = !std::isfinite(norm_sq);
     // Note [Step agreement]: one world sum of [overflow, squared norm, loss, stop]. Pipeline 0

@@ -40,6 +40,7 @@
 #include "worker/model.h"
 #include "worker/pipeline_executor.h"
 #include "worker/process_group.h"
+#include "worker/tensor_parallel.h"
 
 namespace varuna {
 
@@ -223,6 +224,11 @@ class Varuna {
   int replicas() const { return topo_.num_pipelines(); }
   bool is_last_stage() const { return stage() == stages() - 1; }
   double loss_scale() const { return scaler_.scale(); }
+  // Tensor parallelism (from groups.tp): this rank's slice of its stage. Checkpoints hold
+  // full tensors whatever tp_size wrote them (Note [Tensor parallelism] in tensor_parallel.cc).
+  const TensorParallel& tensor_parallel() const { return tp_; }
+  // This stage's sharded parameters, model-wide names (empty without tensor parallelism).
+  std::map<std::string, ShardSpec> sharded_parameters() const;
 
  private:
   // The background checkpoint upload (Note [Background upload] in checkpoint.cc).
@@ -255,6 +261,11 @@ class Varuna {
   // per-layer format); `what` names the source in errors.
   absl::Status LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
                          const std::string& what);
+  // With tensor parallelism: replaces every sharded tensor of `snapshot` (parameters and their
+  // optimizer state) by the full tensor gathered from the group. Collective over the tp group.
+  absl::Status GatherShards(
+      const std::vector<bool>& mine,
+      std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>* snapshot) const;
 
   Model model_;
   Topology topo_;
@@ -269,6 +280,9 @@ class Varuna {
   std::vector<std::shared_ptr<Layer>> layers_;
   std::vector<std::string> layer_names_;
   std::vector<std::pair<std::string, torch::Tensor>> named_params_;
+  // Each layer's sharded parameters (ShardsOf), and the group they are split over.
+  std::vector<std::map<std::string, ShardSpec>> layer_shards_;
+  TensorParallel tp_;
   std::unique_ptr<GradientReducer> reducer_;    // built by BuildLocal()
   std::unique_ptr<PipelineExecutor> executor_;  // built by Build(), after the dry run
 

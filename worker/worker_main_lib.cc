@@ -340,7 +340,8 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   }
   Model model = *std::move(built);
   TokenDataset data = *std::move(opened);
-  std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank);
+  std::string who = absl::StrCat("job=", spec.name, " rank=", topo.rank,
+                                 topo.tp_size > 1 ? absl::StrCat(" tp=", topo.tp_rank) : "");
   LOG(INFO) << who << " world=" << topo.world_size << " pipelines=" << topo.topology.ToString()
             << " stage=" << topo.stage << " pipeline=" << topo.replica
             << " global_batch=" << topo.global_batch << " micro_batch=" << topo.micro_batch
@@ -351,8 +352,10 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   std::ofstream metrics;
   bool writes_metrics = false, metrics_rank = false;
   auto open_metrics = [&](bool append) -> absl::Status {
-    metrics_rank = topo.rank == topo.topology.pipeline(0).stages() - 1;
-    writes_metrics = !args.metrics_out.empty() && (metrics_rank || args.metrics_all_ranks);
+    // One process per position reports (its tp rank 0).
+    metrics_rank = topo.rank == topo.topology.pipeline(0).stages() - 1 && topo.tp_rank == 0;
+    writes_metrics =
+        !args.metrics_out.empty() && topo.tp_rank == 0 && (metrics_rank || args.metrics_all_ranks);
     if (metrics.is_open()) metrics.close();
     if (!writes_metrics) return absl::OkStatus();
     const std::string path =
@@ -387,6 +390,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
   // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous.
   ASSIGN_OR_RETURN(FaultInjector faults, FaultInjector::FromEnvironment(topo.rank));
   ASSIGN_OR_RETURN(ProcessGroups groups, CreateProcessGroups(topo, has_tied, timeout, *backend));
+  if (groups.tp) {
+    ASSIGN_OR_RETURN(model, BuildModel(spec.model, TensorParallelOf(groups)));
+  }
   if (!args.profile_out.empty()) {
     started->store(true);
     return RunProfiler(spec, profile_batch, std::move(model), data, topo, groups, args.profile_out,
@@ -619,7 +625,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
         *e.mutable_step() = m;
         ReportToAgent(std::move(e));
       }
-      if (topo.rank == 0 || metrics_rank) {
+      if ((topo.rank == 0 && topo.tp_rank == 0) || metrics_rank) {
         if (step == 1 || step % 10 == 0 || step == topo.steps) {
           LOG(INFO) << who << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
                     << " grad_norm=" << absl::StrFormat("%.3f", r.grad_norm)
@@ -637,7 +643,7 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
                   << absl::StrFormat("%.3f",
                                      std::chrono::duration<double>(Clock::now() - c0).count())
                   << " s" << (spec.checkpoint.tempdir.empty() ? "" : " (upload continues)");
-        if (topo.rank == 0) {
+        if (topo.rank == 0 && topo.tp_rank == 0) {
           for (int64_t old : PruneCheckpoints(ckpt_dir, spec.checkpoint.keep)) {
             LOG(INFO) << who << " deleted old checkpoint " << CheckpointPath(ckpt_dir, old);
           }

@@ -187,6 +187,39 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
         absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
   }
   ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
+  // Tensor parallelism: everything below places positions (WorkerTopology).
+  const int tp = std::max(1, spec->parallel.tp_size);
+  t.tp_size = tp;
+  if (tp > 1) {
+    // What a tensor-parallel run does not do yet (Note [Tensor parallelism] in
+    // worker/tensor_parallel.cc).
+    const std::string what = absl::StrCat("parallel.tp_size = ", tp);
+    if (!args.profile_out.empty()) {
+      return absl::InvalidArgumentError(what +
+                                        ": profiling measures unsplit layers; profile with "
+                                        "tp_size 1");
+    }
+    if (args.in_place || args.join_in_place) {
+      return absl::InvalidArgumentError(
+          what +
+          ": a morph in place hands over full layers; run tp jobs with varuna-worker or "
+          "torchrun (the manager does not plan tensor parallelism yet)");
+    }
+    if (!spec->model.init_from.empty()) {
+      return absl::InvalidArgumentError(
+          what +
+          ": model.init_from loads unsplit Hugging Face tensors; start with tp_size 1 "
+          "and resume its checkpoint at any tp_size");
+    }
+  }
+  if (tp > 1 && env_world > 0) {
+    if (env_world % tp != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("WORLD_SIZE=", env_world, " is not a multiple of parallel.tp_size=", tp,
+                       " (world = ranks of the stage map or pipelines x tp_size)"));
+    }
+    env_world /= tp;
+  }
   if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
   if (args.pipelines || !spec->parallel.pipelines.empty()) {
     // Each pipeline's share comes from the pipelines themselves: a launcher's --batch-size
@@ -199,9 +232,11 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     }
     t.world_size = env_world > 0 ? env_world : t.topology.world_size();
     if (t.topology.world_size() != t.world_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Number of ranks in pipeline templates (", t.topology.world_size(),
-                       ") does not match world size (", t.world_size, ")."));
+      // Seed 004's wording, in processes: sum(stages per pipeline) x tp_size.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Number of ranks in pipeline templates (", t.topology.world_size() * tp,
+          tp > 1 ? absl::StrCat(" = ", t.topology.world_size(), " stages x tp_size ", tp) : "",
+          ") does not match world size (", t.world_size * tp, ")."));
     }
     RETURN_IF_ERROR(t.topology.Validate(num_segments, spec->train.global_batch));
     if (spec->parallel.micro_batch < 1) {
@@ -252,12 +287,14 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     return absl::InvalidArgumentError(
         absl::StrCat("WORLD_SIZE=", t.world_size, " but no rank: set RANK or pass --rank"));
   }
-  t.rank = args.rank.value_or(env_rank);
-  if (t.rank < 0 || t.rank >= t.world_size) {
+  const int process = args.rank.value_or(env_rank);
+  if (process < 0 || process >= t.world_size * tp) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank ", t.rank, " is outside the world of size ", t.world_size));
+        absl::StrCat("rank ", process, " is outside the world of size ", t.world_size * tp));
   }
-  ASSIGN_OR_RETURN(int env_local, EnvInt(env, "LOCAL_RANK", t.rank));
+  t.rank = process / tp;
+  t.tp_rank = process % tp;
+  ASSIGN_OR_RETURN(int env_local, EnvInt(env, "LOCAL_RANK", t.process_rank()));
   t.local_rank = args.local_rank.value_or(env_local);
   t.replica = t.topology.PipelineOf(t.rank);
   t.stage = t.topology.StageOf(t.rank);

@@ -64,10 +64,18 @@ using EnvGetter = std::function<std::optional<std::string>(const std::string&)>;
 std::optional<std::string> GetEnv(const std::string& name);
 
 // Everything a worker needs to know about its place in the job.
+// With tensor parallelism (parallel.tp_size > 1) the stage map and pipelines place
+// positions, each a group of tp_size processes (consecutive RANKs, one node): process RANK is
+// tp rank RANK mod tp_size of position RANK div tp_size. `rank` and `world_size` are then
+// positions; the rendezvous uses process_rank() and processes().
 struct WorkerTopology {
   int rank = 0;
   int local_rank = 0;
   int world_size = 1;
+  int tp_size = 1;
+  int tp_rank = 0;
+  int process_rank() const { return rank * tp_size + tp_rank; }
+  int processes() const { return world_size * tp_size; }
   // Every pipeline's stages, ranks and batch share (common/pipeline/topology.h). Uniform unless the
   // job has parallel.pipelines or the launcher passed --pipelines.
   Topology topology;

@@ -238,6 +238,39 @@ void FillModelDefaults(ModelSpec* m) {
   if (!llama) m->tie_embeddings = true;
 }
 
+absl::Status CheckTensorParallel(const ModelSpec& m, int tp) {
+  const std::string what = absl::StrCat("parallel.tp_size = ", tp);
+  if (m.kind == "torchscript") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": a TorchScript model cannot be split for tensor parallelism (its linear layers "
+        "are compiled into the segments, out of the engine's reach); use tp_size 1, or a "
+        "built-in model (gpt, mlp, llama)"));
+  }
+  if (m.kind == "gpt2") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what,
+        ": model.kind gpt2 does not split for tensor parallelism yet (gpt, mlp and llama "
+        "do)"));
+  }
+  auto divides = [&](const std::string& field, int64_t n, const std::string& why) {
+    if (n % tp == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(what, " does not divide ", field, " = ", n,
+                                                   ": each tensor-parallel rank holds ", why));
+  };
+  if (m.kind == "gpt" || m.kind == "llama") {
+    RETURN_IF_ERROR(divides(Name(m.kind, Field::kHeads), m.heads, "whole attention heads"));
+  }
+  if (m.kind == "llama") {
+    const int kv = m.kv_heads > 0 ? m.kv_heads : m.heads;
+    RETURN_IF_ERROR(divides(Name(m.kind, Field::kKvHeads), kv, "whole key-value heads"));
+    RETURN_IF_ERROR(divides(Name(m.kind, Field::kFfn), m.ffn, "an equal share of the MLP"));
+  } else {
+    RETURN_IF_ERROR(divides("4 x model.d_model", 4LL * m.d_model, "an equal share of the MLP"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateModel(const ModelSpec& m) {
   static const std::vector<std::string> kKinds = {"gpt", "mlp", "torchscript", "llama", "gpt2"};
   if (std::find(kKinds.begin(), kKinds.end(), m.kind) == kKinds.end()) {

@@ -56,6 +56,11 @@ void FillModelDefaults(ModelSpec* m);
 // The model's cross-field rules, in the kind's own key names: a key the kind does not take,
 // heads | d_model, kv_heads | heads, even head size for rotary, seq_len <= max_positions ...
 absl::Status ValidateModel(const ModelSpec& m);
+// Whether `m` can be split over `tp_size` tensor-parallel ranks (worker/tensor_parallel.h):
+// a built-in kind that splits (gpt, mlp, llama), whole heads (and key-value heads) and hidden
+// units per rank. Errors name the numbers.
+inline constexpr int kMaxTensorParallel = 64;
+absl::Status CheckTensorParallel(const ModelSpec& m, int tp_size);
 
 // The segments of a built-in kind, each the module names in it (the worker's layer names):
 // one segment per cut, e.g. llama: [model.embed_tokens] [model.layers.0] .. [model.norm,

@@ -22,11 +22,12 @@ using ::varuna::testing::StatusIs;
 
 constexpr int kSeqLen = 8;
 
-ModelSpec GptSpec() {
+ModelSpec GptSpec(int heads = 2, double dropout = 0) {
   ModelSpec spec;
   spec.layers = 4;
   spec.d_model = 32;
-  spec.heads = 2;
+  spec.heads = heads;
+  spec.dropout = dropout;
   spec.seq_len = kSeqLen;
   spec.vocab = 64;
   return spec;
@@ -52,6 +53,8 @@ struct RankResult {
   absl::Status status;
   int early_buckets = 0, buckets = 0;  // of the last step
   StepResult last;
+  std::map<std::string, ShardSpec> shards;  // tensor parallelism: the sharded parameters
+  std::vector<std::pair<std::string, torch::Tensor>> initial;  // before the first step
 };
 
 struct RunOptions {
@@ -62,11 +65,16 @@ struct RunOptions {
   int64_t first_bucket_bytes = 1 << 20;
   std::chrono::milliseconds timeout{20000};
   int die_at_step = -1;  // rank 0 stops taking part before this step
+  int tp = 1;            // processes per position (Note [Tensor parallelism])
+  int heads = 2;
+  double dropout = 0;
+  SchedulePolicy schedule = SchedulePolicy::kVaruna;
 };
 
-// Trains `topology` with one thread per rank; returns each rank's results.
+// Trains `topology` with one thread per rank (o.tp per position); returns each process's
+// results, in process order (position x tp + tp rank).
 std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
-  const int world = topology.world_size();
+  const int world = topology.world_size() * o.tp;
   // Batches are drawn up front: the generator is shared by the rank threads.
   std::vector<TensorMap> batches;
   for (int s = 0; s < o.steps; ++s) batches.push_back(Batch(s, topology.global_batch()));
@@ -74,18 +82,21 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
   auto shared = std::make_shared<ThreadWorld>();
   std::vector<RankResult> results(world);
   std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      RankResult& out = results[r];
+  for (int process = 0; process < world; ++process) {
+    threads.emplace_back([&, process] {
+      RankResult& out = results[process];
+      const int r = process / o.tp;
       ThreadFactory factory(shared);
-      absl::StatusOr<Model> model = BuildModel(GptSpec());
-      if (!model.ok()) {
-        out.status = model.status();
-        return;
-      }
-      auto groups = CreateGroups(factory, topology, r, !model->tied().empty(), o.timeout);
+      const bool tied = !BuildModel(GptSpec())->tied().empty();
+      auto groups = CreateGroups(factory, topology, process, tied, o.timeout, o.tp);
       if (!groups.ok()) {
         out.status = groups.status();
+        return;
+      }
+      absl::StatusOr<Model> model =
+          BuildModel(GptSpec(o.heads, o.dropout), TensorParallelOf(*groups));
+      if (!model.ok()) {
+        out.status = model.status();
         return;
       }
       VarunaOptions opts;
@@ -94,11 +105,15 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       opts.overlap_allreduce = o.overlap;
       opts.bucket_bytes = o.bucket_bytes;
       opts.first_bucket_bytes = o.first_bucket_bytes;
+      opts.schedule = o.schedule;
       auto engine = Varuna::Create(*std::move(model), topology, r, *std::move(groups), dummy,
                                    o.chunk, torch::kCPU, opts);
       if (!engine.ok()) {
         out.status = engine.status();
         return;
+      }
+      for (auto& [name, p] : (*engine)->named_parameters()) {
+        out.initial.emplace_back(name, p.detach().clone());
       }
       (*engine)->set_optimizer(std::make_shared<torch::optim::AdamW>(
           (*engine)->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0)));
@@ -119,6 +134,7 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       for (auto& [name, p] : (*engine)->named_parameters()) {
         out.params.emplace_back(name, p.detach().clone());
       }
+      out.shards = (*engine)->sharded_parameters();
     });
   }
   for (auto& t : threads) t.join();
@@ -186,6 +202,60 @@ TEST(EngineTest, HeterogeneousPipelinesMatchOneProcess) {
   for (const auto& r : got) ASSERT_TRUE(r.status.ok()) << r.status;
   ExpectClose(got[1].losses, reference[0].losses, 1e-5);
   ExpectClose(got[2].losses, reference[0].losses, 1e-5);
+}
+
+// Note [Tensor parallelism] (worker/tensor_parallel.cc): tp_size processes per stage compute
+// what one process does, alone and in P x D and heterogeneous mixes, under several schedules,
+// from the same initial model. (Dropout is checked with processes, tests/e2e: threads share
+// one random generator.)
+TEST(EngineTest, TensorParallelMatchesOneProcess) {
+  RunOptions o;
+  o.heads = 4;
+  const auto reference = Train(Uniform(1, 1, 8), o);
+  ASSERT_TRUE(reference[0].status.ok()) << reference[0].status;
+  struct Case {
+    std::string topology;
+    int tp;
+    SchedulePolicy schedule;
+  };
+  for (const Case& c : std::vector<Case>{{"0,6:8", 2, SchedulePolicy::kVaruna},
+                                         {"0,6:8", 4, SchedulePolicy::k1F1B},
+                                         {"0,3,6:4;0,3,6:4", 2, SchedulePolicy::kVaruna},
+                                         {"0,3,6:4;0,3,6:4", 2, SchedulePolicy::kZbH1},
+                                         {"0,3,6:6;0,6:2", 2, SchedulePolicy::k1F1B}}) {
+    SCOPED_TRACE(absl::StrCat(c.topology, " tp=", c.tp, " ", SchedulePolicyName(c.schedule)));
+    ASSERT_OK_AND_ASSIGN(Topology t, Topology::Parse(c.topology));
+    RunOptions tp = o;
+    tp.tp = c.tp;
+    tp.schedule = c.schedule;
+    const auto got = Train(t, tp);
+    for (const auto& r : got) ASSERT_TRUE(r.status.ok()) << r.status;
+    // Every last stage's processes report the reference's loss and parameter count.
+    for (int k = 0; k < t.num_pipelines(); ++k) {
+      const int last = t.pipeline(k).first_rank + t.pipeline(k).stages() - 1;
+      for (int j = 0; j < c.tp; ++j) {
+        ExpectClose(got[last * c.tp + j].losses, reference[0].losses, 1e-5);
+        EXPECT_EQ(got[last * c.tp + j].last.model_parameters, reference[0].last.model_parameters);
+      }
+    }
+    if (c.topology != "0,6:8") continue;
+    // One position: its processes' initial slices join into the unsplit model's parameters
+    // (trained ones are compared through the losses: Adam turns the round-off of gradients
+    // that are zero in exact arithmetic, such as an attention key's bias, into whole steps).
+    const auto& shards = got[0].shards;
+    EXPECT_EQ(shards.count("blocks.0.qkv.weight"), 1u);
+    EXPECT_EQ(shards.count("blocks.0.ln1.weight"), 0u);
+    for (size_t i = 0; i < reference[0].initial.size(); ++i) {
+      const auto& [name, want] = reference[0].initial[i];
+      torch::Tensor have = got[0].initial[i].second;
+      if (auto it = shards.find(name); it != shards.end()) {
+        std::vector<torch::Tensor> parts;
+        for (int j = 0; j < c.tp; ++j) parts.push_back(got[j].initial[i].second);
+        have = JoinShards(parts, it->second);
+      }
+      EXPECT_TRUE(torch::equal(have, want)) << name;
+    }
+  }
 }
 
 // Note [Overlapped all-reduce] (worker/gradient_reducer.cc): posting buckets from the backward's

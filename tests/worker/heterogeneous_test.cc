@@ -72,8 +72,16 @@ TEST(HeterogeneousParallelPluginTest, TheSeedsErrors) {
       auto two, PipelineTemplate::Create("gpt", {{"embed", "blocks.0"}, {"blocks.1", "head"}}, m));
   ASSERT_OK_AND_ASSIGN(auto one,
                        PipelineTemplate::Create("gpt", {PipelineTemplate::GetModules(m)}, m));
-  EXPECT_THAT(HeterogeneousParallelPlugin::Create(2, 2).status(),
-              StatusIs(absl::StatusCode::kUnimplemented, "not supported yet"));
+  EXPECT_THAT(HeterogeneousParallelPlugin::Create(0, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "tp_size must be in [1, 64], got 0"));
+  // world = sum(stages per pipeline) x tp_size.
+  ASSERT_OK_AND_ASSIGN(auto tp2, HeterogeneousParallelPlugin::Create(2, 2));
+  EXPECT_THAT(tp2.SetPipelines({two, one}, {{two, 4}, {one, 1}}, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "Number of ranks in pipeline templates (6) does not match world "
+                       "size (3)."));
+  EXPECT_THAT(tp2.SetPipelines({two, one}, {{two, 4}, {one, 1}}, 6), IsOk());
+  EXPECT_EQ(tp2.topology().world_size(), 3);  // positions, each of tp_size processes
   EXPECT_THAT(HeterogeneousParallelPlugin::Create(1, 0).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, ""));
   EXPECT_THAT(HeterogeneousParallelPlugin::Create(1, 2, "fp8").status(),

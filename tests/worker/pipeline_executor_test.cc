@@ -164,8 +164,9 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineExecutorTest,
                            return name;
                          });
 
-// Note [Deferred weight gradients]: B (the backward without the recorded weights) then W
-// (Apply) gives autograd's gradients, in both weight layouts, with a bias and a 3-D input.
+// Note [Deferred weight gradients] in worker/linear.cc. B (the backward without the recorded
+// weights) then W (Apply) gives autograd's gradients, in both weight layouts, with a bias and a 3-D
+// input.
 TEST(LinearTest, DeferredWeightGradientsEqualAutograd) {
   for (WeightLayout layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
     torch::manual_seed(3);

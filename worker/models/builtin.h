@@ -11,8 +11,8 @@
 
 namespace varuna {
 
-Model LlamaModel(const ModelSpec& spec);  // worker/models/llama.cc
-Model Gpt2Model(const ModelSpec& spec);   // worker/models/gpt2.cc
+Model LlamaModel(const ModelSpec& spec, const TensorParallel& tp);  // worker/models/llama.cc
+Model Gpt2Model(const ModelSpec& spec);                             // worker/models/gpt2.cc
 
 // "lm_head": logits = x W^T (W [vocab, d], no bias), then the mean cross-entropy against
 // the labels. Shared by llama and gpt2 (where W is tied to the token embedding).

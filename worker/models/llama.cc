@@ -24,7 +24,9 @@ namespace F = torch::nn::functional;
 
 torch::Tensor Normal(std::vector<int64_t> shape) { return torch::randn(shape) * 0.02; }
 
-Linear Proj(int in, int out) { return Linear(in, out, /*bias=*/false); }
+Linear Proj(int in, int out, TpSplit split, const TensorParallel& tp) {
+  return Linear(in, out, /*bias=*/false, split, tp);
+}
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
   auto h = x.to(torch::kFloat);
@@ -54,34 +56,39 @@ struct NormWeight : torch::nn::Module {
   torch::Tensor weight;
 };
 
+// With tensor parallelism (Note [Tensor parallelism]) `heads` and `kv_heads` are this rank's:
+// q, k, v column-parallel, o row-parallel.
 struct Attention : torch::nn::Module {
-  Attention(const ModelSpec& s) : heads(s.heads), kv_heads(s.kv_heads), hd(s.d_model / s.heads) {
-    q_proj = register_module("q_proj", Proj(s.d_model, heads * hd));
-    k_proj = register_module("k_proj", Proj(s.d_model, kv_heads * hd));
-    v_proj = register_module("v_proj", Proj(s.d_model, kv_heads * hd));
-    o_proj = register_module("o_proj", Proj(heads * hd, s.d_model));
+  Attention(const ModelSpec& s, const TensorParallel& tp)
+      : heads(s.heads / tp.size), kv_heads(s.kv_heads / tp.size), hd(s.d_model / s.heads) {
+    const int64_t all = s.heads * hd, all_kv = s.kv_heads * hd;
+    q_proj = register_module("q_proj", Proj(s.d_model, all, TpSplit::kColumn, tp));
+    k_proj = register_module("k_proj", Proj(s.d_model, all_kv, TpSplit::kColumn, tp));
+    v_proj = register_module("v_proj", Proj(s.d_model, all_kv, TpSplit::kColumn, tp));
+    o_proj = register_module("o_proj", Proj(all, s.d_model, TpSplit::kRow, tp));
   }
   int64_t heads, kv_heads, hd;
   Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 };
 
 struct Mlp : torch::nn::Module {
-  Mlp(int d, int ffn) {
-    gate_proj = register_module("gate_proj", Proj(d, ffn));
-    up_proj = register_module("up_proj", Proj(d, ffn));
-    down_proj = register_module("down_proj", Proj(ffn, d));
+  Mlp(int d, int ffn, const TensorParallel& tp) {
+    gate_proj = register_module("gate_proj", Proj(d, ffn, TpSplit::kColumn, tp));
+    up_proj = register_module("up_proj", Proj(d, ffn, TpSplit::kColumn, tp));
+    down_proj = register_module("down_proj", Proj(ffn, d, TpSplit::kRow, tp));
   }
   Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 };
 
 class DecoderLayer : public Layer {
  public:
-  explicit DecoderLayer(const ModelSpec& s) : eps_(s.norm_eps), dropout_(s.dropout) {
+  DecoderLayer(const ModelSpec& s, const TensorParallel& tp)
+      : eps_(s.norm_eps), dropout_(s.dropout), all_heads_(s.heads), tp_(tp) {
     input_norm_ = register_module("input_layernorm", std::make_shared<NormWeight>(s.d_model));
-    attn_ = register_module("self_attn", std::make_shared<Attention>(s));
+    attn_ = register_module("self_attn", std::make_shared<Attention>(s, tp));
     post_norm_ =
         register_module("post_attention_layernorm", std::make_shared<NormWeight>(s.d_model));
-    mlp_ = register_module("mlp", std::make_shared<Mlp>(s.d_model, s.ffn));
+    mlp_ = register_module("mlp", std::make_shared<Mlp>(s.d_model, s.ffn, tp));
     const int64_t hd = s.d_model / s.heads;
     inv_freq_ = 1.0 / torch::pow(s.rope_theta, torch::arange(0, hd, 2, torch::kFloat) / hd);
   }
@@ -89,7 +96,7 @@ class DecoderLayer : public Layer {
   torch::Tensor Forward(const torch::Tensor& x, const TensorMap&) override {
     const int64_t b = x.size(0), t = x.size(1);
     const int64_t h = attn_->heads, kv = attn_->kv_heads, hd = attn_->hd;
-    auto a = RmsNorm(x, input_norm_->weight, eps_);
+    auto a = CopyToTensorParallel(RmsNorm(x, input_norm_->weight, eps_), tp_);
     auto q = attn_->q_proj(a).view({b, t, h, hd}).transpose(1, 2);
     auto k = attn_->k_proj(a).view({b, t, kv, hd}).transpose(1, 2);
     auto v = attn_->v_proj(a).view({b, t, kv, hd}).transpose(1, 2);
@@ -106,15 +113,21 @@ class DecoderLayer : public Layer {
     auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
     auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
     att = torch::softmax(att.masked_fill(mask, -INFINITY), -1, torch::kFloat).to(q.scalar_type());
-    att = F::dropout(att, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+    if (tp_.enabled() && is_training() && dropout_ > 0) {
+      att = HeadSliceDropout(att, all_heads_, dropout_, tp_);
+    } else {
+      att = F::dropout(att, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+    }
     auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, h * hd});
     auto r = x + attn_->o_proj(y);
-    auto m = RmsNorm(r, post_norm_->weight, eps_);
+    auto m = CopyToTensorParallel(RmsNorm(r, post_norm_->weight, eps_), tp_);
     return r + mlp_->down_proj(torch::silu(mlp_->gate_proj(m)) * mlp_->up_proj(m));
   }
 
  private:
   double eps_, dropout_;
+  int all_heads_;
+  TensorParallel tp_;
   std::shared_ptr<NormWeight> input_norm_, post_norm_;
   torch::Tensor inv_freq_;
   std::shared_ptr<Attention> attn_;
@@ -137,7 +150,7 @@ class FinalNorm : public Layer {
 
 }  // namespace
 
-Model LlamaModel(const ModelSpec& s) {
+Model LlamaModel(const ModelSpec& s, const TensorParallel& tp) {
   Model m;
   const double d = s.d_model, t = s.seq_len;
   const double kv = static_cast<double>(s.kv_heads) * (s.d_model / s.heads);
@@ -148,7 +161,7 @@ Model LlamaModel(const ModelSpec& s) {
     // The planner's cost model (common/planner/profile.cc) counts the same FLOPs.
     m.Add(absl::StrCat("model.layers.", i),
           2 * t * (2 * d * d + 2 * d * kv + 3 * d * s.ffn) + 4 * t * t * d,
-          [s] { return std::make_shared<DecoderLayer>(s); });
+          [s, tp] { return std::make_shared<DecoderLayer>(s, tp); });
   }
   m.Add(CutPoint{});
   m.Add("model.norm", t * d, [s] { return std::make_shared<FinalNorm>(s.d_model, s.norm_eps); });
