@@ -179,6 +179,14 @@ absl::StatusOr<JobSpec> JobController::Admit(const v1::SubmitRequest& req) {
     return absl::InvalidArgumentError(
         "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
   }
+  if (spec.parallel.tp_size > 1) {
+    // Note [Tensor parallelism] in worker/tensor_parallel.cc: plans, morphs and rescues do not
+    // know tp yet.
+    return absl::UnimplementedError(absl::StrCat(
+        "job spec: parallel.tp_size = ", spec.parallel.tp_size,
+        ": the manager does not plan tensor-parallel jobs yet; run them with varuna-worker or "
+        "torchrun (WORLD_SIZE = stages x replicas x tp_size)"));
+  }
   return spec;
 }
 

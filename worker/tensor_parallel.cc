@@ -54,11 +54,11 @@ torch::Tensor JoinShards(const std::vector<torch::Tensor>& shards, const ShardSp
 //    transfers, the data-parallel reduction per (layer, tp rank) and the tied weights need no
 //    change; only the layers talk across slices, through the tp group.
 //  - Layers. f and g (tensor_parallel.h) are built from plain autograd pieces, so they need no
-//    custom Function: g, y = x + (sum(x) - x).detach(), has the sum as its value and the
-//    identity as its gradient; f is a view of x whose gradient hook returns the group's sum.
-//    They communicate on the thread that runs the forward or backward, in layer order, which
-//    is the same on every tp rank of a stage: the ranks run the same task list, and with tp
-//    the executor does no run-time reordering (StageConfig::reorder).
+//    custom Function: g, y = sum(x) + (x - x.detach()), has exactly the sum as its value (the
+//    same bits on every tp rank) and the identity as its gradient; f is a view of x whose gradient
+//    hook returns the group's sum. They communicate on the thread that runs the forward or
+//    backward, in layer order, which is the same on every tp rank of a stage: the ranks run the
+//    same task list, and with tp the executor does no run-time reordering (StageConfig::reorder).
 //  - Replicated work. Embeddings, norms, the head and dropout outside the heads are computed
 //    identically on every tp rank (the same seed per position; the attention dropout draws
 //    every head's mask, HeadSliceDropout), so their gradients agree without a reduction.
@@ -92,7 +92,8 @@ torch::Tensor ReduceFromTensorParallel(const torch::Tensor& x, const TensorParal
     AllReduceInPlace(sum, tp);
   }
   if (!x.requires_grad()) return sum;
-  return x + (sum - x.detach());
+  // Exactly the sum (x - x is 0), so every tp rank holds the same bits; gradient: identity.
+  return sum + (x - x.detach());
 }
 
 torch::Tensor HeadSliceDropout(const torch::Tensor& att, int heads, double p,

@@ -416,8 +416,9 @@ absl::Status RunWorker(const std::vector<std::string>& argv) {
     VarunaOptions opts = base_opts;
     opts.schedule = schedule;
     // Note [Committed step] in varuna.cc: only a job that can be rescued or regrouped pays.
+    // Tensor-parallel jobs neither rescue nor regroup (Note [Tensor parallelism]).
     opts.keep_pre_update = spec.checkpoint.commit && t.topology.world_size() > 1 &&
-                           (!spec.checkpoint.dir.empty() || args.in_place);
+                           t.tp_size == 1 && (!spec.checkpoint.dir.empty() || args.in_place);
     opts.faults = std::move(f);
     ASSIGN_OR_RETURN(auto e, Varuna::Create(std::move(m), t.topology, t.rank, std::move(g),
                                             data.Batch(0, 2), t.micro_batch, *device, opts));

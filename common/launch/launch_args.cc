@@ -212,7 +212,12 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
           "and resume its checkpoint at any tp_size");
     }
   }
-  if (tp > 1 && env_world > 0) {
+  if (tp > 1 && env_world <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.tp_size = ", tp, " needs WORLD_SIZE (ranks of the stage map or pipelines x ", tp,
+        " processes) and RANK: launch with torchrun or scripts/run_local.sh"));
+  }
+  if (tp > 1) {
     if (env_world % tp != 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("WORLD_SIZE=", env_world, " is not a multiple of parallel.tp_size=", tp,

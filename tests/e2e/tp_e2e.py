@@ -137,6 +137,12 @@ class BadInputTest(CheckpointFixture):
         self.expect_error(self.job("w3", model={"heads": 4}, parallel={"tp_size": 2}),
                           "WORLD_SIZE=3 is not a multiple of parallel.tp_size=2", world=3)
         self.expect_error(self.job("t0", parallel={"tp_size": 0}), "parallel.tp_size")
+        # A single process (no torchrun environment) cannot be tp_size processes.
+        env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK")}
+        p = subprocess.run([harness.WORKER, "--job", self.job("solo", parallel={"tp_size": 2})],
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("parallel.tp_size = 2 needs WORLD_SIZE", p.stderr.strip().splitlines()[-1])
         ts = self.job("ts", model={"kind": "torchscript", "path": self.tmp},
                       parallel={"tp_size": 2})
         self.expect_error(ts, "a TorchScript model cannot be split for tensor parallelism")

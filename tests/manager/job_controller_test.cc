@@ -133,6 +133,18 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
   EXPECT_THAT(JobController::Admit(long_id).status().message(), HasSubstr("request_id"));
 }
 
+// Note [Tensor parallelism] in worker/tensor_parallel.cc: the manager does not plan tp jobs
+// yet; it says so instead of launching WORLD_SIZEs the workers would reject.
+TEST_F(JobControllerTest, TensorParallelJobsAreRefusedWithTheReason) {
+  v1::SubmitRequest req;
+  req.set_spec_yaml(Spec("parallel: {tp_size: 2}"));
+  auto spec = JobController::Admit(req);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("parallel.tp_size = 2: the manager does not plan tensor-parallel jobs"));
+}
+
 TEST_F(JobControllerTest, PendingJobWaitsForSlotsThenStarts) {
   AddNode("a", 1);
   const std::string id = Submit(Spec());

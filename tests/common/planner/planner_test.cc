@@ -20,6 +20,7 @@ namespace varuna {
 namespace {
 
 using ::testing::HasSubstr;
+using ::varuna::testing::StatusIs;
 
 SimInput Equal(SchedulePolicy policy, int P, int M, double f, double b) {
   SimInput in;
@@ -277,6 +278,12 @@ TEST(AutoConfigTest, InfeasibleInputsSayWhy) {
               HasSubstr("resources.min_slots = 8"));
   spec.resources.min_slots = 1;
   EXPECT_THAT(PlanShapes(spec, p, {{}}).status().message(), HasSubstr("no free slots"));
+  // Tensor parallelism is not planned yet: said, not ignored.
+  spec.parallel.tp_size = 2;
+  EXPECT_THAT(PlanShapes(spec, p, {{4}}).status(),
+              StatusIs(absl::StatusCode::kUnimplemented,
+                       "parallel.tp_size = 2: AutoConfig does not plan tensor parallelism"));
+  spec.parallel.tp_size = 1;
   // A global batch no width divides (with a fixed width).
   spec.train.global_batch = 7;
   spec.parallel.replicas = 2;
