@@ -74,6 +74,13 @@ void LoadOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
 
 std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
+// The per-layer keys that hold a slice of a sharded parameter with tensor parallelism: the
+// parameter and its optimizer state of SaveOptimizerState's shapes (Adam's step is a scalar).
+std::vector<std::string> ShardedKeys(const std::string& name) {
+  return {"param." + name, "opt." + name + ".exp_avg", "opt." + name + ".exp_avg_sq",
+          "opt." + name + ".momentum_buffer"};
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
@@ -406,9 +413,7 @@ absl::Status Varuna::GatherShards(
     if (!mine[i]) continue;
     c10::Dict<std::string, at::Tensor>& d = (*snapshot)[k++].second;
     for (const auto& [name, spec] : layer_shards_[i]) {
-      for (const std::string& key :
-           {"param." + name, "opt." + name + ".exp_avg", "opt." + name + ".exp_avg_sq",
-            "opt." + name + ".momentum_buffer"}) {
+      for (const std::string& key : ShardedKeys(name)) {
         auto it = d.find(key);
         if (it == d.end()) continue;
         ASSIGN_OR_RETURN(std::vector<torch::Tensor> parts, AllGather(it->value(), tp_));
@@ -430,9 +435,7 @@ absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor
     if (tp_.enabled()) {
       local = in.copy();
       for (const auto& [name, spec] : layer_shards_[i]) {
-        for (const std::string& key :
-             {"param." + name, "opt." + name + ".exp_avg", "opt." + name + ".exp_avg_sq",
-              "opt." + name + ".momentum_buffer"}) {
+        for (const std::string& key : ShardedKeys(name)) {
           auto it = in.find(key);
           if (it == in.end()) continue;
           const int64_t dim = spec.dim, n = it->value().dim() > dim ? it->value().size(dim) : 0;
