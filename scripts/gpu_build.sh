@@ -15,7 +15,14 @@ if [[ ! -d .gpudeps ]] || ! ls .gpudeps/*.deb >/dev/null 2>&1; then
 fi
 mkdir -p "$deps"
 for f in .gpudeps/*.deb; do dpkg -x "$f" "$deps"; done
+# Debian's gloo headers, which CMake uses only if the wheel ships none (CMakeLists.txt).
+gloo=/tmp/varuna-gloo
+for f in .gpudeps/gloo/*.deb; do
+  if [[ -e $f ]]; then dpkg -x "$f" "$gloo"; fi
+done
 libdir=$deps/usr/lib/x86_64-linux-gnu
+# glog's CMake config names its find modules by absolute path (/usr/share/glog/cmake).
+sed -i "s|\"/usr/share/glog/cmake\"|\"$deps/usr/share/glog/cmake\"|" "$libdir/cmake/glog/glog-modules.cmake"
 export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$deps/usr/bin:$PATH
 torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
@@ -24,8 +31,11 @@ torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)'
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DVARUNA_CUDA=ON \
-  -DVARUNA_BUILD_TESTS=OFF -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
+  -DVARUNA_WORKER_ONLY=ON -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
+  -DVARUNA_GLOO_FALLBACK="$gloo/usr/include" \
   -DProtobuf_PROTOC_EXECUTABLE="$deps/usr/bin/protoc" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0
-cmake --build "$build" -j "$(nproc)" --target varuna-worker
+# Keep going past the first error: one GPU session should show every error there is.
+keep=(-k); [[ ${#gen[@]} -gt 0 ]] && keep=(-k 0)
+cmake --build "$build" -j "$(nproc)" --target varuna-worker -- "${keep[@]}"
 echo "gpu_build: $build/bin/varuna-worker (LD_LIBRARY_PATH=$libdir)"

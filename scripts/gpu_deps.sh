@@ -15,4 +15,8 @@ apt-get download \
   libgoogle-glog-dev libgoogle-glog0v6 libgflags-dev libgflags2.2 libunwind-dev libunwind8 \
   libsqlite3-dev libsqlite3-0 libre2-9 libre2-dev libc-ares2 libc-ares-dev \
   libssl-dev libssl3 zlib1g-dev libupb-dev libsystemd-dev 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
+# Gloo's headers, for a PyTorch wheel that ships none (c10d's ProcessGroupGloo.hpp includes
+# them): kept apart in gloo/, unpacked only to stand in for those (scripts/gpu_build.sh).
+mkdir -p gloo
+(cd gloo && apt-get download libgloo-dev 2>&1 | grep -v '^W: Download is performed unsandboxed' || true)
 echo "gpu_deps: $(ls *.deb | wc -l) packages, $(du -sh . | cut -f1) in .gpudeps/"

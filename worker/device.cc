@@ -17,9 +17,10 @@ namespace varuna {
 namespace {
 
 at::Generator CudaGenerator(const torch::Device& device) {
-  // Through the hooks interface, so a CPU-only LibTorch links: it is never called there.
-  return at::detail::getCUDAHooks().getDefaultCUDAGenerator(device.has_index() ? device.index()
-                                                                               : -1);
+  // Through the context (the hooks interface underneath), so a CPU-only LibTorch links: it is
+  // never called there. The hook itself is getDefaultCUDAGenerator in 1.13, getDefaultGenerator
+  // in 2.x; Context::defaultGenerator is the same in both. No index: the current device's.
+  return at::globalContext().defaultGenerator(device);
 }
 
 torch::Tensor StateOf(at::Generator gen) {

@@ -79,10 +79,12 @@ class MappedLayer {
         context->addStorage(key, c10::Storage(c10::Storage::use_byte_size_t(), m->size_ - offset,
                                               std::move(ptr), nullptr, /*resizable=*/false));
       }
-      auto dict = torch::jit::readArchiveAndTensors(
-                      "data", "", "", c10::nullopt, c10::nullopt, c10::nullopt, reader,
-                      torch::jit::Unpickler::defaultTypeParser, context)
-                      .toGenericDict();
+      // No type resolver, object loader or device: {} is an empty optional in both
+      // LibTorch 1.13 (c10::optional) and 2.x (std::optional).
+      auto dict =
+          torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader,
+                                            torch::jit::Unpickler::defaultTypeParser, context)
+              .toGenericDict();
       for (const auto& e : dict) {
         const at::Tensor t = e.value().toTensor();
         // Every tensor must lie inside its record (a checkpoint is verified before export;

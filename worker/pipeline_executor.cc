@@ -1,6 +1,7 @@
 #include "worker/pipeline_executor.h"
 
 #include <ATen/autocast_mode.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <deque>
@@ -37,6 +38,24 @@ struct Graph {
   torch::Tensor output;
 };
 
+// Turns autocast on `type` (kCPU or kCUDA) on or off; `dtype` is its lower precision. LibTorch
+// 2.4 replaced set_cpu_enabled / set_enabled and set_autocast_{cpu,gpu}_dtype (deprecated
+// since, with a run-time warning) with these per-device-type calls.
+void SetAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype = at::kBFloat16) {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
+  at::autocast::set_autocast_enabled(type, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(type, dtype);
+#else
+  if (type == at::kCPU) {
+    at::autocast::set_cpu_enabled(enabled);
+    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
+  } else {
+    at::autocast::set_enabled(enabled);
+    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
+  }
+#endif
+}
+
 std::vector<TensorMap> Split(const TensorMap& inputs, int64_t chunk_size, torch::Device device,
                              std::vector<int64_t>* sizes) {
   const int64_t n = inputs.begin()->second.size(0);
@@ -67,17 +86,15 @@ torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
   const bool bf16 = precision == Precision::kBf16;
   const bool cuda_fp16 = precision == Precision::kFp16 && device.is_cuda();
   if (bf16 && device.is_cpu()) {
-    at::autocast::set_cpu_enabled(true);
-    at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+    SetAutocast(at::kCPU, true, at::kBFloat16);
   } else if (bf16 || cuda_fp16) {
-    at::autocast::set_enabled(true);
-    at::autocast::set_autocast_gpu_dtype(bf16 ? at::kBFloat16 : at::kHalf);
+    SetAutocast(at::kCUDA, true, bf16 ? at::kBFloat16 : at::kHalf);
   }
   torch::Tensor h = x;
   for (const auto& l : layers) h = l->Forward(h, inputs);
   if (bf16 || cuda_fp16) {
-    at::autocast::set_cpu_enabled(false);
-    at::autocast::set_enabled(false);
+    SetAutocast(at::kCPU, false);
+    SetAutocast(at::kCUDA, false);
     at::autocast::clear_cache();
   }
   return h;

@@ -357,8 +357,9 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(topo.master_port);
     o.isServer = topo.process_rank() == 0 && !topo.store_is_external;
-    o.numWorkers =
-        topo.store_is_external ? c10::nullopt : c10::optional<std::size_t>(topo.processes());
+    // c10::optional in LibTorch 1.13, std::optional in 2.x.
+    using Workers = decltype(o.numWorkers);
+    o.numWorkers = topo.store_is_external ? Workers() : Workers(topo.processes());
     o.waitWorkers = false;
     o.timeout = timeout;
     c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);

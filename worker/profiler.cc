@@ -1,6 +1,7 @@
 #include "worker/profiler.h"
 
 #include <c10/core/Allocator.h>
+#include <torch/version.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,10 +35,15 @@ class TrackingAllocator final : public c10::Allocator {
   static constexpr size_t kHeader = 64;
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
 
-  c10::DataPtr allocate(size_t n) const override {
-    void* p = Raw(n);
-    return {p, p, &RawDelete, c10::Device(c10::DeviceType::CPU)};
+  // LibTorch 2.3 made allocate() non-const and added the pure virtual copy_data().
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
+  c10::DataPtr allocate(size_t n) override { return Allocate(n); }
+  void copy_data(void* dest, const void* src, size_t count) const override {
+    default_copy_data(dest, src, count);
   }
+#else
+  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
+#endif
   c10::DeleterFnPtr raw_deleter() const override { return &RawDelete; }
 
   static int64_t current() { return current_.load(); }
@@ -45,6 +51,10 @@ class TrackingAllocator final : public c10::Allocator {
   static void ResetPeak() { peak_.store(current_.load()); }
 
  private:
+  c10::DataPtr Allocate(size_t n) const {
+    void* p = Raw(n);
+    return {p, p, &RawDelete, c10::Device(c10::DeviceType::CPU)};
+  }
   void* Raw(size_t n) const {
     char* block = static_cast<char*>(base_->raw_allocate(n + kHeader));
     *reinterpret_cast<size_t*>(block) = n;

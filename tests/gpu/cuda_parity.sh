@@ -4,6 +4,8 @@
 #   2. A 2-stage pipeline of two processes sharing the one GPU (gloo between them, boundary
 #      tensors through pinned host memory) vs the CPU run: within 1e-4 relative.
 #   3. bf16 autocast on the GPU trains (finite losses, the last below the first).
+#   4. Tensor parallelism on CUDA tensors: tp 2 as two processes sharing the GPU (gloo between
+#      them: NCCL refuses two ranks on one device) vs the CPU run: within 1e-4 relative.
 # Prints every step's losses and exits non-zero on any failure. Exit 77 (skip) without a GPU.
 # Usage (after scripts/gpu_build.sh): tests/gpu/cuda_parity.sh [WORKER]
 set -euo pipefail
@@ -16,14 +18,14 @@ PYTHON=${PYTHON:-python3}
 tmp=$(mktemp -d /tmp/cuda-parity.XXXXXX)
 cat docs/*.md README.md > "$tmp/corpus.txt"
 
-job() {  # name device precision
+job() {  # name device precision [tp_size] [stages]
   cat > "$tmp/$1.yaml" <<YAML
 name: $1
 model: {kind: gpt, layers: 4, d_model: 128, heads: 4, seq_len: 64, vocab: 256, dropout: 0.0}
 data: {kind: text, path: "$tmp/corpus.txt"}
 train: {global_batch: 16, steps: 20, optimizer: adamw, lr: 1e-3, warmup: 0, schedule: constant,
         clip_grad_norm: 1.0, precision: $3, device: $2, seed: 3}
-parallel: {stages: 1, micro_batch: 4, schedule: varuna, timeout_s: 120}
+parallel: {stages: ${5:-1}, micro_batch: 4, schedule: varuna, timeout_s: 120, tp_size: ${4:-1}}
 YAML
 }
 run() {  # name ranks map
@@ -34,19 +36,20 @@ run() {  # name ranks map
 }
 job cpu cpu fp32 && run cpu 1 "0;"
 job gpu cuda fp32 && run gpu 1 "0;"
-job pipe cuda fp32 && run pipe 2 "0;1;"
+job pipe cuda fp32 1 2 && run pipe 2 "0;1;"
 job bf16 cuda bf16 && run bf16 1 "0;"
+job tp cuda fp32 2 && run tp 2 "0;"
 "$PYTHON" - "$tmp" <<'PY'
 import json, math, sys
 tmp = sys.argv[1]
 def losses(n):
     return [json.loads(l)["loss"] for l in open(f"{tmp}/{n}.jsonl") if l.strip()]
 ref, ok = losses("cpu"), True
-print("step | cpu | gpu | 2-stage on one gpu | bf16 gpu")
+print("step | cpu | gpu | 2-stage on one gpu | tp 2 on one gpu | bf16 gpu")
 b = losses("bf16")
-for i, (c, g, p) in enumerate(zip(ref, losses("gpu"), losses("pipe"))):
-    print(f"{i + 1} | {c:.7f} | {g:.7f} | {p:.7f} | {b[i]:.5f}")
-for name in ("gpu", "pipe"):
+for i, (c, g, p, t) in enumerate(zip(ref, losses("gpu"), losses("pipe"), losses("tp"))):
+    print(f"{i + 1} | {c:.7f} | {g:.7f} | {p:.7f} | {t:.7f} | {b[i]:.5f}")
+for name in ("gpu", "pipe", "tp"):
     got = losses(name)
     rel = max(abs(a - c) / abs(c) for a, c in zip(got, ref))
     good = len(got) == len(ref) == 20 and rel <= 1e-4
