@@ -170,6 +170,14 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   if (req.generation() < 1) return absl::InvalidArgumentError("launch: generation must be >= 1");
   if (req.ranks().empty()) return absl::InvalidArgumentError("launch: no ranks");
   if (req.world_size() < 1) return absl::InvalidArgumentError("launch: world_size must be >= 1");
+  // Tensor parallelism: world_size counts processes, the map and pipelines positions.
+  if (req.tp_size() < 0 || req.tp_size() > 64 ||
+      (req.tp_size() > 1 && req.world_size() % req.tp_size() != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat("launch: tp_size ", req.tp_size(),
+                                                   " does not divide world_size ", req.world_size(),
+                                                   " (or is not in [0, 64])"));
+  }
+  const int tp = std::max(1, req.tp_size());
   for (const auto& r : req.ranks()) {
     if (r.rank() < 0 || r.rank() >= req.world_size()) {
       return absl::InvalidArgumentError(
@@ -189,7 +197,8 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
         absl::StrCat("launch: resume_step '", req.resume_step().substr(0, 32), "' is invalid"));
   }
   if (!req.pipelines().empty()) {
-    if (auto t = Topology::Parse(req.pipelines()); !t.ok() || t->world_size() != req.world_size()) {
+    if (auto t = Topology::Parse(req.pipelines());
+        !t.ok() || t->world_size() * tp != req.world_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("launch: pipelines '", req.pipelines().substr(0, 64), "' are invalid",
                        t.ok() ? absl::StrCat(" for world size ", req.world_size())
@@ -335,11 +344,13 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     if (req.entrypoint().empty()) {
       if (!req.schedule().empty()) spec.argv.push_back(absl::StrCat("--schedule=", req.schedule()));
       if (!bounds.empty()) spec.argv.push_back(absl::StrCat("--stage_boundaries=", bounds));
+      if (req.tp_size() > 0) spec.argv.push_back(absl::StrCat("--tp_size=", req.tp_size()));
       if (req.profile())
         spec.argv.push_back(absl::StrCat("--profile_out=", gen_dir, "/profile.json"));
     } else {
       if (!req.schedule().empty()) spec.env["VARUNA_SCHEDULE"] = req.schedule();
       if (!bounds.empty()) spec.env["VARUNA_STAGE_BOUNDARIES"] = bounds;
+      if (req.tp_size() > 0) spec.env["VARUNA_TP_SIZE"] = absl::StrCat(req.tp_size());
     }
     spec.log_path = w.log_path;
     spec.cwd = req.entrypoint().empty() || req.code_dir().empty() ? gen_dir : req.code_dir();

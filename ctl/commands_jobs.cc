@@ -19,9 +19,13 @@
 namespace varuna::ctl {
 namespace {
 
+// " tp2" for a tensor-parallel job, else "".
+std::string Tp(int tp_size) { return tp_size > 1 ? absl::StrCat(" tp", tp_size) : ""; }
+
 std::string Config(const v1::JobInfo& j) {
   if (j.stages() == 0) return "-";
-  return absl::StrFormat("%dx%d mb%d", j.stages(), j.replicas(), j.micro_batch());
+  return absl::StrFormat("%dx%d%s mb%d", j.stages(), j.replicas(), Tp(j.tp_size()),
+                         j.micro_batch());
 }
 
 void PrintJobsTable(std::ostream& out, const std::vector<v1::JobInfo>& jobs) {
@@ -59,7 +63,8 @@ void PrintMorphs(std::ostream& out, const v1::JobInfo& j) {
   out << absl::StrFormat("  %-20s %-4s %-11s %-11s %-6s %-7s %-8s %s\n", "AT", "GEN", "FROM", "TO",
                          "LOST", "TOTAL_S", "PATH", "REASON");
   auto shape = [](const v1::Shape& s) {
-    return absl::StrFormat("%dx%d mb%d", s.stages(), s.replicas(), s.micro_batch());
+    return absl::StrFormat("%dx%d%s mb%d", s.stages(), s.replicas(), Tp(s.tp_size()),
+                           s.micro_batch());
   };
   for (const auto& m : j.morphs()) {
     auto total = m.phases().find("total");
@@ -102,6 +107,10 @@ void PrintJob(std::ostream& out, const v1::JobInfo& j) {
     if (j.pipelines().empty()) {
       line("config", absl::StrFormat("%d stages x %d replicas, micro-batch %d", j.stages(),
                                      j.replicas(), j.micro_batch()));
+    }
+    if (j.tp_size() > 1) {
+      line("tensor parallel", absl::StrFormat("%d ranks of one node per stage (%d processes)",
+                                              j.tp_size(), j.slots()));
     }
     line("plan",
          absl::StrCat(j.schedule().empty() ? "" : j.schedule(),

@@ -85,6 +85,17 @@ void NewGeneration(Job& job, absl::Time now) {
   job.rec.clear_exits();
 }
 
+int TpOf(const v1::JobInfo& info) { return std::max(1, info.tp_size()); }
+
+std::map<int, std::string> PositionNodes(const v1::JobInfo& info) {
+  const int tp = TpOf(info);
+  std::map<int, std::string> out;
+  for (const auto& p : info.placement()) {
+    if (p.rank() % tp == 0) out[p.rank() / tp] = p.node();
+  }
+  return out;
+}
+
 void ApplyPlan(v1::JobInfo& info, const JobPlan& plan, const std::string& first_node_address) {
   info.set_stages(plan.stages);
   info.set_replicas(plan.replicas);
@@ -96,6 +107,7 @@ void ApplyPlan(v1::JobInfo& info, const JobPlan& plan, const std::string& first_
   info.set_predicted_step_s(plan.predicted_step_s);
   info.set_plan_source(plan.source);
   info.set_pipelines(plan.pipelines);
+  info.set_tp_size(plan.tp_size > 1 ? plan.tp_size : 0);
   info.set_slots(static_cast<int>(plan.ranks.size()));
   info.clear_placement();
   for (const auto& p : plan.ranks) *info.add_placement() = p;

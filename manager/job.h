@@ -5,6 +5,7 @@
 // docs/architecture.md "Control plane" draws the job's states.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -73,6 +74,12 @@ struct Cause {
   int priority = 1;  // 1 a rank saved after a peer failed, 2 a worker failed, 3 a node event
   std::vector<v1::NodeSpeed> speeds;  // a straggler or recovered morph: what was measured
 };
+
+// Tensor-parallel ranks per position of the job's current plan (1: none), and the placement
+// of each position (its tp rank 0 process; Note [Tensor-parallel placement] in placement.cc):
+// what the topology's ranks index.
+int TpOf(const v1::JobInfo& info);
+std::map<int, std::string> PositionNodes(const v1::JobInfo& info);
 
 // "job=ID gen=N": the subject of every log line about a job.
 std::string JobWho(const v1::JobInfo& info);

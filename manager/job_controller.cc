@@ -175,17 +175,12 @@ absl::StatusOr<JobSpec> JobController::Admit(const v1::SubmitRequest& req) {
     return absl::InvalidArgumentError(
         "a profile job runs varuna-worker's profiler: remove the job's entrypoint");
   }
+  // Profiles are measured unsplit; the planner derives a tp group's costs from them (Note
+  // [Tensor-parallel plans] in common/planner/tp_plan.cc). The launch says --tp_size 1.
+  if (req.profile()) spec.parallel.tp_size = 1;
   if (!spec.env_file.empty()) {
     return absl::InvalidArgumentError(
         "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
-  }
-  if (spec.parallel.tp_size > 1) {
-    // Note [Tensor parallelism] in worker/tensor_parallel.cc: plans, morphs and rescues do not
-    // know tp yet.
-    return absl::UnimplementedError(absl::StrCat(
-        "job spec: parallel.tp_size = ", spec.parallel.tp_size,
-        ": the manager does not plan tensor-parallel jobs yet; run them with varuna-worker or "
-        "torchrun (WORLD_SIZE = stages x replicas x tp_size)"));
   }
   return spec;
 }
@@ -320,12 +315,14 @@ void JobController::StartJob(Job& job, const JobPlan& plan) {
                 absl::StrCat("STARTING ",
                              plan.pipelines.empty() ? absl::StrCat(plan.stages, "x", plan.replicas)
                                                     : absl::StrCat("pipelines ", plan.pipelines),
-                             " mb", plan.micro_batch));
+                             plan.tp_size > 1 ? absl::StrCat(" tp", plan.tp_size) : "", " mb",
+                             plan.micro_batch));
   std::set<std::string> used_nodes;
   for (const auto& p : plan.ranks) used_nodes.insert(p.node());
   LOG(INFO) << JobWho(info) << " STARTING stages=" << plan.stages << " replicas=" << plan.replicas
-            << " micro_batch=" << plan.micro_batch << " map=" << plan.stage_to_rank_map
-            << " pipelines=" << plan.pipelines << " nodes=" << absl::StrJoin(used_nodes, ",");
+            << " micro_batch=" << plan.micro_batch << " tp_size=" << plan.tp_size
+            << " map=" << plan.stage_to_rank_map << " pipelines=" << plan.pipelines
+            << " nodes=" << absl::StrJoin(used_nodes, ",");
   SendLaunches(job);
 }
 
@@ -359,7 +356,11 @@ v1::LaunchRequest JobController::MakeLaunch(const Job& job, const std::string& n
   // Note [Morph in place] in worker/regroup.cc: workers that may regroup; the generation an
   // in-place morph launches adopts the survivors on this node and its fresh workers join by
   // hand-over.
-  req.set_in_place(config_.morph_in_place && job.spec.entrypoint.empty() && morph_->Allowed(job));
+  // A tp job relaunches (Note [Tensor parallelism] in worker/tensor_parallel.cc: no in-place
+  // hand-over of split layers yet).
+  req.set_tp_size(TpOf(info));
+  req.set_in_place(config_.morph_in_place && job.spec.entrypoint.empty() && TpOf(info) == 1 &&
+                   morph_->Allowed(job));
   if (job.morphing() && job.rec.morph().in_place()) {
     req.set_join_in_place(true);
     for (const auto& a : job.rec.morph().adopted()) {

@@ -53,6 +53,7 @@ v1::Shape ShapeOf(const v1::JobInfo& info) {
   s.set_stages(info.stages());
   s.set_replicas(info.replicas());
   s.set_micro_batch(info.micro_batch());
+  if (TpOf(info) > 1) s.set_tp_size(TpOf(info));
   if (!info.pipelines().empty()) {
     if (auto t = Topology::Parse(info.pipelines()); t.ok()) {
       for (const PipelineLayout& p : t->pipelines()) s.add_depths(p.stages());
@@ -61,12 +62,14 @@ v1::Shape ShapeOf(const v1::JobInfo& info) {
   return s;
 }
 
-// "2x3 mb4", or for heterogeneous pipelines their depths: "[3,2] mb4".
+// "2x3 mb4", or for heterogeneous pipelines their depths: "[3,2] mb4"; " tp2" after the
+// shape of a tensor-parallel plan.
 std::string ShapeText(const v1::Shape& s) {
+  const std::string tp = s.tp_size() > 1 ? absl::StrCat(" tp", s.tp_size()) : "";
   if (s.depths_size() > 0) {
-    return absl::StrCat("[", absl::StrJoin(s.depths(), ","), "] mb", s.micro_batch());
+    return absl::StrCat("[", absl::StrJoin(s.depths(), ","), "]", tp, " mb", s.micro_batch());
   }
-  return absl::StrCat(s.stages(), "x", s.replicas(), " mb", s.micro_batch());
+  return absl::StrCat(s.stages(), "x", s.replicas(), tp, " mb", s.micro_batch());
 }
 
 }  // namespace
@@ -534,7 +537,7 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
 }
 
 bool MorphController::InPlacePossible(const Job& job, const Cause& cause) const {
-  return config_.morph_in_place && job.spec.entrypoint.empty() &&
+  return config_.morph_in_place && job.spec.entrypoint.empty() && TpOf(job.info()) == 1 &&
          job.info().state() != v1::STARTING && !EveryNodeLeaving(job, cause.leaving);
 }
 
@@ -553,6 +556,10 @@ std::string MorphController::RelaunchReason(const Job& job, const Cause& cause) 
   if (!config_.morph_in_place) return "relaunch: morph_in_place is off in the manager's config";
   if (!job.spec.entrypoint.empty()) {
     return "relaunch: the job's entrypoint is a program of its own (no in-place protocol)";
+  }
+  if (TpOf(job.info()) > 1) {
+    return "relaunch: a tensor-parallel job resumes from its checkpoint (split layers are not "
+           "handed over in place yet)";
   }
   return "relaunch: the job had not started training";
 }

@@ -38,9 +38,50 @@ std::vector<v1::RankPlacement> Place(const std::vector<FreeSlots>& nodes, int wo
   return ranks;
 }
 
+// Note [Tensor-parallel placement]: a tp job's unit is a tp group of T = parallel.tp_size
+// processes on one node (Note [Tensor-parallel plans] in common/planner/tp_plan.cc). Its plan
+// places units, as a job of tp_size 1 on each node's floor(free / T) slots would be placed;
+// then unit u (rank u of the stage map) on a node with local index k becomes the processes
+// u*T .. u*T+T-1 with local ranks k*T .. k*T+T-1, which is what the workers read (RANK mod T
+// is the tp rank; WorkerTopology in common/launch/launch_args.h).
+std::vector<FreeSlots> Groups(std::vector<FreeSlots> nodes, int tp) {
+  for (auto& n : nodes) n.free = std::max(0, n.free) / tp;
+  return nodes;
+}
+
+std::vector<v1::RankPlacement> ExpandGroups(const std::vector<v1::RankPlacement>& units, int tp) {
+  std::vector<v1::RankPlacement> out;
+  for (const v1::RankPlacement& u : units) {
+    for (int i = 0; i < tp; ++i) {
+      v1::RankPlacement p = u;
+      p.set_rank(u.rank() * tp + i);
+      p.set_local_rank(u.local_rank() * tp + i);
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes) {
+  if (const int tp = spec.parallel.tp_size; tp > 1) {  // Note [Tensor-parallel placement]
+    JobSpec units = spec;
+    units.parallel.tp_size = 1;
+    if (spec.resources.min_slots > 0)
+      units.resources.min_slots = (spec.resources.min_slots + tp - 1) / tp;
+    if (spec.resources.max_slots > 0)
+      units.resources.max_slots = std::max(1, spec.resources.max_slots / tp);
+    absl::StatusOr<JobPlan> plan = PlanJob(units, Groups(std::move(nodes), tp));
+    if (!plan.ok()) {
+      return absl::Status(plan.status().code(),
+                          absl::StrCat("parallel.tp_size = ", tp, ", slots counted in groups of ",
+                                       tp, " on one node: ", plan.status().message()));
+    }
+    plan->ranks = ExpandGroups(plan->ranks, tp);
+    plan->tp_size = tp;
+    return plan;
+  }
   SortFullestFirst(&nodes);
   int total = 0, most_on_one = 0;
   for (const auto& n : nodes) {
@@ -150,14 +191,19 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
   plan.stages = best.stages();
   plan.replicas = best.replicas();
   plan.micro_batch = best.micro_batch();
+  // The plan counts tp groups; each becomes tp processes (Note [Tensor-parallel placement]).
+  const int tp = std::max(1, best.tp_size());
+  const std::vector<FreeSlots> units = tp > 1 ? Groups(nodes, tp) : nodes;
   if (best.pipelines_size() > 0) {
     plan.pipelines = best.topology();
-    plan.ranks = Place(nodes, best.slots());
+    plan.ranks = Place(units, best.slots() / tp);
   } else {
     plan.per_replica_batch = spec.train.global_batch / best.replicas();
     plan.stage_to_rank_map = StageMap::Make(plan.stages, plan.replicas).ToString();
-    plan.ranks = Place(nodes, plan.stages * plan.replicas);
+    plan.ranks = Place(units, plan.stages * plan.replicas);
   }
+  if (tp > 1) plan.ranks = ExpandGroups(plan.ranks, tp);
+  plan.tp_size = tp;
   plan.schedule = best.schedule();
   // A mix's boundaries travel in its topology text; the top-level ones are pipeline 0's.
   if (best.pipelines_size() == 0) {

@@ -28,7 +28,10 @@ struct JobPlan {
   // Heterogeneous pipelines (Topology text), instead of the map; stages = the deepest,
   // replicas = how many. Empty for stages x replicas.
   std::string pipelines;
-  std::vector<v1::RankPlacement> ranks;  // index = rank
+  std::vector<v1::RankPlacement> ranks;  // index = rank (a process: tp_size per position)
+  // Tensor-parallel ranks per position (Note [Tensor-parallel placement] in placement.cc):
+  // stages, replicas, the map and the pipelines count positions, `ranks` processes.
+  int tp_size = 1;
   // AutoConfig's part (docs/autoconfig.md); empty/0 under the placement rule.
   std::string schedule;         // the job spec's, or AutoConfig's pick for "auto"
   std::vector<int> boundaries;  // stage boundaries (segment indices), P+1 of them

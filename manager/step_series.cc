@@ -132,8 +132,7 @@ absl::StatusOr<v1::GetStagesResponse> DescribeStages(const Job& job, const v1::P
     }
     if (static_cast<int>(cost.size()) != topo.pipeline(0).boundaries.back()) cost.clear();
   }
-  std::map<int, std::string> node_of;
-  for (const auto& p : info.placement()) node_of[p.rank()] = p.node();
+  std::map<int, std::string> node_of = PositionNodes(info);
   for (int r = 0; r < topo.world_size(); ++r) {
     v1::StageInfo* s = resp.add_stages();
     s->set_rank(r);

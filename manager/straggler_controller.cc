@@ -11,6 +11,7 @@
 #include "common/pipeline/schedule.h"
 #include "common/planner/autoconfig.h"
 #include "common/planner/profile.h"
+#include "common/planner/tp_plan.h"
 #include "glog/logging.h"
 #include "manager/planning.h"
 
@@ -97,6 +98,9 @@ StragglerController::JobState& StragglerController::StateFor(const Job& job) {
   st.step_times.clear();
   st.decided_at_step = 0;
   absl::StatusOr<v1::Profile> profile = CostsOf(job);
+  if (!profile.ok()) return st;
+  // A tp job's ranks here are positions, each a tp group (Note [Tensor-parallel plans]).
+  profile = TensorParallelProfile(*profile, job.spec.model, TpOf(job.info()));
   if (!profile.ok()) return st;
   auto ranks = RanksOf(job.info(), *profile, job.spec.train.global_batch);
   if (!ranks.ok()) {
@@ -226,16 +230,21 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   PlanRequest req;
   std::map<std::string, int> index;
   std::vector<int> node_of(topo->world_size(), 0);
+  const int tp = TpOf(info);  // the topology's ranks are positions of tp processes
   for (const auto& p : info.placement()) {
+    if (p.rank() % tp != 0) continue;
     auto [it, fresh] = index.emplace(p.node(), static_cast<int>(index.size()));
     if (fresh) {
       req.slots_per_node.push_back(0);
       req.node_speed.push_back(speeds.count(p.node()) ? speeds[p.node()] : 1.0);
     }
     ++req.slots_per_node[it->second];
-    if (p.rank() >= 0 && p.rank() < topo->world_size()) node_of[p.rank()] = it->second;
+    if (p.rank() >= 0 && p.rank() / tp < topo->world_size()) node_of[p.rank() / tp] = it->second;
   }
-  auto now_plan = SimulateTopology(job.spec, *profile, *topo, std::max(1, info.micro_batch()),
+  // The plan running now, in tp groups (the planner below derives the same costs itself).
+  auto groups = TensorParallelProfile(*profile, job.spec.model, tp);
+  if (!groups.ok()) return cannot(std::string(groups.status().message()));
+  auto now_plan = SimulateTopology(job.spec, *groups, *topo, std::max(1, info.micro_batch()),
                                    *policy, node_of, req);
   if (!now_plan.ok()) return cannot(std::string(now_plan.status().message()));
   const double now_s = now_plan->step_s();

@@ -11,6 +11,7 @@
 #include "common/pipeline/partition.h"
 #include "common/pipeline/topology.h"
 #include "common/planner/profile.h"
+#include "manager/job.h"
 
 namespace varuna {
 
@@ -95,8 +96,7 @@ absl::StatusOr<std::vector<RankWork>> RanksOf(const v1::JobInfo& info, const v1:
   const int mb = std::max(1, info.micro_batch());
   std::vector<SegmentTimes> t;
   for (const auto& seg : profile.segments()) t.push_back(CostAt(seg, mb));
-  std::map<int, std::string> node_of;
-  for (const auto& p : info.placement()) node_of[p.rank()] = p.node();
+  std::map<int, std::string> node_of = PositionNodes(info);
   const bool recompute = info.schedule().empty() || info.schedule() == "varuna";
   std::vector<RankWork> out;
   for (int r = 0; r < topo.world_size(); ++r) {

@@ -11,6 +11,7 @@
 #include "common/pipeline/pipeline_template.h"
 #include "common/pipeline/schedule.h"
 #include "common/spec/job_topology.h"
+#include "common/spec/model_spec.h"
 
 namespace varuna {
 namespace {
@@ -44,7 +45,9 @@ std::string WorkerUsage() {
          "                     [--metrics_out FILE] [--list_modules]\n"
          "                     [--metrics_all_ranks] [--resume_step latest|auto|N]\n"
          "                     [--steps N] [--rank=R] [--local_rank=L] [--chunk_size=M]\n"
-         "                     [--batch-size=PER_REPLICA_BATCH] [--schedule varuna|gpipe|1f1b]\n"
+         "                     [--batch-size=PER_REPLICA_BATCH] [--schedule "
+         "varuna|gpipe|1f1b|zb-h1]\n"
+         "                     [--tp_size T]\n"
          "                     [--stage_boundaries B0,B1,...] [--profile_out FILE]\n"
          "                     [--in_place [--park_timeout_s S] [--join_in_place]]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
@@ -122,6 +125,15 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
         return absl::InvalidArgumentError(absl::StrCat("flag --schedule: ", p.status().message()));
       }
       args.schedule = v;
+    } else if (flag == "tp_size") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      int n = 0;
+      RETURN_IF_ERROR(ParseInt(flag, v, &n));
+      if (n < 1 || n > kMaxTensorParallel) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --tp_size must be in [1, ", kMaxTensorParallel, "], got ", v));
+      }
+      args.tp_size = n;
     } else if (flag == "stage_boundaries") {
       ASSIGN_OR_RETURN(std::string v, take());
       std::vector<int> bounds;
@@ -187,7 +199,12 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
         absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
   }
   ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
-  // Tensor parallelism: everything below places positions (WorkerTopology).
+  // Tensor parallelism: everything below places positions (WorkerTopology). The manager's
+  // plan decides tp_size (--tp_size; a profile job measures at 1).
+  if (args.tp_size && *args.tp_size != spec->parallel.tp_size) {
+    if (*args.tp_size > 1) RETURN_IF_ERROR(CheckTensorParallel(spec->model, *args.tp_size));
+    spec->parallel.tp_size = *args.tp_size;
+  }
   const int tp = std::max(1, spec->parallel.tp_size);
   t.tp_size = tp;
   if (tp > 1) {
@@ -202,8 +219,8 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     if (args.in_place || args.join_in_place) {
       return absl::InvalidArgumentError(
           what +
-          ": a morph in place hands over full layers; run tp jobs with varuna-worker or "
-          "torchrun (the manager does not plan tensor parallelism yet)");
+          ": a morph in place hands over full layers; a tp job relaunches from its "
+          "checkpoint instead");
     }
     if (!spec->model.init_from.empty()) {
       return absl::InvalidArgumentError(

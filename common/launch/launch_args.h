@@ -39,6 +39,8 @@ struct WorkerArgs {
   // stage boundaries (segment indices) instead of balancing the model's own layer costs.
   std::optional<std::string> schedule;
   std::vector<int> stage_boundaries;
+  // The plan's tensor-parallel size: replaces parallel.tp_size (checked against the model).
+  std::optional<int> tp_size;
   // Run the profiler instead of training and write the profile (JSON) here.
   std::string profile_out;
   // Morph in place (Note [Morph in place] in worker/regroup.cc): after a failed step, wait

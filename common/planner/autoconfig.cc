@@ -23,6 +23,7 @@
 #include "common/planner/profile.h"
 #include "common/planner/search.h"
 #include "common/planner/simulator.h"
+#include "common/planner/tp_plan.h"
 #include "common/spec/job_topology.h"
 
 namespace varuna {
@@ -145,12 +146,8 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
                                        const PlanRequest& req) {
   const absl::Time t0 = absl::Now();
   RETURN_IF_ERROR(CheckProfileFor(profile, spec));
-  if (spec.parallel.tp_size > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "parallel.tp_size = ", spec.parallel.tp_size,
-        ": AutoConfig does not plan tensor parallelism yet (docs/architecture.md, \"Tensor "
-        "parallelism\"); choose parallel.stages and replicas and run with varuna-worker"));
-  }
+  // Note [Tensor-parallel plans] in tp_plan.cc: planned as a job of tp groups.
+  if (spec.parallel.tp_size > 1) return PlanTensorParallel(spec, profile, req);
   int64_t total = 0;
   for (int n : req.slots_per_node) {
     if (n < 0) return absl::InvalidArgumentError("a node cannot have negative slots");

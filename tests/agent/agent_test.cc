@@ -349,5 +349,45 @@ TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) 
   std::filesystem::remove_all(dir);
 }
 
+// A tensor-parallel launch: world_size counts processes, the pipelines positions, and each
+// worker is told the plan's tp_size (Note [Tensor-parallel placement] in manager/placement.cc).
+TEST(AgentTensorParallelTest, WorldCountsProcessesAndWorkersGetTheTpSize) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_tp_", getpid());
+  std::filesystem::remove_all(dir);
+  AgentConfig c;
+  c.name = "a";
+  c.manager = "127.0.0.1:1";
+  c.work_dir = dir;
+  c.slots = 2;
+  c.allow_root_workers = true;
+  FakeClock clock;
+  RecordingLauncher launcher;
+  Agent agent(c, &clock, &launcher);
+  v1::LaunchRequest launch;
+  launch.set_job_id("j");
+  launch.set_generation(1);
+  launch.set_spec_yaml("x: 1");
+  launch.set_world_size(4);
+  launch.set_tp_size(2);
+  launch.set_pipelines("0,6:8");  // one position: 2 processes, not 4
+  launch.add_ranks()->set_rank(0);
+  launch.add_ranks()->set_rank(1);
+  auto bad = agent.Launch(launch);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("for world size 4"));
+  launch.set_pipelines("0,6:4;0,6:4");
+  launch.set_tp_size(3);
+  EXPECT_THAT(std::string(agent.Launch(launch).status().message()),
+              HasSubstr("tp_size 3 does not divide world_size 4"));
+  launch.set_tp_size(2);
+  ASSERT_THAT(agent.Launch(launch).status(), IsOk());
+  ASSERT_EQ(launcher.procs_.size(), 2u);
+  for (const auto& [pid, proc] : launcher.procs_) {
+    EXPECT_EQ(proc.spec.env.at("WORLD_SIZE"), "4");
+    EXPECT_THAT(proc.spec.argv, ::testing::Contains("--tp_size=2"));
+  }
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace varuna

@@ -4,7 +4,9 @@ real varuna-worker processes, WORLD_SIZE = (ranks of the stage map or pipelines)
 Run from the build directory: python3 ../tests/e2e/tp_e2e.py [TestClass]
 """
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -62,6 +64,63 @@ class ParityTest(CheckpointFixture):
         res = harness.run_workers(6, ["--job", job, "--pipelines", "0,3,6:6;0,6:2"])
         self.assertTrue(res.ok, "\n".join(o[-2000:] for o in res.outputs))
         self.assertClose(res.losses(), base, 1e-4, "tp 2 in 0,3,6:6;0,6:2")
+
+
+class ManagerTest(CheckpointFixture):
+    """The manager plans a tp job in tp groups (a node's slots in whole groups), places each
+    group's ranks on one node, and launches them; losing a node morphs the job to fewer
+    groups by a relaunch from its checkpoint. Every step's loss equals the one-process run's
+    (1e-4), through the morph."""
+
+    def test_plan_place_and_morph(self):
+        from control_plane_e2e import Cluster, wait_for
+        steps = 150
+        train = {"steps": steps, "global_batch": 6}
+        ref = self.run_config(self.job("mref", model=MODEL, train=train,
+                                       parallel={"micro_batch": 1}), 1, 1).losses()
+        c = Cluster(agents=3, slots=3,
+                    manager_config="scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n")
+        try:
+            ckpt = os.path.join(c.dir, "ckpt")
+            job = self.job("mtp", model=MODEL, train=train,
+                           parallel={"tp_size": 2, "stages": 1, "micro_batch": 1,
+                                     "timeout_s": 30},
+                           extra=f"checkpoint: {{dir: {ckpt}, every_steps: 1}}\n")
+            # The plan counts groups: three nodes of 3 slots hold 3 groups of two, not 4.
+            plan = json.loads(c.ctl("-o", "json", "plan", job, "--nodes", "3,3,3",
+                                    check=0).stdout)
+            self.assertEqual({(p["stages"], p["replicas"], p["tp_size"], p["slots"])
+                              for p in plan["plans"]}, {(1, 3, 2, 6)}, plan)
+            job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+            st = wait_for(lambda: (lambda s: s["state"] == "RUNNING" and s["step"] >= 5 and s)(
+                c.status(job_id)), 180, "step 5")
+            self.assertEqual((st["stages"], st["replicas"], st["tp_size"], st["slots"]),
+                             (1, 3, 2, 6), st)
+            # Each group's two ranks on one node, with consecutive local ranks.
+            group_node = {}
+            for p in st["placement"]:
+                g = p["rank"] // 2
+                self.assertEqual(group_node.setdefault(g, p["node"]), p["node"], st["placement"])
+                self.assertEqual(p.get("local_rank", 0) % 2, p["rank"] % 2, p)
+            self.assertEqual(len(set(group_node.values())), 3, st["placement"])
+            self.assertIn("1x3 tp2 mb1", c.ctl("list", check=0).stdout)
+            victim = group_node[2]
+            c.agents[victim].send_signal(signal.SIGKILL)
+            c.agents[victim].wait()
+            st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
+                c.status(job_id)), 400, "the job to finish")
+            self.assertEqual(st["state"], "SUCCEEDED", c.tail())
+            self.assertGreaterEqual(len(st["morphs"]), 1, st)
+            m = st["morphs"][0]
+            self.assertEqual((m["to"]["replicas"], m["to"]["tp_size"]), (2, 2), m)
+            self.assertIn("tensor-parallel job resumes from its checkpoint", m["path"])
+            self.assertIn("tp2", c.ctl("status", job_id, check=0).stdout)
+            metrics = json.loads(c.ctl("-o", "json", "metrics", job_id, check=0).stdout)
+            self.assertEqual([int(x["step"]) for x in metrics], list(range(1, steps + 1)))
+            for x, want in zip(metrics, ref):
+                self.assertLessEqual(abs(x["loss"] - want), 1e-4 * abs(want), x)
+        finally:
+            c.close()
 
 
 class ResumeTest(CheckpointFixture):

@@ -133,16 +133,42 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
   EXPECT_THAT(JobController::Admit(long_id).status().message(), HasSubstr("request_id"));
 }
 
-// Note [Tensor parallelism] in worker/tensor_parallel.cc: the manager does not plan tp jobs
-// yet; it says so instead of launching WORLD_SIZEs the workers would reject.
-TEST_F(JobControllerTest, TensorParallelJobsAreRefusedWithTheReason) {
-  v1::SubmitRequest req;
-  req.set_spec_yaml(Spec("parallel: {tp_size: 2}"));
-  auto spec = JobController::Admit(req);
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(spec.status().message()),
-              HasSubstr("parallel.tp_size = 2: the manager does not plan tensor-parallel jobs"));
+// Note [Tensor-parallel placement] in manager/placement.cc: a tp job is planned in groups of
+// tp_size slots on one node, each group's processes get consecutive ranks there, and every
+// launch says tp_size (no in-place morphs for tp jobs).
+TEST_F(JobControllerTest, TensorParallelJobsArePlacedInGroupsOnOneNode) {
+  AddNode("a", 3);  // one group of two (and a slot no group can use)
+  AddNode("b", 1);  // none
+  AddNode("c", 2);  // one
+  const std::string id = Submit(Spec("parallel: {stages: 1, tp_size: 2}"));
+  ASSERT_EQ(State(id), v1::STARTING) << Job(id).info().reason();
+  const v1::JobInfo& info = Job(id).info();
+  EXPECT_EQ(info.tp_size(), 2);
+  EXPECT_EQ(info.stages(), 1);
+  EXPECT_EQ(info.replicas(), 2);
+  EXPECT_EQ(info.slots(), 4);
+  ASSERT_EQ(info.placement_size(), 4);
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(info.placement(r).rank(), r);
+    EXPECT_EQ(info.placement(r).node(), r < 2 ? "a" : "c");
+    EXPECT_EQ(info.placement(r).local_rank(), r % 2);
+  }
+  agents_.AnswerLaunches(29555);  // rank 0's node first (Note [Launch order]), then the rest
+  loop_.Run();
+  ASSERT_EQ(agents_.launches.size(), 2u);
+  for (const auto& l : agents_.launches) {
+    EXPECT_EQ(l.req.tp_size(), 2);
+    EXPECT_EQ(l.req.world_size(), 4);
+    EXPECT_EQ(l.req.stage_to_rank_map(), "0,1;");  // positions
+    EXPECT_FALSE(l.req.in_place());
+    EXPECT_EQ(l.req.ranks_size(), 2);
+  }
+  AnswerLaunches();
+  EXPECT_EQ(State(id), v1::RUNNING);
+  // Two single free slots (a's and b's) hold no group: the next job waits and says why.
+  const std::string more = Submit(Spec("parallel: {stages: 1, tp_size: 2}"));
+  EXPECT_EQ(State(more), v1::PENDING);
+  EXPECT_THAT(Job(more).info().reason(), HasSubstr("parallel.tp_size = 2"));
 }
 
 TEST_F(JobControllerTest, PendingJobWaitsForSlotsThenStarts) {

@@ -278,11 +278,11 @@ TEST(AutoConfigTest, InfeasibleInputsSayWhy) {
               HasSubstr("resources.min_slots = 8"));
   spec.resources.min_slots = 1;
   EXPECT_THAT(PlanShapes(spec, p, {{}}).status().message(), HasSubstr("no free slots"));
-  // Tensor parallelism is not planned yet: said, not ignored.
+  // Tensor parallelism needs tp_size slots on one node (tests in tp_plan_test.cc).
   spec.parallel.tp_size = 2;
-  EXPECT_THAT(PlanShapes(spec, p, {{4}}).status(),
-              StatusIs(absl::StatusCode::kUnimplemented,
-                       "parallel.tp_size = 2: AutoConfig does not plan tensor parallelism"));
+  EXPECT_THAT(PlanShapes(spec, p, {{1, 1}}).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       "parallel.tp_size = 2 needs 2 free slots on one node"));
   spec.parallel.tp_size = 1;
   // A global batch no width divides (with a fixed width).
   spec.train.global_batch = 7;

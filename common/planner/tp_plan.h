@@ -1,0 +1,30 @@
+#pragma once
+
+// AutoConfig for tensor-parallel jobs (Note [Tensor-parallel plans] in tp_plan.cc): a node's
+// slots in whole tp groups, and a profile measured at tp_size 1 turned into the costs of a
+// tp group. No LibTorch.
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/planner/autoconfig.h"
+#include "common/spec/job_spec.h"
+#include "varuna/v1/plan.pb.h"
+
+namespace varuna {
+
+// The costs of one tp group of `tp_size` ranks running `profile`'s segments: the blocks'
+// compute and parameters divided by tp_size, plus their all-reduces at that group size on one
+// host. `model` must be a built-in kind that splits (CheckTensorParallel).
+absl::StatusOr<v1::Profile> TensorParallelProfile(const v1::Profile& profile,
+                                                  const ModelSpec& model, int tp_size);
+
+// Each node's whole tp groups: floor(free slots / tp_size).
+std::vector<int> TensorParallelUnits(const std::vector<int>& slots_per_node, int tp_size);
+
+// PlanShapes for spec.parallel.tp_size > 1: the shapes of tp groups, each plan's `slots`
+// counting processes (stages x replicas x tp_size) and `tp_size` set.
+absl::StatusOr<v1::PlanSet> PlanTensorParallel(const JobSpec& spec, const v1::Profile& profile,
+                                               const PlanRequest& request);
+
+}  // namespace varuna
