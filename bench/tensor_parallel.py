@@ -12,11 +12,18 @@ Reported per run: samples/s (global batch / median step time, steps after warm-u
 samples per CPU-second (samples trained over the CPU time of every process of the run, user +
 system from getrusage of the waited children, start-up included alike).
 
-Usage: bench/tensor_parallel.py [--build build] [--rounds 5] [--steps 12]
+Then the planner's side (Note [Tensor-parallel plans]): the tp 1 model is profiled once
+(varuna-worker --profile_out, 2 ranks, one thread each), `varunactl plan --profile` predicts
+the step of tp 1 on one slot and of tp 2 on a node of two, and each prediction is printed
+beside the measured median step of "tp 1 x 1 thread" and "tp 2" (--no_predict skips it).
+
+Usage: bench/tensor_parallel.py [--build build] [--rounds 5] [--steps 12] [--no_predict]
 """
 
 import argparse
+import json
 import os
+import subprocess
 import resource
 import statistics
 import tempfile
@@ -50,12 +57,35 @@ def run(bin_dir, tmp, data, tp, threads, steps, warmup):
 CONFIGS = [("tp 1 x 2 threads", 1, 2), ("tp 2", 2, 1), ("tp 1 x 1 thread", 1, 1)]
 
 
+def predictions(bin_dir, tmp, data, steps):
+    """The planner's predicted step (s) for tp 1 on 1 slot and tp 2 on a node of 2."""
+    base = {"global_batch": BATCH, "steps": steps, "schedule": "constant"}
+    par = {"stages": 1, "replicas": 1, "micro_batch": BATCH, "schedule": "1f1b"}
+    prof_job = harness.job_yaml(os.path.join(tmp, "profile.yaml"), data, model=MODEL, train=base,
+                                parallel=dict(par, timeout_s=300))
+    profile = os.path.join(tmp, "profile.json")
+    res = harness.run_workers(2, ["--job", prof_job, "--profile_out", profile],
+                              cmd=[os.path.join(bin_dir, "varuna-worker")],
+                              env_extra={"OMP_NUM_THREADS": "1"}, timeout=900)
+    assert res.ok, res.outputs[0][-2000:]
+    out = {}
+    for tp in (1, 2):
+        job = harness.job_yaml(os.path.join(tmp, f"plan{tp}.yaml"), data, model=MODEL, train=base,
+                               parallel=dict(par, tp_size=tp))
+        plan = subprocess.run([os.path.join(bin_dir, "varunactl"), "plan", job, "--slots",
+                               str(tp), "--profile", profile, "-o", "json"], check=True,
+                              capture_output=True, text=True).stdout
+        out[tp] = json.loads(plan)["plans"][0]["step_s"]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--no_predict", action="store_true")
     args = ap.parse_args()
     bin_dir = os.path.join(args.build, "bin")
     tmp = tempfile.mkdtemp(prefix="varuna-tp-")
@@ -93,6 +123,14 @@ def main():
     print("| median | " + " | ".join(f"{m[0]:.3f}" for m in med) +
           f" | {statistics.median(ratios):.2f} | " + " | ".join(f"{m[1]:.3f}" for m in med) +
           f" | {statistics.median(cpu_ratios):.2f} |")
+    if args.no_predict:
+        return
+    predicted = predictions(bin_dir, tmp, data, args.steps)
+    print("\n| run | predicted step s | measured step s (median of rounds) | predicted / measured |")
+    print("|---|---|---|---|")
+    for name, tp in (("tp 1 x 1 thread", 1), ("tp 2", 2)):
+        measured = BATCH / statistics.median(x[0] for x in rows[name])
+        print(f"| {name} | {predicted[tp]:.4f} | {measured:.4f} | {predicted[tp] / measured:.2f} |")
 
 
 if __name__ == "__main__":

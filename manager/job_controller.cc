@@ -357,10 +357,10 @@ v1::LaunchRequest JobController::MakeLaunch(const Job& job, const std::string& n
   // in-place morph launches adopts the survivors on this node and its fresh workers join by
   // hand-over.
   // A tp job relaunches (Note [Tensor parallelism] in worker/tensor_parallel.cc: no in-place
-  // hand-over of split layers yet).
+  // hand-over of split layers yet), and so does one whose next plan may split (tp_size auto).
   req.set_tp_size(TpOf(info));
-  req.set_in_place(config_.morph_in_place && job.spec.entrypoint.empty() && TpOf(info) == 1 &&
-                   morph_->Allowed(job));
+  req.set_in_place(config_.morph_in_place && job.spec.entrypoint.empty() &&
+                   job.spec.parallel.tp_size == 1 && morph_->Allowed(job));
   if (job.morphing() && job.rec.morph().in_place()) {
     req.set_join_in_place(true);
     for (const auto& a : job.rec.morph().adopted()) {

@@ -105,10 +105,21 @@ void ManagerMetrics::OnSteps(const std::string& job, const std::vector<v1::StepR
   if (steps.empty()) return;
   const prometheus::Labels l{{"job", job}};
   auto& hist = job_step_seconds_.Add(l, StepBuckets());
+  // The gauges show the newest step by (generation, step): a morph that rewinds shows the
+  // re-run steps, but a late report of an older generation (an adopted survivor's backlog)
+  // never moves them back.
+  auto key = [](const v1::StepRecord& s) {
+    return std::pair<int64_t, int64_t>(s.generation(), s.step());
+  };
   const v1::StepRecord* newest = &steps[0];
   for (const v1::StepRecord& s : steps) {
     if (s.step_time_s() > 0 && Plausible(s.step_time_s(), 86400)) hist.Observe(s.step_time_s());
-    if (s.step() >= newest->step()) newest = &s;
+    if (key(s) >= key(*newest)) newest = &s;
+  }
+  auto [shown, fresh] = shown_step_.emplace(job, key(*newest));
+  if (!fresh) {
+    if (key(*newest) < shown->second) return;
+    shown->second = key(*newest);
   }
   job_step_.Add(l).Set(static_cast<double>(newest->step()));
   job_loss_.Add(l).Set(newest->loss());
@@ -167,6 +178,7 @@ void ManagerMetrics::AddJob(const std::string& job) {
 }
 
 void ManagerMetrics::ForgetJob(const std::string& job) {
+  shown_step_.erase(job);
   if (!jobs_known_.erase(job)) return;
   const prometheus::Labels l{{"job", job}};
   for (const char* kind : kReasonKinds)

@@ -7,6 +7,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/net/metrics.h"
@@ -63,6 +64,8 @@ class ManagerMetrics {
   prometheus::Family<prometheus::Gauge>& is_leader_;
   prometheus::Family<prometheus::Counter>& leader_changes_;
   std::map<std::string, std::set<std::string>> speed_nodes_;  // job -> nodes with a series
+  // job -> (generation, step) of the step its gauges show (OnSteps).
+  std::map<std::string, std::pair<int64_t, int64_t>> shown_step_;
   std::map<std::string, prometheus::Gauge*> slots_by_node_;
   std::map<std::string, prometheus::Histogram*> latency_by_node_;
   std::set<std::string> jobs_known_;

@@ -537,7 +537,7 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
 }
 
 bool MorphController::InPlacePossible(const Job& job, const Cause& cause) const {
-  return config_.morph_in_place && job.spec.entrypoint.empty() && TpOf(job.info()) == 1 &&
+  return config_.morph_in_place && job.spec.entrypoint.empty() && job.spec.parallel.tp_size == 1 &&
          job.info().state() != v1::STARTING && !EveryNodeLeaving(job, cause.leaving);
 }
 
@@ -557,7 +557,7 @@ std::string MorphController::RelaunchReason(const Job& job, const Cause& cause) 
   if (!job.spec.entrypoint.empty()) {
     return "relaunch: the job's entrypoint is a program of its own (no in-place protocol)";
   }
-  if (TpOf(job.info()) > 1) {
+  if (job.spec.parallel.tp_size != 1) {
     return "relaunch: a tensor-parallel job resumes from its checkpoint (split layers are not "
            "handed over in place yet)";
   }

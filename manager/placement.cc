@@ -65,6 +65,11 @@ std::vector<v1::RankPlacement> ExpandGroups(const std::vector<v1::RankPlacement>
 }  // namespace
 
 absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> nodes) {
+  if (spec.parallel.tp_size == 0) {  // auto: only AutoConfig chooses a split; the rule does not
+    JobSpec one = spec;
+    one.parallel.tp_size = 1;
+    return PlanJob(one, std::move(nodes));
+  }
   if (const int tp = spec.parallel.tp_size; tp > 1) {  // Note [Tensor-parallel placement]
     JobSpec units = spec;
     units.parallel.tp_size = 1;

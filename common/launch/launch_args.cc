@@ -205,6 +205,7 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
     if (*args.tp_size > 1) RETURN_IF_ERROR(CheckTensorParallel(spec->model, *args.tp_size));
     spec->parallel.tp_size = *args.tp_size;
   }
+  if (spec->parallel.tp_size == 0) spec->parallel.tp_size = 1;  // auto, with no plan to say
   const int tp = std::max(1, spec->parallel.tp_size);
   t.tp_size = tp;
   if (tp > 1) {

@@ -148,6 +148,7 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
   RETURN_IF_ERROR(CheckProfileFor(profile, spec));
   // Note [Tensor-parallel plans] in tp_plan.cc: planned as a job of tp groups.
   if (spec.parallel.tp_size > 1) return PlanTensorParallel(spec, profile, req);
+  if (spec.parallel.tp_size == 0) return PlanTensorParallelSizes(spec, profile, req);
   int64_t total = 0;
   for (int n : req.slots_per_node) {
     if (n < 0) return absl::InvalidArgumentError("a node cannot have negative slots");

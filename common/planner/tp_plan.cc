@@ -1,6 +1,7 @@
 #include "common/planner/tp_plan.h"
 
 #include <algorithm>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
@@ -32,6 +33,9 @@ namespace varuna {
 //  - The result. Every plan and rejected shape gets tp_size = T and `slots` in processes;
 //    stages, replicas and the topology text count units, which is what the workers' stage map
 //    places (positions).
+//  - tp_size auto (PlanTensorParallelSizes): every T the model splits into, up to the most free
+//    slots of one node, is planned so and the plans ranked together, so a morph onto other
+//    nodes may change T (checkpoints load at any T).
 // The model of compute / T is the ideal; bench (m) in docs/benchmarks.md measured 1.92x on
 // two ranks of one host for tp 2 against 2 for the ideal.
 namespace {
@@ -122,6 +126,53 @@ absl::StatusOr<v1::PlanSet> PlanTensorParallel(const JobSpec& spec, const v1::Pr
                              " ranks of one node per stage; stages and "
                              "replicas count tp groups (Note [Tensor-parallel plans])"));
   return set;
+}
+
+absl::StatusOr<v1::PlanSet> PlanTensorParallelSizes(const JobSpec& spec, const v1::Profile& profile,
+                                                    const PlanRequest& request) {
+  int most = 0;
+  for (int n : request.slots_per_node) most = std::max(most, n);
+  v1::PlanSet out;
+  absl::Status last = absl::ResourceExhaustedError("no free slots to plan for");
+  for (int t = 1; t <= std::min(most, kMaxTensorParallel) || t == 1; ++t) {
+    if (t > 1 && !CheckTensorParallel(spec.model, t).ok()) continue;
+    JobSpec fixed = spec;
+    fixed.parallel.tp_size = t;
+    absl::StatusOr<v1::PlanSet> set = PlanShapes(fixed, profile, request);
+    if (!set.ok()) {
+      if (t == 1 && set.status().code() == absl::StatusCode::kInvalidArgument) return set.status();
+      last = set.status();
+      continue;
+    }
+    for (v1::Plan& p : *set->mutable_plans()) {
+      p.set_tp_size(t);
+      *out.add_plans() = std::move(p);
+    }
+    for (v1::Plan& p : *set->mutable_rejected()) {
+      p.set_tp_size(t);
+      *out.add_rejected() = std::move(p);
+    }
+    for (const std::string& n : set->notes()) {
+      if (std::find(out.notes().begin(), out.notes().end(), n) == out.notes().end()) {
+        out.add_notes(n);
+      }
+    }
+    if (out.cost_source().empty()) out.set_cost_source(set->cost_source());
+    out.set_planner_s(out.planner_s() + set->planner_s());
+  }
+  if (out.plans_size() == 0) return last;
+  auto& plans = *out.mutable_plans();
+  std::stable_sort(plans.begin(), plans.end(), [](const v1::Plan& a, const v1::Plan& b) {
+    if (a.lower_bound() != b.lower_bound()) return b.lower_bound();  // simulated first
+    if (a.step_s() != b.step_s()) return a.step_s() < b.step_s();
+    if (a.heterogeneous() != b.heterogeneous()) return b.heterogeneous();
+    if (a.tp_size() != b.tp_size()) return a.tp_size() < b.tp_size();
+    return a.stages() < b.stages();
+  });
+  out.add_notes(
+      "tp_size auto: each tensor-parallel size the model splits into, up to the most "
+      "free slots on one node, ranked together");
+  return out;
 }
 
 }  // namespace varuna

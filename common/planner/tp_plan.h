@@ -27,4 +27,10 @@ std::vector<int> TensorParallelUnits(const std::vector<int>& slots_per_node, int
 absl::StatusOr<v1::PlanSet> PlanTensorParallel(const JobSpec& spec, const v1::Profile& profile,
                                                const PlanRequest& request);
 
+// PlanShapes for parallel.tp_size auto (0): every tp_size from 1 up to the most free slots on
+// one node that the model splits into (CheckTensorParallel), planned as above and ranked
+// together (ties: the smaller tp_size).
+absl::StatusOr<v1::PlanSet> PlanTensorParallelSizes(const JobSpec& spec, const v1::Profile& profile,
+                                                    const PlanRequest& request);
+
 }  // namespace varuna

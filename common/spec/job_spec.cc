@@ -269,7 +269,9 @@ absl::Status JobSpec::Validate() const {
   }
   RETURN_IF_ERROR(
       OneOf("parallel.schedule", parallel.schedule, {"varuna", "gpipe", "1f1b", "zb-h1", "auto"}));
-  RETURN_IF_ERROR(InRange("parallel.tp_size", parallel.tp_size, 1, kMaxTensorParallel));
+  if (parallel.tp_size != 0) {  // 0: auto (AutoConfig picks; 1 without a plan)
+    RETURN_IF_ERROR(InRange("parallel.tp_size", parallel.tp_size, 1, kMaxTensorParallel));
+  }
   if (parallel.tp_size > 1) RETURN_IF_ERROR(CheckTensorParallel(model, parallel.tp_size));
   RETURN_IF_ERROR(ValidatePipelines());
   RETURN_IF_ERROR(Finite("parallel.timeout_s", parallel.timeout_s, 0, 86400, /*open_low=*/true));
@@ -584,7 +586,7 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                               AutoInt("parallel.micro_batch", &spec.parallel.micro_batch))
                          .Sub("replicas", AutoInt("parallel.replicas", &spec.parallel.replicas))
                          .Field("schedule", &spec.parallel.schedule)
-                         .Field("tp_size", &spec.parallel.tp_size)
+                         .Sub("tp_size", AutoInt("parallel.tp_size", &spec.parallel.tp_size))
                          .Field("timeout_s", &spec.parallel.timeout_s)
                          .Sub("pipelines", [&](const YAML::Node& v) {
                            return ReadPipelines(v, &spec.parallel.pipelines);

@@ -72,7 +72,8 @@ struct ParallelSpec {
   int replicas = 0;                 // data-parallel width; 0 = as many as the slots allow
   std::string schedule = "varuna";  // varuna | gpipe | 1f1b | zb-h1 | auto (AutoConfig picks)
   // Tensor-parallel ranks per stage (Note [Tensor parallelism] in worker/tensor_parallel.cc):
-  // WORLD_SIZE = (ranks of the stage map or pipelines) x tp_size.
+  // WORLD_SIZE = (ranks of the stage map or pipelines) x tp_size. 0 = auto: the manager's
+  // AutoConfig picks it per plan (Note [Tensor-parallel plans]); 1 elsewhere.
   int tp_size = 1;
   double timeout_s = 300;  // collective / p2p timeout
   // Instead of stages x replicas: pipelines of different depths side by side.

@@ -102,5 +102,26 @@ TEST(ManagerMetricsTest, AbsurdValuesDoNotPoisonHistograms) {
   EXPECT_THAT(text, Not(HasSubstr("inf\n")));
 }
 
+TEST(ManagerMetricsTest, TheStepGaugeFollowsTheNewestGenerationNotLateReports) {
+  MetricsRegistry registry;
+  ManagerMetrics m(registry);
+  m.AddJob("j");
+  auto at = [](int generation, int step) {
+    v1::StepRecord r;
+    r.set_generation(generation);
+    r.set_step(step);
+    r.set_loss(step);
+    return std::vector<v1::StepRecord>{r};
+  };
+  m.OnSteps("j", at(1, 29));
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_job_step{job=\"j\"} 29"));
+  m.OnSteps("j", at(2, 26));  // a morph rewound to 25: the re-run steps show
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_job_step{job=\"j\"} 26"));
+  m.OnSteps("j", at(2, 40));
+  m.OnSteps("j", at(1, 30));  // an older generation's backlog, delivered late
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_job_step{job=\"j\"} 40"));
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_job_loss{job=\"j\"} 40"));
+}
+
 }  // namespace
 }  // namespace varuna

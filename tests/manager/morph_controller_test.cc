@@ -5,9 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/launch/exit_codes.h"
+#include "common/planner/profile.h"
+#include "common/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/manager/controller_fixture.h"
+#include "tests/testing/status_matchers.h"
 
 namespace varuna {
 namespace {
@@ -280,6 +283,55 @@ TEST_F(MorphControllerTest, MorphInProgressCarriesOnAfterAManagerRestart) {
   EXPECT_EQ(Phase(id), v1::MorphState::SAVING);
   // The save requests again, to every node but the one leaving (SUSPECT until it heartbeats).
   EXPECT_EQ(agents_.checkpoints.size(), 3u);
+}
+
+// Note [Tensor-parallel plans] in common/planner/tp_plan.cc: with tp_size auto every plan picks
+// its split, so a morph may change it. Four one-slot nodes hold no group; a joining four-slot
+// node does, and the job grows onto it split (relaunch: a tp job does not morph in place).
+TEST_F(MorphControllerTest, TensorParallelAutoChangesItsSizeWhenTheNodesChange) {
+  config_.morph_in_place = true;  // on, as by default: the tp job relaunches all the same
+  Build();
+  for (const std::string n : {"a", "b", "c", "d"}) AddNode(n, 1);
+  const std::string yaml = absl::StrCat(
+      "name: t\nmodel: {kind: gpt, layers: 4, d_model: 1024, heads: 4, seq_len: 512, "
+      "vocab: 256}\ndata: {kind: text, path: ",
+      data_,
+      "}\ntrain: {global_batch: 1, steps: 20}\nparallel: {tp_size: auto, micro_batch: 1}\n"
+      "checkpoint: {dir: ",
+      dir_, "/ckpt}\n");
+  ASSERT_OK_AND_ASSIGN(JobSpec spec, ParseJobSpec(yaml));
+  ASSERT_OK_AND_ASSIGN(v1::Profile profile, BuiltinProfile(spec));
+  bool repeat = false;
+  ASSERT_TRUE(profiles_->Store(ProfileToJson(profile), spec, &repeat).ok());
+  const std::string id = Submit(yaml);
+  AnswerLaunches();
+  ASSERT_EQ(State(id), v1::RUNNING) << Job(id).info().reason();
+  EXPECT_LE(Job(id).info().tp_size(), 1);
+  AddNode("e", 4);
+  Tick();
+  for (int i = 0; i <= absl::ToInt64Seconds(config_.scale_up_delay); ++i) {
+    Advance(absl::Seconds(1));
+    for (const std::string n : {"a", "b", "c", "d", "e"}) Beat(n, RanksOn(id, n, true));
+    Tick();
+  }
+  ASSERT_EQ(Phase(id), v1::MorphState::SAVING);
+  EXPECT_FALSE(Job(id).rec.morph().in_place());
+  agents_.AnswerCheckpoints();
+  SaveAndExit(id, {"a", "b", "c", "d"});
+  Tick();
+  Advance(config_.morph_coalesce + absl::Seconds(1));
+  for (const std::string n : {"a", "b", "c", "d", "e"}) Beat(n, {});
+  Tick();
+  ASSERT_EQ(Phase(id), v1::MorphState::LAUNCHING) << Job(id).info().reason();
+  const v1::JobInfo& info = Job(id).info();
+  ASSERT_GT(info.tp_size(), 1);
+  EXPECT_EQ(info.slots(), info.stages() * info.replicas() * info.tp_size());
+  // Each group's ranks on one node, consecutive.
+  for (const auto& p : info.placement()) {
+    EXPECT_EQ(p.node(), info.placement(p.rank() - p.rank() % info.tp_size()).node());
+  }
+  EXPECT_EQ(Job(id).rec.morph().record().to().tp_size(), info.tp_size());
+  EXPECT_THAT(Job(id).rec.morph().record().path(), HasSubstr("tensor-parallel"));
 }
 
 }  // namespace

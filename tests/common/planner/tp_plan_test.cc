@@ -5,6 +5,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "common/planner/profile.h"
 #include "tests/testing/status_matchers.h"
 
@@ -110,6 +112,33 @@ TEST(TensorParallelPlanTest, SplittingABlockIsFasterThanOneRank) {
   ASSERT_OK_AND_ASSIGN(v1::PlanSet tp, PlanShapes(two, p, {{2}}));
   EXPECT_LT(tp.plans(0).step_s(), single.plans(0).step_s());
   EXPECT_GT(tp.plans(0).step_s(), single.plans(0).step_s() / 2);
+}
+
+TEST(TensorParallelPlanTest, AutoRanksEverySplitAndFollowsTheNodes) {
+  // tp_size auto with one sample per step (no data parallelism) on a model wide enough for
+  // compute to dominate: a 4-slot node holds tp 1, 2 and 4 (3 does not divide 4 heads), and
+  // the best splits; on four 1-slot nodes only tp 1 fits, so a morph from one to the other
+  // changes tp_size.
+  JobSpec spec = TpGpt(0);
+  spec.model.d_model = 1024;
+  spec.model.seq_len = 512;
+  spec.train.global_batch = 1;
+  spec.parallel.micro_batch = 1;
+  ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet one_node, PlanShapes(spec, p, {{4}}));
+  std::set<int> sizes;
+  for (const v1::Plan& plan : one_node.plans()) {
+    sizes.insert(plan.tp_size());
+    if (!plan.lower_bound()) EXPECT_GE(plan.step_s(), one_node.plans(0).step_s());
+  }
+  EXPECT_EQ(sizes, (std::set<int>{1, 2, 4}));
+  EXPECT_GT(one_node.plans(0).tp_size(), 1);
+  EXPECT_THAT(one_node.notes(), ::testing::Contains(HasSubstr("tp_size auto")));
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet singles, PlanShapes(spec, p, {{1, 1, 1, 1}}));
+  for (const v1::Plan& plan : singles.plans()) EXPECT_EQ(plan.tp_size(), 1);
+  // Without slots it says so, as for a fixed size.
+  EXPECT_THAT(PlanShapes(spec, p, {{}}).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "no free slots"));
 }
 
 }  // namespace

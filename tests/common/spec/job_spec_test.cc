@@ -55,6 +55,19 @@ train: {lrr: 1}
   EXPECT_THAT(nested, StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'train.lrr'"));
 }
 
+TEST(JobSpecTest, TpSizeIsANumberOrAuto) {
+  EXPECT_EQ(ParseJobSpec("data: {path: /x}\n")->parallel.tp_size, 1);
+  EXPECT_EQ(ParseJobSpec("data: {path: /x}\nparallel: {tp_size: 2}\n")->parallel.tp_size, 2);
+  // auto: AutoConfig picks per plan (Note [Tensor-parallel plans]).
+  EXPECT_EQ(ParseJobSpec("data: {path: /x}\nparallel: {tp_size: auto}\n")->parallel.tp_size, 0);
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {tp_size: 0}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "parallel.tp_size"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {tp_size: many}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be an integer or 'auto'"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {tp_size: 65}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "parallel.tp_size"));
+}
+
 TEST(JobSpecTest, DeviceIsAutoCpuOrCuda) {
   for (const char* ok : {"auto", "cpu", "cuda", "cuda:0", "cuda:7"}) {
     auto spec = ParseJobSpec(absl::StrCat("data: {path: /x}\ntrain: {device: '", ok, "'}\n"));
