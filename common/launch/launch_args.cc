@@ -200,10 +200,20 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   }
   ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
   // Tensor parallelism: everything below places positions (WorkerTopology). The manager's
-  // plan decides tp_size (--tp_size; a profile job measures at 1).
-  if (args.tp_size && *args.tp_size != spec->parallel.tp_size) {
-    if (*args.tp_size > 1) RETURN_IF_ERROR(CheckTensorParallel(spec->model, *args.tp_size));
-    spec->parallel.tp_size = *args.tp_size;
+  // plan decides tp_size (--tp_size, or VARUNA_TP_SIZE for a program of the user's that
+  // links libvaruna; a profile job measures at 1).
+  std::optional<int> planned_tp = args.tp_size;
+  ASSIGN_OR_RETURN(int env_tp, EnvInt(env, "VARUNA_TP_SIZE", 0));
+  if (!planned_tp && env_tp != 0) {
+    if (env_tp < 1 || env_tp > kMaxTensorParallel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "VARUNA_TP_SIZE=", env_tp, " is invalid; it must be in [1, ", kMaxTensorParallel, "]"));
+    }
+    planned_tp = env_tp;
+  }
+  if (planned_tp && *planned_tp != spec->parallel.tp_size) {
+    if (*planned_tp > 1) RETURN_IF_ERROR(CheckTensorParallel(spec->model, *planned_tp));
+    spec->parallel.tp_size = *planned_tp;
   }
   if (spec->parallel.tp_size == 0) spec->parallel.tp_size = 1;  // auto, with no plan to say
   const int tp = std::max(1, spec->parallel.tp_size);

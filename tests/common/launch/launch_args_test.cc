@@ -66,6 +66,43 @@ TEST(LaunchArgsTest, ResolvesTopologyFromMapAndEnv) {
   EXPECT_EQ(t->master_port, 1234);
 }
 
+// The plan's tp_size (Note [Tensor-parallel placement] in manager/placement.cc) replaces the
+// spec's: --tp_size for varuna-worker, VARUNA_TP_SIZE for a program of the user's.
+TEST(LaunchArgsTest, ThePlansTpSizeReplacesTheSpecs) {
+  auto a = ParseWorkerArgs({"w", "--job", "j", "--tp_size", "2", "--stage_to_rank_map", "0,1;"});
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(*a->tp_size, 2);
+  EXPECT_THAT(ParseWorkerArgs({"w", "--job", "j", "--tp_size", "0"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "flag --tp_size must be in [1, 64]"));
+  JobSpec s = Spec(1, 8);
+  s.model.kind = "gpt";
+  s.model.heads = 4;
+  s.model.d_model = 32;
+  s.parallel.tp_size = 0;  // auto
+  auto t = ResolveTopology(*a, &s, 6, Env({{"RANK", "3"}, {"WORLD_SIZE", "4"}}));
+  ASSERT_THAT(t, IsOk());
+  EXPECT_EQ(t->tp_size, 2);
+  EXPECT_EQ(t->tp_rank, 1);
+  EXPECT_EQ(t->rank, 1);
+  EXPECT_EQ(t->world_size, 2);
+  WorkerArgs from_env;
+  from_env.stage_to_rank_map = "0;";
+  s.parallel.tp_size = 0;
+  t = ResolveTopology(from_env, &s, 6,
+                      Env({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"VARUNA_TP_SIZE", "4"}}));
+  ASSERT_THAT(t, IsOk());
+  EXPECT_EQ(t->tp_size, 4);
+  EXPECT_EQ(t->world_size, 1);
+  s.parallel.tp_size = 0;  // auto without a plan: 1
+  t = ResolveTopology(from_env, &s, 6, Env({{"RANK", "0"}, {"WORLD_SIZE", "1"}}));
+  ASSERT_THAT(t, IsOk());
+  EXPECT_EQ(t->tp_size, 1);
+  EXPECT_THAT(ResolveTopology(from_env, &s, 6,
+                              Env({{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"VARUNA_TP_SIZE", "3"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "parallel.tp_size = 3 does not divide model.heads = 4"));
+}
+
 TEST(LaunchArgsTest, MapMustMatchWorldAndStages) {
   WorkerArgs a;
   a.stage_to_rank_map = "0,2;1,3;";
