@@ -65,6 +65,7 @@ int64_t MaxUsefulSlots(const JobSpec& s) {
   } else if (s.parallel.stages > 0 && s.parallel.replicas > 0) {
     n = static_cast<int64_t>(s.parallel.stages) * s.parallel.replicas;
   }
+  if (n != kUnbounded) n *= std::max(1, s.parallel.tp_size);  // processes per position
   if (s.resources.max_slots > 0) n = std::min<int64_t>(n, s.resources.max_slots);
   return n;
 }

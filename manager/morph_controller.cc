@@ -500,10 +500,13 @@ MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
       s.set_rank(e.rank());
       s.set_step(step);
       out.saved.push_back(s);
+      // Exits name processes; stages hold positions of tp_size processes each.
+      const int position = e.rank() / TpOf(job.info());
+      if (e.rank() < 0) continue;
       if (!topo.ok()) {
-        by_stage[e.rank() % stages].insert(step);
-      } else if (e.rank() >= 0 && e.rank() < topo->world_size()) {
-        const auto [first, last] = topo->SegmentsOf(e.rank());
+        by_stage[position % stages].insert(step);
+      } else if (position < topo->world_size()) {
+        const auto [first, last] = topo->SegmentsOf(position);
         for (int sg = first; sg < last; ++sg) by_segment[sg].insert(step);
       }
     }

@@ -48,7 +48,7 @@ void MorphController::CheckGrowth() {
     if (plan_slots <= now_slots) continue;
     if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
         plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule() &&
-        plan->pipelines == job.info().pipelines()) {
+        plan->pipelines == job.info().pipelines() && plan->tp_size == TpOf(job.info())) {
       continue;
     }
     Cause c;

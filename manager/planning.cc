@@ -17,6 +17,7 @@ absl::StatusOr<JobPlan> PlanForJob(const Job& job, std::vector<FreeSlots> free,
   if (job.info().profile_job()) {
     // A profile job measures links between every slot it gets: one stage per slot.
     JobSpec spec = job.spec;
+    spec.parallel.tp_size = 1;  // measured unsplit (Note [Tensor-parallel plans])
     spec.parallel.stages = 1;
     spec.parallel.micro_batch = 1;
     spec.parallel.schedule = "varuna";

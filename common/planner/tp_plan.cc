@@ -135,7 +135,10 @@ absl::StatusOr<v1::PlanSet> PlanTensorParallelSizes(const JobSpec& spec, const v
   for (int n : request.slots_per_node) most = std::max(most, n);
   v1::PlanSet out;
   absl::Status last = absl::ResourceExhaustedError("no free slots to plan for");
-  for (int t = 1; t <= std::min(most, kMaxTensorParallel) || t == 1; ++t) {
+  // model.init_from loads unsplit tensors (tp 1 only); resources.max_slots caps a group.
+  int top = spec.model.init_from.empty() ? std::min(most, kMaxTensorParallel) : 1;
+  if (spec.resources.max_slots > 0) top = std::min(top, spec.resources.max_slots);
+  for (int t = 1; t <= top || t == 1; ++t) {
     if (t > 1 && !CheckTensorParallel(spec.model, t).ok()) continue;
     JobSpec fixed = spec;
     fixed.parallel.tp_size = t;

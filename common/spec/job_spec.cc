@@ -273,6 +273,12 @@ absl::Status JobSpec::Validate() const {
     RETURN_IF_ERROR(InRange("parallel.tp_size", parallel.tp_size, 1, kMaxTensorParallel));
   }
   if (parallel.tp_size > 1) RETURN_IF_ERROR(CheckTensorParallel(model, parallel.tp_size));
+  if (parallel.tp_size > 1 && !model.init_from.empty()) {
+    return Bad("model.init_from",
+               absl::StrCat("cannot be used with parallel.tp_size = ", parallel.tp_size,
+                            ": the Hugging Face tensors load unsplit; start with tp_size 1 and "
+                            "resume its checkpoint at any tp_size"));
+  }
   RETURN_IF_ERROR(ValidatePipelines());
   RETURN_IF_ERROR(Finite("parallel.timeout_s", parallel.timeout_s, 0, 86400, /*open_low=*/true));
   RETURN_IF_ERROR(InRange("checkpoint.every_steps", checkpoint.every_steps, 0, kMaxSteps));
@@ -365,8 +371,15 @@ absl::Status JobSpec::ValidatePipelines() const {
 }
 
 absl::Status JobSpec::ValidateShape() const {
+  // resources.* count processes: tp_size of them per position (a fixed size; auto may be 1).
+  const int tp = std::max(1, parallel.tp_size);
+  if (resources.max_slots > 0 && resources.max_slots < tp) {
+    return Bad("resources.max_slots",
+               absl::StrCat("is ", resources.max_slots, " but parallel.tp_size = ", tp,
+                            " needs that many slots for each stage"));
+  }
   if (!parallel.pipelines.empty()) {
-    const int ranks = PipelineRanks(parallel);
+    const int ranks = PipelineRanks(parallel) * tp;
     if (ranks < resources.min_slots) {
       return Bad("resources.min_slots",
                  absl::StrCat("is ", resources.min_slots, " but parallel.pipelines uses ", ranks));
@@ -396,20 +409,19 @@ absl::Status JobSpec::ValidateShape() const {
                             " = train.global_batch / parallel.replicas)"));
   }
   if (parallel.stages > 0 && parallel.replicas > 0) {
-    const int64_t world = static_cast<int64_t>(parallel.stages) * parallel.replicas;
+    const int64_t world = static_cast<int64_t>(parallel.stages) * parallel.replicas * tp;
     if (world < resources.min_slots) {
       return Bad("resources.min_slots",
-                 absl::StrCat("is ", resources.min_slots, " but parallel.stages x replicas uses ",
-                              world, " slots"));
+                 absl::StrCat("is ", resources.min_slots, " but parallel.stages x replicas",
+                              tp > 1 ? " x tp_size" : "", " uses ", world, " slots"));
     }
   }
   const int64_t fixed_world =
-      static_cast<int64_t>(std::max(parallel.stages, 1)) * std::max(parallel.replicas, 1);
+      static_cast<int64_t>(std::max(parallel.stages, 1)) * std::max(parallel.replicas, 1) * tp;
   if (resources.max_slots > 0 && fixed_world > resources.max_slots) {
-    return Bad(
-        "resources.max_slots",
-        absl::StrCat("is ", resources.max_slots, " but parallel.stages x replicas needs at least ",
-                     fixed_world, " slots"));
+    return Bad("resources.max_slots",
+               absl::StrCat("is ", resources.max_slots, " but parallel.stages x replicas",
+                            tp > 1 ? " x tp_size" : "", " needs at least ", fixed_world, " slots"));
   }
   return absl::OkStatus();
 }

@@ -66,6 +66,20 @@ TEST(JobSpecTest, TpSizeIsANumberOrAuto) {
               StatusIs(absl::StatusCode::kInvalidArgument, "must be an integer or 'auto'"));
   EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {tp_size: 65}\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, "parallel.tp_size"));
+  // resources.* count processes: tp_size per stage and replica.
+  auto shape = [](const std::string& parallel, const std::string& resources) {
+    auto spec =
+        ParseJobSpec(absl::StrCat("data: {path: /x}\ntrain: {global_batch: 8}\n",
+                                  "parallel: ", parallel, "\nresources: ", resources, "\n"));
+    return spec.ok() ? spec->ValidateShape() : spec.status();
+  };
+  EXPECT_THAT(shape("{stages: 2, replicas: 1, tp_size: 2}", "{min_slots: 4}"), IsOk());
+  EXPECT_THAT(shape("{stages: 2, replicas: 2, tp_size: 2}", "{max_slots: 4}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "is 4 but parallel.stages x replicas x tp_size needs at least 8 slots"));
+  EXPECT_THAT(shape("{tp_size: 2}", "{max_slots: 1}"),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "is 1 but parallel.tp_size = 2 needs that many slots for each stage"));
 }
 
 TEST(JobSpecTest, DeviceIsAutoCpuOrCuda) {

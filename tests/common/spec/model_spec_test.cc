@@ -116,6 +116,23 @@ class InitFromTest : public ::testing::Test {
   fs::path dir_;
 };
 
+// Hugging Face tensors load unsplit: a job that starts from them runs at tp_size 1 (and its
+// checkpoint resumes at any tp_size), so tp_size > 1 with init_from is refused at submit.
+TEST_F(InitFromTest, TensorParallelWithInitFromIsRefused) {
+  Config(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "vocab_size": 300})");
+  JobSpec spec;
+  spec.data.path = "/x";
+  spec.model = Llama();
+  ASSERT_THAT(ResolveInitFrom(&spec.model), IsOk());
+  spec.parallel.tp_size = 2;
+  EXPECT_THAT(spec.Validate(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        "cannot be used with parallel.tp_size = 2"));
+  spec.parallel.tp_size = 0;  // auto: planned at 1 (PlanTensorParallelSizes)
+  EXPECT_THAT(spec.Validate(), IsOk());
+}
+
 TEST_F(InitFromTest, FillsWhatTheSpecLeftOutAndChecksWhatItGave) {
   Config(R"({"model_type": "llama", "hidden_size": 64, "intermediate_size": 96,
              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
