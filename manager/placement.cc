@@ -9,6 +9,7 @@
 #include "common/pipeline/stage_map.h"
 #include "common/planner/autoconfig.h"
 #include "common/planner/profile.h"
+#include "common/planner/tp_plan.h"
 #include "common/spec/job_topology.h"
 
 namespace varuna {
@@ -71,18 +72,9 @@ absl::StatusOr<JobPlan> PlanJob(const JobSpec& spec, std::vector<FreeSlots> node
     return PlanJob(one, std::move(nodes));
   }
   if (const int tp = spec.parallel.tp_size; tp > 1) {  // Note [Tensor-parallel placement]
-    JobSpec units = spec;
-    units.parallel.tp_size = 1;
-    if (spec.resources.min_slots > 0)
-      units.resources.min_slots = (spec.resources.min_slots + tp - 1) / tp;
-    if (spec.resources.max_slots > 0)
-      units.resources.max_slots = std::max(1, spec.resources.max_slots / tp);
-    absl::StatusOr<JobPlan> plan = PlanJob(units, Groups(std::move(nodes), tp));
-    if (!plan.ok()) {
-      return absl::Status(plan.status().code(),
-                          absl::StrCat("parallel.tp_size = ", tp, ", slots counted in groups of ",
-                                       tp, " on one node: ", plan.status().message()));
-    }
+    absl::StatusOr<JobPlan> plan =
+        PlanJob(TensorParallelGroupSpec(spec), Groups(std::move(nodes), tp));
+    if (!plan.ok()) return InTensorParallelGroups(plan.status(), tp);
     plan->ranks = ExpandGroups(plan->ranks, tp);
     plan->tp_size = tp;
     return plan;

@@ -45,6 +45,24 @@ int AllReducesPerBlock(const std::string& kind) { return kind == "mlp" ? 1 : 2; 
 
 }  // namespace
 
+JobSpec TensorParallelGroupSpec(const JobSpec& spec) {
+  const int t = std::max(1, spec.parallel.tp_size);
+  JobSpec groups = spec;
+  groups.parallel.tp_size = 1;
+  if (spec.resources.min_slots > 0)
+    groups.resources.min_slots = (spec.resources.min_slots + t - 1) / t;
+  if (spec.resources.max_slots > 0)
+    groups.resources.max_slots = std::max(1, spec.resources.max_slots / t);
+  return groups;
+}
+
+absl::Status InTensorParallelGroups(const absl::Status& status, int tp_size) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("parallel.tp_size = ", tp_size, ", slots counted in groups of ",
+                                   tp_size, " on one node: ", status.message()));
+}
+
 std::vector<int> TensorParallelUnits(const std::vector<int>& slots_per_node, int tp_size) {
   std::vector<int> out;
   for (int n : slots_per_node) out.push_back(tp_size > 0 ? std::max(0, n) / tp_size : 0);
@@ -92,12 +110,6 @@ absl::StatusOr<v1::PlanSet> PlanTensorParallel(const JobSpec& spec, const v1::Pr
   const int t = spec.parallel.tp_size;
   if (t <= 1) return PlanShapes(spec, profile, request);
   ASSIGN_OR_RETURN(v1::Profile unit_profile, TensorParallelProfile(profile, spec.model, t));
-  JobSpec units = spec;
-  units.parallel.tp_size = 1;
-  if (spec.resources.min_slots > 0)
-    units.resources.min_slots = (spec.resources.min_slots + t - 1) / t;
-  if (spec.resources.max_slots > 0)
-    units.resources.max_slots = std::max(1, spec.resources.max_slots / t);
   PlanRequest req = request;
   req.slots_per_node = TensorParallelUnits(request.slots_per_node, t);
   int total = 0;
@@ -110,12 +122,9 @@ absl::StatusOr<v1::PlanSet> PlanTensorParallel(const JobSpec& spec, const v1::Pr
                                                      "free on one node is ",
                                                      most));
   }
-  absl::StatusOr<v1::PlanSet> planned = PlanShapes(units, unit_profile, req);
-  if (!planned.ok()) {
-    return absl::Status(planned.status().code(),
-                        absl::StrCat("parallel.tp_size = ", t, ", slots counted in groups of ", t,
-                                     " on one node: ", planned.status().message()));
-  }
+  absl::StatusOr<v1::PlanSet> planned =
+      PlanShapes(TensorParallelGroupSpec(spec), unit_profile, req);
+  if (!planned.ok()) return InTensorParallelGroups(planned.status(), t);
   v1::PlanSet set = *std::move(planned);
   for (auto* plans : {set.mutable_plans(), set.mutable_rejected()}) {
     for (v1::Plan& p : *plans) {

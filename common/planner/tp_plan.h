@@ -19,6 +19,14 @@ namespace varuna {
 absl::StatusOr<v1::Profile> TensorParallelProfile(const v1::Profile& profile,
                                                   const ModelSpec& model, int tp_size);
 
+// The spec as a job of tp groups: tp_size 1, and resources.min_slots / max_slots (which count
+// processes) as groups, ceil(min / T) and floor(max / T).
+JobSpec TensorParallelGroupSpec(const JobSpec& spec);
+
+// `status` (when not OK) with its message prefixed by "parallel.tp_size = T, slots counted in
+// groups of T on one node: ": a plan of groups explains itself in the job's terms.
+absl::Status InTensorParallelGroups(const absl::Status& status, int tp_size);
+
 // Each node's whole tp groups: floor(free slots / tp_size).
 std::vector<int> TensorParallelUnits(const std::vector<int>& slots_per_node, int tp_size);
 
