@@ -1,13 +1,12 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The GPT of worker/model.cc trained with plain PyTorch DistributedDataParallel (gloo, CPU).
 
 The baseline a user would pick instead of varuna-worker for pure data parallelism: same model,
 same initial weights, same data stream, same optimizer and clipping, same metrics format. Run
-under torchrun (torch 1.13; on Python 3.11 its default `--redirects 0` does not parse, so pass
-`--redirects 1 --tee 1 --log_dir DIR`):
+under the project environment's torchrun (scripts/python_env.sh; bench/ddp_vs_varuna.sh does this):
 
-  /usr/bin/torchrun --standalone --nproc_per_node 2 --redirects 1 --tee 1 --log_dir /tmp/l \\
-      bench/ddp_gpt.py --data corpus.txt --metrics_out m.jsonl
+  $(dirname $(scripts/python_env.sh --path))/torchrun --standalone --nproc_per_node 2 \\
+      --redirects 1 --tee 1 --log_dir /tmp/l bench/ddp_gpt.py --data corpus.txt --metrics_out m.jsonl
 
 Equivalences with the C++ worker:
   * Init: torch.manual_seed(seed * 1000003 + layer_index) before building each layer (embed=0,

@@ -8,13 +8,13 @@
 # Builds nothing: it runs the already-built $BUILD_DIR/bin/varuna-worker (a snapshot copy, so a
 # concurrent relink cannot change it mid-benchmark).
 #
-# With Debian's libtorch (reference BLAS) a step of the default model takes ~1.5 s on an idle
-# 2-core machine, so the defaults (3 rounds x 2 systems x 20 steps) take ~4-5 minutes.
+# Both systems run PyTorch 2.11 (the worker its LibTorch, DDP the same wheel's Python).
 # Usage: BUILD_DIR=/work/build bench/ddp_vs_varuna.sh
 # Knobs (environment): BUILD_DIR (default build, relative to the repo root), ROUNDS=5, STEPS=20,
 #   SKIP=5, LAYERS=4, D_MODEL=128, HEADS=4, SEQ_LEN=64, VOCAB=256, GLOBAL_BATCH=32,
-#   MICRO_BATCH=16, LR=1e-3, WEIGHT_DECAY=0, SEED=7, TORCHRUN=/usr/bin/torchrun,
-#   PYTHON=/usr/bin/python3, KEEP_TMP=0.
+#   MICRO_BATCH=16, LR=1e-3, WEIGHT_DECAY=0, SEED=7, PYTHON (default: the project's
+#   environment, scripts/python_env.sh, whose torch the worker is built against),
+#   TORCHRUN (default: the torchrun beside PYTHON), KEEP_TMP=0.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -24,7 +24,8 @@ ROUNDS=${ROUNDS:-5} STEPS=${STEPS:-20} SKIP=${SKIP:-5}
 LAYERS=${LAYERS:-4} D_MODEL=${D_MODEL:-128} HEADS=${HEADS:-4} SEQ_LEN=${SEQ_LEN:-64}
 VOCAB=${VOCAB:-256} GLOBAL_BATCH=${GLOBAL_BATCH:-32} MICRO_BATCH=${MICRO_BATCH:-16}
 LR=${LR:-1e-3} WEIGHT_DECAY=${WEIGHT_DECAY:-0} SEED=${SEED:-7}
-TORCHRUN=${TORCHRUN:-/usr/bin/torchrun} PYTHON=${PYTHON:-/usr/bin/python3}
+PYTHON=${PYTHON:-$(scripts/python_env.sh --path)}
+TORCHRUN=${TORCHRUN:-$(dirname "$PYTHON")/torchrun}
 D=2
 
 worker_src=$BUILD_DIR/bin/varuna-worker

@@ -4,7 +4,7 @@ LibTorch loop over the same model, data, optimizer and batch), alternated round 
 one run. Prints a markdown table; the ratio is plain_time / varuna_time per step (>= 0.95
 means varuna costs at most ~5% more).
 
-Usage: bench/engine_overhead.py [--build build] [--rounds 3] [--steps 15]   (~8 min on 2 cores)
+Usage: bench/engine_overhead.py [--build build] [--rounds 5] [--steps 15]
 """
 
 import argparse
@@ -17,7 +17,7 @@ from common import ROOT, corpus, harness, median, median_rate, read_metrics
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=3)
     args = ap.parse_args()
@@ -31,29 +31,54 @@ def main():
     model = {"layers": 4, "d_model": 128, "heads": 4, "seq_len": 64}
     train = {"global_batch": 32, "steps": args.steps, "lr": 1e-3, "schedule": "constant"}
     print(f"GPT {model}, global batch 32, {args.steps} steps, first {args.warmup} skipped, "
-          f"{args.rounds} alternating rounds, medians")
-    print("| config | plain LibTorch samples/s | varuna-worker P=1 D=1 samples/s | ratio "
-          "varuna/plain | first-step loss plain / varuna |")
-    print("|---|---|---|---|---|")
+          f"{args.rounds} alternating rounds; samples/s is the median over a run's steps "
+          "(wall clock), samples/CPU-s is every sample of the run, start-up included, over the "
+          "CPU seconds its process was billed (/proc/self/stat: cutime + cstime)")
+    print("| config | round | plain LibTorch samples/s | varuna-worker P=1 D=1 samples/s | "
+          "varuna / plain | plain samples/CPU-s | varuna samples/CPU-s | varuna / plain per CPU-s |")
+    print("|---|---|---|---|---|---|---|---|")
+    samples = 32 * args.steps
     for name, par in configs.items():
         job = harness.job_yaml(os.path.join(tmp, "job.yaml"), data, model=model, train=train,
                                parallel=par)
-        plain, var, losses = [], [], None
-        for _ in range(args.rounds):
-            out = os.path.join(tmp, "plain.jsonl")
-            harness.subprocess.run([os.path.join(bin_dir, "bench_plain_loop"), "--job", job,
-                                    "--metrics_out", out], check=True,
-                                   stderr=harness.subprocess.DEVNULL)
-            p_rows = read_metrics(out)
-            plain.append(median_rate(p_rows, args.warmup))
-            os.environ["VARUNA_BIN_DIR"] = bin_dir
-            res = harness.run_workers(1, ["--job", job],
-                                      cmd=[os.path.join(bin_dir, "varuna-worker")])
-            assert res.ok, res.outputs[0][-2000:]
-            var.append(median_rate(res.metrics, args.warmup))
-            losses = (p_rows[0]["loss"], res.metrics[0]["loss"])
-        p, v = median(plain), median(var)
-        print(f"| {name} | {p:.1f} | {v:.1f} | {v / p:.3f} | {losses[0]:.5f} / {losses[1]:.5f} |")
+        ratios, cpu_ratios, losses = [], [], None
+        for r in range(1, args.rounds + 1):
+            rate, per_cpu = {}, {}
+            # Alternate which system goes first, round by round.
+            for system in (["plain", "varuna"] if r % 2 else ["varuna", "plain"]):
+                c0 = children_cpu_s()
+                if system == "plain":
+                    out = os.path.join(tmp, "plain.jsonl")
+                    harness.subprocess.run([os.path.join(bin_dir, "bench_plain_loop"), "--job",
+                                            job, "--metrics_out", out], check=True,
+                                           stderr=harness.subprocess.DEVNULL)
+                    rows = read_metrics(out)
+                    plain_loss = rows[0]["loss"]
+                else:
+                    os.environ["VARUNA_BIN_DIR"] = bin_dir
+                    res = harness.run_workers(1, ["--job", job],
+                                              cmd=[os.path.join(bin_dir, "varuna-worker")])
+                    assert res.ok, res.outputs[0][-2000:]
+                    rows = res.metrics
+                    varuna_loss = rows[0]["loss"]
+                rate[system] = median_rate(rows, args.warmup)
+                per_cpu[system] = samples / max(1e-9, children_cpu_s() - c0)
+            losses = (plain_loss, varuna_loss)
+            ratios.append(rate["varuna"] / rate["plain"])
+            cpu_ratios.append(per_cpu["varuna"] / per_cpu["plain"])
+            print(f"| {name} | {r} | {rate['plain']:.1f} | {rate['varuna']:.1f} | "
+                  f"{ratios[-1]:.3f} | {per_cpu['plain']:.2f} | {per_cpu['varuna']:.2f} | "
+                  f"{cpu_ratios[-1]:.3f} |", flush=True)
+        print(f"| {name} | median | | | **{median(ratios):.3f}** | | | "
+              f"**{median(cpu_ratios):.3f}** |")
+        print(f"first-step loss plain / varuna: {losses[0]:.5f} / {losses[1]:.5f}")
+
+
+def children_cpu_s():
+    """CPU seconds billed to this process's waited-for children (/proc/self/stat)."""
+    with open("/proc/self/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

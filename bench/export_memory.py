@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Peak memory of `varuna-ckpt export --format hf` on a 1B-parameter-shaped Llama.
 
 Writes a complete checkpoint in the system's layout (docs/checkpoints.md: common.json, one

@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
-scripts/build.sh
+scripts/build.sh varuna-manager varuna-agent varunactl varuna-worker
 BUILD_DIR=${VARUNA_BUILD_DIR:-build}
 [[ $BUILD_DIR == /* ]] || BUILD_DIR=$PWD/$BUILD_DIR
 BIN=$BUILD_DIR/bin

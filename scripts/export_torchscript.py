@@ -1,7 +1,7 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Exports a small GPT-like model as TorchScript segments for varuna-worker.
 
-    /usr/bin/python3 scripts/export_torchscript.py --out /tmp/gpt_ts --layers 2 --d_model 32 \
+    scripts/python scripts/export_torchscript.py --out /tmp/gpt_ts --layers 2 --d_model 32 \
         --heads 4 --seq_len 16 --vocab 256
 
 writes /tmp/gpt_ts/segment_0.pt (embedding), segment_1.pt .. segment_N.pt (one pre-LN

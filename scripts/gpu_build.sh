@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run ON THE GPU MACHINE: builds varuna-worker (and the examples) against the CUDA LibTorch of
-# that machine's PyTorch (python3 -c 'import torch; print(torch.utils.cmake_prefix_path)'), with
+# Run ON THE GPU MACHINE: builds varuna-worker against the CUDA LibTorch of that machine's
+# PyTorch (the same CMake as everywhere: VARUNA_PYTHON, cmake/VarunaTorch.cmake), with
 # the Debian packages scripts/gpu_deps.sh fetched into .gpudeps/ unpacked under /tmp/varuna-deps.
 # CMake detects the CUDA LibTorch (VARUNA_CUDA=AUTO) and c10d's NCCL; the result is
 # build-gpu/bin/varuna-worker. Usage: scripts/gpu_build.sh [BUILD_DIR]
@@ -25,13 +25,12 @@ libdir=$deps/usr/lib/x86_64-linux-gnu
 sed -i "s|\"/usr/share/glog/cmake\"|\"$deps/usr/share/glog/cmake\"|" "$libdir/cmake/glog/glog-modules.cmake"
 export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$deps/usr/bin:$PATH
-torch_prefix=$("$PYTHON" -c 'import torch; print(torch.utils.cmake_prefix_path)')
 "$PYTHON" -c 'import torch; print("gpu_build: torch", torch.__version__, "cuda", torch.version.cuda,
       "gpus", torch.cuda.device_count())'
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DVARUNA_CUDA=ON \
-  -DVARUNA_WORKER_ONLY=ON -DCMAKE_PREFIX_PATH="$torch_prefix;$deps/usr" \
+  -DVARUNA_WORKER_ONLY=ON -DVARUNA_PYTHON="$(command -v "$PYTHON")" -DCMAKE_PREFIX_PATH="$deps/usr" \
   -DVARUNA_GLOO_FALLBACK="$gloo/usr/include" \
   -DProtobuf_PROTOC_EXECUTABLE="$deps/usr/bin/protoc" \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# Installs the Debian packages the build, the tests and the demo need. Idempotent and
-# non-interactive; a no-op when everything is present.
+# Installs what the build, the tests and the demo need: Debian's packages (apt), then the
+# project's Python environment with torch 2.11 and its CUDA pieces from PyPI
+# (scripts/python_env.sh; outside the clone, reused by every clone on the machine).
+# Idempotent and non-interactive; a no-op when everything is present.
 set -euo pipefail
 
 PACKAGES=(
   build-essential cmake ccache pkg-config git
-  libtorch-dev libgloo-dev python3-torch
+  python3 python3-venv libgloo-dev
   libabsl-dev libyaml-cpp-dev libgoogle-glog-dev libgflags-dev
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev zlib1g-dev libsqlite3-dev
@@ -13,7 +15,7 @@ PACKAGES=(
   iproute2 procps openssl libssl-dev systemd
   slurm-wlm munge etcd-server etcd-client
   clang-format
-  prometheus-cpp-dev prometheus python3-prometheus-client chromium
+  prometheus-cpp-dev prometheus chromium
 )
 
 # The dashboard is built with npm (Node's own packages, or Debian's when there is none).
@@ -32,12 +34,14 @@ for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]} == 0)); then
-  echo "install_deps: all packages present"
-  exit 0
+  echo "install_deps: all Debian packages present"
+else
+  echo "install_deps: installing ${missing[*]}"
+  SUDO=""
+  [[ $(id -u) -ne 0 ]] && SUDO="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-echo "install_deps: installing ${missing[*]}"
-SUDO=""
-[[ $(id -u) -ne 0 ]] && SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# torch (LibTorch for the build), NVIDIA's CUDA 13.0 pieces, transformers, safetensors, ...
+echo "install_deps: Python environment $("$(dirname "$0")/python_env.sh")"

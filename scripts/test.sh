@@ -6,6 +6,16 @@ cd "$(dirname "$0")/.."
 scripts/install_deps.sh
 scripts/build.sh
 BUILD_DIR=${VARUNA_BUILD_DIR:-build}
+# A CUDA build of torch means the CUDA path (and NCCL) must have been compiled: never test a
+# build that left it out without saying so.
+if grep -qE '^-- varuna: LibTorch .*CUDA path OFF|NCCL OFF' "$BUILD_DIR/configure.log" &&
+  [[ $(grep -E '^VARUNA_CUDA:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2) != OFF ]] &&
+  "$(grep -E '^VARUNA_PYTHON:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)" \
+    -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
+  echo "test.sh: torch is a CUDA build but the CUDA path or NCCL was left out:" >&2
+  grep -E '^-- varuna:|Warning' "$BUILD_DIR/configure.log" >&2
+  exit 1
+fi
 # The dashboard's browser test drives Debian's chromium with npm's playwright-core.
 if command -v npm >/dev/null 2>&1 && [[ -f tests/browser/package-lock.json ]]; then
   mkdir -p "$BUILD_DIR/browser"

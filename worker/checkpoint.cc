@@ -25,20 +25,8 @@
 namespace varuna {
 namespace {
 
-// The optimizer's key for a parameter's state: the address of its TensorImpl, as text in
-// LibTorch 1.13 (c10::guts::to_string, gone in 2.x), the pointer itself in 2.x.
-using StateMap = std::decay_t<decltype(std::declval<torch::optim::Optimizer&>().state())>;
-template <typename Key>
-Key StateKeyAs(const torch::Tensor& p) {
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream os;
-    os << p.unsafeGetTensorImpl();
-    return os.str();
-  } else {
-    return p.unsafeGetTensorImpl();
-  }
-}
-StateMap::key_type StateKey(const torch::Tensor& p) { return StateKeyAs<StateMap::key_type>(p); }
+// The optimizer's key for a parameter's state: the address of its TensorImpl.
+void* StateKey(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 // Optimizer state of one parameter as named tensors ("<kind>.<field>").
 void SaveOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,

@@ -17,9 +17,8 @@ namespace varuna {
 namespace {
 
 at::Generator CudaGenerator(const torch::Device& device) {
-  // Through the context (the hooks interface underneath), so a CPU-only LibTorch links: it is
-  // never called there. The hook itself is getDefaultCUDAGenerator in 1.13, getDefaultGenerator
-  // in 2.x; Context::defaultGenerator is the same in both. No index: the current device's.
+  // Through the context (the hooks interface underneath), so a build without the CUDA path
+  // links: it is never called there. No index: the current device's.
   return at::globalContext().defaultGenerator(device);
 }
 

@@ -114,8 +114,8 @@ class GradientReducer {
   std::vector<Tied> tied_;
   ProcessGroupPtr tied_group_;
   GradientReducerOptions options_;
-  // Kept alive for the hooks: std::shared_ptr<Node> in LibTorch 1.13 and 2.11, an
-  // intrusive_ptr in later 2.x, so the type grad_accumulator returns.
+  // Kept alive for the hooks: whatever grad_accumulator returns (std::shared_ptr<Node> in
+  // LibTorch 2.11, an intrusive_ptr in later releases).
   std::vector<decltype(torch::autograd::impl::grad_accumulator(std::declval<torch::Tensor>()))>
       grad_accs_;
   std::mutex mu_;  // the autograd thread posts buckets while the compute thread may flush

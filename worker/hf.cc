@@ -79,8 +79,7 @@ class MappedLayer {
         context->addStorage(key, c10::Storage(c10::Storage::use_byte_size_t(), m->size_ - offset,
                                               std::move(ptr), nullptr, /*resizable=*/false));
       }
-      // No type resolver, object loader or device: {} is an empty optional in both
-      // LibTorch 1.13 (c10::optional) and 2.x (std::optional).
+      // No type resolver, object loader or device.
       auto dict =
           torch::jit::readArchiveAndTensors("data", "", "", {}, {}, {}, reader,
                                             torch::jit::Unpickler::defaultTypeParser, context)

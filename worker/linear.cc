@@ -9,7 +9,7 @@ thread_local WeightGradCapture* current_capture = nullptr;
 
 }  // namespace
 
-// Note [Deferred weight gradients]: in LibTorch 1.13 a second autograd call for the weights
+// Note [Deferred weight gradients]: a second autograd call for the weights
 // would walk the graph again, recomputing the input gradients (W would cost B + W). Instead the
 // B pass is `backward(grad, inputs = stage input + every parameter but the recorded weights)`:
 // the engine then skips each linear's weight-gradient matmul (its edge is not needed), and the

@@ -108,23 +108,19 @@ class GptBlock : public Layer {
     auto q = qkv[0], k = qkv[1], v = qkv[2];
     torch::Tensor y;
     const bool dropping = is_training() && dropout_ > 0;
-#if TORCH_VERSION_MAJOR >= 2
-    // Fused (flash / memory-efficient) attention where this LibTorch has it (2.0+); the
-    // dropout inside draws from the device generator, which recompute replays. Split heads
-    // with dropout take the explicit path below (the same draws on every tp rank).
+    // Fused (flash / memory-efficient) attention; the dropout inside draws from the device
+    // generator, which recompute replays. Split heads with dropout take the explicit path
+    // below (the same draws on every tp rank).
     if (!(tp_.enabled() && dropping)) {
       y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
                                            is_training() ? dropout_ : 0.0, /*is_causal=*/true)
               .transpose(1, 2)
               .reshape({b, t, lh * hd});
-    }
-#endif
-    if (!y.defined()) {
+    } else {
       auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
       auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
       att = torch::softmax(att.masked_fill(mask, -INFINITY), -1);
-      att = tp_.enabled() && dropping ? HeadSliceDropout(att, heads_, dropout_, tp_)
-                                      : F::dropout(att, drop);
+      att = HeadSliceDropout(att, heads_, dropout_, tp_);
       y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, lh * hd});
     }
     auto h = x + F::dropout(proj_(y), drop);

@@ -38,22 +38,10 @@ struct Graph {
   torch::Tensor output;
 };
 
-// Turns autocast on `type` (kCPU or kCUDA) on or off; `dtype` is its lower precision. LibTorch
-// 2.4 replaced set_cpu_enabled / set_enabled and set_autocast_{cpu,gpu}_dtype (deprecated
-// since, with a run-time warning) with these per-device-type calls.
+// Turns autocast on `type` (kCPU or kCUDA) on or off; `dtype` is its lower precision.
 void SetAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype = at::kBFloat16) {
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
   at::autocast::set_autocast_enabled(type, enabled);
   if (enabled) at::autocast::set_autocast_dtype(type, dtype);
-#else
-  if (type == at::kCPU) {
-    at::autocast::set_cpu_enabled(enabled);
-    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
-  } else {
-    at::autocast::set_enabled(enabled);
-    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
-  }
-#endif
 }
 
 std::vector<TensorMap> Split(const TensorMap& inputs, int64_t chunk_size, torch::Device device,

@@ -26,8 +26,8 @@
 namespace varuna {
 namespace {
 
-// Note [Process groups]: c10d's groups (ProcessGroup in LibTorch 1.13, Backend in 2.x) share
-// the method names used here, so one adapter serves both for gloo and NCCL.
+// Note [Process groups]: c10d's gloo and NCCL backends share the method names used here, so
+// one adapter serves both.
 class C10dWork : public Work {
  public:
   // `abort` null: plain waits. `sliced`: a collective whose wait is taken in slices so that
@@ -357,9 +357,7 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(topo.master_port);
     o.isServer = topo.process_rank() == 0 && !topo.store_is_external;
-    // c10::optional in LibTorch 1.13, std::optional in 2.x.
-    using Workers = decltype(o.numWorkers);
-    o.numWorkers = topo.store_is_external ? Workers() : Workers(topo.processes());
+    if (!topo.store_is_external) o.numWorkers = topo.processes();
     o.waitWorkers = false;
     o.timeout = timeout;
     c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);

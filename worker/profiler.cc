@@ -35,15 +35,10 @@ class TrackingAllocator final : public c10::Allocator {
   static constexpr size_t kHeader = 64;
   explicit TrackingAllocator(c10::Allocator* base) : base_(base) {}
 
-  // LibTorch 2.3 made allocate() non-const and added the pure virtual copy_data().
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   c10::DataPtr allocate(size_t n) override { return Allocate(n); }
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);
   }
-#else
-  c10::DataPtr allocate(size_t n) const override { return Allocate(n); }
-#endif
   c10::DeleterFnPtr raw_deleter() const override { return &RawDelete; }
 
   static int64_t current() { return current_.load(); }

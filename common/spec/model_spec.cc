@@ -403,6 +403,36 @@ absl::Status ResolveInitFrom(ModelSpec* m) {
       return refuse(absl::StrCat("hidden_act is '", a, "' (only silu)"));
     }
     if (cfg.count("rope_scaling")) return refuse("rope_scaling is set (not supported)");
+    // transformers 5 writes the rotary settings as rope_parameters: {rope_type, rope_theta}.
+    if (auto it = cfg.find("rope_parameters"); it != cfg.end()) {
+      const YAML::Node& rp = it->second;
+      if (!rp.IsMap()) return refuse("rope_parameters is not an object");
+      const YAML::Node type_node = rp["rope_type"];
+      const std::string rope_type = type_node && type_node.IsScalar() ? type_node.Scalar() : "";
+      if (!rope_type.empty() && rope_type != "default") {
+        return refuse(absl::StrCat("rope_parameters.rope_type is '", rope_type,
+                                   "' (only the default rotary embedding)"));
+      }
+      if (const YAML::Node theta = rp["rope_theta"]; theta && !theta.IsNull()) {
+        if (!theta.IsScalar()) return refuse("rope_parameters.rope_theta is not a number");
+        if (const std::string top = text_of("rope_theta"); !top.empty() && top != theta.Scalar()) {
+          return refuse(absl::StrCat("rope_theta is ", top, " but rope_parameters.rope_theta is ",
+                                     theta.Scalar()));
+        }
+        cfg.erase("rope_theta");
+        cfg.emplace("rope_theta", theta);
+      }
+    }
+    // One head is hidden_size / num_attention_heads wide here; a config that says otherwise
+    // (head_dim) describes another model.
+    if (const std::string hd = text_of("head_dim"); !hd.empty()) {
+      int head_dim = 0, hidden = 0, heads = 0;
+      if (!absl::SimpleAtoi(hd, &head_dim) || !absl::SimpleAtoi(text_of("hidden_size"), &hidden) ||
+          !absl::SimpleAtoi(text_of("num_attention_heads"), &heads) || heads <= 0 ||
+          head_dim * heads != hidden) {
+        return refuse(absl::StrCat("head_dim is ", hd, ", not hidden_size / num_attention_heads"));
+      }
+    }
     for (const char* bias : {"attention_bias", "mlp_bias"}) {
       if (const std::string b = text_of(bias); b == "true" || b == "True") {
         return refuse(absl::StrCat(bias, " is true (Llama has no biases here)"));

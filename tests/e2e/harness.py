@@ -5,10 +5,13 @@ import os
 import random
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
 BIN_DIR = os.environ.get("VARUNA_BIN_DIR", os.path.join(os.getcwd(), "bin"))
+# torchrun of the torch these tests run under (the project's environment, scripts/python).
+TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 WORKER = os.path.join(BIN_DIR, "varuna-worker")
 
 

@@ -85,13 +85,12 @@ class WorkerTest(Fixture):
             self.assertIn("pipeline=1", log)
 
     def test_under_torchrun(self):
-        torchrun = "/usr/bin/torchrun"
+        torchrun = harness.TORCHRUN
         if not os.path.exists(torchrun):
-            self.skipTest("python3-torch's torchrun is not installed")
+            self.skipTest(f"{torchrun} is not installed")
         base = self.run_ok(1, ["--job", self.job("tr_base")], "1x1").losses()
         for name, ranks, pipes in SHAPES:
             metrics = os.path.join(self.tmp, f"torchrun{name}.jsonl")
-            # torch 1.13's torchrun spells it --nproc_per_node (newer: --nproc-per-node).
             p = subprocess.run([torchrun, "--standalone", "--nproc_per_node", str(ranks),
                                 "--redirects", "1", "--tee", "1", "--log_dir",
                                 os.path.join(self.tmp, "torchrun-logs" + name), "--no_python",

@@ -1,10 +1,12 @@
 """Hugging Face models in and out (docs/models.md), with real binaries.
 
-ImportExportTest: small Llama and GPT-2 directories written by hf_models.py (random weights,
-an independent safetensors writer) start a job (model.init_from); the first step's loss on a
-one-sample data file equals hf_models.py's plain PyTorch reference (1e-5); `varuna-ckpt
-export` after N steps reloads in the reference with the loss the system reports at step N+1;
-an export with the weights untouched (lr 0) is byte-identical per tensor to what came in.
+ImportExportTest: small Llama and GPT-2 directories made by transformers itself
+(LlamaForCausalLM / GPT2LMHeadModel from a config, seeded random weights, save_pretrained)
+start a job (model.init_from); the first step's loss on a one-sample data file equals
+transformers' forward of that directory (1e-5); `varuna-ckpt export` after N steps, loaded with
+from_pretrained, computes the loss the system reports at step N+1, and its tokenizer (made with
+the tokenizers library) loads with AutoTokenizer; an export with the weights untouched (lr 0)
+is byte-identical per tensor (read with safetensors) to what came in.
 LlamaParityTest: llama on P x D and on a heterogeneous mix equals 1 x 1 (1e-4).
 LlamaMorphTest: a llama job submitted with varunactl (which fills the architecture in from
 config.json) loses a node and still computes the one-process losses.
@@ -31,6 +33,18 @@ LLAMA = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 4,
          "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": False,
          "max_position_embeddings": 64}
 GPT2 = {"n_embd": 48, "n_layer": 3, "n_head": 4, "n_positions": 32, "vocab_size": 300}
+
+
+def make_tokenizer(out):
+    """A word-level tokenizer over the test vocabulary ("w0" .. "w299"), saved the way
+    transformers saves one (tokenizer.json, tokenizer_config.json)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    os.makedirs(out, exist_ok=True)
+    tok = Tokenizer(models.WordLevel(vocab={f"w{i}": i for i in range(300)}, unk_token="w0"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(os.path.join(out, "tokenizer.json"))
+    PreTrainedTokenizerFast(tokenizer_file=os.path.join(out, "tokenizer.json")).save_pretrained(out)
 
 
 def flow(d):
@@ -90,10 +104,7 @@ class ImportExportTest(Fixture):
         ckpt = os.path.join(self.tmp, f"ckpt-{kind}-{os.path.basename(src)}")
         # The tokenizer the tokens came from travels with the export (data.tokenizer_dir).
         tok = os.path.join(self.tmp, "tokenizer-" + kind)
-        os.makedirs(tok, exist_ok=True)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            with open(os.path.join(tok, name), "w") as f:
-                f.write('{"made_by": "hf_e2e"}')
+        make_tokenizer(tok)
         job = write_job(os.path.join(self.tmp, f"{kind}.yaml"), one_sample_model,
                         f"{{kind: tokens, path: {self.one}, tokenizer_dir: {tok}}}",
                         extra=f"checkpoint: {{dir: {ckpt}, every_steps: 1}}\n")
@@ -111,9 +122,9 @@ class ImportExportTest(Fixture):
                              f"{kind}: export reloads at {got}, the system said {losses[2]}")
         with open(os.path.join(out, "config.json")) as f:
             self.assertEqual(json.load(f)["model_type"], kind)
-        for name in ("tokenizer.json", "tokenizer_config.json"):
-            with open(os.path.join(out, name)) as f:
-                self.assertIn("hf_e2e", f.read())
+        from transformers import AutoTokenizer
+        self.assertEqual(AutoTokenizer.from_pretrained(out)("w5 w7 w299")["input_ids"],
+                         [5, 7, 299])
 
     def test_llama_import_matches_reference_and_export_reloads(self):
         src = self.make("llama", "llama", LLAMA, seed=1)

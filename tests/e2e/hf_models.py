@@ -1,14 +1,17 @@
-"""Independent safetensors I/O, random Hugging Face model dirs and a reference forward.
+"""Hugging Face model dirs and the reference forward, from Hugging Face's own libraries.
 
-Only torch and the standard library. CLI: hf_models.py golden OUT | make --kind llama|gpt2
---out DIR --config JSON [--seed N] [--dtype D] [--shard_bytes N] | loss --dir DIR --tokens FILE
+transformers builds the models (LlamaForCausalLM, GPT2LMHeadModel from a config, seeded random
+weights, save_pretrained to safetensors) and computes the reference loss (from_pretrained, so an
+export is loaded the way users load it); safetensors reads checkpoints back. The golden file
+for the C++ reader is written by an independent writer of the format here (write_safetensors).
+
+CLI: hf_models.py golden OUT | make --kind llama|gpt2 --out DIR --config JSON [--seed N] [--dtype D] [--shard_bytes N] | loss --dir DIR --tokens FILE
 --seq_len N [--dtype uint16|uint32] | compare A_DIR B_DIR
 """
 
 import argparse
 import array
 import json
-import math
 import os
 import struct
 import sys
@@ -25,7 +28,7 @@ assert sys.byteorder == "little", "safetensors I/O here assumes a little-endian 
 
 
 def tensor_bytes(t):
-    """Raw little-endian bytes of a tensor (no numpy; works for bf16 in torch 1.13)."""
+    """Raw little-endian bytes of a tensor (no numpy, so bf16 works too)."""
     x = t.detach().contiguous().reshape(-1)
     buf = bytearray(x.numel() * x.element_size())
     if buf:
@@ -53,26 +56,6 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(b)
 
 
-def read_safetensors(path, with_metadata=False):
-    """Read a safetensors file -> dict name -> tensor (dtype and shape as stored)."""
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header, start, out = json.loads(data[8:8 + n].decode("utf-8")), 8 + n, {}
-    meta = header.pop("__metadata__", None)
-    for name, info in header.items():
-        dtype, shape = DTYPES[info["dtype"]], info["shape"]
-        b, e = info["data_offsets"]
-        numel = math.prod(shape)
-        size = torch.empty((), dtype=dtype).element_size()
-        if e - b != numel * size or start + e > len(data):
-            raise ValueError(f"{path}: bad data_offsets for {name}")
-        chunk = bytearray(data[start + b:start + e])  # a copy: aligned and writable
-        out[name] = (torch.frombuffer(chunk, dtype=dtype).clone().reshape(shape) if numel
-                     else torch.empty(shape, dtype=dtype))
-    return (out, meta) if with_metadata else out
-
-
 def golden(path):
     """Write the fixed golden safetensors file used to cross-check the C++ reader/writer."""
     t = {
@@ -91,25 +74,24 @@ GPT2_DEFAULTS = {"n_positions": 1024, "layer_norm_epsilon": 1e-5}
 
 
 def make_config(kind, cfg, dtype=torch.float32):
-    """Full Hugging Face config.json dict for kind 'llama' or 'gpt2' from the given fields."""
-    dname = {v: k for k, v in TORCH_DTYPES.items()}[dtype]
+    """transformers' own config (LlamaConfig or GPT2Config) for kind 'llama' or 'gpt2'."""
+    from transformers import GPT2Config, LlamaConfig
     if kind == "llama":
-        c = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
-             "torch_dtype": dname, "attention_bias": False, "rope_scaling": None,
-             **LLAMA_DEFAULTS, **cfg}
+        c = {"hidden_act": "silu", "attention_bias": False, **LLAMA_DEFAULTS, **cfg}
         c.setdefault("num_key_value_heads", c["num_attention_heads"])
-        return c
+        return LlamaConfig(dtype=dtype, **c)
     if kind == "gpt2":
-        c = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2",
-             "activation_function": "gelu_new", "n_inner": None, "tie_word_embeddings": True,
-             "torch_dtype": dname, **GPT2_DEFAULTS, **cfg}
-        c.setdefault("n_ctx", c["n_positions"])
-        return c
+        c = {"activation_function": "gelu_new", "n_inner": None, "tie_word_embeddings": True,
+             **GPT2_DEFAULTS, **cfg}
+        # Token ids inside the small vocabularies these tests use.
+        last = c["vocab_size"] - 1
+        return GPT2Config(dtype=dtype, bos_token_id=last, eos_token_id=last, **c)
     raise ValueError(f"unknown kind {kind!r}")
 
 
 def weight_shapes(cfg):
-    """name -> (shape, init); init 'w', 'b': N(0, 0.02), 'n' (norm weight): 1 + N(0, 0.1)."""
+    """name -> (shape, init) of the tensors a checkpoint holds; cfg: config.json's dict.
+    init 'w', 'b': N(0, 0.02), 'n' (norm weight): 1 + N(0, 0.1)."""
     s = {}
     if cfg["model_type"] == "llama":
         d, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
@@ -154,46 +136,29 @@ def random_weights(cfg, seed=0, dtype=torch.float32):
     return out
 
 
-def write_json(path, obj):
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-
-
-def write_weights(out_dir, tensors, shard_bytes=None):
-    """Write tensors (sorted by name) as model.safetensors, or greedy shards plus an index."""
-    nbytes = {n: t.numel() * t.element_size() for n, t in tensors.items()}
-    shards, cur_bytes = [[]], 0
-    for n in sorted(tensors):
-        if shard_bytes and shards[-1] and cur_bytes + nbytes[n] > shard_bytes:
-            shards.append([])
-            cur_bytes = 0
-        shards[-1].append(n)
-        cur_bytes += nbytes[n]
-    weight_map = {}
-    for i, group in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        fname = fname if shard_bytes else "model.safetensors"
-        write_safetensors(os.path.join(out_dir, fname), {n: tensors[n] for n in group},
-                          {"format": "pt"})
-        weight_map.update((n, fname) for n in group)
-    if shard_bytes:
-        index = {"metadata": {"total_size": sum(nbytes.values())}, "weight_map": weight_map}
-        write_json(os.path.join(out_dir, "model.safetensors.index.json"), index)
-
-
 def write_hf_dir(out_dir, kind, cfg, seed=0, dtype=torch.float32, shard_bytes=None):
-    """Write config.json and random weights for a 'llama' or 'gpt2' model; returns the config."""
+    """A Hugging Face model directory made by transformers itself: LlamaForCausalLM or
+    GPT2LMHeadModel from its config, our seeded random weights loaded into it, then
+    save_pretrained (safetensors; shards of at most shard_bytes with an index). Returns the
+    config as config.json has it."""
+    from transformers import GPT2LMHeadModel, LlamaForCausalLM
     dtype = TORCH_DTYPES[dtype] if isinstance(dtype, str) else dtype
-    os.makedirs(out_dir, exist_ok=True)
     config = make_config(kind, cfg, dtype)
-    write_json(os.path.join(out_dir, "config.json"), config)
-    write_weights(out_dir, random_weights(config, seed, dtype), shard_bytes)
-    return config
+    model = (LlamaForCausalLM if kind == "llama" else GPT2LMHeadModel)(config)
+    weights = random_weights(config.to_dict(), seed)
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    # A tied head is the embedding itself: the only tensor the checkpoint does not hold.
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise ValueError(f"weights do not fit {kind}: missing {missing}, unexpected {unexpected}")
+    model.to(dtype).save_pretrained(out_dir, max_shard_size=shard_bytes or "50GB")
+    with open(os.path.join(out_dir, "config.json")) as f:
+        return json.load(f)
 
 
 def load_hf_weights(d):
-    """Raw tensors (stored dtype) of a HF dir: model.safetensors or an index with shards."""
+    """Raw tensors (stored dtype) of a HF dir, read with safetensors: model.safetensors or an
+    index with shards."""
+    from safetensors.torch import load_file
     index = os.path.join(d, "model.safetensors.index.json")
     if os.path.exists(index):
         with open(index) as f:
@@ -202,110 +167,27 @@ def load_hf_weights(d):
         files = ["model.safetensors"]
     out = {}
     for fname in files:
-        for name, t in read_safetensors(os.path.join(d, fname)).items():
+        for name, t in load_file(os.path.join(d, fname)).items():
             if name in out:
                 raise ValueError(f"{d}: tensor {name} appears twice")
             out[name] = t
     return out
 
 
-def load_hf_dir(d):
-    """(config dict, dict name -> float32 tensor) of a HF model dir, sharded or not."""
-    with open(os.path.join(d, "config.json")) as f:
-        cfg = json.load(f)
-    return cfg, {n: t.float() for n, t in load_hf_weights(d).items()}
-
-
-def causal_attention(q, k, v):
-    """softmax(q k^T / sqrt(hd) + causal mask) v in fp32; q, k, v: [B, H, T, hd]."""
-    T, hd = q.shape[-2], q.shape[-1]
-    scores = (q @ k.transpose(-1, -2)) / math.sqrt(hd)
-    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
-    return torch.softmax(scores.float(), dim=-1).to(v.dtype) @ v
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
-
-
-def apply_rotary(x, theta):
-    """HF rotate-half rotary embedding on x [B, H, T, hd] at positions 0..T-1."""
-    T, hd = x.shape[-2], x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, hd, 2).float() / hd))
-    freqs = torch.outer(torch.arange(T).float(), inv_freq)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return x * emb.cos() + rotate_half(x) * emb.sin()
-
-
-def rmsnorm(x, w, eps):
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
-
-
-def gelu_new(x):
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
-
-
-def llama_logits(cfg, w, ids):
-    B, T = ids.shape
-    nh, kv = cfg["num_attention_heads"], cfg.get("num_key_value_heads", cfg["num_attention_heads"])
-    d, eps = cfg["hidden_size"], cfg["rms_norm_eps"]
-    hd, theta = d // nh, cfg.get("rope_theta", 10000.0)
-    h = w["model.embed_tokens.weight"][ids]
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        x = rmsnorm(h, w[p + "input_layernorm.weight"], eps)
-        q = (x @ w[p + "self_attn.q_proj.weight"].T).view(B, T, nh, hd).transpose(1, 2)
-        k = (x @ w[p + "self_attn.k_proj.weight"].T).view(B, T, kv, hd).transpose(1, 2)
-        v = (x @ w[p + "self_attn.v_proj.weight"].T).view(B, T, kv, hd).transpose(1, 2)
-        q, k = apply_rotary(q, theta), apply_rotary(k, theta)
-        k = k[:, :, None].expand(B, kv, nh // kv, T, hd).reshape(B, nh, T, hd)
-        v = v[:, :, None].expand(B, kv, nh // kv, T, hd).reshape(B, nh, T, hd)
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, nh * hd)
-        h = h + y @ w[p + "self_attn.o_proj.weight"].T
-        x = rmsnorm(h, w[p + "post_attention_layernorm.weight"], eps)
-        m = F.silu(x @ w[p + "mlp.gate_proj.weight"].T) * (x @ w[p + "mlp.up_proj.weight"].T)
-        h = h + m @ w[p + "mlp.down_proj.weight"].T
-    h = rmsnorm(h, w["model.norm.weight"], eps)
-    head = w.get("lm_head.weight")
-    if cfg.get("tie_word_embeddings", False) or head is None:
-        head = w["model.embed_tokens.weight"]
-    return h @ head.T
-
-
-def gpt2_logits(cfg, w, ids):
-    B, T = ids.shape
-    d, nh, eps = cfg["n_embd"], cfg["n_head"], cfg.get("layer_norm_epsilon", 1e-5)
-    hd = d // nh
-    h = w["transformer.wte.weight"][ids] + w["transformer.wpe.weight"][torch.arange(T)]
-
-    def ln(x, name):
-        return F.layer_norm(x, (d,), w[name + ".weight"], w[name + ".bias"], eps)
-
-    for i in range(cfg["n_layer"]):
-        p = f"transformer.h.{i}."
-        a = ln(h, p + "ln_1")
-        qkv = a @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
-        q, k, v = (t.view(B, T, nh, hd).transpose(1, 2) for t in qkv.split(d, dim=-1))
-        y = causal_attention(q, k, v).transpose(1, 2).reshape(B, T, d)
-        h = h + (y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"])
-        m = ln(h, p + "ln_2")
-        m = gelu_new(m @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"])
-        h = h + (m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"])
-    return ln(h, "transformer.ln_f") @ w["transformer.wte.weight"].T
+def load_model(d):
+    """transformers' from_pretrained of a HF dir, in float32 (bf16 weights upcast), eval mode,
+    the eager attention (softmax(QK^T)V with the softmax in fp32)."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    return model.eval()
 
 
 def reference_logits(src, input_ids):
-    """fp32 logits [B, T, V]; src is a HF dir or a (config, weights) pair."""
-    cfg, w = load_hf_dir(src) if isinstance(src, (str, os.PathLike)) else src
-    w = {n: t.float() for n, t in w.items()}
+    """fp32 logits [B, T, V] of the HF dir `src`, computed by transformers."""
     ids = torch.as_tensor(input_ids, dtype=torch.long)
     with torch.no_grad():
-        if cfg["model_type"] == "llama":
-            return llama_logits(cfg, w, ids)
-        if cfg["model_type"] == "gpt2":
-            return gpt2_logits(cfg, w, ids)
-    raise ValueError(f"unsupported model_type {cfg['model_type']!r}")
+        return load_model(src)(input_ids=ids).logits.float()
 
 
 def reference_loss(src, input_ids, labels):

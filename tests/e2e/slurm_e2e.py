@@ -126,10 +126,10 @@ class SrunTest(Fixture):
             log = f.read()
         with open(metrics) as f:
             got = [json.loads(line)["loss"] for line in f if line.strip()]
-        # The same job under torchrun (Debian's python3-torch), 4 processes on this machine.
-        torchrun = "/usr/bin/torchrun"
+        # The same job under torchrun (the environment's torch), 4 processes on this machine.
+        torchrun = harness.TORCHRUN
         if not os.path.exists(torchrun):
-            self.skipTest("python3-torch's torchrun is not installed")
+            self.skipTest(f"{torchrun} is not installed")
         ref_metrics = os.path.join(self.tmp, "torchrun.jsonl")
         p = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "4", "--redirects", "1",
                             "--tee", "1", "--log_dir", os.path.join(self.tmp, "torchrun-logs"),

@@ -1,9 +1,9 @@
 """End-to-end tests of TorchScript models: segments exported from Python by
-scripts/export_torchscript.py (Debian's python3 with torch 1.13), trained by real varuna-worker
-processes over loopback gloo.
+scripts/export_torchscript.py (the project's Python and its torch, the LibTorch the worker is
+built against), trained by real varuna-worker processes over loopback gloo.
 
 Run from the build directory:
-    VARUNA_BIN_DIR=bin /usr/bin/python3 ../tests/e2e/torchscript_e2e.py -v
+    VARUNA_BIN_DIR=bin ../scripts/python ../tests/e2e/torchscript_e2e.py -v
 """
 
 import os
@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import harness  # noqa: E402
 from worker_e2e import Fixture  # noqa: E402
 
-PYTHON = "/usr/bin/python3"  # Debian's, with python3-torch; not whatever is first on PATH
+PYTHON = sys.executable  # the project's environment (scripts/python), as ctest runs it
 EXPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
                       "export_torchscript.py")
 # Tiny: 4 segments (embedding, 2 blocks, head) of 8.7k, 12.7k, 12.7k, 8.5k parameters.
@@ -46,7 +46,7 @@ class TorchScriptTest(Fixture):
         if self.has_torch is None:
             type(self).has_torch = torch_importable()
         if not self.has_torch:
-            self.skipTest(f"{PYTHON} cannot import torch (install python3-torch)")
+            self.skipTest(f"{PYTHON} cannot import torch (run scripts/install_deps.sh)")
         if dropout not in self.exports:
             out = os.path.join(self.tmp, f"gpt_ts_drop{dropout}")
             args = [PYTHON, EXPORT, "--out", out, "--dropout", str(dropout), "--seed", "3"]

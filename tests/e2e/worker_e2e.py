@@ -259,13 +259,11 @@ class LearningTest(Fixture):
 
 class TorchrunTest(Fixture):
     def test_under_torchrun_no_python(self):
-        torchrun = "/usr/bin/torchrun"
+        torchrun = harness.TORCHRUN
         if not os.path.exists(torchrun):
-            self.skipTest("python3-torch's torchrun is not installed")
+            self.skipTest(f"{torchrun} is not installed")
         job = self.job("torchrun")
         metrics = os.path.join(self.tmp, "torchrun.jsonl")
-        # Debian's torch 1.13 on Python 3.11 cannot parse the default "--redirects 0": Flag
-        # enums no longer iterate their zero member. "1" (stdout) parses and is harmless here.
         p = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "--redirects", "1",
                             "--tee", "1", "--log_dir", os.path.join(self.tmp, "torchrun-logs"),
                             "--no_python",

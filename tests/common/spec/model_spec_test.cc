@@ -174,6 +174,36 @@ TEST_F(InitFromTest, FillsWhatTheSpecLeftOutAndChecksWhatItGave) {
   EXPECT_FALSE(ResolveInitFrom(&other).ok());
 }
 
+// transformers 5 writes config.json with rope_parameters (and head_dim) instead of a top-level
+// rope_theta: the theta is read from there; another rope_type or head_dim is refused by name.
+TEST_F(InitFromTest, ReadsTransformers5RopeParameters) {
+  const std::string base = R"("model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "vocab_size": 300, "dtype": "float32")";
+  Config("{" + base + R"(, "head_dim": 16,
+             "rope_parameters": {"rope_theta": 500000.0, "rope_type": "default"}})");
+  ModelSpec m = Llama();
+  ASSERT_THAT(ResolveInitFrom(&m), IsOk());
+  EXPECT_EQ(m.rope_theta, 500000);
+  Config("{" + base + R"(, "rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3",
+             "factor": 8.0}})");
+  m = Llama();
+  EXPECT_THAT(ResolveInitFrom(&m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            "rope_parameters.rope_type is 'llama3'"));
+  Config("{" + base + R"(, "rope_theta": 10000.0, "rope_parameters": {"rope_theta": 20000.0}})");
+  m = Llama();
+  EXPECT_THAT(ResolveInitFrom(&m), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            "but rope_parameters.rope_theta is 20000.0"));
+  Config("{" + base + R"(, "rope_parameters": [1, 2]})");
+  m = Llama();
+  EXPECT_THAT(ResolveInitFrom(&m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "rope_parameters is not an object"));
+  Config("{" + base + R"(, "head_dim": 32})");
+  m = Llama();
+  EXPECT_THAT(ResolveInitFrom(&m),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "head_dim is 32, not hidden_size / num_attention_heads"));
+}
+
 // Before config.json is read, the kind's defaults stand in for the architecture: they are not
 // held against the fields given (a seq_len past the default max_position_embeddings, more
 // KV heads than the default heads).
