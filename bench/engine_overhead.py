@@ -4,7 +4,7 @@ LibTorch loop over the same model, data, optimizer and batch), alternated round 
 one run. Prints a markdown table; the ratio is plain_time / varuna_time per step (>= 0.95
 means varuna costs at most ~5% more).
 
-Usage: bench/engine_overhead.py [--build build] [--rounds 5] [--steps 15]
+Usage: bench/engine_overhead.py [--build build] [--rounds 5] [--steps 60] [--warmup 10]   (~3 min on 2 cores)
 """
 
 import argparse
@@ -18,8 +18,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=15)
-    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--warmup", type=int, default=10)
     args = ap.parse_args()
     bin_dir = os.path.join(args.build, "bin")
     tmp = tempfile.mkdtemp(prefix="varuna-bench-")

@@ -3,8 +3,9 @@
 
 For each build given (NAME=PATH to a varuna-worker), alternately over ROUNDS rounds:
   * standby: `varuna-worker --standby` (what an agent keeps warm per free slot) from exec to
-    its "standby worker ready" line; then its /proc/PID/smaps_rollup (resident, proportional,
-    private) and the CPU seconds it was billed (/proc/PID/stat utime + stime);
+    its "standby worker ready" line and the CPU seconds it was billed (/proc/PID/stat utime +
+    stime); then, with a second standby up beside it (as on a 2-slot agent), its
+    /proc/PID/smaps_rollup: resident, proportional, and private (what each one more costs);
   * first step: a 1-process job (the tiny GPT, 2 steps) from exec to its first metrics line,
     and the whole run's wall time.
 Prints every round and the medians as a markdown table. Standard library only.
@@ -42,6 +43,21 @@ def rollup(pid):
 
 
 def standby(worker, tmp):
+    """Two standbys, as an agent keeps one per free slot: the first's start-up, and its memory
+    while the second shares LibTorch's file pages with it (private = what one more costs)."""
+    first = start_standby(worker, tmp)
+    second = start_standby(worker, tmp)
+    time.sleep(0.5)  # let the listener threads settle before reading memory
+    mem = rollup(first["proc"].pid)
+    cpu = cpu_s(first["proc"].pid)
+    for s in (first, second):
+        s["proc"].kill()
+        s["proc"].wait()
+        os.unlink(s["fifo"])
+    return {"ready_s": first["ready_s"], "cpu_s": cpu, **mem}
+
+
+def start_standby(worker, tmp):
     fifo = os.path.join(tmp, f"fifo-{time.monotonic_ns()}")
     os.mkfifo(fifo)
     env = dict(os.environ, VARUNA_CONTROL_FIFO=fifo, GLOG_logtostderr="1")
@@ -67,13 +83,7 @@ def standby(worker, tmp):
         p.kill()
         p.wait()
         raise RuntimeError(f"{worker} --standby never got ready:\n{buf.decode(errors='replace')}")
-    time.sleep(0.5)  # let the listener thread settle before reading memory
-    mem = rollup(p.pid)
-    cpu = cpu_s(p.pid)
-    p.kill()
-    p.wait()
-    os.unlink(fifo)
-    return {"ready_s": ready, "cpu_s": cpu, **mem}
+    return {"proc": p, "fifo": fifo, "ready_s": ready}
 
 
 def first_step(worker, tmp, corpus):
