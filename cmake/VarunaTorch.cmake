@@ -10,7 +10,9 @@
 #   bin/nvcc, from scripts/python-requirements.txt), it is used unless one was named
 #   (CUDA_TOOLKIT_ROOT_DIR or CMAKE_CUDA_COMPILER); otherwise FindCUDA looks where it always
 #   does (/usr/local/cuda, PATH), as on a GPU machine with its own toolkit.
-# Sets VARUNA_PYTHON (cached) for the tests, which run their Python with it.
+# Sets VARUNA_PYTHON for the tests, which run their Python with it, and records it as
+# VARUNA_PYTHON_RESOLVED in the cache. Only a Python named by the user is cached: the default is
+# looked up again at every configure, so a change of pins (a new environment) is followed.
 set(VARUNA_PYTHON "$ENV{VARUNA_PYTHON}" CACHE FILEPATH
     "Python whose torch is built against (default: scripts/python_env.sh's, else python3)")
 if(NOT VARUNA_PYTHON)
@@ -18,14 +20,15 @@ if(NOT VARUNA_PYTHON)
                   OUTPUT_VARIABLE varuna_env_python OUTPUT_STRIP_TRAILING_WHITESPACE
                   RESULT_VARIABLE varuna_env_rc ERROR_QUIET)
   if(varuna_env_rc EQUAL 0 AND EXISTS "${varuna_env_python}")
-    set(VARUNA_PYTHON "${varuna_env_python}" CACHE FILEPATH "" FORCE)
+    set(VARUNA_PYTHON "${varuna_env_python}")
   else()
     find_program(varuna_path_python3 python3)
     if(varuna_path_python3)
-      set(VARUNA_PYTHON "${varuna_path_python3}" CACHE FILEPATH "" FORCE)
+      set(VARUNA_PYTHON "${varuna_path_python3}")
     endif()
   endif()
 endif()
+set(VARUNA_PYTHON_RESOLVED "${VARUNA_PYTHON}" CACHE INTERNAL "the Python the build and tests use")
 
 execute_process(
   COMMAND "${VARUNA_PYTHON}" -c

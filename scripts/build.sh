@@ -15,6 +15,15 @@ export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 export CCACHE_MAXSIZE=${CCACHE_MAXSIZE:-20G}
 command -v ccache >/dev/null && ccache --zero-stats >/dev/null
 mkdir -p "$BUILD_DIR"
+# A build directory configured against another Python environment (the pins changed, so
+# scripts/python_env.sh made a new one) would keep the old LibTorch in its cache: start over.
+cache=$BUILD_DIR/CMakeCache.txt
+if [[ -f $cache && -z ${VARUNA_PYTHON:-} ]] && ! grep -qE '^VARUNA_PYTHON:FILEPATH=.+' "$cache" &&
+  want=$(scripts/python_env.sh --path 2>/dev/null) &&
+  [[ $(grep -E '^VARUNA_PYTHON_RESOLVED:' "$cache" | cut -d= -f2) != "$want" ]]; then
+  echo "build: $BUILD_DIR was configured with another Python; configuring it afresh for $want"
+  rm -rf "$cache" "$BUILD_DIR/CMakeFiles"
+fi
 # The configure's own lines (LibTorch's version, the CUDA path, NCCL) go to the log; all of it
 # when it fails.
 if ! cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=${VARUNA_BUILD_TYPE:-RelWithDebInfo} \

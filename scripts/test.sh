@@ -10,7 +10,7 @@ BUILD_DIR=${VARUNA_BUILD_DIR:-build}
 # build that left it out without saying so.
 if grep -qE '^-- varuna: LibTorch .*CUDA path OFF|NCCL OFF' "$BUILD_DIR/configure.log" &&
   [[ $(grep -E '^VARUNA_CUDA:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2) != OFF ]] &&
-  "$(grep -E '^VARUNA_PYTHON:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)" \
+  "$(grep -E '^VARUNA_PYTHON_RESOLVED:' "$BUILD_DIR/CMakeCache.txt" | cut -d= -f2)" \
     -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)' 2>/dev/null; then
   echo "test.sh: torch is a CUDA build but the CUDA path or NCCL was left out:" >&2
   grep -E '^-- varuna:|Warning' "$BUILD_DIR/configure.log" >&2
