@@ -30,3 +30,12 @@ def median_rate(rows, warmup, key="samples_per_s"):
 
 def median(xs):
     return statistics.median(xs)
+
+
+def proc_cpu_s(pid="self", children=False):
+    """CPU seconds billed to a process (/proc/PID/stat utime + stime), or to its waited-for
+    children (cutime + cstime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    first = 13 if children else 11
+    return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")

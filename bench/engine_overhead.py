@@ -11,7 +11,7 @@ import argparse
 import os
 import tempfile
 
-from common import ROOT, corpus, harness, median, median_rate, read_metrics
+from common import ROOT, corpus, harness, median, median_rate, proc_cpu_s, read_metrics
 
 
 def main():
@@ -46,7 +46,7 @@ def main():
             rate, per_cpu = {}, {}
             # Alternate which system goes first, round by round.
             for system in (["plain", "varuna"] if r % 2 else ["varuna", "plain"]):
-                c0 = children_cpu_s()
+                c0 = proc_cpu_s(children=True)
                 if system == "plain":
                     out = os.path.join(tmp, "plain.jsonl")
                     harness.subprocess.run([os.path.join(bin_dir, "bench_plain_loop"), "--job",
@@ -62,7 +62,7 @@ def main():
                     rows = res.metrics
                     varuna_loss = rows[0]["loss"]
                 rate[system] = median_rate(rows, args.warmup)
-                per_cpu[system] = samples / max(1e-9, children_cpu_s() - c0)
+                per_cpu[system] = samples / max(1e-9, proc_cpu_s(children=True) - c0)
             losses = (plain_loss, varuna_loss)
             ratios.append(rate["varuna"] / rate["plain"])
             cpu_ratios.append(per_cpu["varuna"] / per_cpu["plain"])
@@ -72,13 +72,6 @@ def main():
         print(f"| {name} | median | | | **{median(ratios):.3f}** | | | "
               f"**{median(cpu_ratios):.3f}** |")
         print(f"first-step loss plain / varuna: {losses[0]:.5f} / {losses[1]:.5f}")
-
-
-def children_cpu_s():
-    """CPU seconds billed to this process's waited-for children (/proc/self/stat)."""
-    with open("/proc/self/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ For each build given (NAME=PATH to a varuna-worker), alternately over ROUNDS rou
     /proc/PID/smaps_rollup: resident, proportional, and private (what each one more costs);
   * first step: a 1-process job (the tiny GPT, 2 steps) from exec to its first metrics line,
     and the whole run's wall time.
-Prints every round and the medians as a markdown table. Standard library only.
+Prints every round and the medians as a markdown table. Standard library only (and the tests' harness).
 
 Usage: bench/worker_startup.py [--rounds 5] NAME=WORKER [NAME=WORKER ...]
 """
@@ -22,14 +22,7 @@ import sys
 import tempfile
 import time
 
-HZ = os.sysconf("SC_CLK_TCK")
-
-
-def cpu_s(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / HZ
-
+from common import harness, proc_cpu_s
 
 def rollup(pid):
     out = {}
@@ -49,7 +42,7 @@ def standby(worker, tmp):
     second = start_standby(worker, tmp)
     time.sleep(0.5)  # let the listener threads settle before reading memory
     mem = rollup(first["proc"].pid)
-    cpu = cpu_s(first["proc"].pid)
+    cpu = proc_cpu_s(first["proc"].pid)
     for s in (first, second):
         s["proc"].kill()
         s["proc"].wait()
@@ -95,8 +88,8 @@ def first_step(worker, tmp, corpus):
                 "train: {global_batch: 4, steps: 2, optimizer: adamw, lr: 1e-3, seed: 1}\n"
                 "parallel: {micro_batch: 2, timeout_s: 60}\n")
     metrics = os.path.join(tmp, f"m-{time.monotonic_ns()}.jsonl")
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-               WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(harness.free_port()),
+               RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
     t0 = time.monotonic()
     p = subprocess.Popen([worker, "--job", job, "--stage_to_rank_map", "0;", "--metrics_out",
                           metrics], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -110,13 +103,6 @@ def first_step(worker, tmp, corpus):
         raise RuntimeError(f"{worker}: the job failed:\n{err[-3000:]}")
     total = time.monotonic() - t0
     return {"first_step_s": first if first is not None else total, "run_s": total}
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main():
