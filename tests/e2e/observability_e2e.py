@@ -28,7 +28,9 @@ from morph_e2e import MORPH_CONFIG, write_morph_job  # noqa: E402
 
 BROWSER_MODULES = os.path.abspath(os.path.join(BIN_DIR, "..", "browser", "node_modules"))
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-STEPS = 40
+# Long enough that the drain, sent at step 5, lands while the job runs: LibTorch 2.11 runs this
+# model's 2 x 2 step in about 30 ms on CI, so 40 steps ended before the drain took effect.
+STEPS = 200
 PROMTOOL = shutil.which("promtool")
 
 
@@ -86,6 +88,9 @@ class Scenario(unittest.TestCase):
             cls.job = json.loads(cls.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
             wait_for(lambda: cls.c.status(cls.job)["step"] >= 5, 180, "step 5")
             cls.c.ctl("drain", "node1", check=0)
+            at_drain = cls.c.status(cls.job)
+            assert at_drain["state"] not in ("SUCCEEDED", "FAILED", "CANCELLED"), \
+                f"the job ended before the drain: {at_drain}"
             wait_for(lambda: cls.c.status(cls.job)["state"] in ("SUCCEEDED", "FAILED"), 400,
                      "the job to end")
             cls.final = cls.c.status(cls.job)
