@@ -224,7 +224,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     }
   }
   resp.set_master_port(master_port);
-  // Note [Morph in place] in worker/regroup.cc: running workers of the older generation that
+  // Note [Morph in place] in worker/engine/regroup.cc: running workers of the older generation that
   // take a rank of this one are told to regroup, and keep their processes.
   std::set<int> adopted = Adopt(req, master_port);
   if (req.generation() > newest) {
@@ -243,7 +243,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   // own agent): it could not switch anyway. The launcher gives the generation's directory
   // and control FIFO to that user; the agent keeps the logs and reads what the workers write
   // as untrusted (common/base/safe_file.h). A standby taking the launch (Note [Standby
-  // workers] in worker/standby.cc) drops to the same user first.
+  // workers] in worker/runtime/standby.cc) drops to the same user first.
   std::string run_as;
   if (!req.run_as_user().empty()) {
     const auto& ok = config_.allowed_worker_users;

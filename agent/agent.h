@@ -56,7 +56,7 @@ struct AgentConfig {
   // are also tried (Note [Whose notice] in preemption.cc).
   std::string cloud_vm_name;
   absl::Duration notice_poll_period = absl::Seconds(1);
-  // Warm standby workers (Note [Standby workers] in worker/standby.cc): processes started
+  // Warm standby workers (Note [Standby workers] in worker/runtime/standby.cc): processes started
   // ahead, LibTorch loaded, that a launch takes instead of starting one. -1: one per free
   // slot; 0: none (a machine short of memory, tests that do not test them).
   int standby_workers = -1;
@@ -150,7 +150,7 @@ class Agent {
   using Key = std::pair<std::string, int>;  // job, rank
 
   void Reap();
-  // Note [Standby workers] in worker/standby.cc: keeps the pool at its size (started, or
+  // Note [Standby workers] in worker/runtime/standby.cc: keeps the pool at its size (started, or
   // stopped when jobs took the slots), and hands one to a launch.
   struct Standby {
     int pid = 0;

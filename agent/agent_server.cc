@@ -201,7 +201,7 @@ class AgentServer::Service final : public v1::AgentApi::CallbackService {
         return false;
       }
     }
-    // Note [Leader lease] (manager/leader_election.h): with several managers each call
+    // Note [Leader lease] (manager/ha/leader_election.h): with several managers each call
     // carries the leader's term; one older than a term this agent has seen is a deposed
     // leader's, refused, and so is a call with no term once the agent has seen one.
     const auto& md = ctx.client_metadata();

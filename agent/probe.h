@@ -1,7 +1,8 @@
 #pragma once
 
 // The speed probe (Note [Speed probe] in probe.cc): how fast this machine computes now,
-// measured by the agent for the straggler ladder's re-admission (manager/straggler_controller.h).
+// measured by the agent for the straggler ladder's re-admission
+// (manager/stragglers/straggler_controller.h).
 
 #include "absl/time/time.h"
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPT of worker/model.cc trained with plain PyTorch DistributedDataParallel (gloo, CPU).
+"""The GPT of worker/models/gpt.cc trained with plain PyTorch DistributedDataParallel (gloo, CPU).
 
 The baseline a user would pick instead of varuna-worker for pure data parallelism: same model,
 same initial weights, same data stream, same optimizer and clipping, same metrics format. Run
@@ -46,7 +46,7 @@ def splitmix64(x):
 
 
 class TokenDataset:
-    """worker/data.cc TokenDataset for kind=text (one byte per token)."""
+    """worker/engine/data.cc TokenDataset for kind=text (one byte per token)."""
 
     def __init__(self, path, seq_len, seed):
         self.data = np.fromfile(path, dtype=np.uint8)
@@ -135,7 +135,7 @@ class Gpt(nn.Module):
         super().__init__()
         layer = 0
 
-        def seed():  # Note [Init] in worker/model.h: one RNG stream per layer index
+        def seed():  # Note [Init] in worker/models/model.h: one RNG stream per layer index
             nonlocal layer
             torch.manual_seed((a.seed * 1000003 + layer) & MASK64)
             layer += 1

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The baseline of bench/gpu_mfu.sh: the GPT of worker/model.cc trained by a plain PyTorch loop
+"""The baseline of bench/gpu_mfu.sh: the GPT of worker/models/model.cc trained by a plain PyTorch loop
 on one GPU (bench/ddp_gpt.py's model: fused attention on torch 2.x, tied LM head), bf16
 autocast, AdamW, gradient clipping 1.0, random token batches already on the GPU.
 

@@ -14,10 +14,11 @@
 #include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/spec/job_spec.h"
-#include "worker/data.h"
-#include "worker/lr_schedule.h"
-#include "worker/model.h"
-#include "worker/worker_main_lib.h"
+#include "worker/engine/data.h"
+#include "worker/engine/lr_schedule.h"
+#include "worker/engine/optimizer.h"
+#include "worker/models/model.h"
+#include "worker/models/registry.h"
 
 int main(int argc, char** argv) {
   varuna::InitLogging(argv[0]);
@@ -43,7 +44,7 @@ int main(int argc, char** argv) {
                  std::string((model.ok() ? data.status() : model.status()).message()).c_str());
     return 1;
   }
-  // Same per-layer init as the engine (Note [Init] in worker/model.h).
+  // Same per-layer init as the engine (Note [Init] in worker/models/model.h).
   std::vector<std::shared_ptr<varuna::Layer>> layers;
   std::vector<std::pair<std::string, torch::Tensor>> named;
   for (size_t k = 0; k < model->layers().size(); ++k) {

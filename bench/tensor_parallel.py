@@ -4,7 +4,7 @@
 One stage, one replica. Three configurations: "tp 1 x 2 threads" is one process with
 OMP_NUM_THREADS=2 (both cores: LibTorch's intra-op threads split each matmul); "tp 2" is two
 processes with OMP_NUM_THREADS=1 each, every block's heads and MLP units split between them
-and summed with gloo all-reduces (Note [Tensor parallelism] in worker/tensor_parallel.cc);
+and summed with gloo all-reduces (Note [Tensor parallelism] in worker/models/tensor_parallel.cc);
 "tp 1 x 1 thread" is one process on one core, the per-core reference. Rounds run all three
 with the order rotating; every round is printed.
 

@@ -1,5 +1,5 @@
 # The web dashboard (web/, served by varuna-manager at /): built with npm + esbuild at build
-# time and embedded into a static library as byte arrays (manager/web_assets.h).
+# time and embedded into a static library as byte arrays (manager/api/web_assets.h).
 #
 # varuna_web_assets([TARGET])   (TARGET defaults to varuna_web_assets)
 #   1. copies web/package.json + web/package-lock.json into ${CMAKE_BINARY_DIR}/web and runs
@@ -79,6 +79,6 @@ function(varuna_web_assets)
     COMMENT "Embedding the web dashboard into web_assets.cc"
     VERBATIM)
 
-  add_library(${target} STATIC "${generated}" "${PROJECT_SOURCE_DIR}/manager/web_assets.h")
+  add_library(${target} STATIC "${generated}" "${PROJECT_SOURCE_DIR}/manager/api/web_assets.h")
   target_include_directories(${target} PUBLIC "${PROJECT_SOURCE_DIR}")
 endfunction()

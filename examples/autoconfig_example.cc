@@ -12,7 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
 #include "common/planner/autoconfig.h"
-#include "worker/profiler.h"
+#include "worker/engine/profiler.h"
 
 namespace {
 

@@ -12,7 +12,7 @@
 
 #include "common/base/logging.h"
 #include "common/launch/worker_channel.h"
-#include "worker/varuna.h"
+#include "worker/engine/varuna.h"
 
 namespace {
 

@@ -9,7 +9,7 @@
 #include "absl/flags/usage.h"
 #include "common/base/logging.h"
 #include "glog/logging.h"
-#include "manager/manager_server.h"
+#include "manager/api/manager_server.h"
 
 ABSL_FLAG(std::string, listen, "", "address to serve on, HOST:PORT (default 127.0.0.1:7070)");
 ABSL_FLAG(std::string, http_listen, "",

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "glog/logging.h"
-#include "manager/log_proxy.h"
-#include "manager/planning.h"
+#include "manager/jobs/log_proxy.h"
+#include "manager/jobs/planning.h"
 
 namespace varuna {
 
@@ -121,17 +121,17 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
       agents_(agents),
       post_(std::move(post)),
       node_events_(std::make_unique<NodeEvents>(this)),
-      nodes_(config_, clock, store, node_events_.get()),
+      nodes_(config_.node_options(), clock, store, node_events_.get()),
       jobs_(store, &nodes_),
       events_(clock, store),
       steps_(store),
       profiles_(store),
-      job_controller_(config_, clock, &jobs_, &nodes_, agents, post_, &events_, &profiles_,
-                      &steps_),
-      morph_controller_(config_, clock, &jobs_, &nodes_, agents, post_, &events_, &profiles_,
-                        &job_controller_),
-      straggler_controller_(config_, clock, &jobs_, &nodes_, agents, post_, &events_, &profiles_,
-                            &morph_controller_),
+      job_controller_(config_.job_options(), clock, &jobs_, &nodes_, agents, post_, &events_,
+                      &profiles_, &steps_),
+      morph_controller_(config_.morph_options(), clock, &jobs_, &nodes_, agents, post_, &events_,
+                        &profiles_, &job_controller_),
+      straggler_controller_(config_.straggler_options(), clock, &jobs_, &nodes_, agents, post_,
+                            &events_, &profiles_, &morph_controller_),
       reconciler_(config_, clock, &jobs_, &nodes_, &job_controller_, &morph_controller_, post_) {
   job_controller_.set_morph(&morph_controller_);
   job_controller_.set_on_steps(

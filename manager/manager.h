@@ -20,21 +20,21 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
-#include "manager/agent_client.h"
-#include "manager/event_log.h"
-#include "manager/job_controller.h"
-#include "manager/job_table.h"
+#include "manager/jobs/event_log.h"
+#include "manager/jobs/job_controller.h"
+#include "manager/jobs/job_table.h"
+#include "manager/jobs/planning.h"
+#include "manager/jobs/profile_store.h"
+#include "manager/jobs/step_series.h"
 #include "manager/manager_config.h"
-#include "manager/manager_metrics.h"
-#include "manager/morph_controller.h"
-#include "manager/node_table.h"
-#include "manager/planning.h"
-#include "manager/profile_store.h"
+#include "manager/morph/morph_controller.h"
+#include "manager/nodes/agent_client.h"
+#include "manager/nodes/node_table.h"
 #include "manager/reconciler.h"
-#include "manager/slurm_source.h"
-#include "manager/state_store.h"
-#include "manager/step_series.h"
-#include "manager/straggler_controller.h"
+#include "manager/sources/slurm_source.h"
+#include "manager/state/manager_metrics.h"
+#include "manager/state/state_store.h"
+#include "manager/stragglers/straggler_controller.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {
@@ -52,7 +52,7 @@ class Manager {
   void Tick();
   // Metrics (docs/observability.md): updated in the transitions from here on. Optional.
   void set_metrics(ManagerMetrics* m);
-  // With config.slurm set: Slurm as a source of machines (manager/slurm_source.h), its
+  // With config.slurm set: Slurm as a source of machines (manager/sources/slurm_source.h), its
   // commands run through `commands` on `off_loop` (a thread that may block). Before Recover.
   void StartSlurm(SlurmCommands* commands, Post off_loop);
   const ManagerConfig& config() const { return config_; }

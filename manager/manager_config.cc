@@ -73,46 +73,6 @@ absl::Status ManagerConfig::Validate() const {
   return absl::OkStatus();
 }
 
-absl::Status SlurmSourceConfig::Validate() const {
-  auto bad = [](absl::string_view m) {
-    return absl::InvalidArgumentError(absl::StrCat("manager config slurm: ", m));
-  };
-  if (max_nodes < 1) return bad("max_nodes must be >= 1");
-  if (min_nodes < 0 || min_nodes > max_nodes) return bad("need 0 <= min_nodes <= max_nodes");
-  if (slots_per_node < 1) return bad("slots_per_node must be >= 1");
-  if (agent_command.empty()) {
-    return bad(
-        "agent_command is required: the varuna-agent command line run on each node "
-        "(its --manager address, --slots, TLS files)");
-  }
-  if (grace_s < 0) return bad("grace_s must be >= 0");
-  if (poll_period < absl::Milliseconds(100)) return bad("poll_s must be >= 0.1");
-  if (command_timeout < absl::Seconds(1)) return bad("command_timeout_s must be >= 1");
-  auto plain = [](const std::string& v) {
-    for (char c : v) {
-      if (c == '\n' || c == '\0' || c == ',' || c == ' ') return false;
-    }
-    return true;
-  };
-  for (const auto& [key, v] : {std::pair<const char*, const std::string*>{"partition", &partition},
-                               {"account", &account},
-                               {"qos", &qos},
-                               {"time_limit", &time_limit},
-                               {"job_name", &job_name}}) {
-    if (!plain(*v)) return bad(absl::StrCat(key, " '", *v, "' may not hold spaces or commas"));
-  }
-  if (job_name.empty()) return bad("job_name may not be empty");
-  for (const std::string& a : sbatch_args) {
-    if (a.empty() || a[0] != '-') {
-      return bad(absl::StrCat("sbatch_args entry '", a, "' is not an option (--name=value)"));
-    }
-    if (a.rfind("--wrap", 0) == 0 || a.rfind("--parsable", 0) == 0) {
-      return bad(absl::StrCat("sbatch_args may not give ", a, ": the manager sets it"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 std::string ManagerConfig::advertise_address() const {
   return advertise.empty() ? listen : advertise;
 }
@@ -233,6 +193,50 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "stragglers, slurm, etcd_endpoints, etcd_prefix, lease_ttl_s, etcd_flush_s, "
             "advertise)"));
       });
+}
+
+NodeOptions ManagerConfig::node_options() const {
+  NodeOptions o;
+  o.heartbeat_period = heartbeat_period;
+  o.max_heartbeats_per_s = max_heartbeats_per_s;
+  o.suspect_after_missed = suspect_after_missed;
+  o.dead_after_missed = dead_after_missed;
+  o.forget_dead_after = forget_dead_after;
+  o.machine_list = machine_list;
+  o.max_nodes = max_nodes;
+  o.max_slots_per_node = max_slots_per_node;
+  return o;
+}
+
+JobOptions ManagerConfig::job_options() const {
+  JobOptions o;
+  o.stop_grace = stop_grace;
+  o.start_timeout = start_timeout;
+  o.max_pending_jobs_per_user = max_pending_jobs_per_user;
+  o.morph_in_place = morph_in_place;
+  o.stragglers = stragglers;
+  return o;
+}
+
+MorphOptions ManagerConfig::morph_options() const {
+  MorphOptions o;
+  o.stop_grace = stop_grace;
+  o.start_timeout = start_timeout;
+  o.morph_save_timeout = morph_save_timeout;
+  o.morph_coalesce = morph_coalesce;
+  o.scale_up_delay = scale_up_delay;
+  o.max_morphs = max_morphs;
+  o.morph_window = morph_window;
+  o.morph_in_place = morph_in_place;
+  return o;
+}
+
+StragglerOptions ManagerConfig::straggler_options() const {
+  StragglerOptions o;
+  o.stragglers = stragglers;
+  o.max_morphs = max_morphs;
+  o.morph_window = morph_window;
+  return o;
 }
 
 }  // namespace varuna

@@ -11,34 +11,13 @@
 #include "absl/time/time.h"
 #include "common/net/rpc.h"
 #include "common/spec/job_spec.h"
+#include "manager/jobs/job_options.h"
+#include "manager/morph/morph_options.h"
+#include "manager/nodes/node_options.h"
+#include "manager/sources/slurm_source_config.h"
+#include "manager/stragglers/straggler_options.h"
 
 namespace varuna {
-
-// The `slurm:` block (docs/operations.md "Slurm"): Slurm as a source of machines. The manager
-// keeps up to max_nodes one-node agent jobs on `partition` (manager/slurm_source.h).
-struct SlurmSourceConfig {
-  std::string partition;  // "" = no Slurm source
-  std::string account, qos;
-  std::string time_limit;  // sbatch --time, e.g. "1-00:00:00"; "" = the partition's default
-  int max_nodes = 0;       // at most this many agent jobs (running + pending); required >= 1
-  int min_nodes = 0;       // kept even when no job wants them
-  int slots_per_node = 1;  // what each agent offers (its --slots), for counting demand
-  std::vector<std::string> sbatch_args;  // extra sbatch arguments, e.g. --gres=gpu:8
-  // The agent's command line on the node, run by sbatch --wrap (a shell, so $VARS work);
-  // the source appends --name "$SLURMD_NODENAME" --slurm_grace_s GRACE.
-  std::string agent_command;
-  std::string job_name = "varuna-agent";  // the agent jobs' name: one per manager
-  int grace_s = 30;  // the partition's GraceTime: the agents' preemption notice lead
-  std::string output = "/tmp/varuna-agent-%j.out";   // sbatch --output, on the node
-  absl::Duration poll_period = absl::Seconds(5);     // squeue every this long
-  absl::Duration idle_release = absl::Seconds(300);  // an idle agent job nobody wants is cancelled
-  absl::Duration command_timeout = absl::Seconds(30);
-  std::string slurm_conf;  // SLURM_CONF for the commands; "" = the manager's environment
-  std::string bin_dir;     // where sbatch, squeue, scancel are; "" = PATH
-
-  bool enabled() const { return !partition.empty(); }
-  absl::Status Validate() const;
-};
 
 struct ManagerConfig {
   std::string listen = "127.0.0.1:7070";
@@ -102,6 +81,12 @@ struct ManagerConfig {
   std::string advertise_address() const;  // advertise, else listen
 
   absl::Status Validate() const;
+  // Each room's options (LevelDB's Options): what that room reads of this config, so that no
+  // room includes it. Manager hands them out.
+  NodeOptions node_options() const;
+  JobOptions job_options() const;
+  MorphOptions morph_options() const;
+  StragglerOptions straggler_options() const;
   absl::Duration suspect_after() const { return heartbeat_period * suspect_after_missed; }
   absl::Duration dead_after() const { return heartbeat_period * dead_after_missed; }
   // The period agents are told with `nodes` registered: heartbeat_period, or longer so that

@@ -40,7 +40,7 @@ absl::StatusOr<v1::RegisterResponse> HeartbeatReconciler::Register(const v1::Reg
 namespace {
 
 // A running worker of the generation before the current one that an in-place morph adopts
-// (Note [Morph in place] in worker/regroup.cc): its agent files it under the new generation
+// (Note [Morph in place] in worker/engine/regroup.cc): its agent files it under the new generation
 // when the launch arrives; until then it must not be stopped as stale.
 bool AdoptedInPlace(const Job& job, const std::string& node, const v1::WorkerStatus& w) {
   if (!job.morphing() || !job.rec.morph().in_place()) return false;

@@ -12,12 +12,12 @@
 
 #include "absl/status/statusor.h"
 #include "common/base/clock.h"
-#include "manager/job_controller.h"
-#include "manager/job_table.h"
+#include "manager/jobs/job_controller.h"
+#include "manager/jobs/job_table.h"
 #include "manager/manager_config.h"
-#include "manager/manager_metrics.h"
-#include "manager/morph_controller.h"
-#include "manager/node_table.h"
+#include "manager/morph/morph_controller.h"
+#include "manager/nodes/node_table.h"
+#include "manager/state/manager_metrics.h"
 #include "varuna/v1/control.pb.h"
 
 namespace varuna {

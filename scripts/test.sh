@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs missing packages, builds, runs every ctest (unit, integration,
-# e2e). Extra arguments go to ctest (e.g. -L unit).
+# e2e; two at a time), then prints the ten slowest tests and each label's total
+# (scripts/ctest_report.py). Extra arguments go to ctest (e.g. -L unit, -L manager).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install_deps.sh
@@ -24,5 +25,20 @@ if command -v npm >/dev/null 2>&1 && [[ -f tests/browser/package-lock.json ]]; t
     echo "test.sh: npm ci of playwright-core failed; the dashboard test will report a skip" >&2
 fi
 scripts/check_format.sh
+REPO=$PWD
 cd "$BUILD_DIR"
-ctest --output-on-failure --timeout 900 "$@"
+# A fresh build has no ctest cost data: seed it with the measured times (tests/test_times.txt)
+# so the longest tests start first and the short ones fill the other slot.
+if [[ ! -s Testing/Temporary/CTestCostData.txt ]]; then
+  mkdir -p Testing/Temporary
+  { awk '!/^#/ && NF == 2 { print $1, 1, $2 }' "$REPO/tests/test_times.txt"; echo ---; } \
+    > Testing/Temporary/CTestCostData.txt
+fi
+# Two tests at a time (VARUNA_TEST_JOBS): most e2e tests wait on clusters, leases and
+# timers. What must not share the machine says so (RUN_SERIAL, RESOURCE_LOCK).
+start=$(date +%s)
+rc=0
+ctest --output-on-failure -j"${VARUNA_TEST_JOBS:-2}" --timeout 900 \
+  --output-junit Testing/ctest-junit.xml "$@" || rc=$?
+python3 "$REPO/scripts/ctest_report.py" . --wall "$(($(date +%s) - start))" || true
+exit "$rc"

@@ -1,7 +1,7 @@
 #pragma once
 
 // Running another program and reading what it says (Slurm's commands for the manager's
-// machine source, manager/slurm_source.h): no shell, a time limit, bounded output.
+// machine source, manager/sources/slurm_source.h): no shell, a time limit, bounded output.
 
 #include <string>
 #include <utility>

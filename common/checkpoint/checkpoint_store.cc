@@ -359,7 +359,7 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
   return CheckLayersCovered(common, covered);
 }
 
-// Complete by rescue (Note [Rescue] in worker/checkpoint.cc): the rescuers that verify agree
+// Complete by rescue (Note [Rescue] in worker/engine/checkpoint.cc): the rescuers that verify agree
 // on the step and batch, and their files cover every layer. A rescuer whose record or files
 // are damaged is left out; the rest may still cover the model.
 absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,

@@ -44,8 +44,8 @@ absl::Status SyncFile(const std::string& path);
 absl::Status WriteManifestAndMarker(const std::string& ckpt_path, int writer,
                                     const std::vector<FileDigest>& files);
 
-// A rescue (Note [Rescue] in worker/checkpoint.cc): `common_json` (common.json's fields, with
-// writers [rank]) plus `files` with their digests go to rescue.rank<R>.json, then the
+// A rescue (Note [Rescue] in worker/engine/checkpoint.cc): `common_json` (common.json's fields,
+// with writers [rank]) plus `files` with their digests go to rescue.rank<R>.json, then the
 // rescued.rank<R> marker. A checkpoint whose rescuers' files cover every layer is complete.
 absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
                                const std::string& common_json,

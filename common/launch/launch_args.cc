@@ -220,7 +220,7 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   t.tp_size = tp;
   if (tp > 1) {
     // What a tensor-parallel run does not do yet (Note [Tensor parallelism] in
-    // worker/tensor_parallel.cc).
+    // worker/models/tensor_parallel.cc).
     const std::string what = absl::StrCat("parallel.tp_size = ", tp);
     if (!args.profile_out.empty()) {
       return absl::InvalidArgumentError(what +

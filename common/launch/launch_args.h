@@ -43,7 +43,7 @@ struct WorkerArgs {
   std::optional<int> tp_size;
   // Run the profiler instead of training and write the profile (JSON) here.
   std::string profile_out;
-  // Morph in place (Note [Morph in place] in worker/regroup.cc): after a failed step, wait
+  // Morph in place (Note [Morph in place] in worker/engine/regroup.cc): after a failed step, wait
   // up to park_timeout_s for the agent's ReconfigureCommand instead of saving and exiting;
   // without one, save and exit as before.
   bool in_place = false;

@@ -57,7 +57,7 @@ const char* CommandKindName(const v1::AgentCommand& command);
 
 // Where the agent writes the StandbyStart of the standby worker `pid` whose control FIFO is
 // `fifo`: DIR/start/PID.json next to the FIFO, in a directory only the agent's user may
-// enter (Note [Standby workers] in worker/standby.cc).
+// enter (Note [Standby workers] in worker/runtime/standby.cc).
 std::string StandbyStartPath(const std::string& fifo, int pid);
 
 }  // namespace varuna

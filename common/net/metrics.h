@@ -4,7 +4,7 @@
 //
 // One prometheus-cpp registry per daemon, created in main() and injected into the objects
 // whose state transitions update it (Manager, Agent). Families are created up front by the
-// typed metric sets (manager/manager_metrics.h, agent/agent_metrics.h); `Text()` renders the
+// typed metric sets (manager/state/manager_metrics.h, agent/agent_metrics.h); `Text()` renders the
 // Prometheus text exposition format for GET /metrics.
 
 #include <prometheus/counter.h>

@@ -23,10 +23,10 @@ bool HoldsAt(const RankHoldings& r, const std::string& layer, int64_t step) {
 // Note [Handover]: after a morph in place every rank of the new topology must start from the
 // same step S, with each layer of its new stage as it was after S. A survivor can give the
 // newest step it applied, and the one before while that one is not committed (Note [Committed
-// step] in worker/varuna.cc); a joiner gives nothing; the checkpoint directory gives its
+// step] in worker/engine/varuna.cc); a joiner gives nothing; the checkpoint directory gives its
 // newest complete step. S is the newest step at which every needed layer has a source, so
 // the choice matches the relaunch path's (Note [Saved steps] in
-// manager/morph_controller.cc) and loses at most the step in flight. Layers are sent by
+// manager/morph/morph_controller.cc) and loses at most the step in flight. Layers are sent by
 // the holder with the fewest sends so far, so a stage held by several replicas spreads its
 // load over them. Every rank computes this from the same inputs, so all agree with no
 // further message.

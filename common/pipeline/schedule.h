@@ -61,12 +61,12 @@ std::vector<Task> MakeSchedule(SchedulePolicy policy, int stages, int micro_batc
 // Every stage's list at once (index = stage); MakeSchedule() returns one element of it.
 std::vector<std::vector<Task>> MakeSchedules(SchedulePolicy policy, int stages, int micro_batches);
 
-// The engine's run-time rule (Note [Pipeline execution] in worker/pipeline_executor.cc), shared
-// with the simulator: when tasks[i] is a recompute, its gradient has not arrived (`grad_ready`
-// false) and the input of the next forward has (`next_input_ready`; always true on stage 0), that
-// forward runs now instead. Returns its index, or i when the recompute runs. `next_forward`,
-// if known, is the index of the first forward after i (tasks.size() if none); otherwise it is
-// searched for. The engine then moves task j to position i (std::rotate).
+// The engine's run-time rule (Note [Pipeline execution] in worker/engine/pipeline_executor.cc),
+// shared with the simulator: when tasks[i] is a recompute, its gradient has not arrived
+// (`grad_ready` false) and the input of the next forward has (`next_input_ready`; always true on
+// stage 0), that forward runs now instead. Returns its index, or i when the recompute runs.
+// `next_forward`, if known, is the index of the first forward after i (tasks.size() if none);
+// otherwise it is searched for. The engine then moves task j to position i (std::rotate).
 size_t RecomputeYieldsTo(const std::vector<Task>& tasks, size_t i, bool grad_ready,
                          bool next_input_ready, size_t next_forward = SIZE_MAX);
 

@@ -58,8 +58,8 @@ absl::StatusOr<v1::Plan> SimulateShape(const JobSpec& spec, const v1::Profile& p
 
 // The step time of `topo` as it is placed: rank r on node node_of[r] (an index into
 // request.slots_per_node and request.node_speed), each pipeline's micro-batches of
-// `micro_batch` samples. The straggler ladder (manager/straggler_controller.cc) compares the
-// plan a job runs with the plans it could run.
+// `micro_batch` samples. The straggler ladder (manager/stragglers/straggler_controller.cc) compares
+// the plan a job runs with the plans it could run.
 absl::StatusOr<v1::Plan> SimulateTopology(const JobSpec& spec, const v1::Profile& profile,
                                           const Topology& topo, int micro_batch,
                                           SchedulePolicy policy, const std::vector<int>& node_of,

@@ -87,7 +87,7 @@ absl::StatusOr<std::vector<SegmentShape>> DescribeModel(const ModelSpec& m) {
   const double d = m.d_model, t = m.seq_len, v = m.vocab, h = m.heads;
   std::vector<SegmentShape> out;
   if (m.kind == "gpt") {
-    // The same FLOP counts as worker/model.cc uses to balance stages.
+    // The same FLOP counts as worker/models/gpt.cc uses to balance stages.
     out.push_back({"embed", t * d, v * d + t * d, t * d, 2 * t * d});
     for (int i = 0; i < m.layers; ++i) {
       out.push_back({absl::StrCat("blocks.", i), 24 * t * d * d + 4 * t * t * d,

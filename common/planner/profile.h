@@ -21,7 +21,7 @@ inline constexpr int64_t kMaxProfileBytes = 64 << 20;
 // by their directory.
 std::string ModelKey(const ModelSpec& model);
 
-// The segments of a built-in model (gpt, mlp) as the worker builds them (worker/model.cc):
+// The segments of a built-in model (gpt, mlp) as the worker builds them (worker/models/gpt.cc):
 // per segment its forward FLOPs per sample, parameter count and output elements per sample.
 struct SegmentShape {
   std::string layers;

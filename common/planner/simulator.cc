@@ -95,8 +95,9 @@ class StepSim {
       g.last_end = t;
       return;
     }
-    // The engine's run-time reordering (Note [Pipeline execution] in worker/pipeline_executor.cc).
-    // The engine moves the overtaking forward to the front of the list; here it is run and marked.
+    // The engine's run-time reordering (Note [Pipeline execution] in
+    // worker/engine/pipeline_executor.cc). The engine moves the overtaking forward to the front of
+    // the list; here it is run and marked.
     size_t chosen = g.next;
     if ((*g.tasks)[g.next].kind == TaskKind::kRecompute && g.forwards_done < M_) {
       const bool input_ready = s == 0 || g.act_arrival[g.forwards_done] <= t;

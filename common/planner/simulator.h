@@ -4,7 +4,7 @@
 // of one pipeline that executes exactly the task lists of MakeSchedule() (the engine's own
 // function) with the engine's run-time rule: a recompute whose gradient has not arrived yields
 // to the next forward whose input has. Transfers go through one sender per link direction
-// (as worker/comm.cc does), so they overlap compute but not each other. After the pipeline:
+// (as worker/dist/comm.cc does), so they overlap compute but not each other. After the pipeline:
 // tied-weight all-reduce (first + last stage), the data-parallel all-reduce of each stage,
 // the step's pipeline-wide agreement, the optimizer. No LibTorch.
 

@@ -14,8 +14,8 @@
 namespace varuna {
 namespace search {
 
-// Note [Speed-aware plans]: the straggler ladder (manager/straggler_controller.cc) tells the
-// planner how fast each node is, relative to a normal one. Compute on a node of speed s takes
+// Note [Speed-aware plans]: the straggler ladder (manager/stragglers/straggler_controller.cc) tells
+// the planner how fast each node is, relative to a normal one. Compute on a node of speed s takes
 // 1/s as long; links and all-reduces are not scaled (a slow link is reported, not planned
 // around). With speeds a P x D shape is no longer P x D identical pipelines: each replica is
 // simulated as its own pipeline (SimulateMix), and the step waits for the slowest. Two ways

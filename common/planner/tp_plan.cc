@@ -11,8 +11,8 @@
 namespace varuna {
 
 // Note [Tensor-parallel plans]: a tensor-parallel job's unit is a tp group, tp_size = T
-// processes of one stage on one node (Note [Tensor parallelism] in worker/tensor_parallel.cc).
-// AutoConfig plans it as a job of such units with tp_size 1:
+// processes of one stage on one node (Note [Tensor parallelism] in
+// worker/models/tensor_parallel.cc). AutoConfig plans it as a job of such units with tp_size 1:
 //  - Slots. Each node offers floor(free / T) units (a group never spans nodes: its all-reduces
 //    run twice per layer and direction). resources.min_slots and max_slots count processes, so
 //    they become ceil(min / T) and floor(max / T) units.

@@ -71,9 +71,10 @@ struct ParallelSpec {
   int micro_batch = 0;              // 0 = auto
   int replicas = 0;                 // data-parallel width; 0 = as many as the slots allow
   std::string schedule = "varuna";  // varuna | gpipe | 1f1b | zb-h1 | auto (AutoConfig picks)
-  // Tensor-parallel ranks per stage (Note [Tensor parallelism] in worker/tensor_parallel.cc):
-  // WORLD_SIZE = (ranks of the stage map or pipelines) x tp_size. 0 = auto: the manager's
-  // AutoConfig picks it per plan (Note [Tensor-parallel plans]); 1 elsewhere.
+  // Tensor-parallel ranks per stage (Note [Tensor parallelism] in
+  // worker/models/tensor_parallel.cc): WORLD_SIZE = (ranks of the stage map or pipelines) x
+  // tp_size. 0 = auto: the manager's AutoConfig picks it per plan (Note [Tensor-parallel plans]); 1
+  // elsewhere.
   int tp_size = 1;
   double timeout_s = 300;  // collective / p2p timeout
   // Instead of stages x replicas: pipelines of different depths side by side.
@@ -87,7 +88,7 @@ struct CheckpointSpec {
   std::string tempdir;
   bool shard = false;
   // Keep each step's pre-update state until it is committed (Note [Committed step] in
-  // worker/varuna.cc); false saves its memory and copy at the price of a possible fallback
+  // worker/engine/varuna.cc); false saves its memory and copy at the price of a possible fallback
   // to an older checkpoint when a failure splits a step.
   bool commit = true;
   // Where a run starts: "" = fresh, "latest" = the newest complete checkpoint in dir (fresh

@@ -2,7 +2,8 @@
 
 // The topology a job spec asks for: the model's ordered modules and the heterogeneous
 // pipelines of parallel.pipelines, checked with common/pipeline/pipeline_template.h. Shared by
-// varunactl and the manager (at submit) and the worker (worker/heterogeneous.h). No LibTorch.
+// varunactl and the manager (at submit) and the worker (worker/engine/heterogeneous.h). No
+// LibTorch.
 
 #include <string>
 #include <vector>

@@ -2,7 +2,7 @@
 
 // The job spec's model: its kinds, the keys each kind takes, the modules each built-in kind
 // is made of, and the Hugging Face side (config.json in and out, model.init_from). No LibTorch:
-// the worker builds the layers (worker/model.h), this file names them.
+// the worker builds the layers (worker/models/model.h), this file names them.
 //
 // Kinds: gpt (GPT-2-like, our names: embed, blocks.N, head), mlp, torchscript (segment files),
 // and two that follow Hugging Face exactly, with its field and module names:
@@ -56,7 +56,7 @@ void FillModelDefaults(ModelSpec* m);
 // The model's cross-field rules, in the kind's own key names: a key the kind does not take,
 // heads | d_model, kv_heads | heads, even head size for rotary, seq_len <= max_positions ...
 absl::Status ValidateModel(const ModelSpec& m);
-// Whether `m` can be split over `tp_size` tensor-parallel ranks (worker/tensor_parallel.h):
+// Whether `m` can be split over `tp_size` tensor-parallel ranks (worker/models/tensor_parallel.h):
 // a built-in kind that splits (gpt, mlp, llama), whole heads (and key-value heads) and hidden
 // units per rank. Errors name the numbers.
 inline constexpr int kMaxTensorParallel = 64;

@@ -236,7 +236,7 @@ TEST_F(AgentProtocolTest, HeartbeatsStayUnderTheBudgetAndEveryStepFollows) {
   for (int s = 1; s <= kSteps; ++s) EXPECT_EQ(seen[s - 1], s);
 }
 
-// Note [Morph in place] (worker/regroup.cc): a survivor adopted into the next generation
+// Note [Morph in place] (worker/engine/regroup.cc): a survivor adopted into the next generation
 // keeps its PID, gets a ReconfigureCommand, and the step records it wrote before the morph
 // that the manager has not acknowledged still arrive (the new generation continues after
 // them and never reports them again).
@@ -350,7 +350,8 @@ TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) 
 }
 
 // A tensor-parallel launch: world_size counts processes, the pipelines positions, and each
-// worker is told the plan's tp_size (Note [Tensor-parallel placement] in manager/placement.cc).
+// worker is told the plan's tp_size (Note [Tensor-parallel placement] in
+// manager/nodes/placement.cc).
 TEST(AgentTensorParallelTest, WorldCountsProcessesAndWorkersGetTheTpSize) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_tp_", getpid());
   std::filesystem::remove_all(dir);

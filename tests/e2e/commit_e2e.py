@@ -1,5 +1,5 @@
 """Every step is a commit (docs/morphing.md "Committed steps"): a 2 x 2 job on two agents is
-interrupted by VARUNA_FAULT at points of one step (Note [Faults] in worker/fault.cc), and must
+interrupted by VARUNA_FAULT at points of one step (Note [Faults] in worker/engine/fault.cc), and must
 end SUCCEEDED with at most one step lost, every step's loss equal to an uninterrupted
 one-process run (1e-4 relative), the morph record naming the committed step and what each
 survivor saved, and no worker left behind.

@@ -1,5 +1,5 @@
 """Several managers on a real 3-member etcd (docs/operations.md "Several managers";
-manager/leader_election.h, manager/etcd_store.h).
+manager/ha/leader_election.h, manager/ha/etcd_store.h).
 
 TakeoverTest: three managers and two agents on loopback share an etcd started by
 scripts/etcd_test_cluster.sh; varunactl and the agents are given all three managers. A job

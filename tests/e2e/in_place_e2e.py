@@ -1,4 +1,4 @@
-"""Morph in place (Note [Morph in place] in worker/regroup.cc).
+"""Morph in place (Note [Morph in place] in worker/engine/regroup.cc).
 
 InPlaceTest, the worker's half without a manager: four varuna-worker processes train a 2 x 2
 job with --in_place; ranks are killed; the test writes each survivor the agent's

@@ -1,5 +1,5 @@
 """The manager's `slurm:` source of machines on the real test cluster (docs/operations.md
-"Slurm"; manager/slurm_source.h).
+"Slurm"; manager/sources/slurm_source.h).
 
 SourceTest: a manager with `slurm:` and no agents of its own. A submitted job makes it ask
 Slurm for agent jobs (one per node, visible in squeue); the job runs on them; a

@@ -1,4 +1,4 @@
-"""Stragglers (Note [Straggler ladder] in manager/straggler_controller.cc), end to end.
+"""Stragglers (Note [Straggler ladder] in manager/stragglers/straggler_controller.cc), end to end.
 
 Three agents with one slot each run in their own cgroup (cpu controller), each capped at the
 same share of a core, so every node is as fast as the others, as identical VMs are. A 1 x 3

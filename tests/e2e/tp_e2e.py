@@ -1,4 +1,4 @@
-"""End-to-end tests of tensor parallelism (Note [Tensor parallelism] in worker/tensor_parallel.cc):
+"""End-to-end tests of tensor parallelism (Note [Tensor parallelism] in worker/models/tensor_parallel.cc):
 real varuna-worker processes, WORLD_SIZE = (ranks of the stage map or pipelines) x tp_size.
 
 Run from the build directory: python3 ../tests/e2e/tp_e2e.py [TestClass]

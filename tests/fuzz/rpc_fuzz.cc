@@ -12,7 +12,7 @@
 
 #include "agent/agent.h"
 #include "manager/manager.h"
-#include "manager/state_store.h"
+#include "manager/state/state_store.h"
 #include "tests/fuzz/fuzz_util.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_launcher.h"

@@ -20,11 +20,41 @@ ALLOWED = {
     "common/launch": {"common/base", "common/pipeline", "common/checkpoint", "common/spec"},
 }
 COMMON = set(ALLOWED)
-# The programs: each may use all of common/ and its own folder only (no program includes
-# another's code; the manager and the agent share only common/ and proto/).
-for prog in ("manager", "agent", "worker", "ctl"):
+# The manager's rooms (each a folder and a library, manager/CMakeLists.txt): the lower rooms
+# know nothing of the ones above; jobs/ reaches morphing only through the JobMorphing
+# interface it declares; manager.{h,cc} (room "manager") wires the rooms' events together;
+# api/ (gRPC, HTTP, tokens) is the face over all of it.
+MANAGER = {
+    "manager/state": set(),
+    "manager/nodes": {"manager/state"},
+    "manager/jobs": {"manager/state", "manager/nodes"},
+    "manager/morph": {"manager/state", "manager/nodes", "manager/jobs"},
+    "manager/stragglers": {"manager/state", "manager/nodes", "manager/jobs"},
+    "manager/sources": set(),
+    "manager/ha": {"manager/state"},
+}
+MANAGER["manager"] = set(MANAGER)
+MANAGER["manager/api"] = set(MANAGER) | {"manager"}
+MANAGER["manager/main"] = set(MANAGER)  # main.cc, the program: everything above
+for room, arrows in MANAGER.items():
+    ALLOWED[room] = set(COMMON) | arrows
+# The worker's rooms (worker/CMakeLists.txt): dist (process groups, collectives, devices)
+# knows neither models nor the engine; models know dist; the engine (libvaruna, what
+# examples/ link) knows no program; runtime is varuna-worker's program.
+WORKER = {
+    "worker/dist": set(),
+    "worker/models": {"worker/dist"},
+    "worker/engine": {"worker/dist", "worker/models"},
+    "worker/runtime": {"worker/dist", "worker/models", "worker/engine"},
+}
+for room, arrows in WORKER.items():
+    ALLOWED[room] = set(COMMON) | arrows
+# The other programs: each may use all of common/ and its own folder only (no program
+# includes another's code; the manager and the agent share only common/ and proto/).
+for prog in ("agent", "ctl"):
     ALLOWED[prog] = set(COMMON)
-TORCH_FREE = set(COMMON) | {"manager", "agent", "ctl"}
+TORCH_FREE = set(COMMON) | set(MANAGER) | {"agent", "ctl"}
+SUBROOMS = {"common", "manager", "worker"}  # programs whose subfolders are rooms
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
 
@@ -32,9 +62,11 @@ INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^">]+)[">]')
 def room_of(path):
     """The room a repository path belongs to, or None for tests, bench, examples..."""
     parts = path.split("/")
-    if parts[0] == "common" and len(parts) >= 3:
+    if parts[0] in SUBROOMS and len(parts) >= 3:
         return "/".join(parts[:2])
-    if parts[0] in ("manager", "agent", "worker", "ctl") and len(parts) >= 2:
+    if parts[0] == "manager" and len(parts) == 2:
+        return "manager/main" if parts[1] == "main.cc" else "manager"
+    if parts[0] in ("agent", "ctl") and len(parts) >= 2:
         return parts[0]
     return None
 

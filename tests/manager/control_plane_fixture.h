@@ -30,7 +30,7 @@
 #include "common/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "manager/manager_server.h"
+#include "manager/api/manager_server.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_launcher.h"

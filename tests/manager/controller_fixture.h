@@ -14,16 +14,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "manager/event_log.h"
-#include "manager/job_controller.h"
-#include "manager/job_table.h"
+#include "manager/jobs/event_log.h"
+#include "manager/jobs/job_controller.h"
+#include "manager/jobs/job_table.h"
+#include "manager/jobs/profile_store.h"
+#include "manager/jobs/step_series.h"
 #include "manager/manager_config.h"
-#include "manager/morph_controller.h"
-#include "manager/node_table.h"
-#include "manager/profile_store.h"
+#include "manager/morph/morph_controller.h"
+#include "manager/nodes/node_table.h"
 #include "manager/reconciler.h"
-#include "manager/state_store.h"
-#include "manager/step_series.h"
+#include "manager/state/state_store.h"
 #include "tests/testing/fake_agents.h"
 #include "tests/testing/fake_clock.h"
 
@@ -67,17 +67,17 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
     auto store = StateStore::Open(config_.state_dir);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
-    nodes_ = std::make_unique<NodeTable>(config_, &clock_, store_.get(), this);
+    nodes_ = std::make_unique<NodeTable>(config_.node_options(), &clock_, store_.get(), this);
     jobs_ = std::make_unique<JobTable>(store_.get(), nodes_.get());
     events_ = std::make_unique<EventLog>(&clock_, store_.get());
     steps_ = std::make_unique<StepSeries>(store_.get());
     profiles_ = std::make_unique<ProfileStore>(store_.get());
-    jobs_ctl_ = std::make_unique<JobController>(config_, &clock_, jobs_.get(), nodes_.get(),
-                                                &agents_, loop_.poster(), events_.get(),
-                                                profiles_.get(), steps_.get());
-    morph_ = std::make_unique<MorphController>(config_, &clock_, jobs_.get(), nodes_.get(),
-                                               &agents_, loop_.poster(), events_.get(),
-                                               profiles_.get(), jobs_ctl_.get());
+    jobs_ctl_ = std::make_unique<JobController>(config_.job_options(), &clock_, jobs_.get(),
+                                                nodes_.get(), &agents_, loop_.poster(),
+                                                events_.get(), profiles_.get(), steps_.get());
+    morph_ = std::make_unique<MorphController>(config_.morph_options(), &clock_, jobs_.get(),
+                                               nodes_.get(), &agents_, loop_.poster(),
+                                               events_.get(), profiles_.get(), jobs_ctl_.get());
     jobs_ctl_->set_morph(morph_.get());
     reconciler_ = std::make_unique<HeartbeatReconciler>(
         config_, &clock_, jobs_.get(), nodes_.get(), jobs_ctl_.get(), morph_.get(), loop_.poster());

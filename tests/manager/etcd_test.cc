@@ -10,9 +10,9 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "manager/etcd_client.h"
-#include "manager/etcd_store.h"
-#include "manager/leader_election.h"
+#include "manager/ha/etcd_client.h"
+#include "manager/ha/etcd_store.h"
+#include "manager/ha/leader_election.h"
 
 namespace varuna {
 namespace {

@@ -1,6 +1,6 @@
 // The job controller on its own, synchronously: fake clock, fake agents, no gRPC.
 
-#include "manager/job_controller.h"
+#include "manager/jobs/job_controller.h"
 
 #include <signal.h>
 
@@ -69,8 +69,8 @@ TEST_F(JobControllerTest, StartTimeoutFailsAJobWhoseLaunchIsNeverAnswered) {
 }
 
 TEST_F(JobControllerTest, FailureIsHeldSoALostNodeIsNamedAsTheCause) {
-  // Note [Failure attribution] (manager/job.h): without morphing, rank 1's exit waits two heartbeat
-  // periods; node a went silent meanwhile, so a is named first.
+  // Note [Failure attribution] (manager/jobs/job.h): without morphing, rank 1's exit waits two
+  // heartbeat periods; node a went silent meanwhile, so a is named first.
   AddNode("a", 1);
   AddNode("b", 1);
   const std::string id = Submit(Spec("parallel: {stages: 2}\nmorphing: false"));
@@ -133,7 +133,7 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
   EXPECT_THAT(JobController::Admit(long_id).status().message(), HasSubstr("request_id"));
 }
 
-// Note [Tensor-parallel placement] in manager/placement.cc: a tp job is planned in groups of
+// Note [Tensor-parallel placement] in manager/nodes/placement.cc: a tp job is planned in groups of
 // tp_size slots on one node, each group's processes get consecutive ranks there, and every
 // launch says tp_size (no in-place morphs for tp jobs).
 TEST_F(JobControllerTest, TensorParallelJobsArePlacedInGroupsOnOneNode) {

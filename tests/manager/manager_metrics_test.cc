@@ -1,7 +1,7 @@
-// Note [Series from the start] in manager/manager_metrics.cc: a job's series exist at 0 from
+// Note [Series from the start] in manager/state/manager_metrics.cc: a job's series exist at 0 from
 // its submission, and values a peer made up cannot poison a histogram.
 
-#include "manager/manager_metrics.h"
+#include "manager/state/manager_metrics.h"
 
 #include <cmath>
 #include <limits>

@@ -1,7 +1,7 @@
 // The morph state machine on its own, synchronously: every phase, timer and trigger path,
 // with a fake clock and fake agents (docs/morphing.md).
 
-#include "manager/morph_controller.h"
+#include "manager/morph/morph_controller.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/launch/exit_codes.h"

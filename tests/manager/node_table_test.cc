@@ -1,6 +1,6 @@
 // The node table on its own: liveness by missed heartbeats, draining, peer limits, restarts.
 
-#include "manager/node_table.h"
+#include "manager/nodes/node_table.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

@@ -1,4 +1,4 @@
-#include "manager/placement.h"
+#include "manager/nodes/placement.h"
 
 #include "common/planner/profile.h"
 

@@ -24,9 +24,9 @@
 #include "common/net/rpc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "manager/manager_server.h"
-#include "manager/state_store.h"
-#include "manager/tokens.h"
+#include "manager/api/manager_server.h"
+#include "manager/api/tokens.h"
+#include "manager/state/state_store.h"
 #include "tests/testing/eventually.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/fake_launcher.h"
@@ -259,7 +259,7 @@ TEST_F(SecurityTest, OnlyTheManagerCanLaunchOnAnAgent) {
 
 // The manager checks an agent's certificate against the node's name, not the address the node
 // claimed, so a node registered under another's address gets nothing run on the victim (Note
-// [Agent identity] in manager/agent_client.cc).
+// [Agent identity] in manager/nodes/agent_client.cc).
 TEST_F(SecurityTest, TheManagerChecksTheAgentsCertificateIsThatNode) {
   absl::Status beat;
   AgentServer& node1 = AddAgent("node1", certs_, &beat);

@@ -2,7 +2,7 @@
 // the command lines, the policy, and the source's errors, backoff and events with fake
 // commands. The real cluster: tests/e2e/slurm_e2e.py.
 
-#include "manager/slurm_source.h"
+#include "manager/sources/slurm_source.h"
 
 #include <pwd.h>
 #include <unistd.h>

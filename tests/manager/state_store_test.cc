@@ -1,7 +1,7 @@
 // The state database on its own: what a restarted manager reads back, and the step
 // series' bound (Note [Step series]).
 
-#include "manager/state_store.h"
+#include "manager/state/state_store.h"
 
 #include <stdlib.h>
 

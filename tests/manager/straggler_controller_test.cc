@@ -1,8 +1,8 @@
-// The straggler ladder (Note [Straggler ladder] in manager/straggler_controller.cc) on its own,
-// synchronously: fake clock and agents, step records with chosen per-rank times. The e2e
+// The straggler ladder (Note [Straggler ladder] in manager/stragglers/straggler_controller.cc) on
+// its own, synchronously: fake clock and agents, step records with chosen per-rank times. The e2e
 // (tests/e2e/straggler_e2e.py) runs it with real workers where cgroups can slow a node.
 
-#include "manager/straggler_controller.h"
+#include "manager/stragglers/straggler_controller.h"
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -19,9 +19,9 @@ class StragglerControllerTest : public testing::ControllerFixture {
  protected:
   void SetUp() override {
     ControllerFixture::SetUp();
-    ladder_ = std::make_unique<StragglerController>(config_, &clock_, jobs_.get(), nodes_.get(),
-                                                    &agents_, loop_.poster(), events_.get(),
-                                                    profiles_.get(), morph_.get());
+    ladder_ = std::make_unique<StragglerController>(
+        config_.straggler_options(), &clock_, jobs_.get(), nodes_.get(), &agents_, loop_.poster(),
+        events_.get(), profiles_.get(), morph_.get());
     jobs_ctl_->set_on_steps(
         [this](::varuna::Job& job, const v1::WorkerStatus& w) { ladder_->OnSteps(job, w); });
   }

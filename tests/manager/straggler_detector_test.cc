@@ -1,7 +1,7 @@
-// Straggler detection (Note [Straggler detection] in manager/straggler_detector.cc) on
+// Straggler detection (Note [Straggler detection] in manager/stragglers/straggler_detector.cc) on
 // synthetic step times.
 
-#include "manager/straggler_detector.h"
+#include "manager/stragglers/straggler_detector.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "manager/agent_client.h"
+#include "manager/nodes/agent_client.h"
 
 namespace varuna::testing {
 

@@ -1,4 +1,4 @@
-// The engine with ranks as threads (worker/thread_process_group.h): parity of every P x D
+// The engine with ranks as threads (worker/dist/thread_process_group.h): parity of every P x D
 // shape and of a heterogeneous mix with one process, the overlapped all-reduce's bit-identity,
 // and a dead peer failing the survivors instead of hanging them.
 
@@ -13,8 +13,9 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/status_matchers.h"
-#include "worker/thread_process_group.h"
-#include "worker/varuna.h"
+#include "worker/dist/thread_process_group.h"
+#include "worker/engine/varuna.h"
+#include "worker/models/registry.h"
 
 namespace varuna {
 namespace {
@@ -170,8 +171,8 @@ TEST(EngineTest, EveryShapeMatchesOneProcess) {
   }
 }
 
-// Note [Step timing] (worker/varuna.h): every rank learns pipeline 0's per-stage busy and wait
-// times, its bubble and the model's parameter count from the step's agreement all-reduce.
+// Note [Step timing] (worker/engine/varuna.h): every rank learns pipeline 0's per-stage busy and
+// wait times, its bubble and the model's parameter count from the step's agreement all-reduce.
 TEST(EngineTest, StepTimingIsSharedByEveryRank) {
   const auto one = Train(Uniform(1, 1, 8), RunOptions());
   ASSERT_TRUE(one[0].status.ok()) << one[0].status;
@@ -205,7 +206,7 @@ TEST(EngineTest, HeterogeneousPipelinesMatchOneProcess) {
   ExpectClose(got[2].losses, reference[0].losses, 1e-5);
 }
 
-// Note [Tensor parallelism] (worker/tensor_parallel.cc): tp_size processes per stage compute
+// Note [Tensor parallelism] (worker/models/tensor_parallel.cc): tp_size processes per stage compute
 // what one process does, alone and in P x D and heterogeneous mixes, under several schedules,
 // from the same initial model. (Dropout is checked with processes, tests/e2e: threads share
 // one random generator.)
@@ -259,12 +260,12 @@ TEST(EngineTest, TensorParallelMatchesOneProcess) {
   }
 }
 
-// Note [Overlapped all-reduce] (worker/gradient_reducer.cc): posting buckets from the backward's
-// hooks changes when they are summed, never what: losses and parameters are bit-identical to the
-// non-overlapped path, with many small buckets (so several are posted mid-backward) and with the
-// default ones.
-// With zb-h1 the linears' weight gradients arrive in the W passes, outside autograd
-// (GradientReducer::DeferredGradientsReady): their buckets must still wait for them.
+// Note [Overlapped all-reduce] (worker/engine/gradient_reducer.cc): posting buckets from the
+// backward's hooks changes when they are summed, never what: losses and parameters are
+// bit-identical to the non-overlapped path, with many small buckets (so several are posted
+// mid-backward) and with the default ones. With zb-h1 the linears' weight gradients arrive in the W
+// passes, outside autograd (GradientReducer::DeferredGradientsReady): their buckets must still wait
+// for them.
 TEST(EngineTest, OverlappedAllReduceIsBitIdentical) {
   for (int64_t bucket : {int64_t{4096}, int64_t{25} << 20}) {
     for (auto [P, D, schedule] :

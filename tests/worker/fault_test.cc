@@ -1,7 +1,7 @@
-// VARUNA_FAULT's grammar (Note [Faults] in worker/fault.cc): what parses, what is refused with
-// the entry named, and which entries a rank keeps.
+// VARUNA_FAULT's grammar (Note [Faults] in worker/engine/fault.cc): what parses, what is refused
+// with the entry named, and which entries a rank keeps.
 
-#include "worker/fault.h"
+#include "worker/engine/fault.h"
 
 #include <string>
 

@@ -1,8 +1,8 @@
-// The gradient reducer with ranks as threads (worker/thread_process_group.h): data-parallel
+// The gradient reducer with ranks as threads (worker/dist/thread_process_group.h): data-parallel
 // sums over a group, the overlapped path's bit-identity with the plain one, and tied
 // parameters summed across their holders.
 
-#include "worker/gradient_reducer.h"
+#include "worker/engine/gradient_reducer.h"
 
 #include <functional>
 #include <string>
@@ -14,7 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/testing/status_matchers.h"
-#include "worker/thread_process_group.h"
+#include "worker/dist/thread_process_group.h"
 
 namespace varuna {
 namespace {

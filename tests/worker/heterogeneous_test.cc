@@ -1,4 +1,5 @@
-#include "worker/heterogeneous.h"
+#include "worker/engine/heterogeneous.h"
+#include "worker/models/registry.h"
 
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "worker/loss_scaler.h"
+#include "worker/engine/loss_scaler.h"
 
 #include <gtest/gtest.h>
 

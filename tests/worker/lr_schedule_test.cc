@@ -1,4 +1,4 @@
-#include "worker/lr_schedule.h"
+#include "worker/engine/lr_schedule.h"
 
 #include <gtest/gtest.h>
 

@@ -1,8 +1,8 @@
-// The pipeline executor with ranks as threads (worker/thread_process_group.h): a model cut into
-// two stages gives the loss and gradients of the uncut model under every schedule, and each
+// The pipeline executor with ranks as threads (worker/dist/thread_process_group.h): a model cut
+// into two stages gives the loss and gradients of the uncut model under every schedule, and each
 // run is timed.
 
-#include "worker/pipeline_executor.h"
+#include "worker/engine/pipeline_executor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,8 +15,9 @@
 #include <gtest/gtest.h>
 
 #include "tests/testing/status_matchers.h"
-#include "worker/linear.h"
-#include "worker/thread_process_group.h"
+#include "worker/dist/thread_process_group.h"
+#include "worker/models/linear.h"
+#include "worker/models/registry.h"
 
 namespace varuna {
 namespace {
@@ -164,7 +165,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineExecutorTest,
                            return name;
                          });
 
-// Note [Deferred weight gradients] in worker/linear.cc. B (the backward without the recorded
+// Note [Deferred weight gradients] in worker/models/linear.cc. B (the backward without the recorded
 // weights) then W (Apply) gives autograd's gradients, in both weight layouts, with a bias and a 3-D
 // input.
 TEST(LinearTest, DeferredWeightGradientsEqualAutograd) {

@@ -5,12 +5,17 @@
 
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "common/spec/model_spec.h"
-#include "worker/linear.h"
-#include "worker/model.h"
+#include "worker/models/linear.h"
+#include "worker/models/model.h"
 
 namespace varuna {
 
+Model GptModel(const ModelSpec& spec, const TensorParallel& tp);  // worker/models/gpt.cc
+Model MlpModel(const ModelSpec& spec, const TensorParallel& tp);  // worker/models/gpt.cc
+// worker/models/torchscript.cc: segment_0.pt, segment_1.pt, ... under spec.path.
+absl::StatusOr<Model> ScriptModel(const ModelSpec& spec);
 Model LlamaModel(const ModelSpec& spec, const TensorParallel& tp);  // worker/models/llama.cc
 Model Gpt2Model(const ModelSpec& spec);                             // worker/models/gpt2.cc
 

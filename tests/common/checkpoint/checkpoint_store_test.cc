@@ -215,9 +215,9 @@ namespace fs = std::filesystem;
 using ::varuna::testing::IsOk;
 using ::varuna::testing::StatusIs;
 
-// Note [Rescue] (worker/checkpoint.cc): survivors of a failed step write their stage's layers and a
-// rescue record each; the checkpoint is complete when the rescuers cover every layer, and a rescuer
-// whose files are damaged is left out if the others still cover the model.
+// Note [Rescue] (worker/engine/checkpoint.cc): survivors of a failed step write their stage's
+// layers and a rescue record each; the checkpoint is complete when the rescuers cover every layer,
+// and a rescuer whose files are damaged is left out if the others still cover the model.
 TEST(RescueTest, RescueRecordsThatCoverTheModelMakeACompleteCheckpoint) {
   const fs::path dir = fs::temp_directory_path() / absl::StrCat("rescue_test_", getpid());
   fs::remove_all(dir);

@@ -66,7 +66,7 @@ TEST(LaunchArgsTest, ResolvesTopologyFromMapAndEnv) {
   EXPECT_EQ(t->master_port, 1234);
 }
 
-// The plan's tp_size (Note [Tensor-parallel placement] in manager/placement.cc) replaces the
+// The plan's tp_size (Note [Tensor-parallel placement] in manager/nodes/placement.cc) replaces the
 // spec's: --tp_size for varuna-worker, VARUNA_TP_SIZE for a program of the user's.
 TEST(LaunchArgsTest, ThePlansTpSizeReplacesTheSpecs) {
   auto a = ParseWorkerArgs({"w", "--job", "j", "--tp_size", "2", "--stage_to_rank_map", "0,1;"});

@@ -1,0 +1,131 @@
+#pragma once
+
+// The job controller: a job's life from submit to its terminal state (PENDING -> STARTING ->
+// RUNNING -> SUCCEEDED | FAILED(reason), CANCELLING -> CANCELLED; RECONFIGURING belongs to
+// the MorphController). Admission, placement, launch, stop, exit attribution and the job
+// timers. Every method runs on the manager's loop thread; answers that need an agent come
+// back through `post`. docs/architecture.md "Control plane" draws the machine.
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "common/spec/job_spec.h"
+#include "manager/jobs/event_log.h"
+#include "manager/jobs/job.h"
+#include "manager/jobs/job_options.h"
+#include "manager/jobs/job_table.h"
+#include "manager/jobs/profile_store.h"
+#include "manager/jobs/step_series.h"
+#include "manager/nodes/agent_client.h"
+#include "manager/nodes/node_table.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+// What the job controller needs of morphing: the narrow interface jobs/ declares and
+// morph/MorphController implements (Manager wires them), so that jobs/ never includes morph/.
+class JobMorphing {
+ public:
+  virtual ~JobMorphing() = default;
+  // Whether the job can morph at all: morphing on, a checkpoint.dir, not a profile job.
+  virtual bool Allowed(const Job& job) const = 0;
+  // Something happened that the job must survive: begin or join a morph, or fail the job.
+  virtual void Trigger(Job& job, const Cause& cause) = 0;
+  // Moves the job's morph along; Tick also runs its timers.
+  virtual void Advance(Job& job) = 0;
+  virtual void Tick(Job& job) = 0;
+  virtual void SetPhase(Job& job, v1::MorphState::Phase phase) = 0;
+  // Asks the job's live nodes to have their workers save and exit (or, with `probe`, only
+  // whether each agent answers).
+  virtual void SendSaveRequests(Job& job, bool abort_step, bool probe = false) = 0;
+  // A worker of the current generation reported: rendezvous done, first step.
+  virtual void NoteWorkerReport(Job& job, const v1::WorkerStatus& w) = 0;
+};
+
+// What the morph controller may ask of a job's lifecycle (implemented by JobController).
+class JobLifecycle {
+ public:
+  virtual ~JobLifecycle() = default;
+  virtual void Fail(Job& job, const std::string& reason) = 0;
+  virtual void Succeed(Job& job) = 0;
+  virtual void SendStops(Job& job) = 0;
+  virtual void SendLaunches(Job& job) = 0;
+};
+
+class JobController final : public JobLifecycle {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  JobController(JobOptions options, Clock* clock, JobTable* jobs, NodeTable* nodes,
+                AgentClientPool* agents, Post post, EventLog* events, ProfileStore* profiles,
+                StepSeries* steps);
+  // Wiring (Manager): the morph controller this one hands running jobs' failures to.
+  void set_morph(JobMorphing* morph) { morph_ = morph; }
+  // Who else takes the step records workers report (the straggler ladder).
+  using OnStepsFn = std::function<void(Job&, const v1::WorkerStatus&)>;
+  void set_on_steps(OnStepsFn f) { on_steps_ = std::move(f); }
+
+  // After JobTable::Load: carries recovered active jobs on (exits seen before the restart,
+  // launches and stops in flight, a morph in progress: Note [Morph recovery]).
+  void ResumeRecovered();
+
+  // What a submit asks for, checked: the request id, the spec parsed (bounded: Note [Alias
+  // bombs] in yaml_util.cc) and its shape validated. The server calls it off the loop, so no
+  // caller-supplied parsing runs on the loop; any thread may call it.
+  static absl::StatusOr<JobSpec> Admit(const v1::SubmitRequest& req);
+  // Queues an admitted job (`spec` from Admit). `user` is the token's name ("" without
+  // tokens), recorded on the job; `run_as` the Unix user its token maps to (the agents run
+  // its workers as that user; "" = their default). Never touches the filesystem.
+  absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
+                                     const std::string& user, const std::string& run_as = "");
+  absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user);
+  // Places pending jobs, in submission order, on the free schedulable slots.
+  void Schedule();
+  // What one worker of the job's current generation, placed on `node`, reported.
+  void OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node);
+  // A survivor of an older generation that a morph in place adopts: only its step records
+  // (steps it applied before it parked, which the new generation continues from).
+  void OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w);
+  void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
+                  int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0);
+  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent, const std::string& why);
+  // Launch timeouts, held failures, repeated stops, morph timers, progress flush.
+  void Tick();
+
+  // JobLifecycle.
+  void Fail(Job& job, const std::string& reason) override;
+  void Succeed(Job& job) override;
+  void SendStops(Job& job) override;
+  void SendLaunches(Job& job) override;
+
+ private:
+  void StartJob(Job& job, const JobPlan& plan);
+  // The steps of a report: the step series, then on_steps_.
+  void RecordSteps(Job& job, const v1::WorkerStatus& w);
+  v1::LaunchRequest MakeLaunch(const Job& job, const std::string& node) const;
+  void OnLaunchDone(const std::string& job_id, int generation, const std::string& node,
+                    absl::StatusOr<v1::LaunchResponse> r);
+  void MarkRunning(Job& job);
+  void CheckAllExited(Job& job);
+  void SettleFailure(Job& job);
+  void MarkCancelled(Job& job, const std::string& reason);
+  // A profile job's rank 0 reported its profile: validate and store it.
+  void StoreProfile(Job& job, const std::string& json);
+
+  const JobOptions config_;
+  Clock* const clock_;
+  JobTable* const jobs_;
+  NodeTable* const nodes_;
+  AgentClientPool* const agents_;
+  const Post post_;
+  EventLog* const events_;
+  ProfileStore* const profiles_;
+  StepSeries* const steps_;
+  JobMorphing* morph_ = nullptr;
+  OnStepsFn on_steps_;
+  absl::Time last_flush_;
+};
+
+}  // namespace varuna

@@ -1,0 +1,103 @@
+#pragma once
+
+// The morph controller: how a running job survives lost, leaving and joining machines
+// (docs/morphing.md). Trigger -> SAVING -> STOPPING -> PLANNING -> LAUNCHING (generation+1)
+// -> RUNNING (RESUMING) -> Finish; Advance moves a job along when what its phase waits for
+// has happened or the phase's timer ran out. The phase is stored in JobRecord.morph, so a
+// restarted manager carries on (Note [Morph recovery] in job_controller.cc). Loop thread only.
+
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "manager/jobs/event_log.h"
+#include "manager/jobs/job.h"
+#include "manager/jobs/job_controller.h"
+#include "manager/jobs/job_table.h"
+#include "manager/jobs/profile_store.h"
+#include "manager/morph/morph_options.h"
+#include "manager/nodes/agent_client.h"
+#include "manager/nodes/node_table.h"
+#include "manager/state/manager_metrics.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class MorphController final : public JobMorphing {
+ public:
+  using Post = std::function<void(std::function<void()>)>;
+  MorphController(MorphOptions options, Clock* clock, JobTable* jobs, NodeTable* nodes,
+                  AgentClientPool* agents, Post post, EventLog* events, ProfileStore* profiles,
+                  JobLifecycle* lifecycle);
+  void set_metrics(ManagerMetrics* m) { metrics_ = m; }
+
+  // Whether the job can morph at all: morphing on, a checkpoint.dir, not a profile job.
+  bool Allowed(const Job& job) const override;
+  // Something happened that the job must survive: begin a morph, or join the one in
+  // progress (coalescing), or fail the job when it cannot morph or its budget is spent.
+  void Trigger(Job& job, const Cause& cause) override;
+  // Moves the job's morph along: what its phase waits for, or its timers.
+  void Advance(Job& job) override;
+  // The timers: a relaunch that does not start within start_timeout is a new trigger; a
+  // generation whose workers never report ready closes its morph record after it. Then Advance.
+  void Tick(Job& job) override;
+  // Records the morph (phases, steps lost) and clears it.
+  void Finish(Job& job);
+  // Enters `phase`, adding the time spent in the previous one to the morph's record.
+  void SetPhase(Job& job, v1::MorphState::Phase phase) override;
+  // Asks every live node of the job's generation to have its workers save and exit (or, with
+  // `probe`, only whether its agent answers); a node that does not answer is lost.
+  void SendSaveRequests(Job& job, bool abort_step, bool probe = false) override;
+  // A worker of the current generation reported: rendezvous done, first step.
+  void NoteWorkerReport(Job& job, const v1::WorkerStatus& w) override;
+  // `node` leaves (drain, notice, machine_list): every job on it moves off.
+  void OnNodeLeaving(const std::string& node, const std::string& kind, const std::string& why,
+                     absl::Duration detect, bool graceful);
+  // `node` joined: jobs may grow onto it after scale_up_delay (CheckGrowth).
+  void NoteJoined(const std::string& node);
+  void CheckGrowth();
+
+ private:
+  void BeginMorph(Job& job, const Cause& cause);
+  void OnSaveRequestFailed(const std::string& job_id, int generation, const std::string& node,
+                           const absl::Status& status);
+  void Relaunch(Job& job, const JobPlan& plan);
+  // Morph in place (Note [Morph in place] in worker/engine/regroup.cc): whether this cause can take
+  // it, why not, and the survivors the new placement adopts.
+  bool InPlacePossible(const Job& job, const Cause& cause) const;
+  static bool EveryNodeLeaving(const Job& job, const std::set<std::string>& leaving);
+  std::string RelaunchReason(const Job& job, const Cause& cause) const;
+  void AdoptSurvivors(Job& job, const v1::JobInfo& old);
+  bool AllRanksGone(const Job& job) const;
+  // Every rank exited, parked (a graceful morph in place) or frozen, and one parked.
+  bool AllRanksGoneOrParked(const Job& job) const;
+  bool FinishedTraining(const Job& job) const;
+  // What the survivors saved (Note [Saved steps] in morph_controller.cc).
+  struct SaveCoverage {
+    std::vector<int> missing;          // stages no saver covers
+    int64_t common_step = -1;          // the newest step every stage's savers cover; -1 = none
+    int64_t newest_saved = 0;          // the newest step any saver saved
+    int64_t committed = 0;             // the newest committed step a survivor reported
+    std::vector<v1::SavedStep> saved;  // (rank, step) of each saver
+  };
+  SaveCoverage Coverage(const Job& job) const;
+
+  const MorphOptions config_;
+  Clock* const clock_;
+  JobTable* const jobs_;
+  NodeTable* const nodes_;
+  AgentClientPool* const agents_;
+  const Post post_;
+  EventLog* const events_;
+  ProfileStore* const profiles_;
+  JobLifecycle* const lifecycle_;
+  ManagerMetrics* metrics_ = nullptr;
+  // Growth: when a node joined, jobs may grow onto it after scale_up_delay.
+  absl::Time grow_check_at_ = absl::InfiniteFuture();
+  std::set<std::string> joined_;
+};
+
+}  // namespace varuna

@@ -1,0 +1,64 @@
+// MorphController's growth (the other half of manager/morph/morph_controller.cc): nodes that
+// join, or come back, and the jobs that grow onto them after scale_up_delay.
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "glog/logging.h"
+#include "manager/jobs/planning.h"
+#include "manager/morph/morph_controller.h"
+
+namespace varuna {
+
+void MorphController::NoteJoined(const std::string& node) {
+  joined_.insert(node);
+  grow_check_at_ = clock_->Now() + config_.scale_up_delay;
+  // A morph waiting for slots leaves out the nodes it lost. One that is back (a new agent: a
+  // requeued Slurm allocation, a restarted machine; the old generation is gone by PLANNING)
+  // may be planned on again, or a job whose every node was preempted would wait forever.
+  for (const std::string& id : jobs_->order()) {
+    Job& job = *jobs_->Find(id);
+    if (job.info().state() != v1::RECONFIGURING ||
+        job.rec.morph().phase() != v1::MorphState::PLANNING) {
+      continue;
+    }
+    auto* lost = job.morph().mutable_lost_nodes();
+    auto it = std::find(lost->begin(), lost->end(), node);
+    if (it == lost->end()) continue;
+    lost->erase(it);
+    jobs_->Persist(job);
+    LOG(INFO) << JobWho(job.info()) << " morph: node " << node << " is back; it may be planned on";
+  }
+}
+
+// Jobs grow onto joined slots after scale_up_delay, by a graceful morph, only if the plan
+// for the larger slot set differs from the shape they run (a morph that would not change
+// the world is skipped). Pending jobs were scheduled first and took what they needed.
+void MorphController::CheckGrowth() {
+  if (clock_->Now() < grow_check_at_) return;
+  grow_check_at_ = absl::InfiniteFuture();
+  const std::string joined = absl::StrJoin(joined_, ",");
+  joined_.clear();
+  for (const std::string& id : jobs_->order()) {
+    Job& job = *jobs_->Find(id);
+    if (job.info().state() != v1::RUNNING || job.morphing() || !Allowed(job)) continue;
+    auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, {}), *profiles_);
+    if (!plan.ok()) continue;
+    const int now_slots = job.info().slots();
+    const int plan_slots = static_cast<int>(plan->ranks.size());
+    if (plan_slots <= now_slots) continue;
+    if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
+        plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule() &&
+        plan->pipelines == job.info().pipelines() && plan->tp_size == TpOf(job.info())) {
+      continue;
+    }
+    Cause c;
+    c.kind = "join";
+    c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan_slots,
+                            " slots available (running on ", now_slots, ")");
+    c.graceful = true;
+    c.priority = 3;
+    Trigger(job, c);
+  }
+}
+
+}  // namespace varuna

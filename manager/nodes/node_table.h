@@ -1,0 +1,110 @@
+#pragma once
+
+// The node table: every agent the manager knows, its liveness (ALIVE -> SUSPECT -> DEAD by
+// missed heartbeats), and whether it may get work (drained, under a preemption notice, left
+// out of the machine_list file). It decides nothing about jobs: it tells its Listener when
+// a node is lost, leaves, joins, or the schedulable slots change, and the job controller
+// (Manager) acts. Runs on the manager's loop thread like the rest of the manager.
+
+#include <algorithm>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/base/clock.h"
+#include "manager/nodes/node_options.h"
+#include "manager/state/state_store.h"
+#include "varuna/v1/control.pb.h"
+
+namespace varuna {
+
+class NodeTable {
+ public:
+  struct Node {
+    v1::NodeRecord rec;
+    absl::Time last_seen;
+    bool dead = false;
+    bool suspect = false;    // missed heartbeats, or did not answer an RPC: no new work
+    int other_running = 0;   // running workers of no active launch, from the last heartbeat
+    double probe_score = 0;  // the agent's startup speed probe (Note [Speed probe]); 0 = none
+  };
+
+  // What the job controller hears. Called on the loop thread, from inside NodeTable calls.
+  class Listener {
+   public:
+    virtual ~Listener() = default;
+    // DEAD after dead_after_missed heartbeats (`why`: "no heartbeat for 10s"), or because its
+    // machine source says it is gone (Lose).
+    virtual void OnNodeLost(const Node& node, absl::Duration silent, const std::string& why) = 0;
+    // Drained, under a preemption notice, or removed from machine_list: its jobs should move
+    // off it while it still runs (`why` says which).
+    // `kind`: "drain" (drained, removed from machine_list) or "notice" (a preemption notice).
+    virtual void OnNodeLeaving(const std::string& node, const std::string& kind,
+                               const std::string& why) = 0;
+    // Registered for the first time or again, back from DEAD, undrained, listed again.
+    virtual void OnNodeJoined(const std::string& node, const std::string& how) = 0;
+    // Something worth an event record (varunactl events) that needs no action.
+    virtual void OnNodeEvent(const std::string& kind, const std::string& node,
+                             const std::string& message) = 0;
+    // Schedulable slots may have grown: try to place pending jobs.
+    virtual void OnSlotsChanged() = 0;
+  };
+
+  NodeTable(NodeOptions options, Clock* clock, StateStore* store, Listener* listener);
+
+  // Loads the nodes from the store; each is SUSPECT until it heartbeats again.
+  absl::Status Load();
+
+  // Note [Peer limits] (node_table.cc): what an agent asks to be is checked and bounded.
+  // `idle(name)` says whether a DEAD node has no ranks left (only those are forgotten to make
+  // room).
+  absl::StatusOr<Node*> Register(const v1::RegisterRequest& req,
+                                 const std::function<int(const std::string&)>& used);
+  // A heartbeat from `name`: NOT_FOUND if the node is unknown (the agent registers again).
+  absl::StatusOr<Node*> Heartbeat(const std::string& name);
+  absl::StatusOr<Node*> Drain(const std::string& name, bool undo);
+  // A preemption notice, from varunactl or the node's own agent; over when it registers again.
+  absl::StatusOr<Node*> Preempt(const std::string& name, const v1::PreemptionNotice& notice);
+  // An RPC to the node failed: no new work until it heartbeats again.
+  void MarkUnreachable(const std::string& name);
+  // DEAD now, not after the missed heartbeats: its machine source (Slurm) says it is gone.
+  void Lose(const std::string& name, const std::string& why);
+  // Drops a node that is not alive or runs nothing (`used` == 0): a machine source gave it back.
+  void Forget(const std::string& name, int used);
+
+  // Liveness by missed heartbeats, machine_list reload, forgetting idle DEAD nodes.
+  void Tick(const std::function<int(const std::string&)>& used);
+
+  Node* Find(const std::string& name);
+  const Node* Find(const std::string& name) const;
+  const std::map<std::string, Node>& all() const { return nodes_; }
+  bool Schedulable(const Node& n) const;
+  // The heartbeat period for this many nodes (ManagerConfig::HeartbeatPeriodFor), and the
+  // SUSPECT / DEAD timeouts counted in it.
+  absl::Duration heartbeat_period() const;
+  absl::Duration suspect_after() const;
+  absl::Duration dead_after() const;
+  std::string DrainReason(const Node& n) const;  // "" when not draining
+  v1::NodeInfo Describe(const Node& n, int used_slots) const;
+
+ private:
+  void Persist(const Node& n);
+  void ReloadMachineList();
+  void ForgetDeadNodes(const std::function<int(const std::string&)>& used);
+
+  const NodeOptions config_;
+  Clock* const clock_;
+  StateStore* const store_;
+  Listener* const listener_;
+  std::map<std::string, Node> nodes_;
+  // machine_list
+  bool have_machine_list_ = false;
+  std::set<std::string> listed_;
+  int64_t machine_list_mtime_ = -1;
+  absl::Time last_list_check_ = absl::InfinitePast();
+};
+
+}  // namespace varuna

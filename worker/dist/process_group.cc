@@ -1,0 +1,396 @@
+#include "worker/dist/process_group.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#ifdef VARUNA_WITH_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "worker/dist/torch_status.h"
+
+namespace varuna {
+namespace {
+
+// Note [Process groups]: c10d's gloo and NCCL backends share the method names used here, so
+// one adapter serves both.
+class C10dWork : public Work {
+ public:
+  // `abort` null: plain waits. `sliced`: a collective whose wait is taken in slices so that
+  // `abort` can end it (Note [Aborting waits]).
+  C10dWork(c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<AbortSignal> abort, bool sliced)
+      : w_(std::move(w)), abort_(std::move(abort)), sliced_(sliced) {}
+  void Wait(std::chrono::milliseconds timeout) override {
+    if (abort_ && abort_->aborted()) {
+      Abort();
+      throw std::runtime_error("wait aborted: the job is regrouping");
+    }
+    if (!sliced_) {
+      w_->wait(timeout);
+      return;
+    }
+    using std::chrono::steady_clock;
+    const auto deadline = steady_clock::now() + timeout;
+    for (;;) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - steady_clock::now());
+      try {
+        w_->wait(
+            std::max(std::chrono::milliseconds(1), std::min(left, std::chrono::milliseconds(50))));
+        return;
+      } catch (const std::exception&) {
+        // Done between the slice's timeout and now: its own outcome (result or error).
+        if (w_->isCompleted()) {
+          w_->wait(std::chrono::milliseconds(1));
+          return;
+        }
+        if (steady_clock::now() >= deadline) throw;
+      }
+      if (abort_->aborted()) throw std::runtime_error("wait aborted: the job is regrouping");
+    }
+  }
+  void Abort() override {
+    // Gloo's point-to-point works can be aborted; its collectives throw "not implemented"
+    // (they end on their own timeout): nothing more to do for those.
+    try {
+      w_->abort();
+    } catch (const std::exception&) {
+    }
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> w_;
+  const std::shared_ptr<AbortSignal> abort_;
+  const bool sliced_;
+};
+
+template <typename PG>
+class C10dGroup : public ProcessGroup {
+ public:
+  C10dGroup(c10::intrusive_ptr<PG> pg, std::string backend, bool device_transfers,
+            std::shared_ptr<AbortSignal> abort)
+      : pg_(std::move(pg)),
+        backend_(std::move(backend)),
+        device_(device_transfers),
+        abort_(std::move(abort)) {}
+  int rank() const override { return pg_->getRank(); }
+  int size() const override { return pg_->getSize(); }
+  std::string backend() const override { return backend_; }
+  bool device_transfers() const override { return device_; }
+  WorkPtr Send(const torch::Tensor& t, int peer, int tag) override {
+    std::vector<torch::Tensor> buf{t};
+    return Registered(std::make_shared<C10dWork>(pg_->send(buf, peer, tag), abort_, false));
+  }
+  WorkPtr Recv(const torch::Tensor& t, int peer, int tag) override {
+    std::vector<torch::Tensor> buf{t};
+    return Registered(std::make_shared<C10dWork>(pg_->recv(buf, peer, tag), abort_, false));
+  }
+  WorkPtr AllReduceSum(const torch::Tensor& t, std::chrono::milliseconds timeout) override {
+    std::vector<torch::Tensor> buf{t};
+    c10d::AllreduceOptions opts;
+    opts.timeout = timeout;
+    return std::make_shared<C10dWork>(pg_->allreduce(buf, opts), abort_,
+                                      /*sliced=*/abort_ != nullptr && backend_ == "gloo");
+  }
+
+ private:
+  WorkPtr Registered(WorkPtr w) {
+    if (abort_) abort_->Register(w);
+    return w;
+  }
+
+  c10::intrusive_ptr<PG> pg_;
+  std::string backend_;
+  bool device_;
+  std::shared_ptr<AbortSignal> abort_;
+};
+
+std::shared_ptr<::gloo::transport::Device> MakeGlooDevice(const std::string& master_addr) {
+  if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname != nullptr && *ifname) {
+    return c10d::ProcessGroupGloo::createDeviceForInterface(ifname);
+  }
+  if (master_addr == "localhost" || master_addr.rfind("127.", 0) == 0) {
+    return c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1");
+  }
+  // Under varuna-agent: the address this machine is known by. The hostname may resolve to
+  // another interface (or to nothing) on multi-homed VMs.
+  if (const char* addr = std::getenv("VARUNA_NODE_ADDR");
+      addr != nullptr && *addr && std::string(addr) != "0.0.0.0" && std::string(addr) != "::") {
+    std::shared_ptr<::gloo::transport::Device> device;
+    const absl::Status s = TorchCall("gloo device for VARUNA_NODE_ADDR", [&] {
+      device = c10d::ProcessGroupGloo::createDeviceForHostname(addr);
+    });
+    if (s.ok()) return device;
+    // E.g. a NAT'd advertise_host that is not an address of this machine.
+    LOG(WARNING) << s.message() << "; using the hostname's address instead";
+  }
+  return c10d::ProcessGroupGloo::createDefaultDevice();
+}
+
+int IndexIn(const std::vector<int>& members, int rank) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members[i] == rank) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+class GlooFactory : public ProcessGroupFactory {
+ public:
+  GlooFactory(c10::intrusive_ptr<c10d::Store> store, std::string master_addr,
+              std::chrono::milliseconds timeout, std::shared_ptr<AbortSignal> abort)
+      : store_(std::move(store)),
+        master_addr_(std::move(master_addr)),
+        timeout_(timeout),
+        abort_(std::move(abort)) {}
+  Backend backend() const override { return Backend::kGloo; }
+  absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
+                                         int rank) override {
+    ProcessGroupPtr out;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("gloo group ", name), [&] {
+      if (!device_) device_ = MakeGlooDevice(master_addr_);
+      auto opts = c10d::ProcessGroupGloo::Options::create(timeout_);
+      opts->devices.push_back(device_);
+      opts->threads = 2;
+      out = std::make_shared<C10dGroup<c10d::ProcessGroupGloo>>(
+          c10::make_intrusive<c10d::ProcessGroupGloo>(
+              c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
+              static_cast<int>(members.size()), opts),
+          "gloo", /*device_transfers=*/false, abort_);
+    }));
+    return out;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string master_addr_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<AbortSignal> abort_;
+  std::shared_ptr<::gloo::transport::Device> device_;
+};
+
+#ifdef VARUNA_WITH_NCCL
+// Blocking wait makes Work::wait honour its timeout and abort the communicator on expiry, so
+// a dead peer fails the survivors' collectives instead of hanging them (morphing relies on it).
+class NcclFactory : public ProcessGroupFactory {
+ public:
+  NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout,
+              std::shared_ptr<AbortSignal> abort)
+      : store_(std::move(store)), timeout_(timeout), abort_(std::move(abort)) {
+    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+  }
+  Backend backend() const override { return Backend::kNccl; }
+  absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
+                                         int rank) override {
+    ProcessGroupPtr out;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("nccl group ", name), [&] {
+      auto opts = c10d::ProcessGroupNCCL::Options::create();
+      opts->timeout = timeout_;
+      out = std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(
+              c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
+              static_cast<int>(members.size()), opts),
+          "nccl", /*device_transfers=*/true, abort_);
+    }));
+    return out;
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<AbortSignal> abort_;
+};
+#endif
+
+}  // namespace
+
+void AbortSignal::Abort() {
+  aborted_.store(true);
+  std::vector<std::weak_ptr<Work>> works;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    works.swap(works_);
+  }
+  for (auto& w : works) {
+    if (WorkPtr p = w.lock()) p->Abort();
+  }
+}
+
+void AbortSignal::Register(const WorkPtr& work) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (works_.size() >= 64) {
+    works_.erase(std::remove_if(works_.begin(), works_.end(),
+                                [](const std::weak_ptr<Work>& w) { return w.expired(); }),
+                 works_.end());
+  }
+  works_.push_back(work);
+}
+
+namespace {
+
+// Until something accepts a TCP connection at host:port, or `timeout` passes (then TCPStore
+// reports the failure itself).
+void WaitForListener(const std::string& host, int port, std::chrono::milliseconds timeout) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool connected = false;
+  while (!connected && std::chrono::steady_clock::now() < deadline) {
+    for (addrinfo* a = found; a != nullptr && !connected; a = a->ai_next) {
+      const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      close(fd);
+    }
+    if (!connected) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  freeaddrinfo(found);
+}
+
+}  // namespace
+
+const char* BackendName(Backend b) {
+  switch (b) {
+    case Backend::kGloo:
+      return "gloo";
+    case Backend::kNccl:
+      return "nccl";
+    case Backend::kThreads:
+      return "threads";
+  }
+  return "?";
+}
+
+absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const Topology& t,
+                                           int process_rank, bool has_tied,
+                                           std::chrono::milliseconds timeout, int tp_size) {
+  ProcessGroups g;
+  g.timeout = timeout;
+  // Positions -> this tp slice's processes (Note [Tensor parallelism]).
+  const int tp_rank = process_rank % tp_size, rank = process_rank / tp_size;
+  auto processes = [&](const std::vector<int>& positions) {
+    std::vector<int> out;
+    for (int p : positions) out.push_back(p * tp_size + tp_rank);
+    return out;
+  };
+  const std::string slice = tp_size > 1 ? absl::StrCat("/tp", tp_rank) : "";
+  std::vector<int> all(t.world_size());
+  for (int i = 0; i < t.world_size(); ++i) all[i] = i;
+  ASSIGN_OR_RETURN(g.world, factory.Create("world" + slice, processes(all), process_rank));
+  for (const std::vector<int>& ranks : t.HolderSets()) {
+    if (IndexIn(ranks, rank) < 0) continue;
+    ASSIGN_OR_RETURN(g.holders[ranks],
+                     factory.Create(absl::StrCat("dp:", absl::StrJoin(ranks, ","), slice),
+                                    processes(ranks), process_rank));
+  }
+  for (int k = 0; has_tied && k < t.num_pipelines(); ++k) {
+    const PipelineLayout& p = t.pipeline(k);
+    if (p.stages() < 2) continue;
+    const std::vector<int> pair{p.first_rank, p.first_rank + p.stages() - 1};
+    if (IndexIn(pair, rank) < 0) continue;
+    ASSIGN_OR_RETURN(g.tied,
+                     factory.Create(absl::StrCat("tied", k, slice), processes(pair), process_rank));
+  }
+  if (tp_size > 1) {
+    std::vector<int> members;
+    for (int r = 0; r < tp_size; ++r) members.push_back(rank * tp_size + r);
+    ASSIGN_OR_RETURN(g.tp, factory.Create(absl::StrCat("tp", rank), members, process_rank));
+  }
+  return g;
+}
+
+absl::StatusOr<Backend> ChooseBackend(const torch::Device& device, int local_world_size, int gpus) {
+#ifdef VARUNA_WITH_NCCL
+  constexpr bool kHaveNccl = true;
+#else
+  constexpr bool kHaveNccl = false;
+#endif
+  if (const char* env = std::getenv("VARUNA_BACKEND"); env != nullptr && *env) {
+    const std::string b = env;
+    if (b == "gloo") return Backend::kGloo;
+    if (b == "nccl") {
+      if (!kHaveNccl) {
+        return absl::FailedPreconditionError(
+            "VARUNA_BACKEND=nccl, but this varuna-worker was built against a LibTorch without "
+            "NCCL (build against a CUDA LibTorch: docs/gpu.md)");
+      }
+      if (!device.is_cuda()) {
+        return absl::FailedPreconditionError("VARUNA_BACKEND=nccl needs a CUDA device");
+      }
+      return Backend::kNccl;
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("VARUNA_BACKEND='", b, "': expected gloo or nccl"));
+  }
+  if (kHaveNccl && device.is_cuda() && local_world_size <= gpus) return Backend::kNccl;
+  return Backend::kGloo;
+}
+
+absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
+                                                  std::chrono::milliseconds timeout,
+                                                  Backend backend) {
+  c10::intrusive_ptr<c10d::Store> store;
+  const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
+  // A client that connects before the server listens backs off for a second inside TCPStore;
+  // waiting here for the port in 10 ms steps takes that second off every launch and regroup.
+  if (topo.process_rank() != 0 || topo.store_is_external) {
+    WaitForListener(topo.master_addr, topo.master_port, timeout);
+  }
+  RETURN_IF_ERROR(TorchCall(where, [&] {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(topo.master_port);
+    o.isServer = topo.process_rank() == 0 && !topo.store_is_external;
+    if (!topo.store_is_external) o.numWorkers = topo.processes();
+    o.waitWorkers = false;
+    o.timeout = timeout;
+    c10::intrusive_ptr<c10d::Store> tcp = c10::make_intrusive<c10d::TCPStore>(topo.master_addr, o);
+    // torchrun restarts workers against the same store: keys are per attempt, as in PyTorch.
+    const char* attempt = std::getenv("TORCHELASTIC_RESTART_COUNT");
+    store = c10::make_intrusive<c10d::PrefixStore>(
+        absl::StrCat("varuna/attempt_", attempt != nullptr ? attempt : "0"), tcp);
+  }));
+  auto abort = std::make_shared<AbortSignal>();
+  std::unique_ptr<ProcessGroupFactory> factory;
+  switch (backend) {
+    case Backend::kGloo:
+      factory = std::make_unique<GlooFactory>(store, topo.master_addr, timeout, abort);
+      break;
+    case Backend::kNccl:
+#ifdef VARUNA_WITH_NCCL
+      factory = std::make_unique<NcclFactory>(store, timeout, abort);
+      break;
+#else
+      return absl::FailedPreconditionError("this build has no NCCL");
+#endif
+    case Backend::kThreads:
+      return absl::InvalidArgumentError(
+          "thread process groups are made with ThreadWorld, not a rendezvous");
+  }
+  absl::StatusOr<ProcessGroups> g =
+      CreateGroups(*factory, topo.topology, topo.process_rank(), has_tied, timeout, topo.tp_size);
+  if (!g.ok())
+    return absl::Status(g.status().code(), absl::StrCat(where, ": ", g.status().message()));
+  g->store = store;
+  g->abort = abort;
+  LOG(INFO) << "rank=" << topo.rank << " process groups on " << BackendName(backend);
+  return g;
+}
+
+}  // namespace varuna

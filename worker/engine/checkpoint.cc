@@ -1,0 +1,505 @@
+// Varuna::checkpoint / load_checkpoint: per-layer files keyed by parameter name, so any
+// (P', D', micro-batch) can load what any configuration wrote. Layout:
+// common/checkpoint/checkpoint_store.h.
+
+#include <torch/serialize.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <type_traits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/logging.h"
+#include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_store.h"
+#include "worker/dist/torch_status.h"
+#include "worker/engine/varuna.h"
+
+namespace varuna {
+namespace {
+
+// The optimizer's key for a parameter's state: the address of its TensorImpl.
+void* StateKey(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
+
+// Optimizer state of one parameter as named tensors ("<kind>.<field>").
+void SaveOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
+                        const std::string& name, c10::Dict<std::string, at::Tensor>* out) {
+  auto it = opt.state().find(StateKey(p));
+  if (it == opt.state().end()) return;
+  auto* s = it->second.get();
+  if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
+    out->insert("opt." + name + ".step", torch::tensor(a->step()));
+    out->insert("opt." + name + ".exp_avg", a->exp_avg().cpu().clone());
+    out->insert("opt." + name + ".exp_avg_sq", a->exp_avg_sq().cpu().clone());
+  } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(s)) {
+    out->insert("opt." + name + ".step", torch::tensor(b->step()));
+    out->insert("opt." + name + ".exp_avg", b->exp_avg().cpu().clone());
+    out->insert("opt." + name + ".exp_avg_sq", b->exp_avg_sq().cpu().clone());
+  } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
+    if (g->momentum_buffer().defined()) {
+      out->insert("opt." + name + ".momentum_buffer", g->momentum_buffer().cpu().clone());
+    }
+  }
+}
+
+void LoadOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
+                        const std::string& name, const c10::Dict<std::string, at::Tensor>& in) {
+  const std::string prefix = "opt." + name + ".";
+  auto get = [&](const std::string& field) -> torch::Tensor {
+    auto it = in.find(prefix + field);
+    return it == in.end() ? torch::Tensor() : it->value().to(p.device()).clone();
+  };
+  const torch::Tensor step = get("step"), avg = get("exp_avg"), sq = get("exp_avg_sq");
+  const torch::Tensor mom = get("momentum_buffer");
+  if (dynamic_cast<torch::optim::AdamW*>(&opt) && avg.defined()) {
+    auto s = std::make_unique<torch::optim::AdamWParamState>();
+    s->step(step.item<int64_t>()).exp_avg(avg).exp_avg_sq(sq);
+    opt.state()[StateKey(p)] = std::move(s);
+  } else if (dynamic_cast<torch::optim::Adam*>(&opt) && avg.defined()) {
+    auto s = std::make_unique<torch::optim::AdamParamState>();
+    s->step(step.item<int64_t>()).exp_avg(avg).exp_avg_sq(sq);
+    opt.state()[StateKey(p)] = std::move(s);
+  } else if (dynamic_cast<torch::optim::SGD*>(&opt) && mom.defined()) {
+    auto s = std::make_unique<torch::optim::SGDParamState>();
+    s->momentum_buffer(mom);
+    opt.state()[StateKey(p)] = std::move(s);
+  }
+}
+
+std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
+
+// The per-layer keys that hold a slice of a sharded parameter with tensor parallelism: the
+// parameter and its optimizer state of SaveOptimizerState's shapes (Adam's step is a scalar).
+std::vector<std::string> ShardedKeys(const std::string& name) {
+  return {"param." + name, "opt." + name + ".exp_avg", "opt." + name + ".exp_avg_sq",
+          "opt." + name + ".momentum_buffer"};
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
+Varuna::SnapshotLayers(const std::vector<bool>& mine) const {
+  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
+  RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      if (!mine[i]) continue;
+      c10::Dict<std::string, at::Tensor> d;
+      for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+        d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
+        SaveOptimizerState(*optimizer_, p.value(), p.key(), &d);
+      }
+      for (const auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+        d.insert("buffer." + b.key(), b.value().detach().cpu().clone());
+      }
+      snapshot.emplace_back(absl::StrCat("layers/", layer_names_[i], ".pt"), std::move(d));
+    }
+  }));
+  return snapshot;
+}
+
+std::string Varuna::CommonJson(const std::vector<int>& writers,
+                               const std::map<std::string, std::string>& info) const {
+  return CommonJsonAt(iteration_, scaler_.scale(), scaler_.clean_steps(), writers, info);
+}
+
+std::string Varuna::CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
+                                 const std::vector<int>& writers,
+                                 const std::map<std::string, std::string>& info) const {
+  CheckpointCommon c;
+  c.step = step;
+  c.global_batch = topo_.global_batch();
+  c.stages = topo_.pipeline(0).stages();
+  c.replicas = topo_.num_pipelines();
+  c.world = topo_.world_size();
+  c.micro_batch = chunk_size_;
+  c.stage_to_rank_map = topo_.uniform() ? topo_.ToStageMap().ToString() : "";
+  c.pipelines = topo_.ToString();
+  c.loss_scale = loss_scale;
+  c.clean_steps = clean_steps;
+  c.writers = writers;
+  for (const auto& layer : model_.layers()) c.layers.push_back(layer.name);
+  return FormatCheckpointCommon(c, info);
+}
+
+// Note [Rescue]: a survivor of a failed step saves the state of its last completed step
+// without any collective (its peers may be gone): every layer of its stage, plus
+// rescue.rank<R>.json (the common fields and its files' digests) and rescued.rank<R> last.
+// Replicas of a stage hold identical state, so two of them writing the same layer file
+// write the same bytes. The checkpoint is complete when the rescuers' layers cover the
+// model (VerifyCheckpoint); the next generation loads it like any other. state_mu_ keeps
+// the snapshot off a half-applied optimizer step when this runs on another thread.
+absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
+                                       const std::map<std::string, std::string>& info) {
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!optimizer_) return absl::FailedPreconditionError("rescue() before set_optimizer()");
+  absl::Status upload = WaitForCheckpoint();
+  if (!upload.ok()) LOG(WARNING) << "rank=" << rank_ << " earlier upload failed: " << upload;
+  rescued_also_ = 0;
+  options_.faults.Hit(FaultPoint::kRescueSave, iteration_);
+  if (iteration_ == 0) return 0;  // nothing trained since a fresh start
+  if (tp_.enabled()) {
+    // A rescue runs without collectives and a tp rank holds a slice: it cannot write full
+    // tensors alone.
+    return absl::FailedPreconditionError(
+        absl::StrCat("no rescue with tensor parallelism (tp_size ", tp_.size,
+                     "): the job resumes from its last periodic checkpoint"));
+  }
+  // Note [Committed step] in varuna.cc: while this rank's newest step is not committed, a
+  // peer may not have it; the step before it, which every survivor has, goes first.
+  if (iteration_ > committed_step() && pre_update_.step == iteration_ - 1 && pre_update_.step > 0) {
+    if (!VerifyCheckpoint(CheckpointPath(dir, pre_update_.step), /*checksums=*/false).ok()) {
+      RETURN_IF_ERROR(WriteRescue(dir, pre_update_.step, pre_update_.layers,
+                                  CommonJsonAt(pre_update_.step, pre_update_.loss_scale,
+                                               pre_update_.clean_steps, {rank_}, info)));
+    }
+    rescued_also_ = pre_update_.step;
+  }
+  const std::string path = CheckpointPath(dir, iteration_);
+  if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return iteration_;  // already saved
+  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+  RETURN_IF_ERROR(WriteRescue(dir, iteration_, snapshot, CommonJson({rank_}, info)));
+  return iteration_;
+}
+
+std::vector<Varuna::RestorableStep> Varuna::restorable_steps() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  std::vector<RestorableStep> steps = {{iteration_, scaler_.scale(), scaler_.clean_steps()}};
+  if (pre_update_.step >= 0 && pre_update_.step == iteration_ - 1 && !pre_update_.layers.empty()) {
+    steps.push_back({pre_update_.step, pre_update_.loss_scale, pre_update_.clean_steps});
+  }
+  return steps;
+}
+
+absl::StatusOr<Varuna::HeldState> Varuna::HeldAt(int64_t step) const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (tp_.enabled()) {
+    return absl::FailedPreconditionError(
+        "a morph in place hands over full layers; a tensor-parallel rank holds a slice");
+  }
+  HeldState out;
+  out.step = step;
+  LayerSnapshot snapshot;
+  if (step == iteration_) {
+    if (!optimizer_) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+    out.loss_scale = scaler_.scale();
+    out.clean_steps = scaler_.clean_steps();
+  } else if (step == pre_update_.step && !pre_update_.layers.empty()) {
+    snapshot = pre_update_.layers;
+    out.loss_scale = pre_update_.loss_scale;
+    out.clean_steps = pre_update_.clean_steps;
+  } else {
+    return absl::NotFoundError(absl::StrCat("rank ", rank_, " holds no state of step ", step,
+                                            " (it is at step ", iteration_, ")"));
+  }
+  // Snapshots are keyed by their checkpoint file ("layers/<name>.pt").
+  for (auto& [rel, dict] : snapshot) {
+    std::string name = rel.substr(std::string("layers/").size());
+    name.resize(name.size() - 3);
+    out.layers.emplace(std::move(name), std::move(dict));
+  }
+  return out;
+}
+
+absl::Status Varuna::Adopt(const HeldState& state) {
+  if (!optimizer_) return absl::FailedPreconditionError("Adopt() before set_optimizer()");
+  std::lock_guard<std::mutex> lock(state_mu_);
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    auto it = state.layers.find(layer_names_[i]);
+    if (it == state.layers.end()) {
+      return absl::InternalError(absl::StrCat("rank ", rank_, " got no state for layer ",
+                                              layer_names_[i], " of step ", state.step));
+    }
+    RETURN_IF_ERROR(LoadLayer(i, it->second, absl::StrCat("layer ", layer_names_[i])));
+  }
+  scaler_.Restore(state.loss_scale, state.clean_steps);
+  iteration_ = state.step;
+  start_step_ = state.step;  // every rank of the generation adopted it (Note [Committed step])
+  agreed_step_ = 0;
+  pre_update_ = PreUpdate();
+  return absl::OkStatus();
+}
+
+absl::Status Varuna::WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
+                                 const std::string& common_json) {
+  const std::string path = CheckpointPath(dir, step);
+  std::error_code ec;
+  std::filesystem::create_directories(path + "/layers", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
+  std::vector<FileDigest> written;
+  for (const auto& [rel, dict] : layers) {
+    std::string bytes;
+    RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
+                              [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
+    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, rank_));
+    written.push_back(DigestBytes(rel, bytes));
+  }
+  return WriteRescueRecord(path, rank_, common_json, written);
+}
+
+// Note [Background upload]: the training thread only snapshots the state (tensor copies, a
+// few hundred MB/s of memcpy). Serialization, the local write and, with a tempdir, the copy to
+// `dir` run on a background thread, which writes the manifest and marker only after every
+// file landed and was fsynced. Training continues meanwhile; the next checkpoint (or
+// WaitForCheckpoint) waits for it. Without a tempdir the same work runs inline.
+absl::Status Varuna::checkpoint(const std::string& dir,
+                                const std::map<std::string, std::string>& info,
+                                const std::string& tempdir, bool shard) {
+  std::lock_guard<std::mutex> state(state_mu_);
+  if (!optimizer_) return absl::FailedPreconditionError("checkpoint() before set_optimizer()");
+  RETURN_IF_ERROR(WaitForCheckpoint());
+  const std::string path = CheckpointPath(dir, iteration_);
+  const std::string stage_path =
+      tempdir.empty() ? path : absl::StrCat(CheckpointPath(tempdir, iteration_), ".rank", rank_);
+  std::error_code ec;
+  for (const std::string& p : {path, stage_path}) {
+    std::filesystem::create_directories(p + "/layers", ec);
+    if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
+  }
+  options_.faults.Hit(FaultPoint::kCheckpointWrite, iteration_);
+  // Note [Sharded writes]: pipeline 0 holds every layer once, so by default its ranks write
+  // them all. With shard, each layer goes to one of its holders (one rank per pipeline):
+  // uniform topologies balance a stage's layers over its replicas by bytes (largest first,
+  // to the least-loaded replica, ties to the lower one); heterogeneous ones take model layer
+  // i's holder in pipeline i mod D. Every rank computes the same assignment locally.
+  std::vector<bool> mine(layers_.size(), !shard && replica() == 0);
+  const int D = topo_.num_pipelines();
+  if (shard && topo_.uniform()) {
+    std::vector<int64_t> bytes(layers_.size(), 0);
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      for (const auto& p : layers_[i]->parameters()) bytes[i] += p.numel() * 4;
+    }
+    std::vector<size_t> order(layers_.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+    std::vector<int64_t> load(D, 0);
+    for (size_t i : order) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += bytes[i];
+      mine[i] = r == replica();
+    }
+  }
+  // The writer list for common.json (and, sharded heterogeneous, this rank's layers).
+  const auto segments = model_.Segments();
+  const PipelineLayout& first = topo_.pipeline(0);
+  std::set<int> writers;
+  int model_layer = 0;
+  for (size_t sg = 0; sg < segments.size(); ++sg) {
+    const std::vector<int> holders = topo_.Holders(static_cast<int>(sg));
+    for (size_t j = 0; j < segments[sg].size(); ++j, ++model_layer) {
+      if (!shard) {
+        writers.insert(holders[0]);
+      } else if (!topo_.uniform()) {
+        const int w = holders[model_layer % D];
+        writers.insert(w);
+        for (size_t i = 0; i < layers_.size() && w == rank_; ++i) {
+          if (layer_names_[i] == model_.layers()[segments[sg][j]].name) mine[i] = true;
+        }
+      }
+    }
+  }
+  if (shard && topo_.uniform()) {
+    // The greedy assignment gives each of the first min(D, layers) replicas of a stage at
+    // least one layer.
+    for (int s = 0; s < first.stages(); ++s) {
+      int layers = 0;
+      for (int sg = first.boundaries[s]; sg < first.boundaries[s + 1]; ++sg) {
+        layers += static_cast<int>(segments[sg].size());
+      }
+      for (int d = 0; d < std::min(D, layers); ++d)
+        writers.insert(topo_.pipeline(d).first_rank + s);
+    }
+  }
+  bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
+  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
+  if (writer) {
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(mine));
+    // Every tp rank of a writer gathers; its tp rank 0 writes the full tensors.
+    if (tp_.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
+  }
+  if (tp_.rank != 0) {
+    writer = false;
+    snapshot.clear();
+  }
+  std::string json;
+  if (rank_ == 0 && tp_.rank == 0) {
+    json = CommonJson(std::vector<int>(writers.begin(), writers.end()), info);
+  }
+  const int rank = rank_;
+  const bool upload = !tempdir.empty();
+  auto write_all = [path, stage_path, writer, rank, upload, json,
+                    snapshot = std::move(snapshot)]() -> absl::Status {
+    std::vector<FileDigest> written;
+    for (const auto& [rel, dict] : snapshot) {
+      std::string bytes;
+      RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
+                                [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
+      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(stage_path, "/", rel), bytes, rank));
+      written.push_back(DigestBytes(rel, bytes));
+    }
+    if (!json.empty()) {
+      RETURN_IF_ERROR(WriteFileAtomic(stage_path + "/common.json", json, rank));
+      written.push_back(DigestBytes("common.json", json));
+    }
+    if (upload) {
+      for (const FileDigest& f : written) {
+        std::ifstream in(absl::StrCat(stage_path, "/", f.path), std::ios::binary);
+        std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        // The local copy is checked against the digest taken from memory before upload.
+        if (DigestBytes(f.path, bytes).crc32 != f.crc32) {
+          return absl::DataLossError(absl::StrCat("local copy of ", f.path, " was corrupted"));
+        }
+        RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", f.path), bytes, rank));
+      }
+    }
+    if (writer) RETURN_IF_ERROR(WriteManifestAndMarker(path, rank, written));
+    return absl::OkStatus();
+  };
+  if (!upload) return write_all();
+  upload_.thread = std::thread([this, write_all = std::move(write_all), stage_path, rank] {
+    absl::Status st = write_all();
+    std::error_code ec;
+    std::filesystem::remove_all(stage_path, ec);
+    if (!st.ok()) LOG(ERROR) << "rank=" << rank << " checkpoint upload failed: " << st;
+    std::lock_guard<std::mutex> l(upload_.mu);
+    upload_.status = st;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status Varuna::WaitForCheckpoint() {
+  {
+    std::lock_guard<std::mutex> j(upload_.join_mu);
+    if (upload_.thread.joinable()) upload_.thread.join();
+  }
+  std::lock_guard<std::mutex> l(upload_.mu);
+  absl::Status st = upload_.status;
+  upload_.status = absl::OkStatus();
+  return st;
+}
+
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> UnpickleLayer(const std::vector<char>& bytes,
+                                                                 const std::string& what) {
+  c10::Dict<std::string, at::Tensor> in;
+  RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", what), [&] {
+    auto d = torch::pickle_load(bytes).toGenericDict();
+    for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
+  }));
+  return in;
+}
+
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::string& file,
+                                                                 int64_t* bytes_read) {
+  auto data = ReadRegularFile(file, kMaxCheckpointFileBytes, "checkpoint layer");
+  if (!data.ok()) return absl::DataLossError(std::string(data.status().message()));
+  if (bytes_read != nullptr) *bytes_read += static_cast<int64_t>(data->size());
+  std::vector<char> bytes(data->begin(), data->end());
+  data->clear();
+  return UnpickleLayer(bytes, file);
+}
+
+absl::Status Varuna::GatherShards(
+    const std::vector<bool>& mine,
+    std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>* snapshot) const {
+  size_t k = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    if (!mine[i]) continue;
+    c10::Dict<std::string, at::Tensor>& d = (*snapshot)[k++].second;
+    for (const auto& [name, spec] : layer_shards_[i]) {
+      for (const std::string& key : ShardedKeys(name)) {
+        auto it = d.find(key);
+        if (it == d.end()) continue;
+        ASSIGN_OR_RETURN(std::vector<torch::Tensor> parts, AllGather(it->value(), tp_));
+        RETURN_IF_ERROR(
+            TorchCall("joining shards", [&] { d.insert_or_assign(key, JoinShards(parts, spec)); }));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
+                               const std::string& what) {
+  return TorchCall(absl::StrCat("loading ", what), [&]() -> absl::Status {
+    torch::NoGradGuard g;
+    // A checkpoint holds full tensors; a sharded parameter and its optimizer state take this
+    // rank's slice (Note [Tensor parallelism]).
+    c10::Dict<std::string, at::Tensor> local = in;
+    if (tp_.enabled()) {
+      local = in.copy();
+      for (const auto& [name, spec] : layer_shards_[i]) {
+        for (const std::string& key : ShardedKeys(name)) {
+          auto it = in.find(key);
+          if (it == in.end()) continue;
+          const int64_t dim = spec.dim, n = it->value().dim() > dim ? it->value().size(dim) : 0;
+          if (n % (spec.blocks * tp_.size) != 0) {
+            return absl::FailedPreconditionError(
+                absl::StrCat(what, ": '", key, "' has ", n, " rows along dimension ", dim,
+                             ", which do not split over tp_size ", tp_.size));
+          }
+          local.insert_or_assign(key, TakeShard(it->value(), spec, tp_.size, tp_.rank));
+        }
+      }
+    }
+    for (auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+      auto it = local.find("param." + p.key());
+      if (it == local.end() || !it->value().sizes().equals(p.value().sizes())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, " has no parameter '", p.key(), "' of shape ", c10::str(p.value().sizes()),
+            ": the model spec differs from the one that wrote the checkpoint"));
+      }
+      p.value().copy_(it->value());
+      LoadOptimizerState(*optimizer_, p.value(), p.key(), local);
+    }
+    for (auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+      auto it = in.find("buffer." + b.key());
+      if (it != in.end()) b.value().copy_(it->value());
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
+  if (!optimizer_) return absl::FailedPreconditionError("load_checkpoint() before set_optimizer()");
+  ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
+  const int64_t step = common.step;
+  const int64_t batch = common.global_batch;
+  if (batch != topo_.global_batch()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", ckpt_path, " was written with global batch ", batch, "; this run has ",
+        topo_.global_batch(), " (it must not change across a resume)"));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const std::string file = absl::StrCat(ckpt_path, "/layers/", layer_names_[i], ".pt");
+    ASSIGN_OR_RETURN(auto in, ReadLayerFile(file, nullptr));
+    RETURN_IF_ERROR(LoadLayer(i, in, file));
+  }
+  scaler_.Restore(common.loss_scale, common.clean_steps);
+  iteration_ = step;
+  start_step_ = step;  // Note [Committed step] in varuna.cc: every rank loaded it
+  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
+            << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
+                                         : common.pipelines)
+            << ", step " << step << ")";
+  return step;
+}
+
+}  // namespace varuna
+
+namespace varuna {
+
+std::vector<std::string> Varuna::model_layer_names() const {
+  std::vector<std::string> names;
+  for (const auto& def : model_.layers()) names.push_back(def.name);
+  return names;
+}
+
+}  // namespace varuna

@@ -1,0 +1,625 @@
+#include "worker/engine/varuna.h"
+
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/launch/launch_args.h"
+#include "common/launch/slurm_env.h"
+#include "common/pipeline/partition.h"
+#include "worker/dist/comm.h"
+#include "worker/dist/device.h"
+#include "worker/dist/torch_status.h"
+
+namespace varuna {
+namespace {
+
+constexpr int kMetaTag = 2, kTieTag = 3;
+
+// Where boundary tensors and the engine's small collectives travel: the compute device when
+// the group moves device tensors (NCCL), the host otherwise.
+torch::Device TransferDevice(const ProcessGroups& groups, torch::Device device) {
+  return groups.world->device_transfers() ? device : torch::Device(torch::kCPU);
+}
+
+// Ranks as threads (tests) share the process's default generator: building layers and seeding
+// it is one step.
+std::mutex& InitMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
+// Note [Start-up agreement]: start-up has steps that can fail on one rank only (a bad layer, a
+// misplaced tied weight, a dry run that throws). Every rank takes part in two tiny all-reduces
+// of a failure flag (after the local checks, and at the end), so one rank's failure makes
+// every rank fail at once with a message, instead of the others hanging until the timeout.
+absl::Status AgreeOnStartup(const ProcessGroups& groups, torch::Device xfer,
+                            const absl::Status& local) {
+  std::vector<torch::Tensor> flag{torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kDouble).to(xfer)};
+  absl::Status reduced = AllReduceSum(groups.world, flag, groups.timeout);
+  if (!local.ok()) return local;
+  RETURN_IF_ERROR(reduced);
+  if (flag[0].item<double>() > 0) {
+    return absl::AbortedError("another rank failed during start-up (its log names the problem)");
+  }
+  return absl::OkStatus();
+}
+
+// Makes the copies of each tied pair equal (Note [Tied weights] in gradient_reducer.cc): the
+// second takes the first's value, locally or from stage 0 to the last stage over the tied
+// group. Placement was checked on every rank in BuildLocal().
+absl::Status TieAtStart(const std::vector<std::pair<std::string, torch::Tensor>>& params,
+                        const std::vector<std::pair<std::string, std::string>>& tied,
+                        const ProcessGroups& groups, torch::Device xfer) {
+  std::map<std::string, torch::Tensor> mine(params.begin(), params.end());
+  for (const auto& [first, second] : tied) {
+    const bool has_first = mine.count(first) > 0, has_second = mine.count(second) > 0;
+    if (has_first && has_second) {
+      torch::NoGradGuard g;
+      mine[second].copy_(mine[first]);
+    } else if (has_first) {
+      RETURN_IF_ERROR(
+          SendBlocking(groups.tied, ForTransfer(mine[first], xfer), 1, kTieTag, groups.timeout));
+    } else if (has_second) {
+      torch::Tensor& p = mine[second];
+      torch::Tensor buf = torch::empty(p.sizes(), p.options().device(xfer));
+      RETURN_IF_ERROR(RecvBlocking(groups.tied, buf, 0, kTieTag, groups.timeout));
+      torch::NoGradGuard g;
+      p.copy_(buf);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Varuna::Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
+               torch::Device device, VarunaOptions options)
+    : model_(std::move(model)),
+      topo_(std::move(topology)),
+      rank_(rank),
+      groups_(std::move(groups)),
+      chunk_size_(chunk_size),
+      device_(device),
+      options_(options),
+      scaler_(options.init_loss_scale, options.loss_scale_window) {}
+
+Varuna::~Varuna() {
+  if (upload_.thread.joinable()) upload_.thread.join();
+}
+
+absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(Model model, Topology topology, int rank,
+                                                       ProcessGroups groups,
+                                                       const TensorMap& dummy_inputs,
+                                                       int chunk_size, torch::Device device,
+                                                       VarunaOptions options) {
+  if (chunk_size < 1) return absl::InvalidArgumentError("chunk_size must be >= 1");
+  if (rank < 0 || rank >= topology.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", rank, " is outside the world of size ", topology.world_size()));
+  }
+  RETURN_IF_ERROR(topology.Validate(model.num_segments(), topology.global_batch()));
+  std::unique_ptr<Varuna> v(new Varuna(std::move(model), std::move(topology), rank,
+                                       std::move(groups), chunk_size, device, options));
+  RETURN_IF_ERROR(v->Build(dummy_inputs));
+  return v;
+}
+
+absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
+    Model model, StageMap map, int rank, ProcessGroups groups, const TensorMap& dummy_inputs,
+    int64_t global_batch, int chunk_size, torch::Device device, VarunaOptions options) {
+  ASSIGN_OR_RETURN(Topology topology,
+                   Topology::Uniform(map.stages(), map.replicas(), global_batch));
+  return Create(std::move(model), std::move(topology), rank, std::move(groups), dummy_inputs,
+                chunk_size, device, options);
+}
+
+absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
+    Model model, const std::string& stage_to_rank_map, const TensorMap& dummy_inputs,
+    int64_t batch_size, int chunk_size, Precision precision, int local_rank, torch::Device device,
+    const std::vector<std::pair<std::string, std::string>>& shared_weights, VarunaOptions options) {
+  for (const auto& [a, b] : shared_weights) model.Tie(a, b);
+  WorkerArgs args;
+  // Either Varuna's map ("0,2;1,3;") or heterogeneous pipelines in Topology's text form
+  // ("0,3,6:8;0,6:4", what the agent passes as --pipelines and VARUNA_PIPELINES).
+  if (stage_to_rank_map.find(':') != std::string::npos) {
+    args.pipelines = stage_to_rank_map;
+  } else {
+    args.stage_to_rank_map = stage_to_rank_map;
+  }
+  if (local_rank >= 0) args.local_rank = local_rank;
+  args.chunk_size = chunk_size;
+  JobSpec spec;
+  spec.train.global_batch = batch_size;
+  ASSIGN_OR_RETURN(WorkerTopology topo,
+                   ResolveTopology(args, &spec, model.num_segments(), WithSlurmFallback(GetEnv)));
+  if (device.is_cuda() && !device.has_index()) {
+    device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
+  }
+  options.precision = precision;
+  ASSIGN_OR_RETURN(ProcessGroups groups,
+                   CreateProcessGroups(
+                       topo, !model.tied().empty(),
+                       std::chrono::milliseconds(static_cast<int64_t>(options.timeout_s * 1e3))));
+  return Create(std::move(model), topo.topology, topo.rank, std::move(groups), dummy_inputs,
+                topo.micro_batch, device, options);
+}
+
+absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
+  if (!groups_.world || groups_.world->size() != topo_.world_size() ||
+      groups_.world->rank() != rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("process groups do not match the topology '",
+                                                   topo_.ToString(), "' for rank ", rank_,
+                                                   " (create them with CreateProcessGroups)"));
+  }
+  const torch::Device xfer = TransferDevice(groups_, device_);
+  tp_ = TensorParallelOf(groups_);
+  absl::Status st = BuildLocal();
+  RETURN_IF_ERROR(AgreeOnStartup(groups_, xfer, st));
+  StageConfig config;
+  config.world = groups_.world;
+  config.rank = rank_;
+  config.stage = stage();
+  config.stages = stages();
+  config.chunk_size = chunk_size_;
+  config.schedule = options_.schedule;
+  config.reorder = !tp_.enabled();
+  config.precision = options_.precision;
+  config.device = device_;
+  config.xfer_device = xfer;
+  config.timeout = groups_.timeout;
+  st = TieAtStart(named_params_, model_.tied(), groups_, xfer);
+  absl::Status dry = DryRun(dummy_inputs, st.ok(), &config);
+  if (st.ok()) st = dry;
+  executor_ = std::make_unique<PipelineExecutor>(layers_, std::move(config));
+  return AgreeOnStartup(groups_, xfer, st);
+}
+
+std::map<std::string, ShardSpec> Varuna::sharded_parameters() const {
+  std::map<std::string, ShardSpec> out;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (const auto& [name, spec] : layer_shards_[i]) {
+      out[absl::StrCat(layer_names_[i], ".", name)] = spec;
+    }
+  }
+  return out;
+}
+
+absl::Status Varuna::InitWeights(
+    const std::function<absl::Status(const std::string&, torch::nn::Module&)>& load) {
+  const torch::Device xfer = TransferDevice(groups_, device_);
+  absl::Status st;
+  for (size_t i = 0; i < layers_.size() && st.ok(); ++i) st = load(layer_names_[i], *layers_[i]);
+  RETURN_IF_ERROR(AgreeOnStartup(groups_, xfer, st));
+  st = TieAtStart(named_params_, model_.tied(), groups_, xfer);
+  return AgreeOnStartup(groups_, xfer, st);
+}
+
+// Builds this stage's layers and its gradient reducer, and checks, without communicating,
+// everything a later collective depends on.
+absl::Status Varuna::BuildLocal() {
+  const auto segments = model_.Segments();
+  const int n = static_cast<int>(segments.size());
+  if (!topo_.has_boundaries()) {
+    std::vector<int> bounds = options_.boundaries;
+    if (bounds.empty()) {
+      ASSIGN_OR_RETURN(bounds, PartitionByCost(model_.SegmentCosts(), stages()));
+    }
+    RETURN_IF_ERROR(topo_.SetUniformBoundaries(bounds));
+  }
+  RETURN_IF_ERROR(topo_.Validate(n, topo_.global_batch()));
+  const auto [first_segment, last_segment] = topo_.SegmentsOf(rank_);
+  const int P = stages(), stage = this->stage();
+  // The stage (of this rank's pipeline) owning each segment, and so each tied parameter
+  // "<layer name>.<param>".
+  const std::vector<int>& bounds = topo_.pipeline(replica()).boundaries;
+  std::vector<int> stage_of_segment(segments.size());
+  for (int st = 0; st < P; ++st) {
+    for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) stage_of_segment[sg] = st;
+  }
+  auto owner = [&](const std::string& param) -> int {
+    size_t best = 0;
+    int owner_stage = -1;
+    for (size_t sg = 0; sg < segments.size(); ++sg) {
+      for (int layer : segments[sg]) {
+        const std::string& name = model_.layers()[layer].name;
+        if (name.size() > best && param.size() > name.size() &&
+            param.compare(0, name.size(), name) == 0 && param[name.size()] == '.') {
+          best = name.size();
+          owner_stage = stage_of_segment[sg];
+        }
+      }
+    }
+    return owner_stage;
+  };
+  for (const auto& [first, second] : model_.tied()) {
+    const int a = owner(first), b = owner(second);
+    if (a < 0 || b < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("tied parameter '", a < 0 ? first : second,
+                                                     "' does not name a parameter of any layer"));
+    }
+    if (a != b && !(a == 0 && b == P - 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tied parameters '", first, "' and '", second,
+                       "' must be on the same stage or on the "
+                       "first and last stage; this partition puts them on stages ",
+                       a, " and ", b));
+    }
+    if (a != b && (stage == a || stage == b) && !groups_.tied) {
+      return absl::InvalidArgumentError("the model ties parameters but there is no tied group");
+    }
+  }
+  std::vector<int> layer_segment;  // segment of each of this stage's layers
+  RETURN_IF_ERROR(TorchCall("building the stage", [&] {
+    std::lock_guard<std::mutex> init(InitMutex());
+    for (int s = first_segment; s < last_segment; ++s) {
+      for (int layer : segments[s]) {
+        layers_.push_back(BuildLayer(model_, layer, options_.seed, device_));  // Note [Init]
+        layer_names_.push_back(model_.layers()[layer].name);
+        layer_segment.push_back(s);
+      }
+    }
+    torch::manual_seed(options_.seed * 7919ULL + 104729ULL * static_cast<uint64_t>(rank_));
+  }));
+  LOG(INFO) << "rank=" << rank_ << " pipeline=" << replica() << " stage=" << stage << " segments=["
+            << first_segment << "," << last_segment
+            << ") layers=" << absl::StrJoin(layer_names_, ",");
+  // Each parameter's gradient is all-reduced over its segment's holders (Note [Data-parallel
+  // reduction] in gradient_reducer.cc).
+  std::vector<ReducedParameter> reduced;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ProcessGroupPtr group;
+    if (topo_.num_pipelines() > 1) {
+      const std::vector<int> holders = topo_.Holders(layer_segment[i]);
+      auto pg = groups_.holders.find(holders);
+      if (pg == groups_.holders.end() || !pg->second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("no data-parallel process group for ranks ", absl::StrJoin(holders, ","),
+                         " (create the groups with "
+                         "CreateProcessGroups on the same topology)"));
+      }
+      group = pg->second;
+    }
+    for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+      named_params_.emplace_back(absl::StrCat(layer_names_[i], ".", p.key()), p.value());
+      reduced.push_back({named_params_.back().first, p.value(), group});
+    }
+    layer_shards_.push_back(ShardsOf(*layers_[i]));
+  }
+  for (const auto& [first, second] : model_.tied()) {
+    for (const std::string& name : {first, second}) {
+      const int st = owner(name);
+      bool found = false;
+      for (auto& [n, p] : named_params_) found |= n == name;
+      if (st == stage && !found) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tied parameter '", name, "' does not exist on its layer"));
+      }
+    }
+  }
+  GradientReducerOptions reducer;
+  reducer.bucket_bytes = options_.bucket_bytes;
+  reducer.first_bucket_bytes = options_.first_bucket_bytes;
+  reducer.overlap = options_.overlap_allreduce;
+  reducer.device = device_;
+  reducer.timeout = groups_.timeout;
+  ASSIGN_OR_RETURN(
+      reducer_, GradientReducer::Create(std::move(reduced), model_.tied(), groups_.tied, reducer));
+  return absl::OkStatus();
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> Varuna::named_parameters() const {
+  return named_params_;
+}
+
+std::vector<torch::Tensor> Varuna::parameters() const {
+  std::vector<torch::Tensor> params;
+  for (const auto& [name, p] : named_params_) params.push_back(p);
+  return params;
+}
+
+// Note [Dry run]: stage by stage along each pipeline, run the stage on 1 and 2 samples and pass
+// the output shapes on (MakeBoundaryMeta). A dimension that is 1 then 2 is a batch dimension;
+// this fixes the receive buffer shape for any micro-batch size, including a smaller last one. A
+// stage that fails (or whose upstream failed) still passes a meta with ndim = -1 on, so nobody
+// waits. The metas end up in `config` for the pipeline executor.
+absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, StageConfig* config) {
+  const int P = config->stages, stage = config->stage;
+  const torch::Device xfer = config->xfer_device;
+  auto meta_tensor = torch::zeros({kBoundaryMetaSize}, torch::dtype(torch::kLong).device(xfer));
+  absl::Status st = ok_so_far ? absl::OkStatus() : absl::AbortedError("skipped dry run");
+  std::vector<int64_t>& in_meta = config->in_meta;
+  if (stage > 0) {
+    absl::Status r = RecvBlocking(groups_.world, meta_tensor, rank_ - 1, kMetaTag, groups_.timeout);
+    if (st.ok()) st = r;
+    meta_tensor = meta_tensor.cpu();
+    in_meta.assign(meta_tensor.data_ptr<int64_t>(),
+                   meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
+    if (st.ok() && in_meta[0] < 0) {
+      st = absl::AbortedError(absl::StrCat("stage ", stage - 1, " failed its dry run"));
+    }
+  }
+  if (st.ok()) {
+    st = TorchCall(absl::StrCat("dry run of stage ", stage), [&]() -> absl::Status {
+      TensorMap one, two;
+      for (const auto& [k, t] : dummy_inputs) {
+        if (t.dim() < 1 || t.size(0) < 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("dummy input '", k, "' needs at least 2 samples along dim 0"));
+        }
+        one[k] = t.narrow(0, 0, 1).to(device_);
+        two[k] = t.narrow(0, 0, 2).to(device_);
+      }
+      torch::Tensor x1, x2;
+      if (stage > 0) {
+        const TensorSpec s1 = BoundarySpec(in_meta, 1), s2 = BoundarySpec(in_meta, 2);
+        x1 = torch::zeros(s1.shape, torch::dtype(s1.dtype).device(device_));
+        x2 = torch::zeros(s2.shape, torch::dtype(s2.dtype).device(device_));
+      }
+      const RngState rng = GetRngState(device_);
+      torch::Tensor o1, o2;
+      {
+        torch::NoGradGuard g;
+        o1 = ForwardLayers(layers_, x1, one, options_.precision, device_);
+        o2 = ForwardLayers(layers_, x2, two, options_.precision, device_);
+      }
+      SetRngState(device_, rng);
+      if (stage == P - 1) {
+        if (o1.dim() != 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "the last layer must return a scalar loss; got a tensor of ", o1.dim(), " dims"));
+        }
+        return absl::OkStatus();
+      }
+      if (o1.dim() > kMaxBoundaryDims || o1.dim() != o2.dim() ||
+          o1.scalar_type() != o2.scalar_type()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "stage ", stage, " output must have the same rank (at most ", kMaxBoundaryDims,
+            ") and dtype for any batch size; got ", o1.dim(), " and ", o2.dim(), " dims"));
+      }
+      for (int i = 0; i < o1.dim(); ++i) {
+        const bool batch_dim = o1.size(i) == 1 && o2.size(i) == 2;
+        if (!batch_dim && o1.size(i) != o2.size(i)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "stage ", stage, " output dim ", i, " is ", o1.size(i), " for 1 sample and ",
+              o2.size(i), " for 2: boundary tensors may vary only in batch dimensions"));
+        }
+      }
+      config->out_meta = MakeBoundaryMeta(o1, o2);
+      return absl::OkStatus();
+    });
+  }
+  if (stage < P - 1) {
+    std::vector<int64_t> meta =
+        st.ok() ? config->out_meta : std::vector<int64_t>(kBoundaryMetaSize, 0);
+    if (!st.ok()) meta[0] = -1;
+    absl::Status s = SendBlocking(groups_.world, torch::tensor(meta, torch::kLong).to(xfer),
+                                  rank_ + 1, kMetaTag, groups_.timeout);
+    if (st.ok()) st = s;
+  }
+  return st;
+}
+
+absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
+  if (broken_) {
+    return absl::FailedPreconditionError(
+        "an earlier step failed; messages may be in flight, so this engine cannot continue");
+  }
+  if (inputs.empty()) return absl::InvalidArgumentError("no inputs");
+  const int64_t n = inputs.begin()->second.dim() >= 1 ? inputs.begin()->second.size(0) : -1;
+  for (const auto& [k, t] : inputs) {
+    if (!t.defined() || t.dim() < 1 || t.size(0) != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("input '", k, "' must have the batch (", n, " samples) along dim 0"));
+    }
+  }
+  if (want > 0 && n != want) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step() needs this replica's share of the global batch: ", want, " samples, got ", n));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
+  if (!optimizer_) return absl::FailedPreconditionError("step() before set_optimizer()");
+  RETURN_IF_ERROR(CheckInputs(inputs, topo_.pipeline(replica()).samples));
+  // Any failure below leaves peers and in-flight messages in an unknown state.
+  broken_ = true;
+  const int64_t taking = iteration_ + 1;  // the step being taken
+  const FaultInjector& faults = options_.faults;
+  if (iteration_ == start_step_) faults.Hit(FaultPoint::kFirstStep, taking);
+  faults.Hit(FaultPoint::kForward, taking);
+  const bool fp16 = options_.precision == Precision::kFp16;
+  PipelineRunOptions run;
+  run.weight_denominator = static_cast<double>(topo_.global_batch());
+  run.loss_scale = fp16 ? scaler_.scale() : 1.0;
+  run.before_last_backward = [this, &faults, taking] {
+    faults.Hit(FaultPoint::kBackward, taking);
+    reducer_->Arm();
+  };
+  run.after_last_weight_pass = [this](const std::vector<torch::Tensor>& weights) {
+    reducer_->DeferredGradientsReady(weights);
+  };
+  if (!faults.empty()) {
+    run.after_first_forward = [&faults, taking] { faults.Hit(FaultPoint::kPipeline, taking); };
+  }
+  absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
+  if (!piped.ok()) {
+    reducer_->Abort();
+    return piped.status();
+  }
+  const double loss = piped->loss;
+  const std::vector<torch::Tensor> params = parameters();
+  absl::Status tied = TorchCall("gradients", [&] {
+    for (auto& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    }
+  });
+  if (tied.ok()) tied = reducer_->ReduceTied();
+  if (!tied.ok()) {
+    reducer_->Abort();
+    return tied;
+  }
+  double stop =
+      (stop_requested_.load() || (options_.stop_flag && options_.stop_flag->load())) ? 1.0 : 0.0;
+  faults.Hit(FaultPoint::kDpAllreduce, taking);
+  RETURN_IF_ERROR(reducer_->Finish());
+
+  StepResult result;
+  result.pipeline_s = piped->timing.pipeline_s;
+  result.wait_s = piped->timing.wait_s;
+  result.early_buckets = reducer_->last_early_buckets();
+  result.buckets = reducer_->num_buckets();
+  absl::Status st = TorchCall("optimizer step", [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    if (fp16) {
+      for (auto& p : params) p.mutable_grad().div_(scaler_.scale());
+    }
+    // Local squared norm; the second copy of a tied pair is not counted twice. With tensor
+    // parallelism a sharded parameter's square is summed over the tp group, a replicated one
+    // (equal on every tp rank) counted once; the stop request joins that sum, so the tp
+    // slices, whose agreements are separate, decide alike.
+    std::vector<torch::Tensor> squares, sharded;
+    int64_t local_params = 0;
+    for (size_t i = 0; i < layers_.size(); ++i) {
+      const auto& shards = layer_shards_[i];
+      for (const auto& np : layers_[i]->named_parameters(/*recurse=*/true)) {
+        const torch::Tensor& p = np.value();
+        if (reducer_->IsSecondCopy(p)) continue;
+        const bool split = shards.count(np.key()) > 0;
+        (split ? sharded : squares).push_back(p.grad().pow(2).sum().to(torch::kDouble));
+        local_params += p.numel() * (split ? tp_.size : 1);
+      }
+    }
+    double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
+    if (tp_.enabled()) {
+      const double part = sharded.empty() ? 0.0 : torch::stack(sharded).sum().item<double>();
+      torch::Tensor v = torch::tensor({part, stop}, torch::kDouble);
+      v = ReduceFromTensorParallel(v, tp_);
+      norm_sq += v[0].item<double>();
+      stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
+    }
+    const bool local_overflow = !std::isfinite(norm_sq);
+    // Note [Step agreement]: one world sum of [overflow, squared norm, loss, stop]. Pipeline 0
+    // holds every layer once, so its ranks alone contribute the norm; every last stage adds
+    // its pipeline's share of the loss; any rank's overflow or stop request counts. Every rank
+    // then makes the same decision after the same step.
+    // Then pipeline 0's parameter count, and each rank's busy and wait time in its own slots
+    // (Note [Step timing]).
+    const int W = topo_.world_size();
+    std::vector<double> values(5 + 2 * W, 0.0);
+    values[0] = local_overflow ? 1.0 : 0.0;
+    values[1] = local_overflow || replica() != 0 ? 0.0 : norm_sq;
+    values[2] = is_last_stage() ? loss : 0.0;
+    values[3] = stop;
+    values[4] = replica() == 0 ? static_cast<double>(local_params) : 0.0;
+    values[5 + rank_] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
+    values[5 + W + rank_] = piped->timing.wait_s;
+    auto meta = torch::tensor(values, torch::kDouble).to(TransferDevice(groups_, device_));
+    const bool split = faults.Hit(FaultPoint::kAgreement, taking);
+    if (topo_.world_size() > 1) {
+      std::vector<torch::Tensor> v{meta};
+      RETURN_IF_ERROR(AllReduceSum(groups_.world, v, groups_.timeout));
+    }
+    if (split) {  // the others got the result; this rank acts as if not (Note [Faults])
+      return absl::AbortedError(
+          absl::StrCat("VARUNA_FAULT split at step ", taking, "'s agreement"));
+    }
+    faults.Hit(FaultPoint::kAfterAgreement, taking);
+    // From here on only local state changes (scaler, parameters, optimizer, iteration):
+    // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
+    meta = meta.cpu();
+    std::lock_guard<std::mutex> state(state_mu_);
+    agreed_step_ = taking;  // Note [Committed step]
+    if (options_.keep_pre_update && topo_.world_size() > 1) {
+      ASSIGN_OR_RETURN(pre_update_.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+      pre_update_.step = iteration_;
+      pre_update_.loss_scale = scaler_.scale();
+      pre_update_.clean_steps = scaler_.clean_steps();
+    }
+    result.overflow = meta[0].item<double>() > 0;
+    result.grad_norm = std::sqrt(meta[1].item<double>());
+    result.loss = meta[2].item<double>();
+    result.stop = meta[3].item<double>() > 0;
+    result.model_parameters = static_cast<int64_t>(meta[4].item<double>());
+    {
+      const double* m = meta.data_ptr<double>();
+      const PipelineLayout& p0 = topo_.pipeline(0);
+      double busy = 0, longest = 0;
+      for (int r = p0.first_rank; r < p0.first_rank + p0.stages(); ++r) {
+        result.stage_busy_s.push_back(m[5 + r]);
+        result.stage_wait_s.push_back(m[5 + W + r]);
+        busy += m[5 + r];
+        longest = std::max(longest, m[5 + r] + m[5 + W + r]);
+      }
+      result.bubble_ratio = longest > 0 ? std::max(0.0, 1.0 - busy / (p0.stages() * longest)) : 0;
+      result.rank_busy_s.assign(m + 5, m + 5 + W);
+      result.rank_wait_s.assign(m + 5 + W, m + 5 + 2 * W);
+    }
+    const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
+    if (!skip) {
+      if (options_.clip_grad_norm > 0) {
+        const double coef = options_.clip_grad_norm / (result.grad_norm + 1e-6);
+        if (coef < 1) {
+          for (auto& p : params) p.mutable_grad().mul_(coef);
+        }
+      }
+      if (lr_fn_) {
+        const double lr = lr_fn_(iteration_ + 1);
+        for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+      }
+      faults.Hit(FaultPoint::kUpdate, taking);
+      optimizer_->step();
+    }
+    for (auto& p : params) p.mutable_grad().zero_();
+    ++iteration_;
+    return absl::OkStatus();
+  });
+  RETURN_IF_ERROR(st);
+  broken_ = false;
+  return result;
+}
+
+// Note [Committed step]: a step is committed when every rank has applied it or can restore it.
+// The agreement all-reduce of step N completes on a rank only after every rank contributed,
+// that is, after every rank applied step N-1: so a rank that completed N's agreement knows N-1
+// is committed, but not N (a link cut in the collective's last phase can leave a peer without
+// the result, so it never applies N: the split of issue 24). Survivors therefore hold at most
+// two consecutive steps, X and X+1. Each rank keeps its pre-update state of the newest step
+// until that step is committed, and a rescue writes both the step it has and, when that one is
+// not committed, the step before it: every survivor then writes X, and the newest complete
+// checkpoint is X+1 when every stage's survivors had it, else X. So a failure at any moment
+// costs at most the step in flight plus the one being committed, never a fallback to an old
+// checkpoint, and the next generation's "auto" resume finds it. The manager compares the
+// saves (Note [Saved steps] in manager/morph/morph_controller.cc) and records them in the morph.
+int64_t Varuna::committed_step() const {
+  if (topo_.world_size() <= 1) return iteration_;
+  return std::max(start_step_, agreed_step_ - 1);
+}
+
+absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
+  RETURN_IF_ERROR(CheckInputs(inputs, 0));
+  broken_ = true;
+  for (auto& l : layers_) l->eval();
+  // Each last stage sums loss x samples over its pipeline's inputs; one world sum of
+  // [loss, samples] gives the mean over every pipeline's inputs.
+  PipelineRunOptions run;
+  run.train = false;
+  absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
+  for (auto& l : layers_) l->train();
+  RETURN_IF_ERROR(piped.status());
+  const double loss = piped->loss;
+  const double n = static_cast<double>(inputs.begin()->second.size(0));
+  auto t = torch::tensor({is_last_stage() ? loss : 0.0, is_last_stage() ? n : 0.0}, torch::kDouble)
+               .to(TransferDevice(groups_, device_));
+  std::vector<torch::Tensor> v{t};
+  if (topo_.world_size() > 1) RETURN_IF_ERROR(AllReduceSum(groups_.world, v, groups_.timeout));
+  v[0] = v[0][0] / v[0][1];
+  broken_ = false;
+  return v[0].item<double>();
+}
+
+}  // namespace varuna
