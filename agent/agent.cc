@@ -21,10 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "agent/launch_request.h"
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 #include "common/base/yaml_util.h"
 #include "common/checkpoint/checkpoint_store.h"
+#include "common/launch/launch_contract.h"
 #include "common/launch/worker_protocol.h"
 #include "common/net/proto_json.h"
 #include "common/net/rpc.h"
@@ -149,8 +151,31 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
       });
 }
 
+namespace {
+
+StandbyPool::Options PoolOptions(const AgentConfig& c) {
+  StandbyPool::Options o;
+  o.size = c.standby_workers;
+  o.slots = c.slots;
+  o.work_dir = c.work_dir;
+  o.worker_binary = c.worker_binary;
+  o.node = c.name;
+  o.allow_root_workers = c.allow_root_workers;
+  return o;
+}
+
+}  // namespace
+
 Agent::Agent(AgentConfig config, Clock* clock, ProcessLauncher* launcher)
-    : config_(std::move(config)), clock_(clock), launcher_(launcher) {}
+    : config_(std::move(config)),
+      clock_(clock),
+      launcher_(launcher),
+      standbys_(PoolOptions(config_), clock, launcher) {}
+
+void Agent::set_address(std::string address) {
+  address_ = std::move(address);
+  if (auto hp = SplitHostPort(address_); hp.ok()) standbys_.set_node_addr(hp->first);
+}
 
 std::string Agent::JobDir(const std::string& job_id) const {
   return absl::StrCat(config_.work_dir, "/jobs/", job_id);
@@ -158,53 +183,7 @@ std::string Agent::JobDir(const std::string& job_id) const {
 
 absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   const std::string who = absl::StrCat("job=", req.job_id(), " gen=", req.generation());
-  if (req.job_id().empty() || req.job_id().size() > 64 ||
-      req.job_id().find('/') != std::string::npos || req.job_id().find("..") != std::string::npos) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("launch: bad job id '", req.job_id().substr(0, 64), "'"));
-  }
-  if (req.ranks_size() > config_.slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "launch: ", req.ranks_size(), " ranks for a node of ", config_.slots, " slots"));
-  }
-  if (req.generation() < 1) return absl::InvalidArgumentError("launch: generation must be >= 1");
-  if (req.ranks().empty()) return absl::InvalidArgumentError("launch: no ranks");
-  if (req.world_size() < 1) return absl::InvalidArgumentError("launch: world_size must be >= 1");
-  // Tensor parallelism: world_size counts processes, the map and pipelines positions.
-  if (req.tp_size() < 0 || req.tp_size() > 64 ||
-      (req.tp_size() > 1 && req.world_size() % req.tp_size() != 0)) {
-    return absl::InvalidArgumentError(absl::StrCat("launch: tp_size ", req.tp_size(),
-                                                   " does not divide world_size ", req.world_size(),
-                                                   " (or is not in [0, 64])"));
-  }
-  const int tp = std::max(1, req.tp_size());
-  for (const auto& r : req.ranks()) {
-    if (r.rank() < 0 || r.rank() >= req.world_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("launch: rank ", r.rank(), " outside world of ", req.world_size()));
-    }
-  }
-  if (req.spec_yaml().empty()) return absl::InvalidArgumentError("launch: empty job spec");
-  if (!req.code_dir().empty()) {
-    std::error_code cec;
-    if (!fs::is_directory(req.code_dir(), cec)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "launch: code_dir '", req.code_dir(), "' is not a directory on node ", config_.name));
-    }
-  }
-  if (!req.resume_step().empty() && !ParseResumeStep(req.resume_step()).ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("launch: resume_step '", req.resume_step().substr(0, 32), "' is invalid"));
-  }
-  if (!req.pipelines().empty()) {
-    if (auto t = Topology::Parse(req.pipelines());
-        !t.ok() || t->world_size() * tp != req.world_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("launch: pipelines '", req.pipelines().substr(0, 64), "' are invalid",
-                       t.ok() ? absl::StrCat(" for world size ", req.world_size())
-                              : absl::StrCat(": ", t.status().message())));
-    }
-  }
+  RETURN_IF_ERROR(ValidateLaunch(req, config_.slots, config_.name));
   int& newest = newest_generation_[req.job_id()];
   if (req.generation() < newest) {
     return absl::FailedPreconditionError(absl::StrCat("launch ", who, " is stale: generation ",
@@ -233,30 +212,14 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     newest = req.generation();
   }
 
-  // Note [Worker user]: a job's program is the submitter's code, so an agent running as root
-  // (as a systemd service does) never hands it root by default. Workers run as the Unix user
-  // the submitter's token maps to (`NAME TOKEN USER` in the manager's tokens file; it comes in
-  // the launch request) if this agent's --allowed_worker_users lists it, else as
-  // --worker_user (default `varuna`, which scripts/install_deps.sh creates). Root only with
-  // --allow_root_workers, which also makes workers without a token user run as the agent
-  // itself. An agent that is not root runs workers as itself (a Slurm job step, a user's
-  // own agent): it could not switch anyway. The launcher gives the generation's directory
-  // and control FIFO to that user; the agent keeps the logs and reads what the workers write
-  // as untrusted (common/base/safe_file.h). A standby taking the launch (Note [Standby
-  // workers] in worker/runtime/standby.cc) drops to the same user first.
-  std::string run_as;
-  if (!req.run_as_user().empty()) {
-    const auto& ok = config_.allowed_worker_users;
-    if (std::find(ok.begin(), ok.end(), req.run_as_user()) == ok.end()) {
-      return absl::PermissionDeniedError(
-          absl::StrCat("launch ", who, ": this agent does not run workers as '", req.run_as_user(),
-                       "' (not in its --allowed_worker_users)"));
-    }
-    run_as = req.run_as_user();
-  } else if (!config_.allow_root_workers) {
-    run_as = config_.worker_user;
+  // Note [Worker user] in agent/launch_request.h.
+  absl::StatusOr<std::string> user = WorkerUser(req, config_.allowed_worker_users,
+                                                config_.allow_root_workers, config_.worker_user);
+  if (!user.ok()) {
+    return absl::Status(user.status().code(),
+                        absl::StrCat("launch ", who, ": ", user.status().message()));
   }
-
+  const std::string run_as = *user;
   const std::string job_dir = JobDir(req.job_id());
   const std::string gen_dir = absl::StrCat(job_dir, "/gen", req.generation());
   std::error_code ec;
@@ -272,21 +235,15 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     return absl::InternalError(absl::StrCat("launch ", who, ": ", s.message()));
   }
 
+  LaunchContract contract = ContractOf(req);
+  contract.master_port = master_port;
+  contract.spec_path = spec_path;
+  contract.gen_dir = gen_dir;
+  contract.node = config_.name;
+  if (auto hp = SplitHostPort(address_); hp.ok()) contract.node_addr = hp->first;
+  contract.worker_binary = config_.worker_binary;
   std::map<std::string, std::string> base_env = AgentEnvironment();
   for (const auto& [k, v] : req.env()) base_env[k] = v;
-  if (!base_env.count("OMP_NUM_THREADS")) base_env["OMP_NUM_THREADS"] = "1";
-  base_env["WORLD_SIZE"] = absl::StrCat(req.world_size());
-  base_env["LOCAL_WORLD_SIZE"] = absl::StrCat(req.ranks_size());
-  base_env["MASTER_ADDR"] = req.master_addr();
-  base_env["MASTER_PORT"] = absl::StrCat(master_port);
-  base_env["TORCHELASTIC_RESTART_COUNT"] = absl::StrCat(req.generation() - 1);
-  base_env["VARUNA_JOB_ID"] = req.job_id();
-  base_env["VARUNA_JOB_NAME"] = req.job_name();
-  base_env["VARUNA_GENERATION"] = absl::StrCat(req.generation());
-  base_env["VARUNA_JOB_SPEC"] = spec_path;
-  base_env["VARUNA_NODE"] = config_.name;
-  if (!req.resume_step().empty()) base_env["VARUNA_RESUME_STEP"] = req.resume_step();
-  if (auto hp = SplitHostPort(address_); hp.ok()) base_env["VARUNA_NODE_ADDR"] = hp->first;
 
   int started = 0;
   for (const auto& r : req.ranks()) {
@@ -304,54 +261,14 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     fs::remove(w.progress_path, ec);
 
     ProcessSpec spec;
-    spec.env = base_env;
-    spec.env["RANK"] = absl::StrCat(r.rank());
-    spec.env["LOCAL_RANK"] = absl::StrCat(r.local_rank());
-    spec.env[kProgressFileEnv] = w.progress_path;
     spec.control_fifo = absl::StrCat(gen_dir, "/control.rank", r.rank());
+    RankProcess process = RankContract(contract, r.rank(), r.local_rank(), w.progress_path,
+                                       spec.control_fifo, base_env);
+    spec.argv = std::move(process.argv);
+    spec.env = std::move(process.env);
     spec.user = run_as;
     spec.allow_root = config_.allow_root_workers;
     spec.owned_paths = {gen_dir};
-    spec.env[kControlFifoEnv] = spec.control_fifo;
-    if (req.entrypoint().empty()) {
-      spec.argv = {config_.worker_binary, "--job", spec_path};
-    } else {
-      spec.argv.assign(req.entrypoint().begin(), req.entrypoint().end());
-    }
-    // Varuna's launcher arguments (ARCHITECTURE "Job spec").
-    spec.argv.push_back(absl::StrCat("--rank=", r.rank()));
-    spec.argv.push_back(absl::StrCat("--local_rank=", r.local_rank()));
-    if (req.pipelines().empty()) {
-      spec.argv.push_back(absl::StrCat("--stage_to_rank_map=", req.stage_to_rank_map()));
-      spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
-      spec.argv.push_back(absl::StrCat("--batch-size=", req.per_replica_batch()));
-    } else {
-      // Heterogeneous pipelines (docs/heterogeneous.md): each pipeline's share is in the text.
-      spec.argv.push_back(absl::StrCat("--pipelines=", req.pipelines()));
-      spec.argv.push_back(absl::StrCat("--chunk_size=", req.micro_batch()));
-      spec.env["VARUNA_PIPELINES"] = req.pipelines();
-    }
-    if (req.entrypoint().empty() && !req.resume_step().empty() && !req.join_in_place()) {
-      spec.argv.push_back(absl::StrCat("--resume_step=", req.resume_step()));
-    }
-    if (req.entrypoint().empty() && req.in_place()) {
-      spec.argv.push_back("--in_place");
-      if (req.join_in_place()) spec.argv.push_back("--join_in_place");
-    }
-    // The plan (docs/autoconfig.md): flags for varuna-worker, the environment for programs
-    // of the user's, which may not know the flags.
-    const std::string bounds = absl::StrJoin(req.stage_boundaries(), ",");
-    if (req.entrypoint().empty()) {
-      if (!req.schedule().empty()) spec.argv.push_back(absl::StrCat("--schedule=", req.schedule()));
-      if (!bounds.empty()) spec.argv.push_back(absl::StrCat("--stage_boundaries=", bounds));
-      if (req.tp_size() > 0) spec.argv.push_back(absl::StrCat("--tp_size=", req.tp_size()));
-      if (req.profile())
-        spec.argv.push_back(absl::StrCat("--profile_out=", gen_dir, "/profile.json"));
-    } else {
-      if (!req.schedule().empty()) spec.env["VARUNA_SCHEDULE"] = req.schedule();
-      if (!bounds.empty()) spec.env["VARUNA_STAGE_BOUNDARIES"] = bounds;
-      if (req.tp_size() > 0) spec.env["VARUNA_TP_SIZE"] = absl::StrCat(req.tp_size());
-    }
     spec.log_path = w.log_path;
     spec.cwd = req.entrypoint().empty() || req.code_dir().empty() ? gen_dir : req.code_dir();
     AppendToRegularFile(
@@ -360,7 +277,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
                                  r.local_rank(), "): ", absl::StrJoin(spec.argv, " "), "\n"))
         .IgnoreError();
     absl::StatusOr<int> pid = absl::UnavailableError("no standby");
-    if (req.entrypoint().empty()) pid = StartInStandby(spec, run_as, gen_dir, r.rank());
+    if (req.entrypoint().empty()) pid = standbys_.Take(spec, run_as, gen_dir, r.rank());
     if (!pid.ok()) pid = launcher_->Launch(spec);
     if (!pid.ok()) {
       return absl::Status(pid.status().code(),
@@ -468,9 +385,7 @@ absl::StatusOr<v1::FetchLogsResponse> Agent::FetchLogs(const v1::FetchLogsReques
 
 void Agent::Reap() {
   for (const ProcessExit& e : launcher_->Reap()) {
-    standbys_.erase(std::remove_if(standbys_.begin(), standbys_.end(),
-                                   [&](const Standby& s) { return s.pid == e.pid; }),
-                    standbys_.end());
+    standbys_.Forget(e.pid);
     for (auto& [key, w] : workers_) {
       if (w.pid != e.pid || !w.running) continue;
       w.running = false;
@@ -713,7 +628,7 @@ void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
 void Agent::Tick() {
   Reap();
   CheckNoticeFile();
-  KeepStandbys();
+  standbys_.Keep(running_workers());
   const absl::Time now = clock_->Now();
   // A parked or stopped worker starts a morph: tell the manager now, not at the next period.
   for (auto& [key, w] : workers_) {
@@ -734,10 +649,8 @@ void Agent::Tick() {
 }
 
 int Agent::StopAll() {
-  // Standbys hold no state: they go at once, and no new one starts (KeepStandbys).
-  stopping_ = true;
-  for (const Standby& sb : standbys_) launcher_->Signal(sb.pid, SIGKILL).IgnoreError();
-  standbys_.clear();
+  // Standbys hold no state: they go at once, and no new one starts.
+  standbys_.StopAll();
   std::set<std::string> jobs;
   for (const auto& [key, w] : workers_) jobs.insert(key.first);
   int n = 0;

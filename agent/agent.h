@@ -15,6 +15,7 @@
 #include "absl/time/time.h"
 #include "agent/agent_metrics.h"
 #include "agent/process_launcher.h"
+#include "agent/standby_pool.h"
 #include "common/base/clock.h"
 #include "common/net/rpc.h"
 #include "varuna/v1/control.pb.h"
@@ -33,7 +34,7 @@ struct AgentConfig {
   int slots = 1;
   std::string work_dir = "/var/lib/varuna-agent";
   std::string worker_binary;  // default: varuna-worker next to varuna-agent
-  // Note [Worker user] in agent.cc: who the workers run as when the agent is root.
+  // Note [Worker user] in agent/launch_request.h: who the workers run as when the agent is root.
   std::string worker_user = "varuna";
   std::vector<std::string> allowed_worker_users;  // a token's USER must be listed here
   bool allow_root_workers = false;  // also: workers without a token user run as the agent
@@ -114,7 +115,7 @@ class Agent {
   const AgentConfig& config() const { return config_; }
   // The address the manager and peers reach this agent at ("host:port"); its host is the
   // workers' VARUNA_NODE_ADDR, which they bind their gloo transport to.
-  void set_address(std::string address) { address_ = std::move(address); }
+  void set_address(std::string address);
 
  private:
   struct Worker {
@@ -150,19 +151,6 @@ class Agent {
   using Key = std::pair<std::string, int>;  // job, rank
 
   void Reap();
-  // Note [Standby workers] in worker/runtime/standby.cc: keeps the pool at its size (started, or
-  // stopped when jobs took the slots), and hands one to a launch.
-  struct Standby {
-    int pid = 0;
-    std::string fifo;
-    bool ready = false;  // it reads its FIFO: LibTorch is loaded
-  };
-  void KeepStandbys();
-  // Starts the launch `spec` (rank `rank` of a generation in `gen_dir`) in a ready standby,
-  // which becomes `user` (Note [Worker user] in agent/agent.cc); returns its pid, or an
-  // error when none can take it (the caller then launches a process).
-  absl::StatusOr<int> StartInStandby(const ProcessSpec& spec, const std::string& user,
-                                     const std::string& gen_dir, int rank);
   // Sends the running workers `req.adopt()` names a ReconfigureCommand and files them under
   // their new rank and generation; returns the new ranks adopted (Note [Morph in place]).
   std::set<int> Adopt(const v1::LaunchRequest& req, int master_port);
@@ -188,14 +176,7 @@ class Agent {
   AgentMetrics* metrics_ = nullptr;
   double probe_score_ = 0;
   std::set<Key> ever_started_;  // (job, rank) started here: a later start is a restart
-  std::vector<Standby> standbys_;
-  int standby_seq_ = 0;
-  bool standby_failed_ = false;  // the last start failed (logged once; retried each tick)
-  bool stopping_ = false;        // StopAll ran: the agent is shutting down
-  // Running workers when KeepStandbys last looked, and since when (standbys fill slots that
-  // stayed free for a while).
-  int standby_running_seen_ = -1;
-  absl::Time standby_running_since_ = absl::InfinitePast();
+  StandbyPool standbys_;        // Note [Standby workers]
   void UpdateWorkerMetrics();
 };
 

@@ -1,6 +1,6 @@
 // The agent's half of a morph in place (docs/morphing.md "Morph in place"): adopting the
-// workers of an older generation, the pool of warm standby workers, and the stopped-process
-// check. Agent methods, on the agent's event loop like the rest (agent.h).
+// workers of an older generation and the stopped-process check (the pool of warm standby
+// workers is standby_pool.cc). Agent methods, on the agent's event loop like the rest (agent.h).
 
 #include <fcntl.h>
 #include <signal.h>
@@ -108,111 +108,6 @@ std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
     workers_[key] = std::move(w);
   }
   return adopted;
-}
-
-void Agent::KeepStandbys() {
-  if (config_.standby_workers == 0 || stopping_) return;
-  int running = 0;
-  for (const auto& [key, w] : workers_) running += w.running ? 1 : 0;
-  const int free = std::max(0, config_.slots - running);
-  const int want = config_.standby_workers < 0 ? free : std::min(free, config_.standby_workers);
-  while (static_cast<int>(standbys_.size()) > want) {
-    launcher_->Signal(standbys_.back().pid, SIGTERM).IgnoreError();  // reaped later
-    standbys_.pop_back();
-  }
-  for (Standby& sb : standbys_) {
-    if (sb.ready) continue;
-    // Opening a FIFO for writing without blocking succeeds only once a reader holds it.
-    const int fd = open(sb.fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-    if (fd >= 0) {
-      sb.ready = true;
-      close(fd);
-    }
-  }
-  // Fill only slots that stayed free a while: right after workers exit (a relaunch about to
-  // start, a job ending) a standby loading LibTorch would only compete with the launch.
-  const absl::Time now = clock_->Now();
-  if (running != standby_running_seen_) {
-    standby_running_seen_ = running;
-    standby_running_since_ = now;
-  }
-  if (now - standby_running_since_ < absl::Seconds(2)) return;
-  while (static_cast<int>(standbys_.size()) < want) {
-    const std::string dir = absl::StrCat(config_.work_dir, "/standby");
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    const int seq = ++standby_seq_;
-    ProcessSpec spec;
-    spec.argv = {config_.worker_binary, "--standby"};
-    spec.env = AgentEnvironment();
-    if (!spec.env.count("OMP_NUM_THREADS")) spec.env["OMP_NUM_THREADS"] = "1";
-    spec.control_fifo = absl::StrCat(dir, "/control", seq);
-    spec.env[kControlFifoEnv] = spec.control_fifo;
-    if (auto hp = SplitHostPort(address_); hp.ok()) spec.env["VARUNA_NODE_ADDR"] = hp->first;
-    spec.env["VARUNA_NODE"] = config_.name;
-    spec.log_path = absl::StrCat(dir, "/standby", seq, ".log");
-    spec.cwd = dir;
-    // A root agent's standbys wait as root and drop to the job's user when assigned, so one
-    // pool serves every user (Note [Standby workers]); otherwise they are the agent's user.
-    spec.user = "";
-    absl::StatusOr<int> pid = launcher_->Launch(spec);
-    if (!pid.ok()) {
-      if (!standby_failed_) LOG(WARNING) << "standby worker not started: " << pid.status();
-      standby_failed_ = true;
-      return;
-    }
-    standby_failed_ = false;
-    standbys_.push_back({*pid, spec.control_fifo});
-  }
-}
-
-absl::StatusOr<int> Agent::StartInStandby(const ProcessSpec& spec, const std::string& user,
-                                          const std::string& gen_dir, int rank) {
-  auto it =
-      std::find_if(standbys_.begin(), standbys_.end(), [](const Standby& s) { return s.ready; });
-  if (it == standbys_.end()) return absl::UnavailableError("no ready standby worker");
-  absl::StatusOr<std::optional<WorkerIdentity>> as =
-      ResolveWorkerUser(user, config_.allow_root_workers);
-  if (!as.ok()) return as.status();  // the launch reports it the same way
-  const Standby sb = *it;
-  standbys_.erase(it);
-  v1::StandbyStart start;
-  for (const auto& a : spec.argv) start.add_argv(a);
-  std::map<std::string, std::string> env = spec.env;
-  if (*as) {
-    SetUserEnvironment(**as, &env);
-    v1::StandbyCredentials* become = start.mutable_become();
-    become->set_uid((*as)->uid);
-    become->set_gid((*as)->gid);
-    for (gid_t g : (*as)->groups) become->add_groups(g);
-  }
-  for (const auto& [k, v] : env) (*start.mutable_env())[k] = v;
-  start.set_cwd(spec.cwd);
-  start.set_log_path(spec.log_path);
-  // The start file stays the agent's (StandbyStartPath): the job's user gets the FIFO below
-  // and could send a StartCommand of its own, but only this file can be named in one.
-  const std::string path = StandbyStartPath(sb.fifo, sb.pid);
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  fs::permissions(fs::path(path).parent_path(), fs::perms::owner_all, ec);
-  absl::Status st =
-      ec ? absl::InternalError(absl::StrCat("standby start directory: ", ec.message()))
-         : WriteFileAtomic(path, ProtoJson(start), 0);
-  // What a launched worker gets from the launcher: its generation's directory, its log and
-  // its control FIFO belong to the user it runs as.
-  if (st.ok() && *as) st = GiveToUser(**as, {gen_dir, spec.log_path, sb.fifo});
-  v1::AgentCommand c;
-  c.mutable_start()->set_spec_path(path);
-  absl::StatusOr<std::string> line = SerializeAgentCommand(c);
-  if (st.ok()) st = line.ok() ? launcher_->SendCommand(sb.pid, *line) : line.status();
-  if (!st.ok()) {
-    LOG(WARNING) << "standby pid " << sb.pid << " not used (" << st.message()
-                 << "); starting a process";
-    launcher_->Signal(sb.pid, SIGKILL).IgnoreError();
-    return st;
-  }
-  LOG(INFO) << "standby pid " << sb.pid << " takes rank " << rank << " (" << gen_dir << ")";
-  return sb.pid;
 }
 
 }  // namespace varuna

@@ -25,16 +25,16 @@ struct ProcessSpec {
   // Where to make the FIFO the agent's commands go through (Note [Worker protocol] in
   // common/launch/worker_protocol.cc); empty = none. It is removed when the process is reaped.
   std::string control_fifo;
-  // Note [Worker user] in agent/agent.cc: the Unix user to run as, when the launcher runs as
-  // root ("" = as the launcher itself; ignored when it is not root). Root (uid 0) only with
+  // Note [Worker user] in agent/launch_request.h: the Unix user to run as, when the launcher runs
+  // as root ("" = as the launcher itself; ignored when it is not root). Root (uid 0) only with
   // allow_root. `owned_paths` (and the control FIFO) are given to that user first.
   std::string user;
   bool allow_root = false;
   std::vector<std::string> owned_paths;
 };
 
-// Who a worker runs as (Note [Worker user] in agent/agent.cc), resolved before a fork, since
-// getpwnam and getgrouplist are not async-signal-safe.
+// Who a worker runs as (Note [Worker user] in agent/launch_request.h), resolved before a fork,
+// since getpwnam and getgrouplist are not async-signal-safe.
 struct WorkerIdentity {
   uid_t uid = 0;
   gid_t gid = 0;

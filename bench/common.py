@@ -8,7 +8,7 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
-import harness  # noqa: E402,F401
+from lib import harness  # noqa: E402,F401
 
 
 def corpus(build_dir):

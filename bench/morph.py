@@ -35,8 +35,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "e2e"))
 os.environ.setdefault("VARUNA_BIN_DIR", os.path.join(HERE, "..", "build", "bin"))
 
-from control_plane_e2e import Cluster, wait_for  # noqa: E402
-from harness import job_yaml, write_text_corpus  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.harness import job_yaml, write_text_corpus  # noqa: E402
 
 PHASES = ["detect", "save", "stop", "plan", "launch", "rendezvous", "regroup", "agree",
           "transfer", "first_step", "total"]

@@ -4,8 +4,8 @@ best plan that knows the speeds up front, 5 rounds with the three alternating (t
 rotates each round). Every round is printed, with samples per CPU-second beside the
 wall-clock rate, and the time from the slowdown to the ladder's action.
 
-Nodes are emulated as in tests/e2e/straggler_e2e.py: three agents with one slot each, each in
-its own cgroup capped at --share of a core (0.5: three fit on a 2-core machine without
+Nodes are emulated as in tests/e2e/straggler_e2e.py (tests/e2e/lib/cgroups.py): three agents
+with one slot each, each in its own cgroup capped at --share of a core (0.5: three fit on a 2-core machine without
 contention), the job 1 stage x 3 replicas. `off` and `auto` run under the manager: training
 starts at full speed, after step --slow_after the bench cuts node2's cap to share x factor.
 Their rate counts every step after the slowdown, detection and morph included, from the
@@ -41,9 +41,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "e2e"))
 os.environ.setdefault("VARUNA_BIN_DIR", os.path.join(HERE, "..", "build", "bin"))
 
-import harness  # noqa: E402
-import straggler_e2e as se  # noqa: E402
-from control_plane_e2e import CTL, wait_for  # noqa: E402
+from lib import harness  # noqa: E402
+from lib import cgroups as se  # noqa: E402
+from lib.cluster import CTL, wait_for  # noqa: E402
 
 MODEL = {"layers": 4, "d_model": 64, "heads": 4, "seq_len": 32}
 BATCH = 12

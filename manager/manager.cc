@@ -17,14 +17,7 @@ namespace varuna {
 class Manager::NodeEvents final : public NodeTable::Listener {
  public:
   explicit NodeEvents(Manager* m) : m_(m) {}
-  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent,
-                  const std::string& why) override {
-    m_->job_controller_.OnNodeLost(node, silent, why);
-  }
-  void OnNodeLeaving(const std::string& node, const std::string& kind,
-                     const std::string& why) override {
-    m_->morph_controller_.OnNodeLeaving(node, kind, why, absl::ZeroDuration(), /*graceful=*/true);
-  }
+  void OnNodeGone(const NodeTable::Gone& gone) override { m_->job_controller_.OnNodeGone(gone); }
   void OnNodeJoined(const std::string& node, const std::string& how) override {
     m_->events_.Emit("node_joined", "", node, how);
     m_->morph_controller_.NoteJoined(node);

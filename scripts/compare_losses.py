@@ -14,7 +14,7 @@ import tempfile
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 sys.path.insert(0, os.path.join(REPO, "tests", "e2e"))
-import harness  # noqa: E402
+from lib import harness  # noqa: E402
 
 # name, world, parallel block, extra worker arguments
 SHAPES = [

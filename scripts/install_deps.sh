@@ -22,7 +22,7 @@ PACKAGES=(
 command -v npm >/dev/null 2>&1 || PACKAGES+=(nodejs npm)
 
 # The unprivileged user a root agent runs workers as by default (Note [Worker user] in
-# agent/agent.cc). Made only when we are root (an agent that is not root runs workers as
+# agent/launch_request.h). Made only when we are root (an agent that is not root runs workers as
 # itself and needs no such user).
 if [[ $(id -u) -eq 0 ]] && ! id varuna >/dev/null 2>&1; then
   useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin varuna

@@ -34,11 +34,13 @@ if [[ ! -s Testing/Temporary/CTestCostData.txt ]]; then
   { awk '!/^#/ && NF == 2 { print $1, 1, $2 }' "$REPO/tests/test_times.txt"; echo ---; } \
     > Testing/Temporary/CTestCostData.txt
 fi
-# Two tests at a time (VARUNA_TEST_JOBS): most e2e tests wait on clusters, leases and
-# timers. What must not share the machine says so (RUN_SERIAL, RESOURCE_LOCK).
+# Three processor slots (VARUNA_TEST_JOBS): the e2e tests, which keep both cores busy, declare
+# PROCESSORS 2, so one of them runs at a time, beside one light test (unit, lint, fuzz:
+# PROCESSORS 1). Tests that share a test cluster take a RESOURCE_LOCK; the straggler test runs
+# alone (RUN_SERIAL).
 start=$(date +%s)
 rc=0
-ctest --output-on-failure -j"${VARUNA_TEST_JOBS:-2}" --timeout 900 \
+ctest --output-on-failure -j"${VARUNA_TEST_JOBS:-3}" --timeout 900 \
   --output-junit Testing/ctest-junit.xml "$@" || rc=$?
 python3 "$REPO/scripts/ctest_report.py" . --wall "$(($(date +%s) - start))" || true
 exit "$rc"

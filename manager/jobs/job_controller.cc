@@ -637,43 +637,52 @@ void JobController::MarkCancelled(Job& job, const std::string& reason) {
   post_([this] { Schedule(); });
 }
 
-void JobController::OnNodeLost(const NodeTable::Node& node, absl::Duration silent,
-                               const std::string& why) {
-  events_->Emit("node_lost", "", node.rec.name(), why);
+// Note [Node gone]: a lost node and a leaving one take this one route. Every job with ranks
+// on it morphs off it (Cause kind "lost", "drain" or "notice"); a leaving node's workers still
+// run, so its morph is graceful (they save at a step boundary), a lost one's is not and is
+// pushed along at once. A lost node's ranks of a cancelling job count as killed, and a job
+// that cannot morph fails; a leaving node's job that cannot morph is failed by Trigger.
+void JobController::OnNodeGone(const NodeTable::Gone& gone) {
+  const bool lost = gone.kind == "lost";
+  if (lost) events_->Emit("node_lost", "", gone.node, gone.why);
   // The job's reason keeps whole seconds ("no heartbeat for 4s"); a source's reason as it is.
   const std::string what =
-      absl::StartsWith(why, "no heartbeat")
+      lost && absl::StartsWith(gone.why, "no heartbeat")
           ? absl::StrCat("no heartbeat for ",
-                         absl::FormatDuration(absl::Trunc(silent, absl::Seconds(1))))
-          : why;
+                         absl::FormatDuration(absl::Trunc(gone.silent, absl::Seconds(1))))
+          : gone.why;
   for (auto& [id, job] : jobs_->all()) {
-    if (!Active(job.info().state())) continue;
+    const v1::JobState s = job.info().state();
     std::vector<int> ranks;
     for (const auto& p : job.info().placement()) {
-      if (p.node() == node.rec.name()) ranks.push_back(p.rank());
+      if (p.node() == gone.node) ranks.push_back(p.rank());
     }
     if (ranks.empty()) continue;
-    if (job.info().state() == v1::CANCELLING) {
-      for (int r : ranks) RecordExit(job, r, 0, SIGKILL, node.rec.name());
+    if (lost) {
+      if (!Active(s)) continue;
+      if (s == v1::CANCELLING) {
+        for (int r : ranks) RecordExit(job, r, 0, SIGKILL, gone.node);
+        continue;
+      }
+    } else if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) {
       continue;
     }
-    if (morph_->Allowed(job)) {
-      Cause c;
-      c.kind = "lost";
-      c.reason = absl::StrCat("node ", node.rec.name(), " lost (", what, "; it ran ",
-                              RanksOn(job, node.rec.name()), ")");
-      c.leaving = {node.rec.name()};
-      c.detect = silent;
-      c.priority = 3;
-      morph_->Trigger(job, c);
-      morph_->Advance(job);
+    Cause c;
+    c.kind = gone.kind;
+    c.reason = lost ? absl::StrCat("node ", gone.node, " lost (", what, "; it ran ",
+                                   RanksOn(job, gone.node), ")")
+                    : gone.why;
+    c.graceful = gone.graceful();
+    c.leaving = {gone.node};
+    c.detect = lost ? gone.silent : absl::ZeroDuration();
+    c.priority = 3;
+    if (lost && !morph_->Allowed(job)) {
+      Fail(job, absl::StrCat(c.reason, job.gen.pending_failure.empty() ? "" : "; then ",
+                             job.gen.pending_failure));
       continue;
     }
-    // Until morphing lands, losing a node fails the job (ARCHITECTURE "Morph" is next).
-    Fail(job,
-         absl::StrCat("node ", node.rec.name(), " lost (", what, "; it ran ",
-                      RanksOn(job, node.rec.name()), ")",
-                      job.gen.pending_failure.empty() ? "" : "; then ", job.gen.pending_failure));
+    morph_->Trigger(job, c);
+    if (lost) morph_->Advance(job);
   }
 }
 

@@ -90,7 +90,8 @@ class JobController final : public JobLifecycle {
   void OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w);
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
                   int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0);
-  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent, const std::string& why);
+  // A node its jobs must move off, lost or leaving (Note [Node gone]).
+  void OnNodeGone(const NodeTable::Gone& gone);
   // Launch timeouts, held failures, repeated stops, morph timers, progress flush.
   void Tick();
 

@@ -287,25 +287,6 @@ void MorphController::OnSaveRequestFailed(const std::string& job_id, int generat
   Advance(job);
 }
 
-void MorphController::OnNodeLeaving(const std::string& node, const std::string& kind,
-                                    const std::string& why, absl::Duration detect, bool graceful) {
-  for (auto& [id, job] : jobs_->all()) {
-    const v1::JobState s = job.info().state();
-    if (s != v1::STARTING && s != v1::RUNNING && s != v1::RECONFIGURING) continue;
-    bool placed = false;
-    for (const auto& p : job.info().placement()) placed |= p.node() == node;
-    if (!placed) continue;
-    Cause c;
-    c.kind = kind;
-    c.reason = why;
-    c.graceful = graceful;
-    c.leaving = {node};
-    c.detect = detect;
-    c.priority = 3;
-    Trigger(job, c);
-  }
-}
-
 void MorphController::SetPhase(Job& job, v1::MorphState::Phase phase) {
   v1::MorphState& m = job.morph();
   const double now = UnixSeconds(clock_->Now());
@@ -478,67 +459,6 @@ void MorphController::Advance(Job& job) {
 // resumes from the newest complete checkpoint ("auto"); this says which step that should be
 // and why, so a morph record explains a resume from further back: a stage no rank was left to
 // save (every replica lost at once), or saves that cover no common step.
-MorphController::SaveCoverage MorphController::Coverage(const Job& job) const {
-  absl::StatusOr<Topology> topo = absl::NotFoundError("uniform");
-  if (!job.info().pipelines().empty()) topo = Topology::Parse(job.info().pipelines());
-  const int stages = topo.ok() ? topo->pipeline(0).stages() : std::max(1, job.info().stages());
-  // Steps saved per stage of pipeline 0 (heterogeneous: per segment first).
-  std::vector<std::set<int64_t>> by_stage(stages);
-  std::vector<std::set<int64_t>> by_segment(topo.ok() ? topo->pipeline(0).boundaries.back() : 0);
-  SaveCoverage out;
-  for (const auto& e : job.rec.exits()) {
-    out.committed = std::max(out.committed, e.committed_step());
-    const bool saver = e.signal() == 0 && (e.exit_code() == kExitRescued ||
-                                           (e.exit_code() == 0 && job.gen.stopped_after > 0));
-    if (!saver || e.saved_step() <= 0) continue;
-    // A rescue writes the step it has and, when that one is not committed, the committed
-    // one before it (Note [Committed step] in worker/engine/varuna.cc), and says which.
-    std::vector<int64_t> steps = {e.saved_step()};
-    if (e.also_saved_step() > 0) steps.push_back(e.also_saved_step());
-    for (int64_t step : steps) {
-      v1::SavedStep s;
-      s.set_rank(e.rank());
-      s.set_step(step);
-      out.saved.push_back(s);
-      // Exits name processes; stages hold positions of tp_size processes each.
-      const int position = e.rank() / TpOf(job.info());
-      if (e.rank() < 0) continue;
-      if (!topo.ok()) {
-        by_stage[position % stages].insert(step);
-      } else if (position < topo->world_size()) {
-        const auto [first, last] = topo->SegmentsOf(position);
-        for (int sg = first; sg < last; ++sg) by_segment[sg].insert(step);
-      }
-    }
-  }
-  if (topo.ok()) {
-    const std::vector<int>& b = topo->pipeline(0).boundaries;
-    for (int s = 0; s < stages; ++s) {
-      for (int64_t step : by_segment[b[s]]) {
-        bool all = true;
-        for (int sg = b[s]; sg < b[s + 1]; ++sg) all = all && by_segment[sg].count(step) > 0;
-        if (all) by_stage[s].insert(step);
-      }
-    }
-  }
-  std::set<int64_t> common;
-  for (int s = 0; s < stages; ++s) {
-    if (by_stage[s].empty()) out.missing.push_back(s);
-    if (s == 0) {
-      common = by_stage[0];
-    } else {
-      std::set<int64_t> both;
-      for (int64_t step : common) {
-        if (by_stage[s].count(step)) both.insert(step);
-      }
-      common = std::move(both);
-    }
-  }
-  out.common_step = common.empty() ? -1 : *common.rbegin();
-  for (const auto& s : out.saved) out.newest_saved = std::max(out.newest_saved, s.step());
-  return out;
-}
-
 bool MorphController::InPlacePossible(const Job& job, const Cause& cause) const {
   return config_.morph_in_place && job.spec.entrypoint.empty() && job.spec.parallel.tp_size == 1 &&
          job.info().state() != v1::STARTING && !EveryNodeLeaving(job, cause.leaving);
@@ -617,7 +537,7 @@ void MorphController::Relaunch(Job& job, const JobPlan& plan) {
   const v1::JobInfo old = info;
   // An in-place morph saved nothing: the workers choose the step themselves (Note
   // [Handover]) and report it; the saves below are the relaunch path's.
-  const SaveCoverage cover = m.in_place() ? SaveCoverage() : Coverage(job);
+  const SaveCoverage cover = m.in_place() ? SaveCoverage() : CoverageOf(job);
   m.mutable_record()->set_committed_step(cover.committed);
   m.mutable_record()->clear_saved_steps();
   for (const auto& s : cover.saved) *m.mutable_record()->add_saved_steps() = s;

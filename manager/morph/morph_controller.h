@@ -7,6 +7,7 @@
 // restarted manager carries on (Note [Morph recovery] in job_controller.cc). Loop thread only.
 
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "manager/jobs/job_table.h"
 #include "manager/jobs/profile_store.h"
 #include "manager/morph/morph_options.h"
+#include "manager/morph/save_coverage.h"
 #include "manager/nodes/agent_client.h"
 #include "manager/nodes/node_table.h"
 #include "manager/state/manager_metrics.h"
@@ -53,9 +55,6 @@ class MorphController final : public JobMorphing {
   void SendSaveRequests(Job& job, bool abort_step, bool probe = false) override;
   // A worker of the current generation reported: rendezvous done, first step.
   void NoteWorkerReport(Job& job, const v1::WorkerStatus& w) override;
-  // `node` leaves (drain, notice, machine_list): every job on it moves off.
-  void OnNodeLeaving(const std::string& node, const std::string& kind, const std::string& why,
-                     absl::Duration detect, bool graceful);
   // `node` joined: jobs may grow onto it after scale_up_delay (CheckGrowth).
   void NoteJoined(const std::string& node);
   void CheckGrowth();
@@ -75,15 +74,6 @@ class MorphController final : public JobMorphing {
   // Every rank exited, parked (a graceful morph in place) or frozen, and one parked.
   bool AllRanksGoneOrParked(const Job& job) const;
   bool FinishedTraining(const Job& job) const;
-  // What the survivors saved (Note [Saved steps] in morph_controller.cc).
-  struct SaveCoverage {
-    std::vector<int> missing;          // stages no saver covers
-    int64_t common_step = -1;          // the newest step every stage's savers cover; -1 = none
-    int64_t newest_saved = 0;          // the newest step any saver saved
-    int64_t committed = 0;             // the newest committed step a survivor reported
-    std::vector<v1::SavedStep> saved;  // (rank, step) of each saver
-  };
-  SaveCoverage Coverage(const Job& job) const;
 
   const MorphOptions config_;
   Clock* const clock_;
@@ -99,5 +89,11 @@ class MorphController final : public JobMorphing {
   absl::Time grow_check_at_ = absl::InfiniteFuture();
   std::set<std::string> joined_;
 };
+
+// Growth (morph_growth.cc): whether a running job should grow onto `plan`, made for the
+// slots it could have now that `joined` came: only a plan with more slots and another shape
+// (a morph that would not change the world is skipped). The join Cause, or nullopt.
+std::optional<Cause> GrowthCause(const v1::JobInfo& info, const JobPlan& plan,
+                                 const std::string& joined);
 
 }  // namespace varuna

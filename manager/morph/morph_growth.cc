@@ -43,22 +43,29 @@ void MorphController::CheckGrowth() {
     if (job.info().state() != v1::RUNNING || job.morphing() || !Allowed(job)) continue;
     auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, {}), *profiles_);
     if (!plan.ok()) continue;
-    const int now_slots = job.info().slots();
-    const int plan_slots = static_cast<int>(plan->ranks.size());
-    if (plan_slots <= now_slots) continue;
-    if (plan->stages == job.info().stages() && plan->replicas == job.info().replicas() &&
-        plan->micro_batch == job.info().micro_batch() && plan->schedule == job.info().schedule() &&
-        plan->pipelines == job.info().pipelines() && plan->tp_size == TpOf(job.info())) {
-      continue;
-    }
-    Cause c;
-    c.kind = "join";
-    c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan_slots,
-                            " slots available (running on ", now_slots, ")");
-    c.graceful = true;
-    c.priority = 3;
-    Trigger(job, c);
+    const std::optional<Cause> c = GrowthCause(job.info(), *plan, joined);
+    if (!c) continue;
+    Trigger(job, *c);
   }
+}
+
+std::optional<Cause> GrowthCause(const v1::JobInfo& info, const JobPlan& plan,
+                                 const std::string& joined) {
+  const int now_slots = info.slots();
+  const int plan_slots = static_cast<int>(plan.ranks.size());
+  if (plan_slots <= now_slots) return std::nullopt;
+  if (plan.stages == info.stages() && plan.replicas == info.replicas() &&
+      plan.micro_batch == info.micro_batch() && plan.schedule == info.schedule() &&
+      plan.pipelines == info.pipelines() && plan.tp_size == TpOf(info)) {
+    return std::nullopt;
+  }
+  Cause c;
+  c.kind = "join";
+  c.reason = absl::StrCat("node(s) ", joined, " joined: ", plan_slots,
+                          " slots available (running on ", now_slots, ")");
+  c.graceful = true;
+  c.priority = 3;
+  return c;
 }
 
 }  // namespace varuna

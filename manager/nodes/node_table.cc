@@ -172,7 +172,7 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Drain(const std::string& name, bool 
       listener_->OnNodeJoined(name, "undrained");
       listener_->OnSlotsChanged();
     } else {
-      listener_->OnNodeLeaving(name, "drain", absl::StrCat("node ", name, " drained"));
+      listener_->OnNodeGone({name, "drain", absl::StrCat("node ", name, " drained")});
     }
   }
   return n;
@@ -195,9 +195,9 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Preempt(const std::string& name,
             : "";
     LOG(WARNING) << "node=" << name << " preemption notice from " << notice.source() << when;
     listener_->OnNodeEvent("preemption_notice", name, absl::StrCat("from ", notice.source(), when));
-    listener_->OnNodeLeaving(
-        name, "notice",
-        absl::StrCat("preemption notice for node ", name, " (", notice.source(), ")", when));
+    listener_->OnNodeGone(
+        {name, "notice",
+         absl::StrCat("preemption notice for node ", name, " (", notice.source(), ")", when)});
   }
   return n;
 }
@@ -213,7 +213,7 @@ void NodeTable::Lose(const std::string& name, const std::string& why) {
   if (n == nullptr || n->dead) return;
   n->dead = true;
   LOG(WARNING) << "node=" << name << " DEAD: " << why;
-  listener_->OnNodeLost(*n, clock_->Now() - n->last_seen, why);
+  listener_->OnNodeGone({name, "lost", why, clock_->Now() - n->last_seen});
 }
 
 void NodeTable::Forget(const std::string& name, int used) {
@@ -316,8 +316,8 @@ void NodeTable::ReloadMachineList() {
     for (const auto& [name, n] : nodes_) {
       const bool now_listed = DrainReason(n).empty();
       if (before.count(name) && !now_listed) {
-        listener_->OnNodeLeaving(name, "drain",
-                                 absl::StrCat("node ", name, " removed from machine_list"));
+        listener_->OnNodeGone(
+            {name, "drain", absl::StrCat("node ", name, " removed from machine_list")});
       } else if (!before.count(name) && now_listed) {
         listener_->OnNodeJoined(name, "added to machine_list");
       }
@@ -356,10 +356,11 @@ void NodeTable::Tick(const std::function<int(const std::string&)>& used) {
     if (silent >= dead_after()) {
       n.dead = true;
       LOG(WARNING) << "node=" << name << " DEAD: no heartbeat for " << silent;
-      listener_->OnNodeLost(
-          n, silent,
-          absl::StrCat("no heartbeat for ",
-                       absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))));
+      listener_->OnNodeGone(
+          {name, "lost",
+           absl::StrCat("no heartbeat for ",
+                        absl::FormatDuration(absl::Trunc(silent, absl::Milliseconds(100)))),
+           silent});
     } else if (silent >= suspect_after() && !n.suspect) {
       n.suspect = true;
       LOG(WARNING) << "node=" << name << " SUSPECT: no heartbeat for " << silent;

@@ -32,18 +32,25 @@ class NodeTable {
     double probe_score = 0;  // the agent's startup speed probe (Note [Speed probe]); 0 = none
   };
 
+  // A node its jobs must move off.
+  struct Gone {
+    std::string node;
+    // "lost": DEAD after dead_after_missed heartbeats, or its machine source says it is gone
+    // (Lose); "drain": drained or removed from machine_list; "notice": a preemption notice.
+    std::string kind;
+    std::string why;                               // "no heartbeat for 10s", "node a drained", ...
+    absl::Duration silent = absl::ZeroDuration();  // "lost": since its last heartbeat
+    // Its workers still run and can save at a step boundary (everything but "lost").
+    bool graceful() const { return kind != "lost"; }
+  };
+
   // What the job controller hears. Called on the loop thread, from inside NodeTable calls.
   class Listener {
    public:
     virtual ~Listener() = default;
-    // DEAD after dead_after_missed heartbeats (`why`: "no heartbeat for 10s"), or because its
-    // machine source says it is gone (Lose).
-    virtual void OnNodeLost(const Node& node, absl::Duration silent, const std::string& why) = 0;
-    // Drained, under a preemption notice, or removed from machine_list: its jobs should move
-    // off it while it still runs (`why` says which).
-    // `kind`: "drain" (drained, removed from machine_list) or "notice" (a preemption notice).
-    virtual void OnNodeLeaving(const std::string& node, const std::string& kind,
-                               const std::string& why) = 0;
+    // A node its jobs must move off (Gone): lost, or leaving while it still runs. One route
+    // for both: Manager hands it to JobController::OnNodeGone.
+    virtual void OnNodeGone(const Gone& gone) = 0;
     // Registered for the first time or again, back from DEAD, undrained, listed again.
     virtual void OnNodeJoined(const std::string& node, const std::string& how) = 0;
     // Something worth an event record (varunactl events) that needs no action.

@@ -14,6 +14,7 @@
 #include "common/planner/tp_plan.h"
 #include "glog/logging.h"
 #include "manager/jobs/planning.h"
+#include "manager/stragglers/ladder.h"
 
 namespace varuna {
 
@@ -194,6 +195,38 @@ void StragglerController::Decide(Job& job, JobState& st) {
   Ladder(job, st, slow);
 }
 
+// The predicted step of the job's running topology, as placed, with `speeds` for its nodes
+// (1 for the others).
+absl::StatusOr<double> StragglerController::PredictRunning(
+    const Job& job, const v1::Profile& profile, const std::map<std::string, double>& speeds) const {
+  const v1::JobInfo& info = job.info();
+  auto topo = TopologyOf(info, profile, job.spec.train.global_batch);
+  auto policy = ParseSchedulePolicy(info.schedule().empty() ? "varuna" : info.schedule());
+  if (!topo.ok()) return topo.status();
+  if (!policy.ok()) return policy.status();
+  PlanRequest req;
+  std::map<std::string, int> index;
+  std::vector<int> node_of(topo->world_size(), 0);
+  const int tp = TpOf(info);  // the topology's ranks are positions of tp processes
+  for (const auto& p : info.placement()) {
+    if (p.rank() % tp != 0) continue;
+    auto [it, fresh] = index.emplace(p.node(), static_cast<int>(index.size()));
+    if (fresh) {
+      req.slots_per_node.push_back(0);
+      req.node_speed.push_back(speeds.count(p.node()) ? speeds.at(p.node()) : 1.0);
+    }
+    ++req.slots_per_node[it->second];
+    if (p.rank() >= 0 && p.rank() / tp < topo->world_size()) node_of[p.rank() / tp] = it->second;
+  }
+  // The plan running now, in tp groups (the planner below derives the same costs itself).
+  auto groups = TensorParallelProfile(profile, job.spec.model, tp);
+  if (!groups.ok()) return groups.status();
+  auto now_plan = SimulateTopology(job.spec, *groups, *topo, std::max(1, info.micro_batch()),
+                                   *policy, node_of, req);
+  if (!now_plan.ok()) return now_plan.status();
+  return now_plan->step_s();
+}
+
 void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::string>& slow) {
   const StragglerSpec s = Settings(job);
   const v1::JobInfo& info = job.info();
@@ -222,32 +255,9 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   const int recent =
       static_cast<int>(RecentMorphs(job, clock_->Now(), config_.morph_window).size());
   // Now: the running topology, as placed, with those speeds.
-  auto topo = TopologyOf(info, *profile, job.spec.train.global_batch);
-  auto policy = ParseSchedulePolicy(info.schedule().empty() ? "varuna" : info.schedule());
-  if (!topo.ok() || !policy.ok()) {
-    return cannot(std::string((!topo.ok() ? topo.status() : policy.status()).message()));
-  }
-  PlanRequest req;
-  std::map<std::string, int> index;
-  std::vector<int> node_of(topo->world_size(), 0);
-  const int tp = TpOf(info);  // the topology's ranks are positions of tp processes
-  for (const auto& p : info.placement()) {
-    if (p.rank() % tp != 0) continue;
-    auto [it, fresh] = index.emplace(p.node(), static_cast<int>(index.size()));
-    if (fresh) {
-      req.slots_per_node.push_back(0);
-      req.node_speed.push_back(speeds.count(p.node()) ? speeds[p.node()] : 1.0);
-    }
-    ++req.slots_per_node[it->second];
-    if (p.rank() >= 0 && p.rank() / tp < topo->world_size()) node_of[p.rank() / tp] = it->second;
-  }
-  // The plan running now, in tp groups (the planner below derives the same costs itself).
-  auto groups = TensorParallelProfile(*profile, job.spec.model, tp);
-  if (!groups.ok()) return cannot(std::string(groups.status().message()));
-  auto now_plan = SimulateTopology(job.spec, *groups, *topo, std::max(1, info.micro_batch()),
-                                   *policy, node_of, req);
-  if (!now_plan.ok()) return cannot(std::string(now_plan.status().message()));
-  const double now_s = now_plan->step_s();
+  absl::StatusOr<double> predicted_now = PredictRunning(job, *profile, speeds);
+  if (!predicted_now.ok()) return cannot(std::string(predicted_now.status().message()));
+  const double now_s = *predicted_now;
   auto rebalanced = PlanWithProfile(job.spec, jobs_->FreeSlotsFor(&job, {}), &*profile, speeds);
   auto evicted = PlanWithProfile(job.spec, jobs_->FreeSlotsFor(&job, slow), &*profile, speeds);
   const double inf = std::numeric_limits<double>::infinity();
@@ -270,21 +280,18 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
       "%s its peers' speed: predicted step %.3f s now; rebalanced %s; without %s %s",
       absl::StrJoin(parts, ", "), now_s, option(rebalanced, reb_s), absl::StrJoin(slow, ","),
       option(evicted, ev_s));
-  const double best = std::min(reb_s, ev_s);
-  const double measured = Median(st.step_times);
-  const double scale = now_s > 0 && measured > 0 ? measured / now_s : 1;
-  const int64_t left = std::max<int64_t>(0, info.total_steps() - job.gen.newest_step);
-  const double saving_s = (now_s - best) * scale * static_cast<double>(left);
-  std::string why_not;
-  if (2 * recent >= config_.max_morphs) {
-    why_not = absl::StrCat(recent, " morphs within morph_window_s already (max_morphs ",
-                           config_.max_morphs, "): the rest is kept for failures");
-  } else if (!(best < now_s * (1 - s.min_gain))) {
-    why_not = absl::StrFormat("neither is %.0f%% faster (stragglers.min_gain)", 100 * s.min_gain);
-  } else if (saving_s < MorphCost(job)) {
-    why_not = absl::StrFormat("saves %.1f s over the %d steps left, a morph costs %.1f s", saving_s,
-                              left, MorphCost(job));
-  }
+  LadderInput in;
+  in.now_s = now_s;
+  in.rebalanced_s = reb_s;
+  in.evicted_s = ev_s;
+  in.measured_s = Median(st.step_times);
+  in.steps_left = std::max<int64_t>(0, info.total_steps() - job.gen.newest_step);
+  in.recent_morphs = recent;
+  in.max_morphs = config_.max_morphs;
+  in.min_gain = s.min_gain;
+  in.morph_cost_s = MorphCost(job);
+  const LadderDecision decision = DecideLadder(in);
+  const std::string& why_not = decision.why_not;
   if (!why_not.empty()) {
     // Once per slow set and reason, not every window (the numbers move with every window).
     const std::string key = absl::StrCat(absl::StrJoin(slow, ","), why_not.substr(0, 8));
@@ -297,7 +304,7 @@ void StragglerController::Ladder(Job& job, JobState& st, const std::set<std::str
   }
   std::map<std::string, double> measured_speeds = st.speeds;
   v1::StragglerState& rec = *job.rec.mutable_stragglers();
-  if (ev_s <= reb_s) {
+  if (decision.action == LadderAction::kEvict) {
     const double now = UnixSeconds(clock_->Now());
     for (const std::string& n : slow) {
       v1::EvictedNode* e = rec.add_evicted();

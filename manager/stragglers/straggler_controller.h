@@ -72,6 +72,8 @@ class StragglerController {
   void Decide(Job& job, JobState& st);
   // Once a window: compare tolerating, rebalancing and evicting; act on the best.
   void Ladder(Job& job, JobState& st, const std::set<std::string>& slow);
+  absl::StatusOr<double> PredictRunning(const Job& job, const v1::Profile& profile,
+                                        const std::map<std::string, double>& speeds) const;
   // A node the job planned around (speeds) that is fast again.
   void Recover(Job& job, JobState& st, std::string node, double speed);
   void ProbeEvicted(Job& job, JobState& st);

@@ -116,8 +116,8 @@ TEST_F(ProcessLauncherTest, WithoutAControlFifoThereIsNoChannel) {
   KillAndReap(pid);
 }
 
-// Note [Worker user] in agent/agent.cc: run as root, the launcher switches to the worker user
-// (and gives it the generation's directory and FIFO); root itself only when allowed.
+// Note [Worker user] in agent/launch_request.h: run as root, the launcher switches to the worker
+// user (and gives it the generation's directory and FIFO); root itself only when allowed.
 TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
   const struct passwd* pw = getpwnam("varuna");

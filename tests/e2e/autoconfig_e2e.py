@@ -16,8 +16,9 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-from control_plane_e2e import Cluster, wait_for  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.main import main  # noqa: E402
 
 CTL = os.path.join(harness.BIN_DIR, "varunactl")
 MODEL = {"layers": 4, "d_model": 32, "heads": 4, "seq_len": 16}
@@ -196,4 +197,4 @@ class ClusterTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -20,9 +20,10 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from control_plane_e2e import Cluster, wait_for  # noqa: E402
-from harness import run_workers  # noqa: E402
-from morph_e2e import MORPH_CONFIG, write_morph_job  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.harness import run_workers  # noqa: E402
+from lib.jobs import MORPH_CONFIG, write_morph_job  # noqa: E402
+from lib.main import main  # noqa: E402
 
 EVENTS = int(os.environ.get("VARUNA_CHAOS_EVENTS", "3"))
 SEED = int(os.environ.get("VARUNA_CHAOS_SEED", "1"))
@@ -153,4 +154,4 @@ class ChaosTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -4,31 +4,15 @@ Run from the build directory: python3 ../tests/e2e/checkpoint_e2e.py [TestClass]
 """
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import harness  # noqa: E402
-from worker_e2e import Fixture  # noqa: E402
-
-
-class CheckpointFixture(Fixture):
-    def ckpt_job(self, name, ckpt_dir, every, steps, model=None, train=None):
-        extra = f"checkpoint: {{dir: {ckpt_dir}, every_steps: {every}}}\n"
-        return self.job(name, model=model, train={"steps": steps, **(train or {})}, extra=extra)
-
-    def copy_ckpt(self, src_dir, step, name):
-        dst = os.path.join(self.tmp, name)
-        shutil.rmtree(dst, ignore_errors=True)
-        os.makedirs(dst)
-        for s in ([step] if isinstance(step, int) else step):
-            shutil.copytree(os.path.join(src_dir, f"varuna_ckpt_{s}"),
-                            os.path.join(dst, f"varuna_ckpt_{s}"))
-        return dst
+from lib import harness  # noqa: E402
+from lib.worker import CheckpointFixture  # noqa: E402
+from lib.main import main  # noqa: E402
 
 
 class ExactResumeTest(CheckpointFixture):
@@ -239,4 +223,4 @@ class SignalTest(CheckpointFixture):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

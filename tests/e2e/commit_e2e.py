@@ -15,9 +15,10 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from control_plane_e2e import Cluster, wait_for  # noqa: E402
-from harness import job_yaml, write_text_corpus  # noqa: E402
-from morph_e2e import MORPH_CONFIG, cached_reference_losses  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.harness import write_text_corpus, job_yaml  # noqa: E402
+from lib.jobs import cached_reference_losses, MORPH_CONFIG  # noqa: E402
+from lib.main import main  # noqa: E402
 
 STEPS = 40
 FAULT_STEP = 20
@@ -44,7 +45,7 @@ def write_job(c, name, fault, steps=STEPS, timeout_s=30, every_steps=0, hetero=F
 
 
 def reference_losses(c, global_batch=24, steps=STEPS):
-    """The one-process losses of this job shape (cached: morph_e2e.cached_reference_losses)."""
+    """The one-process losses of this job shape (cached: lib.jobs.cached_reference_losses)."""
     path = job_yaml(os.path.join(c.dir, f"reference{global_batch}-{steps}.yaml"),
                     os.path.join(c.dir, "corpus.txt"),
                     train={"steps": steps, "global_batch": global_batch},
@@ -284,4 +285,4 @@ class SoakTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

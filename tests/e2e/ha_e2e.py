@@ -14,7 +14,7 @@ MorphTakeoverTest: with TLS on every port, etcd's too (client certificates requi
 leader is killed right after a drain starts a morph; the new leader finishes the morph from
 its stored record, the job grows back when the node is undrained, and every step's loss
 equals an uninterrupted run.
-PartitionTest: the leader runs in a network namespace (control_plane_e2e.Hosts); its routes
+PartitionTest: the leader runs in a network namespace (lib.cluster.Hosts); its routes
 to etcd are cut (blackholed), its links to agents and clients are not. It stops (exit 75)
 before another manager is elected (glog's timestamps of both), the job loses no step, and
 the old leader rejoins as a standby when its links return.
@@ -38,8 +38,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-from control_plane_e2e import AGENT, CTL, MANAGER, Hosts  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.cluster import AGENT, CTL, Hosts, MANAGER  # noqa: E402
+from lib.main import main  # noqa: E402
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ETCD_SCRIPT = os.path.join(ROOT, "scripts", "etcd_test_cluster.sh")
@@ -83,7 +84,7 @@ def etcd(*args, env=None):
 class HaCluster:
     """Three managers on one etcd, two agents; each process's log under one directory.
     tls: every port, etcd's too, uses TLS with the cluster's certificates.
-    hosts: a control_plane_e2e.Hosts with one host, where the first manager runs (it is
+    hosts: a lib.cluster.Hosts with one host, where the first manager runs (it is
     made the leader); etcd also listens on the bridge's second address, its way there."""
 
     def __init__(self, managers=3, agents=2, slots=1, tls=False, hosts=None):
@@ -507,10 +508,4 @@ class EtcdTroubleTest(Fixture):
 
 
 if __name__ == "__main__":
-    program = unittest.main(exit=False)
-    r = program.result
-    if r.failures or r.errors or r.unexpectedSuccesses:
-        sys.exit(1)
-    if r.skipped and r.testsRun <= len(r.skipped):
-        sys.exit(77)
-    sys.exit(0)
+    main()

@@ -11,8 +11,9 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from control_plane_e2e import CTL, Cluster, wait_for, write_job  # noqa: E402
-from harness import BIN_DIR, free_port  # noqa: E402
+from lib.cluster import Cluster, CTL, wait_for, write_job  # noqa: E402
+from lib.harness import BIN_DIR, free_port  # noqa: E402
+from lib.main import main  # noqa: E402
 
 WORKER = os.path.join(BIN_DIR, "varuna-worker")
 CKPT = os.path.join(BIN_DIR, "varuna-ckpt")
@@ -176,4 +177,4 @@ class TlsClusterTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -13,37 +13,16 @@ import os
 import signal
 import subprocess
 import sys
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-import worker_e2e  # noqa: E402
-from control_plane_e2e import Cluster, wait_for  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.jobs import cut, MODULES, pipelines  # noqa: E402
+from lib.worker import Fixture as WorkerFixture  # noqa: E402
+from lib.main import main  # noqa: E402
 
-MODULES = ["embed", "blocks.0", "blocks.1", "blocks.2", "blocks.3", "head"]
 BATCH = 12  # micro-batches of 2
 
-
-def pipelines(*entries):
-    """YAML flow text for parallel.pipelines from (stage module lists, microbatches, count)."""
-    out = []
-    for stages, microbatches, count in entries:
-        st = ", ".join("[" + ", ".join(s) + "]" for s in stages)
-        out.append(f"{{stages: [{st}], microbatches: {microbatches}, count: {count}}}")
-    return "[" + ", ".join(out) + "]"
-
-
-def cut(*sizes):
-    """MODULES split into stages of the given sizes."""
-    stages, i = [], 0
-    for n in sizes:
-        stages.append(MODULES[i:i + n])
-        i += n
-    assert i == len(MODULES)
-    return stages
-
-
-# The issue's shapes: (name, ranks, parallel.pipelines).
 SHAPES = [
     ("2+1", 3, pipelines((cut(3, 3), 4, 1), (cut(6), 2, 1))),
     ("3+2", 5, pipelines((cut(2, 2, 2), 4, 1), (cut(3, 3), 2, 1))),
@@ -51,7 +30,7 @@ SHAPES = [
 ]
 
 
-class Fixture(worker_e2e.Fixture):
+class Fixture(WorkerFixture):
     """worker_e2e's corpus, eval_loss and assertClose; jobs with parallel.pipelines."""
 
     def job(self, name, pipes=None, train=None, extra=""):
@@ -277,4 +256,4 @@ class ClusterTest(Fixture):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

@@ -23,8 +23,10 @@ import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-import hf_models  # noqa: E402
+from lib import harness  # noqa: E402
+from lib import hf_models  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.main import main  # noqa: E402
 
 CKPT = os.path.join(harness.BIN_DIR, "varuna-ckpt")
 SEQ = 16
@@ -260,7 +262,6 @@ class LlamaMorphTest(Fixture):
     """A llama job from a Hugging Face directory survives losing a node (docs/morphing.md)."""
 
     def test_node_loss(self):
-        from control_plane_e2e import Cluster, wait_for
         src = self.make("llama-morph", "llama", LLAMA, seed=6)
         c = Cluster(agents=3, slots=1, manager_config="scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n")
         try:
@@ -297,4 +298,4 @@ class LlamaMorphTest(Fixture):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

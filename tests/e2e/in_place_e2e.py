@@ -22,10 +22,11 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-from control_plane_e2e import Cluster, wait_for  # noqa: E402
-from hetero_e2e import cut, pipelines  # noqa: E402
-from morph_e2e import MORPH_CONFIG, STEPS as STEPS_MORPH, MorphTest, write_morph_job  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.jobs import (MORPH_CONFIG, STEPS as STEPS_MORPH, cut, morph_driver,  # noqa: E402
+                      pipelines, write_morph_job)
+from lib.main import main  # noqa: E402
 
 STEPS = 30
 MODEL = {"layers": 4, "d_model": 32, "heads": 4, "seq_len": 16}
@@ -215,8 +216,7 @@ class ClusterTest(unittest.TestCase):
         # ranks exit, node0's park and regroup into a 2 x 1 job; their layers of the leaving
         # stage... none: node0 holds ranks 0 and 1, a whole pipeline, so nothing moves.
         c = self.c
-        t = MorphTest("test_agent_sigkill_mid_run")
-        t.c = c
+        t = morph_driver(c)
         job_id = t.submit(write_morph_job(c))
         t.running_at(job_id, 8)
         before = self.rank_pids()
@@ -234,8 +234,7 @@ class ClusterTest(unittest.TestCase):
 
     def test_join_grows_in_place_and_the_joiners_get_layers_from_live_ranks(self):
         c = self.c
-        t = MorphTest("test_agent_sigkill_mid_run")
-        t.c = c
+        t = morph_driver(c)
         job_id = t.submit(write_morph_job(c))
         t.running_at(job_id, 4)
         before = self.rank_pids()
@@ -274,8 +273,7 @@ class ClusterTest(unittest.TestCase):
         ckpt = os.path.join(c.dir, "ckpt-job.yaml")
         os.makedirs(ckpt)
         os.chown(ckpt, varuna.pw_uid, varuna.pw_gid)
-        t = MorphTest("test_agent_sigkill_mid_run")
-        t.c = c
+        t = morph_driver(c)
         job_id = t.submit(write_morph_job(c, steps=400))  # long enough to be there to grow
         t.running_at(job_id, 4)
         gen1 = self.workers_of(1)
@@ -375,8 +373,7 @@ class ClusterTest(unittest.TestCase):
 
     def run_loss(self, sig, reason, job=None, victim=3, survivors=(0, 1, 2)):
         c = self.c
-        t = MorphTest("test_agent_sigkill_mid_run")
-        t.c = c
+        t = morph_driver(c)
         job_id = t.submit(job or write_morph_job(c))
         st = t.running_at(job_id, 8)
         before = self.rank_pids()
@@ -441,8 +438,7 @@ class HeteroClusterTest(ClusterTest):
 
     def test_notice_survivors_checkpoint_and_regroup(self):
         c = self.c
-        t = MorphTest("test_agent_sigkill_mid_run")
-        t.c = c
+        t = morph_driver(c)
         job_id = t.submit(self.hetero_job())
         t.running_at(job_id, 8)
         before = self.rank_pids()
@@ -470,4 +466,4 @@ class HeteroClusterTest(ClusterTest):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

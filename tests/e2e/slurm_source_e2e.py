@@ -19,12 +19,12 @@ import re
 import subprocess
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-import slurm_e2e as se  # noqa: E402
-from control_plane_e2e import AGENT, Cluster  # noqa: E402
+from lib import harness  # noqa: E402
+from lib import slurm as se  # noqa: E402
+from lib.cluster import AGENT, Cluster  # noqa: E402
+from lib.main import main  # noqa: E402
 
 SUBNET = se.ENV["VARUNA_SLURM_SUBNET"]
 
@@ -220,15 +220,4 @@ class BadInputTest(se.Fixture):
 
 
 if __name__ == "__main__":
-    try:
-        program = unittest.main(exit=False)
-    finally:
-        if "why" in se._state and se._state["why"] is None and not os.environ.get(
-                "VARUNA_KEEP_TMP"):
-            subprocess.run([se.CLUSTER, "stop"], env=se.ENV, capture_output=True, timeout=60)
-    r = program.result
-    if r.failures or r.errors or r.unexpectedSuccesses:
-        sys.exit(1)
-    if r.skipped and r.testsRun <= len(r.skipped):
-        sys.exit(77)
-    sys.exit(0)
+    main(cleanup=se.stop_cluster)

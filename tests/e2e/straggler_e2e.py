@@ -11,81 +11,21 @@ kind "recovered"). Without write access to the cgroup cpu controller the class s
 
 import json
 import os
-import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import harness  # noqa: E402
-from control_plane_e2e import AGENT, Cluster, wait_for  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.cgroups import (CGROUP_ROOT, SHARE, CappedCluster, cgroup_available,  # noqa: E402
+                         remove_cgroup_tree, set_share)
+from lib.cluster import wait_for  # noqa: E402
+from lib.main import main  # noqa: E402
 
-CGROUP_ROOT = "/sys/fs/cgroup/cpu"
-# A short CFS period spreads the cap, so a slow node is slow at every step size (with 20 ms a
-# rank whose share is a few ms of work fits its quota unthrottled); the kernel's smallest
-# quota is 1 ms, so the period must stay >= 1 ms / (the smallest cap in cores).
-PERIOD_US = 10000
-SHARE = 0.5        # each node's cap, cores: 3 x 0.5 fits a 2-core machine without contention
 STEPS = 300
 # Steps long against the CFS period's throttling (a 0.5-core cap runs a node in bursts): with
 # LibTorch 2.11's kernels d_model 48 stepped in ~15 ms, where that jitter alone read as 0.6x.
 MODEL = {"layers": 4, "d_model": 128, "heads": 4, "seq_len": 32}
-
-
-def cgroup_available():
-    try:
-        path = os.path.join(CGROUP_ROOT, f"varuna-probe-{os.getpid()}")
-        os.makedirs(path, exist_ok=True)
-        with open(os.path.join(path, "cpu.cfs_quota_us"), "w") as f:
-            f.write("-1")
-        os.rmdir(path)
-        return True
-    except OSError:
-        return False
-
-
-class CappedCluster(Cluster):
-    """Each agent (and so its workers and its probe) in cgroup ROOT/nodeN, capped at SHARE."""
-
-    def __init__(self, root, period_us=PERIOD_US, **kw):
-        self.root = root
-        self.period_us = period_us
-        self.wrapper = os.path.join(root, "capped.sh")
-        super().__init__(**kw)
-
-    def start_agent(self, name, slots):
-        cg = os.path.join(self.root, name)
-        os.makedirs(cg, exist_ok=True)
-        set_share(cg, SHARE, self.period_us)
-        argv_prefix = self.agent_host
-        self.agent_host = lambda n: (["/bin/sh", "-c", f'echo $$ > {cg}/tasks && exec "$@"', "sh"]
-                                     + argv_prefix(n)[0], argv_prefix(n)[1])
-        try:
-            super().start_agent(name, slots)
-        finally:
-            self.agent_host = argv_prefix
-
-
-def set_share(cg, cores, period_us=PERIOD_US):
-    with open(os.path.join(cg, "cpu.cfs_quota_us"), "w") as f:
-        f.write("-1")  # no cap while the period changes (a quota may not exceed it)
-    with open(os.path.join(cg, "cpu.cfs_period_us"), "w") as f:
-        f.write(str(period_us))
-    with open(os.path.join(cg, "cpu.cfs_quota_us"), "w") as f:
-        f.write(str(max(1000, int(cores * period_us))))
-
-
-def remove_cgroup_tree(root):
-    """Removes cgroup `root` and those under it, deepest first, once their processes are gone."""
-    if not os.path.isdir(root):
-        return
-    for path in sorted((d for d, _, _ in os.walk(root)), key=len, reverse=True):
-        for _ in range(50):
-            try:
-                os.rmdir(path)
-                break
-            except OSError:
-                time.sleep(0.1)
 
 
 class StragglerTest(unittest.TestCase):
@@ -218,11 +158,4 @@ class StragglerTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    # A class that could only skip reports 77 (ctest SKIP_RETURN_CODE), never a pass.
-    program = unittest.main(exit=False)
-    r = program.result
-    if r.failures or r.errors or r.unexpectedSuccesses:
-        sys.exit(1)
-    if r.skipped and r.testsRun <= len(r.skipped):
-        sys.exit(77)
-    sys.exit(0)
+    main()

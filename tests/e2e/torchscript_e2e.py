@@ -12,11 +12,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import harness  # noqa: E402
-from worker_e2e import Fixture  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.worker import Fixture  # noqa: E402
+from lib.main import main  # noqa: E402
 
 PYTHON = sys.executable  # the project's environment (scripts/python), as ctest runs it
 EXPORT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
@@ -154,4 +154,4 @@ class TorchScriptTest(Fixture):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

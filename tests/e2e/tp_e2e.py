@@ -10,11 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import harness  # noqa: E402
-from checkpoint_e2e import CheckpointFixture  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.cluster import Cluster, wait_for  # noqa: E402
+from lib.worker import CheckpointFixture  # noqa: E402
+from lib.main import main  # noqa: E402
 
 MODEL = {"heads": 4}
 # Dropout on where one position runs: every tp rank must draw the masks the unsplit model
@@ -73,7 +74,6 @@ class ManagerTest(CheckpointFixture):
     (1e-4), through the morph."""
 
     def test_plan_place_and_morph(self):
-        from control_plane_e2e import Cluster, wait_for
         steps = 150
         train = {"steps": steps, "global_batch": 6}
         ref = self.run_config(self.job("mref", model=MODEL, train=train,
@@ -208,4 +208,4 @@ class BadInputTest(CheckpointFixture):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

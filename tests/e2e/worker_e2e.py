@@ -6,48 +6,14 @@ Run from the build directory: python3 ../tests/e2e/worker_e2e.py [TestClass]
 import os
 import subprocess
 import sys
-import tempfile
 import time
-import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-import harness  # noqa: E402
+from lib import harness  # noqa: E402
+from lib.worker import Fixture  # noqa: E402
+from lib.main import main  # noqa: E402
 
 CONFIGS = [(2, 1), (4, 1), (1, 2), (2, 2)]
-
-
-class Fixture(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="varuna-test-")
-        cls.data = harness.write_text_corpus(os.path.join(cls.tmp, "corpus.txt"))
-
-    def job(self, name, **kw):
-        return harness.job_yaml(os.path.join(self.tmp, name + ".yaml"), self.data, **kw)
-
-    def run_config(self, job, stages, replicas, extra=(), **kw):
-        res = harness.run_workers(stages * replicas,
-                                  ["--job", job, "--stage_to_rank_map",
-                                   harness.stage_map(stages, replicas), *extra], **kw)
-        self.assertTrue(res.ok, f"P={stages} D={replicas} failed: {res.returncodes}\n" +
-                        "\n".join(o[-2000:] for o in res.outputs))
-        return res
-
-    @staticmethod
-    def eval_loss(res):
-        """The held-out loss every rank logs at the end (must agree on all ranks)."""
-        found = set()
-        for out in res.outputs:
-            for line in out.splitlines():
-                if "eval_loss=" in line:
-                    found.add(float(line.rsplit("eval_loss=", 1)[1].split()[0]))
-        assert len(found) >= 1, "no eval_loss logged"
-        return found
-
-    def assertClose(self, got, want, rel, what):
-        self.assertEqual(len(got), len(want), what)
-        for i, (g, w) in enumerate(zip(got, want)):
-            self.assertLessEqual(abs(g - w), rel * abs(w), f"{what}: step {i + 1}: {g} vs {w}")
 
 
 class ParityTest(Fixture):
@@ -278,4 +244,4 @@ class TorchrunTest(Fixture):
 
 
 if __name__ == "__main__":
-    unittest.main()
+    main()

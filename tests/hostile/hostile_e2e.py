@@ -30,8 +30,8 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from control_plane_e2e import CTL, Cluster, wait_for, write_job  # noqa: E402
-from harness import free_port  # noqa: E402
+from lib.cluster import Cluster, CTL, wait_for, write_job  # noqa: E402
+from lib.harness import free_port  # noqa: E402
 
 BOB = "bob-token-0123456789abcdef"  # maps to a Unix user no agent allows
 

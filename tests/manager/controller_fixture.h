@@ -84,15 +84,9 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
   }
 
   // NodeTable::Listener, wired as Manager wires it; every call is also recorded.
-  void OnNodeLost(const NodeTable::Node& node, absl::Duration silent,
-                  const std::string& why) override {
-    node_events_.push_back("lost " + node.rec.name());
-    jobs_ctl_->OnNodeLost(node, silent, why);
-  }
-  void OnNodeLeaving(const std::string& node, const std::string& kind,
-                     const std::string& why) override {
-    node_events_.push_back("leaving " + node);
-    morph_->OnNodeLeaving(node, kind, why, absl::ZeroDuration(), /*graceful=*/true);
+  void OnNodeGone(const NodeTable::Gone& gone) override {
+    node_events_.push_back((gone.kind == "lost" ? "lost " : "leaving ") + gone.node);
+    jobs_ctl_->OnNodeGone(gone);
   }
   void OnNodeJoined(const std::string& node, const std::string& how) override {
     node_events_.push_back("joined " + node);

@@ -2,7 +2,7 @@
 // (common/spec/model_spec.h), so its weights load and save without renaming or permuting.
 //
 // Note [Llama numerics]: the choices that make a loss equal to transformers' on the same
-// weights (tests/e2e/hf_models.py is the reference):
+// weights (tests/e2e/lib/hf_models.py is the reference):
 //   - RMSNorm in fp32: x * rsqrt(mean(x^2) + eps), cast back to x's dtype, then * weight.
 //   - Rotary positions in the rotate-half layout (dims j and j + head_dim/2 form a pair),
 //     inv_freq = theta^(-2j/head_dim) in fp32; Meta's interleaved checkpoints differ and are

@@ -40,12 +40,12 @@ namespace varuna {
 // process start-up (LibTorch loads in about 0.7 CPU-s, more when several start on one
 // machine) before its rendezvous. The agent keeps `--standby_workers` processes started
 // ahead: each has loaded LibTorch and waits on its control FIFO. A root agent's standbys wait
-// as root, so one pool serves jobs of every Unix user (Note [Worker user] in agent/agent.cc);
-// they run nothing of a job's before they drop to its user. To use one, the agent writes the
-// launch it stands in for (argv, the whole environment, directory, log, the credentials to
-// take) to the standby's start file (StandbyStartPath: in a directory only the agent's user
-// can enter, since it holds the job's environment and decides the credentials), gives the
-// generation's directory, the log and the standby's FIFO to the job's user, and sends a
+// as root, so one pool serves jobs of every Unix user (Note [Worker user] in
+// agent/launch_request.h); they run nothing of a job's before they drop to its user. To use one,
+// the agent writes the launch it stands in for (argv, the whole environment, directory, log, the
+// credentials to take) to the standby's start file (StandbyStartPath: in a directory only the
+// agent's user can enter, since it holds the job's environment and decides the credentials), gives
+// the generation's directory, the log and the standby's FIFO to the job's user, and sends a
 // StartCommand. The standby takes no other start file (the FIFO is the user's by then, so
 // anyone running as that user could send one), and deletes it once read. The standby closes its
 // listener, takes the credentials (as the launcher's child does before exec: groups, gid, uid; then

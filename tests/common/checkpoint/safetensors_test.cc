@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 using ::varuna::testing::IsOk;
 using ::varuna::testing::StatusIs;
 
-// Made by tests/e2e/hf_models.py (golden), an independent Python writer of the format.
+// Made by tests/e2e/lib/hf_models.py (golden), an independent Python writer of the format.
 const char* kGolden = VARUNA_SOURCE_DIR "/tests/common/checkpoint/testdata/golden.safetensors";
 
 std::string ReadAll(const std::string& path) {

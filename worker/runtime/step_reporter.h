@@ -1,0 +1,44 @@
+#pragma once
+
+// One step's record, once: the StepMetrics message written to --metrics_out (JSON lines, by
+// the last stage of pipeline 0, or every rank with --metrics_all_ranks), sent to the agent as
+// the step event, and logged every 10 steps.
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "common/launch/launch_args.h"
+#include "worker/engine/varuna.h"
+
+namespace varuna {
+
+class StepReporter {
+ public:
+  StepReporter(std::string metrics_out, bool all_ranks, double peak_flops, int seq_len)
+      : metrics_out_(std::move(metrics_out)),
+        all_ranks_(all_ranks),
+        peak_flops_(peak_flops),
+        seq_len_(seq_len) {}
+
+  // (Re)opens the metrics file for this rank's place in `topo` (appending after a morph in
+  // place, where the rank that reports now may be another); an unwritable file is an error.
+  absl::Status Open(const WorkerTopology& topo, const std::string& who, bool append);
+  // Records step `step` of `r`, which took `dt` seconds at learning rate `lr`.
+  void Report(int64_t step, const StepResult& r, double dt, double lr, double loss_scale);
+
+ private:
+  const std::string metrics_out_;
+  const bool all_ranks_;
+  const double peak_flops_;  // per rank, for MFU (0: unknown)
+  const int seq_len_;
+  WorkerTopology topo_;
+  std::string who_;
+  std::ofstream file_;
+  bool writes_ = false;        // this rank writes the file
+  bool metrics_rank_ = false;  // the last stage of pipeline 0, tp rank 0
+};
+
+}  // namespace varuna

@@ -1,0 +1,104 @@
+#pragma once
+
+// One run of the varuna-worker program (RunWorker), its phases as methods, in the order Run
+// calls them: check the input, connect (device, backend, process groups), start the engine,
+// restore its state (join in place, resume, or Hugging Face weights), train generation after
+// generation (regrouping in place between them: Note [Morph in place] in
+// worker/engine/regroup.cc), evaluate. What the run shares with its signal handlers is in
+// ProcessState; the rescue thread is a Rescuer; each step's record goes out through a
+// StepReporter.
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/launch/launch_args.h"
+#include "common/launch/worker_channel.h"
+#include "common/spec/job_spec.h"
+#include "worker/dist/process_group.h"
+#include "worker/engine/data.h"
+#include "worker/engine/fault.h"
+#include "worker/engine/pipeline_executor.h"
+#include "worker/engine/regroup.h"
+#include "worker/engine/varuna.h"
+#include "worker/models/model.h"
+#include "worker/runtime/rescuer.h"
+#include "worker/runtime/step_reporter.h"
+
+namespace varuna {
+
+class WorkerRun {
+ public:
+  explicit WorkerRun(std::vector<std::string> argv);
+  // Runs the worker; OK after the last step (or --help, --list_modules, a stop on request).
+  absl::Status Run();
+
+ private:
+  // What the command line and the job spec say, checked before any rendezvous.
+  struct Input {
+    WorkerArgs args;
+    JobSpec spec;
+    std::optional<Model> model;
+    WorkerTopology topo;
+    SchedulePolicy policy = SchedulePolicy::kVaruna;
+    Precision precision = Precision::kFp32;
+    std::optional<TokenDataset> data;
+    int64_t profile_batch = 0;  // the job's global batch, for a profile run
+    int num_segments = 0;
+    bool has_tied = false;
+    std::string who;  // "job=NAME rank=R", for the log
+  };
+  // How this rank reaches the others.
+  struct Link {
+    std::chrono::milliseconds timeout{0};
+    torch::Device device{torch::kCPU};
+    Backend backend = Backend::kGloo;
+    std::optional<ProcessGroups> groups;  // until the engine takes them
+    std::optional<FaultInjector> faults;  // likewise
+  };
+
+  // The phases. `*done` says the run ended there (--help, --list_modules).
+  absl::Status CheckInput(bool* done);
+  absl::Status Connect();
+  absl::Status StartEngine();
+  absl::Status Restore();
+  absl::Status ResumeFromCheckpoint();
+  void ReportReady(int64_t resumed_from, const HandoverStats* handed, double regroup_s);
+  // One generation's steps: true when training ended (done or stopped), false when this
+  // process regroups.
+  absl::StatusOr<bool> TrainGeneration();
+  absl::Status CheckpointAfter(int64_t step, bool stop);
+  absl::Status Regroup();
+  absl::Status Evaluate();
+
+  // One generation's engine: the stage of `t`, over `g`, optimizer and schedule set.
+  absl::StatusOr<std::unique_ptr<Varuna>> BuildEngine(Model m, const WorkerTopology& t,
+                                                      ProcessGroups g, FaultInjector f,
+                                                      SchedulePolicy schedule);
+
+  const std::vector<std::string> argv_;
+  const EnvGetter env_;
+  std::unique_ptr<AgentCommandListener> agent_commands_;
+  std::unique_ptr<StartupWatch> startup_;
+  Input in_;
+  Link link_;
+  std::unique_ptr<StepReporter> reporter_;
+  VarunaOptions base_opts_;
+  std::unique_ptr<Varuna> engine_;
+  int64_t first_step_ = 1;
+  std::optional<HandoverStats> joined_;  // a joiner's hand-over
+  std::map<std::string, std::string> ckpt_info_;
+  bool stopped_ = false;  // on request, after a checkpoint
+  // Last: destroyed first, while the engine it may rescue still exists.
+  std::unique_ptr<Rescuer> rescuer_;
+};
+
+}  // namespace varuna
