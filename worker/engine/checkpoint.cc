@@ -153,13 +153,14 @@ absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
   }
   // Note [Committed step] in varuna.cc: while this rank's newest step is not committed, a
   // peer may not have it; the step before it, which every survivor has, goes first.
-  if (iteration_ > committed_step() && pre_update_.step == iteration_ - 1 && pre_update_.step > 0) {
-    if (!VerifyCheckpoint(CheckpointPath(dir, pre_update_.step), /*checksums=*/false).ok()) {
-      RETURN_IF_ERROR(WriteRescue(dir, pre_update_.step, pre_update_.layers,
-                                  CommonJsonAt(pre_update_.step, pre_update_.loss_scale,
-                                               pre_update_.clean_steps, {rank_}, info)));
+  const StepCommit::PreUpdate* pre = commit_.PreUpdateAt(iteration_ - 1);
+  if (iteration_ > committed_step() && pre != nullptr && pre->step > 0) {
+    if (!VerifyCheckpoint(CheckpointPath(dir, pre->step), /*checksums=*/false).ok()) {
+      RETURN_IF_ERROR(
+          WriteRescue(dir, pre->step, pre->layers,
+                      CommonJsonAt(pre->step, pre->loss_scale, pre->clean_steps, {rank_}, info)));
     }
-    rescued_also_ = pre_update_.step;
+    rescued_also_ = pre->step;
   }
   const std::string path = CheckpointPath(dir, iteration_);
   if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return iteration_;  // already saved
@@ -171,8 +172,8 @@ absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
 std::vector<Varuna::RestorableStep> Varuna::restorable_steps() const {
   std::lock_guard<std::mutex> lock(state_mu_);
   std::vector<RestorableStep> steps = {{iteration_, scaler_.scale(), scaler_.clean_steps()}};
-  if (pre_update_.step >= 0 && pre_update_.step == iteration_ - 1 && !pre_update_.layers.empty()) {
-    steps.push_back({pre_update_.step, pre_update_.loss_scale, pre_update_.clean_steps});
+  if (const StepCommit::PreUpdate* pre = commit_.PreUpdateAt(iteration_ - 1)) {
+    steps.push_back({pre->step, pre->loss_scale, pre->clean_steps});
   }
   return steps;
 }
@@ -191,10 +192,10 @@ absl::StatusOr<Varuna::HeldState> Varuna::HeldAt(int64_t step) const {
     ASSIGN_OR_RETURN(snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
     out.loss_scale = scaler_.scale();
     out.clean_steps = scaler_.clean_steps();
-  } else if (step == pre_update_.step && !pre_update_.layers.empty()) {
-    snapshot = pre_update_.layers;
-    out.loss_scale = pre_update_.loss_scale;
-    out.clean_steps = pre_update_.clean_steps;
+  } else if (const StepCommit::PreUpdate* pre = commit_.PreUpdateAt(step)) {
+    snapshot = pre->layers;
+    out.loss_scale = pre->loss_scale;
+    out.clean_steps = pre->clean_steps;
   } else {
     return absl::NotFoundError(absl::StrCat("rank ", rank_, " holds no state of step ", step,
                                             " (it is at step ", iteration_, ")"));
@@ -221,9 +222,7 @@ absl::Status Varuna::Adopt(const HeldState& state) {
   }
   scaler_.Restore(state.loss_scale, state.clean_steps);
   iteration_ = state.step;
-  start_step_ = state.step;  // every rank of the generation adopted it (Note [Committed step])
-  agreed_step_ = 0;
-  pre_update_ = PreUpdate();
+  commit_.Start(state.step);  // every rank of the generation adopted it (Note [Committed step])
   return absl::OkStatus();
 }
 
@@ -484,7 +483,7 @@ absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
   }
   scaler_.Restore(common.loss_scale, common.clean_steps);
   iteration_ = step;
-  start_step_ = step;  // Note [Committed step] in varuna.cc: every rank loaded it
+  commit_.Start(step);  // Note [Committed step] in varuna.cc: every rank loaded it
   LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
             << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
                                          : common.pipelines)

@@ -13,6 +13,7 @@
 #include "worker/dist/comm.h"
 #include "worker/dist/device.h"
 #include "worker/dist/torch_status.h"
+#include "worker/engine/step_agreement.h"
 
 namespace varuna {
 namespace {
@@ -430,7 +431,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   broken_ = true;
   const int64_t taking = iteration_ + 1;  // the step being taken
   const FaultInjector& faults = options_.faults;
-  if (iteration_ == start_step_) faults.Hit(FaultPoint::kFirstStep, taking);
+  if (iteration_ == commit_.start()) faults.Hit(FaultPoint::kFirstStep, taking);
   faults.Hit(FaultPoint::kForward, taking);
   const bool fp16 = options_.precision == Precision::kFp16;
   PipelineRunOptions run;
@@ -503,21 +504,19 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
     }
     const bool local_overflow = !std::isfinite(norm_sq);
-    // Note [Step agreement]: one world sum of [overflow, squared norm, loss, stop]. Pipeline 0
-    // holds every layer once, so its ranks alone contribute the norm; every last stage adds
-    // its pipeline's share of the loss; any rank's overflow or stop request counts. Every rank
-    // then makes the same decision after the same step.
-    // Then pipeline 0's parameter count, and each rank's busy and wait time in its own slots
-    // (Note [Step timing]).
+    // Note [Step agreement] in step_agreement.h: one world sum of every rank's vote.
     const int W = topo_.world_size();
-    std::vector<double> values(5 + 2 * W, 0.0);
-    values[0] = local_overflow ? 1.0 : 0.0;
-    values[1] = local_overflow || replica() != 0 ? 0.0 : norm_sq;
-    values[2] = is_last_stage() ? loss : 0.0;
-    values[3] = stop;
-    values[4] = replica() == 0 ? static_cast<double>(local_params) : 0.0;
-    values[5 + rank_] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
-    values[5 + W + rank_] = piped->timing.wait_s;
+    StepVote vote;
+    vote.overflow = local_overflow;
+    vote.norm_sq = local_overflow || replica() != 0 ? 0.0 : norm_sq;
+    vote.loss = is_last_stage() ? loss : 0.0;
+    vote.stop = stop > 0;
+    vote.params = replica() == 0 ? local_params : 0;
+    vote.busy.assign(W, 0.0);
+    vote.wait.assign(W, 0.0);
+    vote.busy[rank_] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
+    vote.wait[rank_] = piped->timing.wait_s;
+    const std::vector<double> values = vote.Pack(W);
     auto meta = torch::tensor(values, torch::kDouble).to(TransferDevice(groups_, device_));
     const bool split = faults.Hit(FaultPoint::kAgreement, taking);
     if (topo_.world_size() > 1) {
@@ -533,31 +532,33 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
     meta = meta.cpu();
     std::lock_guard<std::mutex> state(state_mu_);
-    agreed_step_ = taking;  // Note [Committed step]
+    commit_.Agreed(taking);  // Note [Committed step]
     if (options_.keep_pre_update && topo_.world_size() > 1) {
-      ASSIGN_OR_RETURN(pre_update_.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
-      pre_update_.step = iteration_;
-      pre_update_.loss_scale = scaler_.scale();
-      pre_update_.clean_steps = scaler_.clean_steps();
+      StepCommit::PreUpdate pre;
+      ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+      pre.step = iteration_;
+      pre.loss_scale = scaler_.scale();
+      pre.clean_steps = scaler_.clean_steps();
+      commit_.KeepPreUpdate(std::move(pre));
     }
-    result.overflow = meta[0].item<double>() > 0;
-    result.grad_norm = std::sqrt(meta[1].item<double>());
-    result.loss = meta[2].item<double>();
-    result.stop = meta[3].item<double>() > 0;
-    result.model_parameters = static_cast<int64_t>(meta[4].item<double>());
+    const StepAgreement agreed = StepAgreement::Unpack(meta.data_ptr<double>(), W);
+    result.overflow = agreed.overflow;
+    result.grad_norm = std::sqrt(agreed.norm_sq);
+    result.loss = agreed.loss;
+    result.stop = agreed.stop;
+    result.model_parameters = agreed.params;
     {
-      const double* m = meta.data_ptr<double>();
       const PipelineLayout& p0 = topo_.pipeline(0);
       double busy = 0, longest = 0;
       for (int r = p0.first_rank; r < p0.first_rank + p0.stages(); ++r) {
-        result.stage_busy_s.push_back(m[5 + r]);
-        result.stage_wait_s.push_back(m[5 + W + r]);
-        busy += m[5 + r];
-        longest = std::max(longest, m[5 + r] + m[5 + W + r]);
+        result.stage_busy_s.push_back(agreed.busy[r]);
+        result.stage_wait_s.push_back(agreed.wait[r]);
+        busy += agreed.busy[r];
+        longest = std::max(longest, agreed.busy[r] + agreed.wait[r]);
       }
       result.bubble_ratio = longest > 0 ? std::max(0.0, 1.0 - busy / (p0.stages() * longest)) : 0;
-      result.rank_busy_s.assign(m + 5, m + 5 + W);
-      result.rank_wait_s.assign(m + 5 + W, m + 5 + 2 * W);
+      result.rank_busy_s = agreed.busy;
+      result.rank_wait_s = agreed.wait;
     }
     const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
     if (!skip) {
@@ -595,10 +596,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
 // costs at most the step in flight plus the one being committed, never a fallback to an old
 // checkpoint, and the next generation's "auto" resume finds it. The manager compares the
 // saves (Note [Saved steps] in manager/morph/morph_controller.cc) and records them in the morph.
-int64_t Varuna::committed_step() const {
-  if (topo_.world_size() <= 1) return iteration_;
-  return std::max(start_step_, agreed_step_ - 1);
-}
+int64_t Varuna::committed_step() const { return commit_.Committed(iteration_, topo_.world_size()); }
 
 absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   RETURN_IF_ERROR(CheckInputs(inputs, 0));

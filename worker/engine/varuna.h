@@ -39,6 +39,7 @@
 #include "worker/engine/gradient_reducer.h"
 #include "worker/engine/loss_scaler.h"
 #include "worker/engine/pipeline_executor.h"
+#include "worker/engine/step_commit.h"
 #include "worker/models/model.h"
 #include "worker/models/tensor_parallel.h"
 
@@ -253,7 +254,6 @@ class Varuna {
   std::string CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
                            const std::vector<int>& writers,
                            const std::map<std::string, std::string>& info) const;
-  using LayerSnapshot = std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>;
   // Writes a rescue of `layers` as step `step` into DIR (Note [Rescue] in checkpoint.cc).
   absl::Status WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
                            const std::string& common_json);
@@ -290,16 +290,7 @@ class Varuna {
   std::function<double(int64_t)> lr_fn_;
   DynamicLossScaler scaler_;
   int64_t iteration_ = 0;
-  // Note [Committed step] in varuna.cc.
-  int64_t start_step_ = 0;   // the step this generation loaded (0: fresh)
-  int64_t agreed_step_ = 0;  // the newest step whose agreement completed on this rank
-  struct PreUpdate {
-    int64_t step = -1;  // the state before step+1's update
-    double loss_scale = 0;
-    int64_t clean_steps = 0;
-    LayerSnapshot layers;
-  };
-  PreUpdate pre_update_;
+  StepCommit commit_;  // Note [Committed step] in varuna.cc; guarded by state_mu_
   int64_t rescued_also_ = 0;
   bool broken_ = false;  // a step failed midway: refuse further steps
   std::atomic<bool> stop_requested_{false};
