@@ -17,12 +17,11 @@ namespace varuna {
 
 class StepReporter {
  public:
-  StepReporter(std::string metrics_out, bool all_ranks, double peak_flops, int seq_len)
-      : metrics_out_(std::move(metrics_out)),
-        all_ranks_(all_ranks),
-        peak_flops_(peak_flops),
-        seq_len_(seq_len) {}
+  StepReporter(std::string metrics_out, bool all_ranks, int seq_len)
+      : metrics_out_(std::move(metrics_out)), all_ranks_(all_ranks), seq_len_(seq_len) {}
 
+  // Each rank's peak FLOP/s on its device (PeakFlops), for MFU; 0 (the default): no MFU.
+  void set_peak_flops(double peak) { peak_flops_ = peak; }
   // (Re)opens the metrics file for this rank's place in `topo` (appending after a morph in
   // place, where the rank that reports now may be another); an unwritable file is an error.
   absl::Status Open(const WorkerTopology& topo, const std::string& who, bool append);
@@ -32,7 +31,7 @@ class StepReporter {
  private:
   const std::string metrics_out_;
   const bool all_ranks_;
-  const double peak_flops_;  // per rank, for MFU (0: unknown)
+  double peak_flops_ = 0;  // per rank, for MFU (0: unknown)
   const int seq_len_;
   WorkerTopology topo_;
   std::string who_;

@@ -141,18 +141,19 @@ absl::Status WorkerRun::CheckInput(bool* done) {
             << " stage=" << topo.stage << " pipeline=" << topo.replica
             << " global_batch=" << topo.global_batch << " micro_batch=" << topo.micro_batch
             << " schedule=" << spec.parallel.schedule << " precision=" << spec.train.precision;
+  // The last stage of pipeline 0 reports the step (the metrics file is opened, and checked,
+  // before the rendezvous).
+  reporter_ =
+      std::make_unique<StepReporter>(args.metrics_out, args.metrics_all_ranks, spec.model.seq_len);
+  if (absl::Status m = reporter_->Open(topo, in_.who, /*append=*/false); !m.ok()) {
+    return MarkBadInput(m);
+  }
   in_.num_segments = in_.model->num_segments();
   in_.has_tied = !in_.model->tied().empty();
   link_.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
   absl::StatusOr<torch::Device> device = ResolveDevice(spec.train.device, topo.local_rank);
   if (!device.ok()) return MarkBadInput(device.status());
   link_.device = *device;
-  reporter_ =
-      std::make_unique<StepReporter>(args.metrics_out, args.metrics_all_ranks,
-                                     PeakFlops(*device, spec.train.precision), spec.model.seq_len);
-  if (absl::Status m = reporter_->Open(topo, in_.who, /*append=*/false); !m.ok()) {
-    return MarkBadInput(m);
-  }
   return absl::OkStatus();
 }
 
@@ -195,8 +196,10 @@ absl::Status WorkerRun::StartEngine() {
   in_.model.reset();
   link_.groups.reset();
   link_.faults.reset();
-  LOG(INFO) << in_.who << " peak "
-            << absl::StrFormat("%.3g", PeakFlops(link_.device, spec.train.precision))
+  // Measured once, after the engine is up (on a CPU it is a short benchmark).
+  const double peak_flops = PeakFlops(link_.device, spec.train.precision);
+  reporter_->set_peak_flops(peak_flops);
+  LOG(INFO) << in_.who << " peak " << absl::StrFormat("%.3g", peak_flops)
             << " FLOP/s per rank for MFU (docs/observability.md)";
   return absl::OkStatus();
 }
