@@ -85,7 +85,9 @@ SlurmctldHost=$(hostname -s)($SUBNET.1)
 SlurmctldPort=$CTLD_PORT
 SlurmdPort=6818
 AuthType=auth/munge
-AuthInfo=socket=$D/munge.sock
+# cred_expire is also how long a requeued job waits before it may start again (120 s by
+# default, which a test of a preempted allocation would spend idle).
+AuthInfo=socket=$D/munge.sock,cred_expire=10
 CredType=cred/munge
 SlurmUser=root
 SlurmdUser=root

@@ -245,7 +245,9 @@ def rank0_losses(root, job_id):
     return seen
 
 
-def write_job(c, name, steps, replicas=2):
+def write_job(c, name, steps, replicas=2, step_min_ms=None):
+    """`step_min_ms`: each step lasts at least that long (VARUNA_STEP_MIN_MS), so the job
+    outlasts the events a test stages on any machine and leaves CPU to the managers."""
     data = os.path.join(c.dir, "corpus.txt")
     if not os.path.exists(data):
         harness.write_text_corpus(data)
@@ -258,7 +260,8 @@ def write_job(c, name, steps, replicas=2):
                 "seed: 7}\n"
                 f"parallel: {{stages: 1, replicas: {replicas or 'auto'}, micro_batch: 2, timeout_s: 60}}\n"
                 f"checkpoint: {{dir: {os.path.join(c.dir, name + '-ckpt')}}}\n"
-                "stragglers: {policy: report}\n")
+                "stragglers: {policy: report}\n"
+                + (f"env: {{VARUNA_STEP_MIN_MS: '{step_min_ms}'}}\n" if step_min_ms else ""))
     return path
 
 
@@ -273,6 +276,12 @@ class Fixture(unittest.TestCase):
 
     def tearDown(self):
         self.c.close()
+
+    def assert_running(self, job_id, after):
+        """The job outlasted the events staged on it (else they tested an idle cluster)."""
+        st = self.c.status(job_id)
+        self.assertNotIn(st.get("state"), ("SUCCEEDED", "FAILED"),
+                         f"the job ended (step {st.get('step')}) before {after}")
 
     def check_losses(self, job, job_id, steps, once=True):
         ref = harness.run_workers(1, ["--job", job, "--stage_to_rank_map", "0;"], timeout=600)
@@ -293,8 +302,9 @@ class TakeoverTest(Fixture):
 
     def test_leader_killed_again_and_again_job_loses_nothing(self):
         c = self.c
-        steps = 6000
-        job = write_job(c, "ha", steps)
+        # At least 40 ms a step: 96 s, past the ten kills and the stopped leader (about 70 s).
+        steps = 2400
+        job = write_job(c, "ha", steps, step_min_ms=40)
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id).get("step", 0) >= 20, 120, "the job to train")
         takeovers = []
@@ -344,6 +354,7 @@ class TakeoverTest(Fixture):
         rc = c.managers[old - 1].wait(timeout=30)
         self.assertEqual(rc, EXIT_DEPOSED, c.tail())
         c.start_manager(old - 1)
+        self.assert_running(job_id, "the last kill")
 
         st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
                                else None)(c.status(job_id)), 900, "the job to end", period=1)
@@ -365,8 +376,8 @@ class MorphTakeoverTest(Fixture):
 
     def test_leader_killed_mid_morph_the_new_leader_finishes_it(self):
         c = self.c
-        steps = 4000
-        job = write_job(c, "morph", steps, replicas=0)
+        steps = 1500  # at least 60 s; the morph, takeover and growth take about 25
+        job = write_job(c, "morph", steps, replicas=0, step_min_ms=40)
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id).get("step", 0) >= 50 and
                  c.status(job_id).get("slots") == 2, 120, "the job on two nodes")
@@ -388,6 +399,7 @@ class MorphTakeoverTest(Fixture):
         self.assertEqual(int(morph.get("steps_lost", 0)), 0, morph)
         c.ctl("drain", "node1", "--undo", check=0)
         wait_for(lambda: c.status(job_id).get("slots") == 2, 120, "the job to grow back")
+        self.assert_running(job_id, "it grew back")
         st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
                                else None)(c.status(job_id)), 900, "the job to end", period=1)
         self.assertEqual(st["state"], "SUCCEEDED", st.get("message"))
@@ -434,8 +446,8 @@ class PartitionTest(Fixture):
 
     def test_partitioned_leader_stops_before_another_is_elected(self):
         c, h = self.c, self.hosts
-        steps = 2500
-        job = write_job(c, "split", steps)
+        steps = 1000  # at least 40 s; the partition and the rejoin take about 15
+        job = write_job(c, "split", steps, step_min_ms=40)
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id).get("step", 0) >= 20, 120, "the job to train")
         self.assertEqual(c.leader(), 1, "the manager in the namespace leads")
@@ -461,6 +473,7 @@ class PartitionTest(Fixture):
         c.start_manager(0)
         wait_for(lambda: c.managers_view(c.addresses[0]).get("leader") == c.addresses[new - 1],
                  30, "the old leader to follow the new one")
+        self.assert_running(job_id, "the old leader rejoined")
         st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
                                else None)(c.status(job_id)), 900, "the job to end", period=1)
         self.assertEqual(st["state"], "SUCCEEDED", st.get("message"))
@@ -471,8 +484,8 @@ class PartitionTest(Fixture):
 class EtcdTroubleTest(Fixture):
     def test_member_loss_is_unnoticed_quorum_loss_pauses_the_managers_only(self):
         c = self.c
-        steps = 2500
-        job = write_job(c, "trouble", steps)
+        steps = 1200  # at least 48 s; the losses and returns of members take about 30
+        job = write_job(c, "trouble", steps, step_min_ms=40)
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
         wait_for(lambda: c.status(job_id).get("step", 0) >= 20, 120, "the job to train")
         leader = c.leader()
@@ -501,6 +514,7 @@ class EtcdTroubleTest(Fixture):
         for k in (lost, second):
             c.etcd("revive", str(k))
         wait_for(c.leader, 60, "a leader after quorum returns")
+        self.assert_running(job_id, "quorum returned")
         st = wait_for(lambda: (lambda s: s if s.get("state") in ("SUCCEEDED", "FAILED")
                                else None)(c.status(job_id)), 900, "the job to end", period=1)
         self.assertEqual(st["state"], "SUCCEEDED", st.get("message"))

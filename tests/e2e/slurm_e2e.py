@@ -60,10 +60,11 @@ class SrunTest(Fixture):
 
 
 class SbatchTest(Fixture):
-    def sbatch(self, name, steps, every=None, extra=()):
+    def sbatch(self, name, steps, every=None, extra=(), step_min_ms=None):
         state = os.path.join(self.tmp, name)
         job = write_job(os.path.join(self.tmp, name + ".yaml"), self.data, steps,
-                        ckpt=os.path.join(self.tmp, name + "-ckpt"), every=every)
+                        ckpt=os.path.join(self.tmp, name + "-ckpt"), every=every,
+                        step_min_ms=step_min_ms)
         env = dict(ENV, VARUNA_JOB=job, VARUNA_BIN=harness.BIN_DIR, VARUNA_STATE=state)
         r = subprocess.run(["sbatch", "--parsable", "-N", "3", "-o",
                             os.path.join(self.tmp, name + "-%j.out"), *extra, SBATCH],
@@ -98,8 +99,9 @@ class SbatchTest(Fixture):
         self.check_losses(state, self.reference(job, 30), 30)
 
     def test_preempted_allocation_requeues_and_resumes(self):
-        steps = 1500
-        job_id, state, job = self.sbatch("preempt", steps=steps)
+        # 600 steps of at least 40 ms: the job outlasts the preemption on any machine.
+        steps = 600
+        job_id, state, job = self.sbatch("preempt", steps=steps, step_min_ms=40)
         # Mid-run: a high-priority job wants every node.
         wait_for(lambda: max(rank0_losses(state) or [0]) >= 100, 300, "step 100")
         hi = slurm("sbatch", "--parsable", "-p", "high", "-N", "3", "--wrap", "sleep 5").strip()
@@ -111,7 +113,8 @@ class SbatchTest(Fixture):
         out = read(glob.glob(os.path.join(self.tmp, f"preempt-{job_id}.out"))[0])
         self.assertEqual(job_state(job_id)[0], "COMPLETED", out[-3000:])
         self.assertIn("restart 1", out)
-        self.assertGreater(steps, before, "preempted before the end")
+        self.assertGreater(steps, before, "preempted before the end (a machine so slow that "
+                           "the preemption took longer than the job?)")
         # Nothing lost: a generation after the requeue resumed from the last step run
         # before it (the agents' notice made the job checkpoint at that step boundary).
         resumed = resumed_from(state)

@@ -65,7 +65,7 @@ class SourceTest(se.Fixture):
                  "--allow_root_workers --standby_workers=0 --startup_probe_ms=0")
         config = ("scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n"
                   "slurm:\n  partition: preemptible\n  max_nodes: 3\n"
-                  f"  agent_command: {json.dumps(agent)}\n  grace_s: 30\n"
+                  f"  agent_command: {json.dumps(agent)}\n  grace_s: 10\n"
                   f"  output: {work}/agent-%j.out\n  poll_s: 1\n  idle_release_s: 5\n"
                   f"  slurm_conf: {se.ENV['SLURM_CONF']}\n")
         self.c = c = Cluster(agents=0, manager_host=f"{SUBNET}.1", manager_config=config,
@@ -85,9 +85,11 @@ class SourceTest(se.Fixture):
         time.sleep(3)
         self.assertEqual(agent_jobs(), [], "no job: no agent job asked for")
 
-        steps = 5000
+        # At least 40 ms a step: 120 s, past the preemption and the growth back (about 60 s
+        # after the start here) on any machine, with CPU left for the agents and Slurm.
+        steps = 3000
         job = se.write_job(os.path.join(self.tmp, "source.yaml"), self.data, steps,
-                           ckpt=os.path.join(self.tmp, "source-ckpt"))
+                           ckpt=os.path.join(self.tmp, "source-ckpt"), step_min_ms=40)
         with open(job, "a") as f:
             f.write("resources: {min_slots: 2}\n")
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
@@ -114,7 +116,11 @@ class SourceTest(se.Fixture):
                       "--exclusive", "--wrap", "sleep 10").strip()
         def morph_with(text):
             """The newest finished morph whose reason has `text` (else None)."""
-            ms = [m for m in c.status(job_id).get("morphs", []) if text in m["reason"]]
+            st = c.status(job_id)
+            if st["state"] in ("SUCCEEDED", "FAILED"):
+                raise AssertionError(f"the job ended ({st['state']} at step {st.get('step')}) "
+                                     f"before a morph with '{text}'")
+            ms = [m for m in st.get("morphs", []) if text in m["reason"]]
             return ms[-1] if ms and "total" in ms[-1].get("phases", {}) else None
         morph = se.wait_for(lambda: morph_with("preemption notice"), 120,
                             "the morph off the preempted node")

@@ -3,6 +3,7 @@
 
 #include "worker/engine/fault.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "gmock/gmock.h"
@@ -71,6 +72,26 @@ TEST(FaultTest, FirstStepFiresFromItsStepOn) {
   EXPECT_FALSE(gen1.Hit(FaultPoint::kFirstStep, 12));  // generation 1: not this one's
   FaultInjector gen2(*f, 0, 2);
   EXPECT_FALSE(gen2.Hit(FaultPoint::kFirstStep, 5));  // before STEP: nothing
+}
+
+// VARUNA_STEP_MIN_MS: unset or empty is 0; whole milliseconds up to a minute; anything else a
+// start-up error naming the variable and the value.
+TEST(FaultTest, StepMinMsIsWholeMillisecondsOrAnErrorNamingIt) {
+  unsetenv("VARUNA_STEP_MIN_MS");
+  EXPECT_EQ(*StepMinMsFromEnvironment(), 0);
+  setenv("VARUNA_STEP_MIN_MS", "", 1);
+  EXPECT_EQ(*StepMinMsFromEnvironment(), 0);
+  setenv("VARUNA_STEP_MIN_MS", "40", 1);
+  EXPECT_EQ(*StepMinMsFromEnvironment(), 40);
+  for (const char* bad : {"-1", "4.5", "fast", "60001"}) {
+    setenv("VARUNA_STEP_MIN_MS", bad, 1);
+    auto got = StepMinMsFromEnvironment();
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_THAT(std::string(got.status().message()),
+                ::testing::AllOf(::testing::HasSubstr("VARUNA_STEP_MIN_MS"),
+                                 ::testing::HasSubstr(bad)));
+  }
+  unsetenv("VARUNA_STEP_MIN_MS");
 }
 
 }  // namespace

@@ -110,6 +110,17 @@ absl::StatusOr<FaultInjector> FaultInjector::FromEnvironment(int rank) {
   return FaultInjector(*std::move(faults), rank, generation);
 }
 
+absl::StatusOr<int64_t> StepMinMsFromEnvironment() {
+  const char* text = std::getenv("VARUNA_STEP_MIN_MS");
+  if (text == nullptr || *text == '\0') return 0;
+  int64_t ms = 0;
+  if (!absl::SimpleAtoi(text, &ms) || ms < 0 || ms > 60000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "VARUNA_STEP_MIN_MS '", text, "': want whole milliseconds from 0 to 60000"));
+  }
+  return ms;
+}
+
 bool FaultInjector::Hit(FaultPoint point, int64_t step) const {
   for (const Fault& f : faults_) {
     // first_step fires at the first step of its generation when that is at least STEP (a

@@ -46,6 +46,12 @@ struct Fault {
 absl::StatusOr<std::vector<Fault>> ParseFaults(absl::string_view text);
 const char* FaultPointName(FaultPoint p);
 
+// VARUNA_STEP_MIN_MS: every step of this worker lasts at least this many milliseconds (it
+// sleeps out the rest). Tests set it in a job's env so that a job outlasts the events they
+// stage at any machine speed, while using little CPU. 0 without; InvalidArgument names a bad
+// value.
+absl::StatusOr<int64_t> StepMinMsFromEnvironment();
+
 class FaultInjector {
  public:
   FaultInjector() = default;

@@ -174,6 +174,8 @@ absl::Status WorkerRun::Connect() {
             << " backend=" << BackendName(link_.backend);
   // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous.
   ASSIGN_OR_RETURN(link_.faults, FaultInjector::FromEnvironment(topo.rank));
+  ASSIGN_OR_RETURN(int64_t step_min_ms, StepMinMsFromEnvironment());
+  link_.step_min = std::chrono::milliseconds(step_min_ms);
   ASSIGN_OR_RETURN(link_.groups,
                    CreateProcessGroups(topo, in_.has_tied, link_.timeout, link_.backend));
   if (link_.groups->tp) {
@@ -371,6 +373,7 @@ absl::StatusOr<bool> WorkerRun::TrainGeneration() {
       stopped_ = true;
       return true;
     }
+    if (link_.step_min.count() > 0) std::this_thread::sleep_until(t0 + link_.step_min);
   }
   return true;
 }

@@ -63,6 +63,7 @@ class WorkerRun {
     Backend backend = Backend::kGloo;
     std::optional<ProcessGroups> groups;  // until the engine takes them
     std::optional<FaultInjector> faults;  // likewise
+    std::chrono::milliseconds step_min{0};  // VARUNA_STEP_MIN_MS (tests)
   };
 
   // The phases. `*done` says the run ended there (--help, --list_modules).

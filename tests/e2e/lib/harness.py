@@ -72,13 +72,17 @@ class RunResult:
 
 
 def start_workers(world, args, env_extra=None, cmd=None):
-    """Starts `world` ranks with the torchrun environment; returns (procs, logs, metrics)."""
+    """Starts `world` ranks with the torchrun environment; returns (procs, logs, metrics).
+    One OpenMP thread each unless env_extra says otherwise, as the agent launches workers: a
+    rank's idle OpenMP threads spin, and beside other ranks (or other tests) on two cores
+    that made runs several times slower (2 ranks, 500 paced steps: 70 s against 21)."""
     port = free_port()
     tmp = tempfile.mkdtemp(prefix="varuna-e2e-")
     metrics = os.path.join(tmp, "metrics.jsonl")
     procs, logs = [], []
     for r in range(world):
-        env = dict(os.environ, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.update(RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world),
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), **(env_extra or {}))
         log = open(os.path.join(tmp, f"rank{r}.log"), "w+")
         logs.append(log)

@@ -20,7 +20,7 @@ SBATCH = os.path.join(ROOT, "deploy", "slurm", "varuna.sbatch")
 SLURM_DIR = os.environ.get("VARUNA_E2E_SLURM_DIR", "/tmp/varuna-slurm-e2e")
 ENV = dict(os.environ, VARUNA_SLURM_DIR=SLURM_DIR,
            VARUNA_SLURM_SUBNET=os.environ.get("VARUNA_E2E_SLURM_SUBNET", "10.78.0"),
-           VARUNA_SLURM_GRACE_S="30", SLURM_CONF=os.path.join(SLURM_DIR, "slurm.conf"))
+           VARUNA_SLURM_GRACE_S="10", SLURM_CONF=os.path.join(SLURM_DIR, "slurm.conf"))
 _state = {}
 
 
@@ -73,7 +73,9 @@ def wait_for(fn, timeout, what):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def write_job(path, data, steps, ckpt=None, stages=1, every=None):
+def write_job(path, data, steps, ckpt=None, stages=1, every=None, step_min_ms=None):
+    """A small GPT job; `step_min_ms`: each step lasts at least that long (VARUNA_STEP_MIN_MS),
+    so the job outlasts the events a test stages on a fast machine and leaves CPU to them."""
     ck = ""
     if ckpt:
         ck = f"checkpoint: {{dir: {ckpt}" + (f", every_steps: {every}" if every else "") + "}\n"
@@ -85,7 +87,8 @@ def write_job(path, data, steps, ckpt=None, stages=1, every=None):
                 "seed: 7}\n"
                 f"parallel: {{stages: {stages}, micro_batch: 2, timeout_s: 60}}\n"
                 # The three "nodes" share this machine's cores: their speeds say nothing.
-                f"stragglers: {{policy: report}}\n{ck}")
+                f"stragglers: {{policy: report}}\n{ck}"
+                + (f"env: {{VARUNA_STEP_MIN_MS: '{step_min_ms}'}}\n" if step_min_ms else ""))
     return path
 
 
