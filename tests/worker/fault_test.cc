@@ -87,9 +87,9 @@ TEST(FaultTest, StepMinMsIsWholeMillisecondsOrAnErrorNamingIt) {
     setenv("VARUNA_STEP_MIN_MS", bad, 1);
     auto got = StepMinMsFromEnvironment();
     ASSERT_FALSE(got.ok()) << bad;
-    EXPECT_THAT(std::string(got.status().message()),
-                ::testing::AllOf(::testing::HasSubstr("VARUNA_STEP_MIN_MS"),
-                                 ::testing::HasSubstr(bad)));
+    EXPECT_THAT(
+        std::string(got.status().message()),
+        ::testing::AllOf(::testing::HasSubstr("VARUNA_STEP_MIN_MS"), ::testing::HasSubstr(bad)));
   }
   unsetenv("VARUNA_STEP_MIN_MS");
 }

@@ -115,8 +115,8 @@ absl::StatusOr<int64_t> StepMinMsFromEnvironment() {
   if (text == nullptr || *text == '\0') return 0;
   int64_t ms = 0;
   if (!absl::SimpleAtoi(text, &ms) || ms < 0 || ms > 60000) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "VARUNA_STEP_MIN_MS '", text, "': want whole milliseconds from 0 to 60000"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("VARUNA_STEP_MIN_MS '", text, "': want whole milliseconds from 0 to 60000"));
   }
   return ms;
 }

@@ -61,8 +61,8 @@ class WorkerRun {
     std::chrono::milliseconds timeout{0};
     torch::Device device{torch::kCPU};
     Backend backend = Backend::kGloo;
-    std::optional<ProcessGroups> groups;  // until the engine takes them
-    std::optional<FaultInjector> faults;  // likewise
+    std::optional<ProcessGroups> groups;    // until the engine takes them
+    std::optional<FaultInjector> faults;    // likewise
     std::chrono::milliseconds step_min{0};  // VARUNA_STEP_MIN_MS (tests)
   };
 
