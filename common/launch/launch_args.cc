@@ -190,15 +190,13 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
   return args;
 }
 
-absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* spec,
-                                               int num_segments, const EnvGetter& env) {
-  WorkerTopology t;
-  ASSIGN_OR_RETURN(int env_world, EnvInt(env, "WORLD_SIZE", -1));
-  if (auto w = env("WORLD_SIZE"); w && !w->empty() && (env_world < 1 || env_world > kMaxSlots)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
-  }
-  ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
+namespace {
+
+// The tensor-parallel size the run uses (the manager's plan: --tp_size or VARUNA_TP_SIZE, else
+// the spec's; auto with no plan is 1), checked against what a tp run does not do yet;
+// *env_world becomes the number of tp groups.
+absl::StatusOr<int> ResolveTensorParallel(const WorkerArgs& args, JobSpec* spec,
+                                          const EnvGetter& env, int* env_world) {
   // Tensor parallelism: everything below places positions (WorkerTopology). The manager's
   // plan decides tp_size (--tp_size, or VARUNA_TP_SIZE for a program of the user's that
   // links libvaruna; a profile job measures at 1).
@@ -217,7 +215,6 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   }
   if (spec->parallel.tp_size == 0) spec->parallel.tp_size = 1;  // auto, with no plan to say
   const int tp = std::max(1, spec->parallel.tp_size);
-  t.tp_size = tp;
   if (tp > 1) {
     // What a tensor-parallel run does not do yet (Note [Tensor parallelism] in
     // worker/models/tensor_parallel.cc).
@@ -240,82 +237,102 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
           "and resume its checkpoint at any tp_size");
     }
   }
-  if (tp > 1 && env_world <= 0) {
+  if (tp > 1 && *env_world <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "parallel.tp_size = ", tp, " needs WORLD_SIZE (ranks of the stage map or pipelines x ", tp,
         " processes) and RANK: launch with torchrun or scripts/run_local.sh"));
   }
   if (tp > 1) {
-    if (env_world % tp != 0) {
+    if (*env_world % tp != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("WORLD_SIZE=", env_world, " is not a multiple of parallel.tp_size=", tp,
+          absl::StrCat("WORLD_SIZE=", *env_world, " is not a multiple of parallel.tp_size=", tp,
                        " (world = ranks of the stage map or pipelines x tp_size)"));
     }
-    env_world /= tp;
+    *env_world /= tp;
   }
-  if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
-  if (args.pipelines || !spec->parallel.pipelines.empty()) {
-    // Each pipeline's share comes from the pipelines themselves: a launcher's --batch-size
-    // and --stage_to_rank_map (Varuna's uniform arguments) do not apply and are ignored.
-    if (args.pipelines) {
-      ASSIGN_OR_RETURN(t.topology, Topology::Parse(*args.pipelines));
-    } else {
-      ASSIGN_OR_RETURN(std::vector<std::string> modules, ModulesOf(spec->model, num_segments));
-      ASSIGN_OR_RETURN(t.topology, TopologyFromSpec(*spec, modules, env_world > 0 ? env_world : 0));
-    }
-    t.world_size = env_world > 0 ? env_world : t.topology.world_size();
-    if (t.topology.world_size() != t.world_size) {
-      // Seed 004's wording, in processes: sum(stages per pipeline) x tp_size.
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Number of ranks in pipeline templates (", t.topology.world_size() * tp,
-          tp > 1 ? absl::StrCat(" = ", t.topology.world_size(), " stages x tp_size ", tp) : "",
-          ") does not match world size (", t.world_size * tp, ")."));
-    }
-    RETURN_IF_ERROR(t.topology.Validate(num_segments, spec->train.global_batch));
-    if (spec->parallel.micro_batch < 1) {
-      return absl::InvalidArgumentError(
-          "heterogeneous pipelines need parallel.micro_batch (or --chunk_size)");
-    }
+  return tp;
+}
+
+// Heterogeneous pipelines (--pipelines or parallel.pipelines): each pipeline's own stages and
+// share of the batch.
+absl::Status PipelinesTopology(const WorkerArgs& args, const JobSpec& spec, int num_segments,
+                               int env_world, int tp, WorkerTopology* t_out) {
+  WorkerTopology& t = *t_out;
+  // Each pipeline's share comes from the pipelines themselves: a launcher's --batch-size
+  // and --stage_to_rank_map (Varuna's uniform arguments) do not apply and are ignored.
+  if (args.pipelines) {
+    ASSIGN_OR_RETURN(t.topology, Topology::Parse(*args.pipelines));
   } else {
-    StageMap map = StageMap::Make(1, 1);
-    if (args.stage_to_rank_map) {
-      ASSIGN_OR_RETURN(map, StageMap::Parse(*args.stage_to_rank_map));
-      t.world_size = env_world > 0 ? env_world : map.world_size();
-      RETURN_IF_ERROR(map.ValidateWorldSize(t.world_size));
-    } else {
-      t.world_size = env_world > 0 ? env_world : 1;
-      int stages = spec->parallel.stages > 0 ? spec->parallel.stages : 1;
-      if (t.world_size % stages != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("parallel.stages=", stages, " does not divide WORLD_SIZE=", t.world_size));
-      }
-      map = StageMap::Make(stages, t.world_size / stages);
-    }
-    if (spec->parallel.stages > 0 && spec->parallel.stages != map.stages()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
-          map.ToString(), "' (", map.stages(), " stages)"));
-    }
-    if (map.stages() > num_segments) {
-      return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
-                                                     " segments, fewer than the ", map.stages(),
-                                                     " pipeline stages requested"));
-    }
-    if (args.per_replica_batch) {
-      spec->train.global_batch = *args.per_replica_batch * map.replicas();
-    }
-    ASSIGN_OR_RETURN(t.topology,
-                     Topology::Uniform(map.stages(), map.replicas(), spec->train.global_batch));
-    if (!args.stage_boundaries.empty()) {
-      if (static_cast<int>(args.stage_boundaries.size()) != map.stages() + 1) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--stage_boundaries has ", args.stage_boundaries.size(), " indices for ",
-                         map.stages(), " stages (want stages + 1)"));
-      }
-      RETURN_IF_ERROR(t.topology.SetUniformBoundaries(args.stage_boundaries));
-      RETURN_IF_ERROR(t.topology.Validate(num_segments, spec->train.global_batch));
-    }
+    ASSIGN_OR_RETURN(std::vector<std::string> modules, ModulesOf(spec.model, num_segments));
+    ASSIGN_OR_RETURN(t.topology, TopologyFromSpec(spec, modules, env_world > 0 ? env_world : 0));
   }
+  t.world_size = env_world > 0 ? env_world : t.topology.world_size();
+  if (t.topology.world_size() != t.world_size) {
+    // Seed 004's wording, in processes: sum(stages per pipeline) x tp_size.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Number of ranks in pipeline templates (", t.topology.world_size() * tp,
+        tp > 1 ? absl::StrCat(" = ", t.topology.world_size(), " stages x tp_size ", tp) : "",
+        ") does not match world size (", t.world_size * tp, ")."));
+  }
+  RETURN_IF_ERROR(t.topology.Validate(num_segments, spec.train.global_batch));
+  if (spec.parallel.micro_batch < 1) {
+    return absl::InvalidArgumentError(
+        "heterogeneous pipelines need parallel.micro_batch (or --chunk_size)");
+  }
+  return absl::OkStatus();
+}
+
+// P x D pipelines from --stage_to_rank_map, or parallel.stages over WORLD_SIZE; optional
+// --stage_boundaries.
+absl::Status StageMapTopology(const WorkerArgs& args, JobSpec* spec, int num_segments,
+                              int env_world, WorkerTopology* t_out) {
+  WorkerTopology& t = *t_out;
+  StageMap map = StageMap::Make(1, 1);
+  if (args.stage_to_rank_map) {
+    ASSIGN_OR_RETURN(map, StageMap::Parse(*args.stage_to_rank_map));
+    t.world_size = env_world > 0 ? env_world : map.world_size();
+    RETURN_IF_ERROR(map.ValidateWorldSize(t.world_size));
+  } else {
+    t.world_size = env_world > 0 ? env_world : 1;
+    int stages = spec->parallel.stages > 0 ? spec->parallel.stages : 1;
+    if (t.world_size % stages != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("parallel.stages=", stages, " does not divide WORLD_SIZE=", t.world_size));
+    }
+    map = StageMap::Make(stages, t.world_size / stages);
+  }
+  if (spec->parallel.stages > 0 && spec->parallel.stages != map.stages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parallel.stages=", spec->parallel.stages, " disagrees with stage_to_rank_map '",
+        map.ToString(), "' (", map.stages(), " stages)"));
+  }
+  if (map.stages() > num_segments) {
+    return absl::InvalidArgumentError(absl::StrCat("the model has ", num_segments,
+                                                   " segments, fewer than the ", map.stages(),
+                                                   " pipeline stages requested"));
+  }
+  if (args.per_replica_batch) {
+    spec->train.global_batch = *args.per_replica_batch * map.replicas();
+  }
+  ASSIGN_OR_RETURN(t.topology,
+                   Topology::Uniform(map.stages(), map.replicas(), spec->train.global_batch));
+  if (!args.stage_boundaries.empty()) {
+    if (static_cast<int>(args.stage_boundaries.size()) != map.stages() + 1) {
+      return absl::InvalidArgumentError(absl::StrCat("--stage_boundaries has ",
+                                                     args.stage_boundaries.size(), " indices for ",
+                                                     map.stages(), " stages (want stages + 1)"));
+    }
+    RETURN_IF_ERROR(t.topology.SetUniformBoundaries(args.stage_boundaries));
+    RETURN_IF_ERROR(t.topology.Validate(num_segments, spec->train.global_batch));
+  }
+  return absl::OkStatus();
+}
+
+// This process's place (rank, tp rank, stage, pipeline, batch share, micro-batch), the steps,
+// and the rendezvous address.
+absl::Status PlaceProcess(const WorkerArgs& args, JobSpec* spec, const EnvGetter& env, int env_rank,
+                          int tp, WorkerTopology* t_out) {
+  WorkerTopology& t = *t_out;
   if (t.world_size > 1 && !args.rank && !env("RANK")) {
     return absl::InvalidArgumentError(
         absl::StrCat("WORLD_SIZE=", t.world_size, " but no rank: set RANK or pass --rank"));
@@ -350,6 +367,29 @@ absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* 
   auto agent_store = env("TORCHELASTIC_USE_AGENT_STORE");
   t.store_is_external =
       agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<WorkerTopology> ResolveTopology(const WorkerArgs& args, JobSpec* spec,
+                                               int num_segments, const EnvGetter& env) {
+  WorkerTopology t;
+  ASSIGN_OR_RETURN(int env_world, EnvInt(env, "WORLD_SIZE", -1));
+  if (auto w = env("WORLD_SIZE"); w && !w->empty() && (env_world < 1 || env_world > kMaxSlots)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WORLD_SIZE=", env_world, " is invalid; it must be in [1, ", kMaxSlots, "]"));
+  }
+  ASSIGN_OR_RETURN(int env_rank, EnvInt(env, "RANK", 0));
+  ASSIGN_OR_RETURN(const int tp, ResolveTensorParallel(args, spec, env, &env_world));
+  t.tp_size = tp;
+  if (args.chunk_size) spec->parallel.micro_batch = *args.chunk_size;
+  if (args.pipelines || !spec->parallel.pipelines.empty()) {
+    RETURN_IF_ERROR(PipelinesTopology(args, *spec, num_segments, env_world, tp, &t));
+  } else {
+    RETURN_IF_ERROR(StageMapTopology(args, spec, num_segments, env_world, &t));
+  }
+  RETURN_IF_ERROR(PlaceProcess(args, spec, env, env_rank, tp, &t));
   return t;
 }
 

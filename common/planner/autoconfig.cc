@@ -142,13 +142,11 @@ absl::StatusOr<v1::Plan> SimulateShape(const JobSpec& spec, const v1::Profile& p
   return Simulate(spec, profile, cache, bounds, stages, replicas, micro_batch, policy, request);
 }
 
-absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& profile,
-                                       const PlanRequest& req) {
-  const absl::Time t0 = absl::Now();
-  RETURN_IF_ERROR(CheckProfileFor(profile, spec));
-  // Note [Tensor-parallel plans] in tp_plan.cc: planned as a job of tp groups.
-  if (spec.parallel.tp_size > 1) return PlanTensorParallel(spec, profile, req);
-  if (spec.parallel.tp_size == 0) return PlanTensorParallelSizes(spec, profile, req);
+namespace {
+
+// The slots the plan may use (resources.max_slots caps the free ones), or why the request or
+// the job's fixed shape cannot be planned at all.
+absl::StatusOr<int> UsableSlots(const JobSpec& spec, int nseg, const PlanRequest& req) {
   int64_t total = 0;
   for (int n : req.slots_per_node) {
     if (n < 0) return absl::InvalidArgumentError("a node cannot have negative slots");
@@ -164,7 +162,6 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
     return absl::ResourceExhaustedError(absl::StrCat(
         "only ", cap, " slots; the job needs resources.min_slots = ", spec.resources.min_slots));
   }
-  const int nseg = profile.segments_size();
   const int64_t G = spec.train.global_batch;
   // Shapes no number of slots could run are errors, not a wait.
   if (spec.parallel.stages > nseg) {
@@ -176,137 +173,192 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
         absl::StrCat("parallel.micro_batch = ", spec.parallel.micro_batch,
                      " is larger than train.global_batch = ", G));
   }
-  std::vector<int> Ps;  // none with parallel.pipelines: that plan only
-  if (!spec.parallel.pipelines.empty()) {
-  } else if (spec.parallel.stages > 0) {
-    Ps.push_back(spec.parallel.stages);
-  } else {
-    for (int p = 1; p <= std::min(nseg, cap); ++p) Ps.push_back(p);
-  }
-  std::vector<SchedulePolicy> policies;
+  return cap;
+}
+
+// The schedules to try: all four for "auto", else the one the job names.
+absl::StatusOr<std::vector<SchedulePolicy>> PoliciesToTry(const JobSpec& spec) {
   if (spec.parallel.schedule == "auto") {
-    policies = {SchedulePolicy::kVaruna, SchedulePolicy::k1F1B, SchedulePolicy::kGPipe,
-                SchedulePolicy::kZbH1};
-  } else {
-    ASSIGN_OR_RETURN(SchedulePolicy fixed, ParseSchedulePolicy(spec.parallel.schedule));
-    policies = {fixed};
+    return std::vector<SchedulePolicy>{SchedulePolicy::kVaruna, SchedulePolicy::k1F1B,
+                                       SchedulePolicy::kGPipe, SchedulePolicy::kZbH1};
   }
-  v1::PlanSet out;
-  SegmentCache cache(profile);
-  std::vector<Candidate> candidates;
-  auto reject = [&](int P, int D, int mb, const std::string& sched, const std::string& why) {
-    *out.add_rejected() = Rejected(P, D, mb, sched, why);
-  };
-  const std::string any_sched = spec.parallel.schedule;
-  for (int P : Ps) {
-    if (P > nseg) {
-      reject(P, 0, 0, any_sched, absl::StrCat("the model has ", nseg, " segments"));
-      continue;
+  ASSIGN_OR_RETURN(SchedulePolicy fixed, ParseSchedulePolicy(spec.parallel.schedule));
+  return std::vector<SchedulePolicy>{fixed};
+}
+
+// The shapes of P x D x micro-batch x schedule worth simulating, each with its lower bound;
+// what cannot run is listed in out->rejected with why.
+class CandidateSearch {
+ public:
+  CandidateSearch(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
+                  const PlanRequest& req, const std::vector<SchedulePolicy>& policies, int cap,
+                  v1::PlanSet* out)
+      : spec_(spec),
+        profile_(profile),
+        cache_(cache),
+        req_(req),
+        policies_(policies),
+        cap_(cap),
+        out_(out),
+        G_(spec.train.global_batch) {}
+
+  absl::StatusOr<std::vector<Candidate>> Run() {
+    const int nseg = profile_.segments_size();
+    std::vector<int> Ps;  // none with parallel.pipelines: that plan only
+    if (!spec_.parallel.pipelines.empty()) {
+    } else if (spec_.parallel.stages > 0) {
+      Ps.push_back(spec_.parallel.stages);
+    } else {
+      for (int p = 1; p <= std::min(nseg, cap_); ++p) Ps.push_back(p);
     }
-    const int dmax = cap / P;
-    if (dmax < 1) {
-      reject(P, 1, 0, any_sched, absl::StrCat("needs ", P, " slots, ", cap, " available"));
-      continue;
-    }
-    // Widths that divide the global batch, widest first; the widest that does not fit the
-    // batch is listed once as rejected.
-    std::vector<int> Ds;
-    if (spec.parallel.replicas > 0) {
-      if (spec.parallel.replicas > dmax) {
-        reject(P, spec.parallel.replicas, 0, any_sched,
-               absl::StrCat("needs ", P * spec.parallel.replicas, " slots, ", cap, " available"));
+    std::vector<Candidate> candidates;
+    for (int P : Ps) {
+      if (P > nseg) {
+        Reject(P, 0, 0, absl::StrCat("the model has ", nseg, " segments"));
         continue;
       }
-      Ds.push_back(spec.parallel.replicas);
-    } else {
-      for (int d : Divisors(G)) {
-        if (d <= dmax) Ds.push_back(d);
-      }
-      std::reverse(Ds.begin(), Ds.end());
-      if (Ds.empty() || Ds.front() != dmax) {
-        reject(P, dmax, 0, any_sched,
-               absl::StrCat("global_batch ", G, " is not divisible by ", dmax, " replicas"));
-      }
+      RETURN_IF_ERROR(AddDepth(P, &candidates));
     }
+    return candidates;
+  }
+
+ private:
+  void Reject(int P, int D, int mb, const std::string& why, const std::string* sched = nullptr) {
+    *out_->add_rejected() = Rejected(P, D, mb, sched ? *sched : spec_.parallel.schedule, why);
+  }
+
+  // Widths for depth P that divide the global batch, widest first (or the job's fixed one);
+  // the widest that does not fit the batch is listed once as rejected. Empty: none.
+  std::vector<int> Widths(int P) {
+    const int dmax = cap_ / P;
+    std::vector<int> Ds;
+    if (dmax < 1) {
+      Reject(P, 1, 0, absl::StrCat("needs ", P, " slots, ", cap_, " available"));
+      return Ds;
+    }
+    if (spec_.parallel.replicas > 0) {
+      if (spec_.parallel.replicas > dmax) {
+        Reject(P, spec_.parallel.replicas, 0,
+               absl::StrCat("needs ", P * spec_.parallel.replicas, " slots, ", cap_, " available"));
+        return Ds;
+      }
+      Ds.push_back(spec_.parallel.replicas);
+      return Ds;
+    }
+    for (int d : Divisors(G_)) {
+      if (d <= dmax) Ds.push_back(d);
+    }
+    std::reverse(Ds.begin(), Ds.end());
+    if (Ds.empty() || Ds.front() != dmax) {
+      Reject(P, dmax, 0,
+             absl::StrCat("global_batch ", G_, " is not divisible by ", dmax, " replicas"));
+    }
+    return Ds;
+  }
+
+  // The candidates of depth P: the widest width that yields any (every width with req.all).
+  absl::Status AddDepth(int P, std::vector<Candidate>* candidates) {
     auto bounds = std::make_shared<const std::vector<int>>();
     bool took_one = false;
-    for (int D : Ds) {
-      if (took_one && !req.all) break;
-      if (G % D != 0) {
-        reject(P, D, 0, any_sched,
-               absl::StrCat("global_batch ", G, " is not divisible by ", D, " replicas"));
+    for (int D : Widths(P)) {
+      if (took_one && !req_.all) break;
+      if (G_ % D != 0) {
+        Reject(P, D, 0, absl::StrCat("global_batch ", G_, " is not divisible by ", D, " replicas"));
         continue;
       }
-      if (P * D < spec.resources.min_slots) {
-        reject(P, D, 0, any_sched,
+      if (P * D < spec_.resources.min_slots) {
+        Reject(P, D, 0,
                absl::StrCat("uses ", P * D, " slots; resources.min_slots is ",
-                            spec.resources.min_slots));
+                            spec_.resources.min_slots));
         continue;
       }
       if (bounds->empty()) {
         ASSIGN_OR_RETURN(*std::const_pointer_cast<std::vector<int>>(bounds),
-                         StageBoundaries(profile, P));
+                         StageBoundaries(profile_, P));
       }
-      const int64_t B = G / D;
-      std::vector<int> mbs;
-      if (spec.parallel.micro_batch > 0) {
-        // As the engine does, the last micro-batch may be smaller.
-        if (spec.parallel.micro_batch > B) {
-          reject(P, D, spec.parallel.micro_batch, any_sched,
-                 absl::StrCat("micro_batch ", spec.parallel.micro_batch,
-                              " is larger than the per-replica batch ", B));
-          continue;
-        }
-        mbs.push_back(spec.parallel.micro_batch);
-      } else {
-        mbs = Divisors(B);
-      }
-      bool any = false;
-      for (int mb : mbs) {
-        for (SchedulePolicy policy : policies) {
-          // With one stage every schedule is the same task list.
-          if (P == 1 && policies.size() > 1 && policy != policies.front()) continue;
-          Candidate c{P, D, mb, policy, bounds, 0};
-          std::string why;
-          if ((B + mb - 1) / mb > kMaxSimulatedMicroBatches) {
-            why = absl::StrCat((B + mb - 1) / mb, " micro-batches per step: over the ",
-                               kMaxSimulatedMicroBatches, " the planner simulates");
-          } else {
-            c.bound = LowerBound(spec, profile, cache, c, req, &why);
-          }
-          if (!why.empty()) {
-            reject(P, D, mb, SchedulePolicyName(policy), why);
-          } else {
-            candidates.push_back(std::move(c));
-            any = true;
-          }
-        }
-      }
-      took_one = any;
+      took_one = AddWidth(P, D, bounds, candidates);
     }
+    return absl::OkStatus();
   }
-  // Note [Pruning]: simulate in order of the lower bound; once the bound of the next shape is
-  // over kPruneFactor x the best simulated step, no later shape can compete: list them with
-  // their bound instead of simulating (each simulation costs O(stages x micro-batches)). A
-  // budget of simulated tasks bounds the worst case (thousands of layers on hundreds of slots).
+
+  // The candidates of P x D, one per micro-batch and schedule; false when none could run.
+  bool AddWidth(int P, int D, const std::shared_ptr<const std::vector<int>>& bounds,
+                std::vector<Candidate>* candidates) {
+    const int64_t B = G_ / D;
+    std::vector<int> mbs;
+    if (spec_.parallel.micro_batch > 0) {
+      // As the engine does, the last micro-batch may be smaller.
+      if (spec_.parallel.micro_batch > B) {
+        Reject(P, D, spec_.parallel.micro_batch,
+               absl::StrCat("micro_batch ", spec_.parallel.micro_batch,
+                            " is larger than the per-replica batch ", B));
+        return false;
+      }
+      mbs.push_back(spec_.parallel.micro_batch);
+    } else {
+      mbs = Divisors(B);
+    }
+    bool any = false;
+    for (int mb : mbs) {
+      for (SchedulePolicy policy : policies_) {
+        // With one stage every schedule is the same task list.
+        if (P == 1 && policies_.size() > 1 && policy != policies_.front()) continue;
+        Candidate c{P, D, mb, policy, bounds, 0};
+        std::string why;
+        if ((B + mb - 1) / mb > kMaxSimulatedMicroBatches) {
+          why = absl::StrCat((B + mb - 1) / mb, " micro-batches per step: over the ",
+                             kMaxSimulatedMicroBatches, " the planner simulates");
+        } else {
+          c.bound = LowerBound(spec_, profile_, cache_, c, req_, &why);
+        }
+        if (!why.empty()) {
+          const std::string sched = SchedulePolicyName(policy);
+          Reject(P, D, mb, why, &sched);
+        } else {
+          candidates->push_back(std::move(c));
+          any = true;
+        }
+      }
+    }
+    return any;
+  }
+
+  const JobSpec& spec_;
+  const v1::Profile& profile_;
+  SegmentCache& cache_;
+  const PlanRequest& req_;
+  const std::vector<SchedulePolicy>& policies_;
+  const int cap_;
+  v1::PlanSet* out_;
+  const int64_t G_;
+};
+
+// Note [Pruning]: simulate in order of the lower bound; once the bound of the next shape is
+// over kPruneFactor x the best simulated step, no later shape can compete: list them with
+// their bound instead of simulating (each simulation costs O(stages x micro-batches)). A
+// budget of simulated tasks bounds the worst case (thousands of layers on hundreds of slots).
+// *best: the best simulated step; *simulated_tasks: the tasks simulated.
+absl::Status SimulateCandidates(const JobSpec& spec, const v1::Profile& profile,
+                                SegmentCache& cache, const PlanRequest& req,
+                                std::vector<Candidate> candidates, double* best,
+                                int64_t* simulated_tasks, v1::PlanSet* out) {
+  const int64_t G = spec.train.global_batch;
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
-  double best = std::numeric_limits<double>::infinity();
-  int64_t simulated_tasks = 0;
   for (const Candidate& c : candidates) {
     const int64_t tasks = 3LL * c.P * ((G / c.D + c.mb - 1) / c.mb);
     const bool over_budget =
-        simulated_tasks > 0 && simulated_tasks + tasks > kSimulationBudgetTasks;
-    if (c.bound > kPruneFactor * best || over_budget) {
+        *simulated_tasks > 0 && *simulated_tasks + tasks > kSimulationBudgetTasks;
+    if (c.bound > kPruneFactor * *best || over_budget) {
       v1::Plan plan = Rejected(c.P, c.D, c.mb, SchedulePolicyName(c.policy), "");
       for (int b : *c.bounds) plan.add_boundaries(b);
       plan.set_step_s(c.bound);
       plan.set_samples_per_s(G / c.bound);
       plan.set_lower_bound(true);
-      *out.add_plans() = std::move(plan);
+      *out->add_plans() = std::move(plan);
       continue;
     }
-    simulated_tasks += tasks;
+    *simulated_tasks += tasks;
     const bool speeds = HasSpeeds(req);
     ASSIGN_OR_RETURN(
         v1::Plan plan,
@@ -314,27 +366,27 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
                : Simulate(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req));
     std::vector<v1::Plan> simulated{std::move(plan)};
     if (speeds && req.heterogeneous) {  // Note [Speed-aware plans]
-      simulated_tasks += tasks;
+      *simulated_tasks += tasks;
       auto balanced =
           BalanceForSpeeds(spec, profile, cache, *c.bounds, c.P, c.D, c.mb, c.policy, req);
       if (balanced.ok()) simulated.push_back(*std::move(balanced));
     }
     for (v1::Plan& p : simulated) {
       if (p.rejected().empty()) {
-        best = std::min(best, p.step_s());
-        *out.add_plans() = std::move(p);
+        *best = std::min(*best, p.step_s());
+        *out->add_plans() = std::move(p);
       } else {
-        *out.add_rejected() = std::move(p);
+        *out->add_rejected() = std::move(p);
       }
     }
   }
-  if (!spec.parallel.pipelines.empty()) {
-    RETURN_IF_ERROR(PlanFixedPipelines(spec, profile, cache, policies, cap, req, &out));
-  } else if (req.heterogeneous && spec.parallel.stages == 0 && spec.parallel.replicas == 0) {
-    simulated_tasks +=
-        PlanMixes(spec, profile, cache, policies, cap, req, simulated_tasks, &best, &out);
-  }
-  auto& plans = *out.mutable_plans();
+  return absl::OkStatus();
+}
+
+// Orders the plans (simulated first, fastest first), or says why no shape fits; then what
+// the costs came from and the planner's own time.
+absl::Status FinishPlanSet(const v1::Profile& profile, int cap, absl::Time t0, v1::PlanSet* out) {
+  auto& plans = *out->mutable_plans();
   std::stable_sort(plans.begin(), plans.end(), [](const v1::Plan& a, const v1::Plan& b) {
     if (a.lower_bound() != b.lower_bound()) return b.lower_bound();  // simulated first
     if (a.step_s() != b.step_s()) return a.step_s() < b.step_s();
@@ -343,20 +395,49 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
   });
   if (plans.empty()) {
     std::vector<std::string> why;
-    for (const auto& r : out.rejected()) {
+    for (const auto& r : out->rejected()) {
       if (std::find(why.begin(), why.end(), r.rejected()) == why.end()) why.push_back(r.rejected());
       if (why.size() == 4) break;
     }
     return absl::FailedPreconditionError(
         absl::StrCat("no shape fits ", cap, " slots: ", absl::StrJoin(why, "; ")));
   }
-  out.set_cost_source(profile.device() == "builtin"
-                          ? "built-in cost model (no profile for this model)"
-                          : absl::StrCat("profile of ", profile.model_key(), " on ",
-                                         profile.device(), " (", profile.host(), ", ",
-                                         profile.created_at(), ")"));
-  for (const std::string& n : CommModel(profile).Notes()) out.add_notes(n);
-  out.set_planner_s(absl::ToDoubleSeconds(absl::Now() - t0));
+  out->set_cost_source(profile.device() == "builtin"
+                           ? "built-in cost model (no profile for this model)"
+                           : absl::StrCat("profile of ", profile.model_key(), " on ",
+                                          profile.device(), " (", profile.host(), ", ",
+                                          profile.created_at(), ")"));
+  for (const std::string& n : CommModel(profile).Notes()) out->add_notes(n);
+  out->set_planner_s(absl::ToDoubleSeconds(absl::Now() - t0));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& profile,
+                                       const PlanRequest& req) {
+  const absl::Time t0 = absl::Now();
+  RETURN_IF_ERROR(CheckProfileFor(profile, spec));
+  // Note [Tensor-parallel plans] in tp_plan.cc: planned as a job of tp groups.
+  if (spec.parallel.tp_size > 1) return PlanTensorParallel(spec, profile, req);
+  if (spec.parallel.tp_size == 0) return PlanTensorParallelSizes(spec, profile, req);
+  ASSIGN_OR_RETURN(const int cap, UsableSlots(spec, profile.segments_size(), req));
+  ASSIGN_OR_RETURN(const std::vector<SchedulePolicy> policies, PoliciesToTry(spec));
+  v1::PlanSet out;
+  SegmentCache cache(profile);
+  ASSIGN_OR_RETURN(std::vector<Candidate> candidates,
+                   CandidateSearch(spec, profile, cache, req, policies, cap, &out).Run());
+  double best = std::numeric_limits<double>::infinity();
+  int64_t simulated_tasks = 0;
+  RETURN_IF_ERROR(SimulateCandidates(spec, profile, cache, req, std::move(candidates), &best,
+                                     &simulated_tasks, &out));
+  if (!spec.parallel.pipelines.empty()) {
+    RETURN_IF_ERROR(PlanFixedPipelines(spec, profile, cache, policies, cap, req, &out));
+  } else if (req.heterogeneous && spec.parallel.stages == 0 && spec.parallel.replicas == 0) {
+    simulated_tasks +=
+        PlanMixes(spec, profile, cache, policies, cap, req, simulated_tasks, &best, &out);
+  }
+  RETURN_IF_ERROR(FinishPlanSet(profile, cap, t0, &out));
   return out;
 }
 

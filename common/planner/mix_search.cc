@@ -94,9 +94,17 @@ SimResult SimulatePipeline(MixContext& ctx, const std::vector<int>& bounds, int6
 // CommModel::AllReduce of the set's parameter bytes over one rank per pipeline. Then, as in
 // SimulateStep: the agreement over the deepest pipeline, the slowest rank's optimizer,
 // step_overhead_s. With one pipeline this is Simulate's step.
-absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<PipelineGroup>& groups) {
-  const JobSpec& spec = ctx.spec;
-  const v1::Profile& profile = ctx.profile;
+namespace {
+
+// The pipelines of `groups` laid out on consecutive ranks, and each rank's node.
+struct MixLayout {
+  Topology topo;
+  std::vector<int> group_of;  // per pipeline
+  std::vector<int> node_of;   // per rank
+};
+
+absl::StatusOr<MixLayout> LayOutMix(const MixContext& ctx,
+                                    const std::vector<PipelineGroup>& groups) {
   std::vector<PipelineLayout> layouts;
   std::vector<int> group_of;
   for (size_t g = 0; g < groups.size(); ++g) {
@@ -110,51 +118,58 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
   }
   ASSIGN_OR_RETURN(Topology topo, Topology::Make(std::move(layouts)));
   const int world = topo.world_size();
-  const int K = topo.num_pipelines();
-  const std::vector<int> node_of =
+  std::vector<int> node_of =
       ctx.placed != nullptr ? *ctx.placed : PackRanks(ctx.req.slots_per_node, world);
   if (static_cast<int>(node_of.size()) < world) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the pipelines need ", world, " slots, ", node_of.size(), " given"));
   }
+  return MixLayout{std::move(topo), std::move(group_of), std::move(node_of)};
+}
+
+// Each pipeline simulated alone, then again under Note [Contention] when the profile measured
+// a slowdown. *factor: each rank's compute factor (node speed, then contention).
+std::vector<SimResult> SimulateMixPipelines(MixContext& ctx,
+                                            const std::vector<PipelineGroup>& groups,
+                                            const MixLayout& mix, std::vector<double>* factor) {
+  const Topology& topo = mix.topo;
+  const std::vector<int>& node_of = mix.node_of;
+  const int world = topo.world_size();
+  const int K = topo.num_pipelines();
   // A rank on a node of speed s computes 1/s as long (Note [Speed-aware plans] in
   // speed_plan.cc).
-  std::vector<double> factor(world, 1.0);
+  factor->assign(world, 1.0);
   bool slowed = false;
   for (int r = 0; r < world; ++r) {
-    factor[r] = 1 / NodeSpeed(ctx.req, node_of[r]);
-    slowed |= factor[r] != 1;
+    (*factor)[r] = 1 / NodeSpeed(ctx.req, node_of[r]);
+    slowed |= (*factor)[r] != 1;
   }
   auto factors_of = [&](int k) {
     const PipelineLayout& p = topo.pipeline(k);
-    return slowed ? std::vector<double>(factor.begin() + p.first_rank,
-                                        factor.begin() + p.first_rank + p.stages())
+    return slowed ? std::vector<double>(factor->begin() + p.first_rank,
+                                        factor->begin() + p.first_rank + p.stages())
                   : std::vector<double>();
   };
-  const CommModel comm(profile);
   // Identical pipelines on the same link pattern with the same slowdowns are simulated once.
   using Key = std::tuple<int, std::vector<int>, std::vector<double>>;
   std::map<Key, SimResult> memo;
-  auto nodes_of = [&](int k) {
+  auto simulate = [&](int k, const std::vector<double>& f) -> const SimResult& {
     const PipelineLayout& p = topo.pipeline(k);
     std::vector<int> nodes(node_of.begin() + p.first_rank,
                            node_of.begin() + p.first_rank + p.stages());
-    return nodes;
-  };
-  auto simulate = [&](int k, const std::vector<double>& factor) -> const SimResult& {
-    std::vector<int> nodes = nodes_of(k);
     std::vector<int> pattern;  // node ids relabelled in order of appearance
     std::map<int, int> label;
     for (int n : nodes) pattern.push_back(label.emplace(n, label.size()).first->second);
-    Key key{group_of[k], pattern, factor};
+    Key key{mix.group_of[k], pattern, f};
     auto it = memo.find(key);
     if (it != memo.end()) return it->second;
-    const PipelineGroup& g = groups[group_of[k]];
-    return memo[key] = SimulatePipeline(ctx, g.bounds, g.microbatches, nodes, factor);
+    const PipelineGroup& g = groups[mix.group_of[k]];
+    return memo[key] = SimulatePipeline(ctx, g.bounds, g.microbatches, nodes, f);
   };
   std::vector<SimResult> res(K);
   for (int k = 0; k < K; ++k) res[k] = simulate(k, factors_of(k));
   // Note [Contention], per rank.
+  const v1::Profile& profile = ctx.profile;
   const double slowdown = profile.compute_slowdown() > 1 ? profile.compute_slowdown() : 1.0;
   if (slowdown > 1) {
     const int measured_slots = std::max(2, profile.slots_per_host());
@@ -170,16 +185,28 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
     }
     for (int r = 0; r < world; ++r) {
       const double others = host_util[node_of[r]] - util[r];
-      factor[r] *= 1 + (slowdown - 1) * std::min(1.0, others / (measured_slots - 1));
+      (*factor)[r] *= 1 + (slowdown - 1) * std::min(1.0, others / (measured_slots - 1));
     }
     slowed = true;
     for (int k = 0; k < K; ++k) res[k] = simulate(k, factors_of(k));
   }
-  // The per-segment data-parallel all-reduce, in holder-set order.
+  return res;
+}
+
+// The step from the pipelines' ends: the per-segment data-parallel all-reduce in holder-set
+// order, the agreement over the deepest pipeline, the slowest rank's optimizer, the overhead.
+double MixStepSeconds(const MixContext& ctx, const MixLayout& mix,
+                      const std::vector<SimResult>& res, const std::vector<double>& factor,
+                      int* deepest_out) {
+  const v1::Profile& profile = ctx.profile;
+  const Topology& topo = mix.topo;
+  const std::vector<int>& node_of = mix.node_of;
+  const int world = topo.world_size();
+  const CommModel comm(profile);
   std::vector<double> avail(world, 0), optimizer(world, 0);
   bool any_cross = false;
   int deepest = 0;
-  for (int k = 0; k < K; ++k) {
+  for (int k = 0; k < topo.num_pipelines(); ++k) {
     const PipelineLayout& p = topo.pipeline(k);
     deepest = std::max(deepest, p.stages());
     for (int s = 0; s < p.stages(); ++s) {
@@ -207,27 +234,36 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
         start + comm.AllReduce(set_bytes[set] + 16, static_cast<int>(set.size()), cross);
     for (int r : set) avail[r] = end;
   }
-  double ready = 0, opt = 0, longest = 0, busy = 0;
+  double ready = 0, opt = 0;
   for (int r = 0; r < world; ++r) {
     ready = std::max(ready, avail[r]);
     opt = std::max(opt, optimizer[r]);
   }
   const double sync = deepest > 1 ? comm.AllReduce(32, deepest, any_cross) : 0;
-  const double step = ready + sync + opt + profile.step_overhead_s();
+  *deepest_out = deepest;
+  return ready + sync + opt + profile.step_overhead_s();
+}
 
+// The plan of a simulated mix: its shape, step, each group's pipelines, and the first
+// stage that does not fit a slot's memory (rejected).
+v1::Plan MixPlan(const MixContext& ctx, const std::vector<PipelineGroup>& groups,
+                 const Topology& topo, const std::vector<SimResult>& res, double step,
+                 int deepest) {
+  const int world = topo.world_size();
   v1::Plan plan;
   plan.set_stages(deepest);
-  plan.set_replicas(K);
+  plan.set_replicas(topo.num_pipelines());
   plan.set_micro_batch(ctx.mb);
   plan.set_schedule(SchedulePolicyName(ctx.policy));
   plan.set_step_s(step);
-  plan.set_samples_per_s(step > 0 ? spec.train.global_batch / step : 0);
+  plan.set_samples_per_s(step > 0 ? ctx.spec.train.global_batch / step : 0);
   plan.set_slots(world);
   plan.set_heterogeneous(true);
   plan.set_topology(topo.ToString());
   for (int b : groups[0].bounds) plan.add_boundaries(b);
   for (double b : res[0].peak_bytes) plan.add_peak_bytes(b);
   for (double b : res[0].busy_s) plan.add_busy_s(b);
+  double longest = 0, busy = 0;
   int k = 0;
   for (const PipelineGroup& g : groups) {
     v1::PipelinePlan* pp = plan.add_pipelines();
@@ -260,6 +296,17 @@ absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<Pipeline
   }
   plan.set_bubble(longest > 0 ? 1.0 - busy / world / longest : 0.0);
   return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Plan> SimulateMix(MixContext& ctx, const std::vector<PipelineGroup>& groups) {
+  ASSIGN_OR_RETURN(const MixLayout mix, LayOutMix(ctx, groups));
+  std::vector<double> factor;
+  const std::vector<SimResult> res = SimulateMixPipelines(ctx, groups, mix, &factor);
+  int deepest = 0;
+  const double step = MixStepSeconds(ctx, mix, res, factor, &deepest);
+  return MixPlan(ctx, groups, mix.topo, res, step, deepest);
 }
 
 // The templates of one micro-batch size and schedule kind (recompute or not), every depth.

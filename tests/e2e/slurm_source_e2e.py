@@ -65,7 +65,7 @@ class SourceTest(se.Fixture):
                  "--allow_root_workers --standby_workers=0 --startup_probe_ms=0")
         config = ("scale_up_delay_s: 2\nmorph_coalesce_s: 0.3\n"
                   "slurm:\n  partition: preemptible\n  max_nodes: 3\n"
-                  f"  agent_command: {json.dumps(agent)}\n  grace_s: 10\n"
+                  f"  agent_command: {json.dumps(agent)}\n  grace_s: 30\n"
                   f"  output: {work}/agent-%j.out\n  poll_s: 1\n  idle_release_s: 5\n"
                   f"  slurm_conf: {se.ENV['SLURM_CONF']}\n")
         self.c = c = Cluster(agents=0, manager_host=f"{SUBNET}.1", manager_config=config,

@@ -5,8 +5,9 @@ same share of a core, so every node is as fast as the others, as identical VMs a
 data-parallel job starts; mid-run one node's cap drops to a quarter (its workers and its
 agent's speed probe slow down, the others do not). The manager must detect it, act as the
 simulator decides (rebalance: a smaller batch share; or evict), finish with every step's loss
-equal to a one-process run (1e-4), and re-admit the node once the cap is lifted (a morph of
-kind "recovered"). Without write access to the cgroup cpu controller the class skips (77).
+equal to a one-process run (5e-4, LOSS_RTOL), and re-admit the node once the cap is lifted (a
+morph of kind "recovered"). Without write access to the cgroup cpu controller the class skips
+(77).
 """
 
 import json
@@ -26,6 +27,11 @@ STEPS = 300
 # Steps long against the CFS period's throttling (a 0.5-core cap runs a node in bursts): with
 # LibTorch 2.11's kernels d_model 48 stepped in ~15 ms, where that jitter alone read as 0.6x.
 MODEL = {"layers": 4, "d_model": 128, "heads": 4, "seq_len": 32}
+# Losses against a one-process run: this model's fp32 noise floor is above the 1e-4 of the
+# smaller models' tests. The same one-process run with 1 and with 2 OpenMP threads differs by
+# 1.96e-4 (relative) at step 19 and by at most 1e-4 at the other 299 steps (2026-11-28); a
+# morph's new batch shares reorder the sums the same way. 5e-4: 2.5x that floor.
+LOSS_RTOL = 5e-4
 
 
 class StragglerTest(unittest.TestCase):
@@ -112,7 +118,7 @@ class StragglerTest(unittest.TestCase):
         r = harness.run_workers(1, ["--job", self.job("reference.yaml", 1, False)], timeout=900)
         self.assertTrue(r.ok, r.outputs)
         for x, want in zip(metrics, r.losses()):
-            self.assertLess(abs(x["loss"] - want) / abs(want), 1e-4,
+            self.assertLess(abs(x["loss"] - want) / abs(want), LOSS_RTOL,
                             f"step {x['step']} gen {x['generation']}: {x['loss']} vs {want}")
 
     def test_rebalance_and_recover(self):
@@ -153,7 +159,7 @@ class StragglerTest(unittest.TestCase):
         r = harness.run_workers(1, ["--job", self.job("reference.yaml", 1, False)], timeout=900)
         self.assertTrue(r.ok, r.outputs)
         for x, want in zip(metrics, r.losses()):
-            self.assertLess(abs(x["loss"] - want) / abs(want), 1e-4,
+            self.assertLess(abs(x["loss"] - want) / abs(want), LOSS_RTOL,
                             f"step {x['step']} gen {x['generation']}: {x['loss']} vs {want}")
 
 

@@ -49,16 +49,6 @@ CLASS_EXCEPTIONS = {
     "(docs/observability.md)",
 }
 FUNCTION_EXCEPTIONS = {
-    "common/planner/autoconfig.cc:PlanShapes": DEBT + "the shape enumeration and the ranking "
-    "become two functions",
-    "worker/engine/profiler.cc:ProfileSegments": DEBT + "each measurement its own function",
-    "worker/engine/varuna.cc:step": DEBT + "the commit moves behind StepCommit",
-    "common/planner/mix_search.cc:SimulateMix": DEBT + "the event loop and its bookkeeping",
-    "common/launch/launch_args.cc:ResolveTopology": DEBT + "one function per source of the "
-    "topology (flags, file, environment)",
-    "worker/engine/regroup.cc:HandOver": DEBT + "the layer moves and the checkpoint reads",
-    "worker/models/hf.cc:ExportHf": DEBT + "one function per model kind's name mapping",
-    "worker/engine/checkpoint.cc:checkpoint": DEBT + "moves behind CheckpointWriter",
     "common/launch/launch_args.cc:ParseWorkerArgs": "one flag per branch of a flat table "
     "of the worker's command line",
     "agent/main.cc:Run": "the agent program's flags and start-up, in order, read top to bottom",

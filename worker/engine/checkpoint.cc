@@ -82,6 +82,75 @@ std::vector<std::string> ShardedKeys(const std::string& name) {
           "opt." + name + ".momentum_buffer"};
 }
 
+// Which of this rank's layers it writes (`mine`) and the ranks that write any (for
+// common.json's writer list).
+struct CheckpointWrites {
+  std::vector<bool> mine;
+  std::set<int> writers;
+};
+
+CheckpointWrites AssignCheckpointWrites(const Topology& topo, const Model& model,
+                                        const std::vector<std::shared_ptr<Layer>>& layers,
+                                        const std::vector<std::string>& layer_names, int rank,
+                                        bool shard) {
+  const int replica = topo.PipelineOf(rank);
+  // Note [Sharded writes]: pipeline 0 holds every layer once, so by default its ranks write
+  // them all. With shard, each layer goes to one of its holders (one rank per pipeline):
+  // uniform topologies balance a stage's layers over its replicas by bytes (largest first,
+  // to the least-loaded replica, ties to the lower one); heterogeneous ones take model layer
+  // i's holder in pipeline i mod D. Every rank computes the same assignment locally.
+  std::vector<bool> mine(layers.size(), !shard && replica == 0);
+  const int D = topo.num_pipelines();
+  if (shard && topo.uniform()) {
+    std::vector<int64_t> bytes(layers.size(), 0);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      for (const auto& p : layers[i]->parameters()) bytes[i] += p.numel() * 4;
+    }
+    std::vector<size_t> order(layers.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
+    std::vector<int64_t> load(D, 0);
+    for (size_t i : order) {
+      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[r] += bytes[i];
+      mine[i] = r == replica;
+    }
+  }
+  // The writer list for common.json (and, sharded heterogeneous, this rank's layers).
+  const auto segments = model.Segments();
+  const PipelineLayout& first = topo.pipeline(0);
+  std::set<int> writers;
+  int model_layer = 0;
+  for (size_t sg = 0; sg < segments.size(); ++sg) {
+    const std::vector<int> holders = topo.Holders(static_cast<int>(sg));
+    for (size_t j = 0; j < segments[sg].size(); ++j, ++model_layer) {
+      if (!shard) {
+        writers.insert(holders[0]);
+      } else if (!topo.uniform()) {
+        const int w = holders[model_layer % D];
+        writers.insert(w);
+        for (size_t i = 0; i < layers.size() && w == rank; ++i) {
+          if (layer_names[i] == model.layers()[segments[sg][j]].name) mine[i] = true;
+        }
+      }
+    }
+  }
+  if (shard && topo.uniform()) {
+    // The greedy assignment gives each of the first min(D, layers) replicas of a stage at
+    // least one layer.
+    for (int s = 0; s < first.stages(); ++s) {
+      int stage_layers = 0;
+      for (int sg = first.boundaries[s]; sg < first.boundaries[s + 1]; ++sg) {
+        stage_layers += static_cast<int>(segments[sg].size());
+      }
+      for (int d = 0; d < std::min(D, stage_layers); ++d)
+        writers.insert(topo.pipeline(d).first_rank + s);
+    }
+  }
+  return CheckpointWrites{std::move(mine), std::move(writers)};
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
@@ -263,60 +332,11 @@ absl::Status Varuna::checkpoint(const std::string& dir,
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
   }
   options_.faults.Hit(FaultPoint::kCheckpointWrite, iteration_);
-  // Note [Sharded writes]: pipeline 0 holds every layer once, so by default its ranks write
-  // them all. With shard, each layer goes to one of its holders (one rank per pipeline):
-  // uniform topologies balance a stage's layers over its replicas by bytes (largest first,
-  // to the least-loaded replica, ties to the lower one); heterogeneous ones take model layer
-  // i's holder in pipeline i mod D. Every rank computes the same assignment locally.
-  std::vector<bool> mine(layers_.size(), !shard && replica() == 0);
-  const int D = topo_.num_pipelines();
-  if (shard && topo_.uniform()) {
-    std::vector<int64_t> bytes(layers_.size(), 0);
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      for (const auto& p : layers_[i]->parameters()) bytes[i] += p.numel() * 4;
-    }
-    std::vector<size_t> order(layers_.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::stable_sort(order.begin(), order.end(),
-                     [&](size_t a, size_t b) { return bytes[a] > bytes[b]; });
-    std::vector<int64_t> load(D, 0);
-    for (size_t i : order) {
-      const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-      load[r] += bytes[i];
-      mine[i] = r == replica();
-    }
-  }
-  // The writer list for common.json (and, sharded heterogeneous, this rank's layers).
-  const auto segments = model_.Segments();
-  const PipelineLayout& first = topo_.pipeline(0);
-  std::set<int> writers;
-  int model_layer = 0;
-  for (size_t sg = 0; sg < segments.size(); ++sg) {
-    const std::vector<int> holders = topo_.Holders(static_cast<int>(sg));
-    for (size_t j = 0; j < segments[sg].size(); ++j, ++model_layer) {
-      if (!shard) {
-        writers.insert(holders[0]);
-      } else if (!topo_.uniform()) {
-        const int w = holders[model_layer % D];
-        writers.insert(w);
-        for (size_t i = 0; i < layers_.size() && w == rank_; ++i) {
-          if (layer_names_[i] == model_.layers()[segments[sg][j]].name) mine[i] = true;
-        }
-      }
-    }
-  }
-  if (shard && topo_.uniform()) {
-    // The greedy assignment gives each of the first min(D, layers) replicas of a stage at
-    // least one layer.
-    for (int s = 0; s < first.stages(); ++s) {
-      int layers = 0;
-      for (int sg = first.boundaries[s]; sg < first.boundaries[s + 1]; ++sg) {
-        layers += static_cast<int>(segments[sg].size());
-      }
-      for (int d = 0; d < std::min(D, layers); ++d)
-        writers.insert(topo_.pipeline(d).first_rank + s);
-    }
-  }
+  // Note [Sharded writes].
+  CheckpointWrites assigned =
+      AssignCheckpointWrites(topo_, model_, layers_, layer_names_, rank_, shard);
+  std::vector<bool>& mine = assigned.mine;
+  const std::set<int>& writers = assigned.writers;
   bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
   if (writer) {

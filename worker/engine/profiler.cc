@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -98,6 +99,11 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+// Waits for the device's queued work, so a time covers it (a no-op off CUDA).
+void Sync(torch::Device device) {
+  if (device.is_cuda()) torch::cuda::synchronize();
+}
+
 TensorMap ToDevice(const TensorMap& in, torch::Device device) {
   TensorMap out;
   for (const auto& [k, t] : in) out[k] = t.to(device);
@@ -145,6 +151,13 @@ absl::Status Profiler::Initialize(const GetBatch& get_batch) {
   });
 }
 
+// One micro-batch size's samples, per segment (Note [Profiling passes]).
+struct Profiler::Samples {
+  std::vector<std::vector<double>> fwd, fwd_ng, rec, bwd, wgt, graph, peak;
+  std::vector<double> act_bytes;
+};
+
+// Times every segment at each size, then its optimizer update, then the step overhead.
 absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vector<int>& sizes,
                                        v1::Profile* out) {
   const int n = static_cast<int>(segments_.size());
@@ -152,27 +165,13 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
   const bool track = device_.is_cpu();
   std::optional<TrackMemory> tracking;
   if (track) tracking.emplace();
-  for (int s = 0; s < n; ++s) {
-    auto* seg = out->add_segments();
-    seg->set_index(s);
-    seg->set_layers(absl::StrJoin(layer_names_[s], ","));
-    double bytes = 0;
-    for (const auto& p : ParamsOf(segments_[s])) bytes += p.numel() * 4.0;
-    seg->set_param_bytes(bytes);
-  }
-  auto sync = [&] {
-    if (device_.is_cuda()) torch::cuda::synchronize();
-  };
+  AddSegments(out);
   // Note [Profiling passes]: segments are timed inside whole-model passes, in execution
   // order (a forward pass over every segment, then the backwards in reverse), never one
   // segment in a loop: a segment repeated alone keeps its weights in cache and looks faster
   // than it runs in a step.
   // Rounds go over every size in turn, so a slow spell of the machine (a noisy neighbour)
   // touches a sample or two of each size rather than every sample of one.
-  struct Samples {
-    std::vector<std::vector<double>> fwd, fwd_ng, rec, bwd, wgt, graph, peak;
-    std::vector<double> act_bytes;
-  };
   std::vector<Samples> samples(sizes.size());
   for (auto& sm : samples) {
     for (auto* v : {&sm.fwd, &sm.fwd_ng, &sm.rec, &sm.bwd, &sm.wgt, &sm.graph, &sm.peak}) {
@@ -185,104 +184,141 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
   for (int r = 0; r < rounds; ++r) {
     for (size_t k = 0; k < sizes.size(); ++k) {
       RETURN_IF_ERROR(TorchCall(absl::StrCat("profiling micro-batch ", sizes[k]), [&] {
-        const TensorMap& batch = batches[k];
-        Samples& sm = samples[k];
-        auto& fwd = sm.fwd;
-        auto& fwd_ng = sm.fwd_ng;
-        auto& rec = sm.rec;
-        auto& bwd = sm.bwd;
-        auto& wgt = sm.wgt;
-        auto& graph = sm.graph;
-        auto& peak = sm.peak;
-        std::vector<torch::Tensor> acts(n + 1);  // acts[s]: input of segment s
-        {
-          const bool keep = r >= options_.warmup;
-          // 1. Forward without the graph (a stashing stage), whole model.
-          {
-            torch::NoGradGuard g;
-            torch::Tensor x;
-            for (int s = 0; s < n; ++s) {
-              const auto t0 = Clock::now();
-              x = ForwardLayers(segments_[s], x, batch, precision_, device_);
-              sync();
-              if (keep) fwd_ng[s].push_back(Since(t0));
-              acts[s + 1] = x;
-            }
-          }
-          // 2. Forward with the graph, each segment on its own detached input (as a stage).
-          // The linears are recorded (Note [Deferred weight gradients]) so step 3 can time the
-          // backward as zb-h1 runs it: B, then W.
-          std::vector<torch::Tensor> ins(n), outs(n);
-          std::vector<WeightGradCapture> captures(n);
-          std::vector<int64_t> held(n), fwd_peak(n);
-          for (int s = 0; s < n; ++s) {
-            ins[s] = acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
-            const int64_t base = TrackingAllocator::current();
-            TrackingAllocator::ResetPeak();
-            const auto t0 = Clock::now();
-            ScopedWeightGradCapture capture(&captures[s]);
-            outs[s] = ForwardLayers(segments_[s], ins[s], batch, precision_, device_);
-            sync();
-            if (keep) fwd[s].push_back(Since(t0));
-            held[s] = TrackingAllocator::current() - base;
-            fwd_peak[s] = TrackingAllocator::peak() - base;
-          }
-          // 3. Backward, last segment first, each fed the gradient of its output.
-          for (int s = n - 1; s >= 0; --s) {
-            torch::Tensor grad = s == n - 1 ? torch::Tensor() : ins[s + 1].grad();
-            if (s < n - 1 && !grad.defined()) grad = torch::zeros_like(outs[s]);
-            const int64_t base = TrackingAllocator::current();
-            TrackingAllocator::ResetPeak();
-            const auto t0 = Clock::now();
-            std::vector<torch::Tensor> inputs;
-            if (ins[s].defined()) inputs.push_back(ins[s]);
-            for (const auto& p : ParamsOf(segments_[s])) {
-              if (p.requires_grad() && !captures[s].Defers(p)) inputs.push_back(p);
-            }
-            if (!inputs.empty()) {
-              torch::autograd::backward({outs[s]}, {grad}, /*keep_graph=*/false,
-                                        /*create_graph=*/false, inputs);
-            }
-            sync();
-            const auto t1 = Clock::now();
-            captures[s].Apply();
-            sync();
-            if (keep) {
-              bwd[s].push_back(Since(t0));
-              wgt[s].push_back(Since(t1));
-            }
-            const int64_t transient = TrackingAllocator::peak() - base;
-            outs[s] = torch::Tensor();
-            if (s + 1 < n) ins[s + 1] = torch::Tensor();
-            if (keep) {
-              graph[s].push_back(static_cast<double>(std::max<int64_t>(0, held[s])));
-              peak[s].push_back(
-                  static_cast<double>(std::max<int64_t>({0, fwd_peak[s], held[s] + transient})));
-            }
-          }
-          ins.clear();
-          // 4. Recompute: restore the RNG state the stash saved, forward with the graph.
-          auto gen = at::detail::getDefaultCPUGenerator();
-          for (int s = 0; s < n; ++s) {
-            torch::Tensor x =
-                acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
-            const auto t0 = Clock::now();
-            const at::Tensor state = gen.get_state();
-            gen.set_state(state);
-            torch::Tensor o = ForwardLayers(segments_[s], x, batch, precision_, device_);
-            sync();
-            if (keep) rec[s].push_back(Since(t0));
-          }
-          for (int s = 0; s < n; ++s) {
-            for (auto& p : ParamsOf(segments_[s])) {
-              if (p.grad().defined()) p.mutable_grad().zero_();
-            }
-            if (s + 1 < n) sm.act_bytes[s] = acts[s + 1].numel() * acts[s + 1].element_size();
-          }
-        }
+        ProfilePass(batches[k], /*keep=*/r >= options_.warmup, &samples[k]);
       }));
     }
   }
+  WriteSegmentCosts(sizes, samples, track, out);
+  RETURN_IF_ERROR(ProfileOptimizer(out));
+  ProfileStepOverhead(get_batch, sizes.back(), out);
+  return absl::OkStatus();
+}
+
+// Adds every segment to `out`: its index, its layers' names and its parameter bytes.
+void Profiler::AddSegments(v1::Profile* out) const {
+  for (int s = 0; s < static_cast<int>(segments_.size()); ++s) {
+    auto* seg = out->add_segments();
+    seg->set_index(s);
+    seg->set_layers(absl::StrJoin(layer_names_[s], ","));
+    double bytes = 0;
+    for (const auto& p : ParamsOf(segments_[s])) bytes += p.numel() * 4.0;
+    seg->set_param_bytes(bytes);
+  }
+}
+
+// One whole-model pass at one micro-batch size (Note [Profiling passes]); its times and bytes
+// go into *sm when `keep` (past the warm-up).
+void Profiler::ProfilePass(const TensorMap& batch, bool keep, Samples* sm) {
+  const int n = static_cast<int>(segments_.size());
+  std::vector<torch::Tensor> acts(n + 1);  // acts[s]: input of segment s
+  TimeForwardNoGraph(batch, keep, &acts, &sm->fwd_ng);
+  TimeStagePasses(batch, acts, keep, sm);
+  TimeRecompute(batch, acts, keep, &sm->rec);
+  for (int s = 0; s < n; ++s) {
+    for (auto& p : ParamsOf(segments_[s])) {
+      if (p.grad().defined()) p.mutable_grad().zero_();
+    }
+    if (s + 1 < n) sm->act_bytes[s] = acts[s + 1].numel() * acts[s + 1].element_size();
+  }
+}
+
+// Step 1 of a pass: forward without the graph (a stashing stage), whole model; fills acts.
+void Profiler::TimeForwardNoGraph(const TensorMap& batch, bool keep,
+                                  std::vector<torch::Tensor>* acts,
+                                  std::vector<std::vector<double>>* fwd_ng) {
+  const int n = static_cast<int>(segments_.size());
+  torch::NoGradGuard g;
+  torch::Tensor x;
+  for (int s = 0; s < n; ++s) {
+    const auto t0 = Clock::now();
+    x = ForwardLayers(segments_[s], x, batch, precision_, device_);
+    Sync(device_);
+    if (keep) (*fwd_ng)[s].push_back(Since(t0));
+    (*acts)[s + 1] = x;
+  }
+}
+
+// Steps 2 and 3 of a pass: every segment as a stage runs it (forward with the graph, then
+// the backward as B and W), timed, with the bytes the graph holds and the peak.
+void Profiler::TimeStagePasses(const TensorMap& batch, const std::vector<torch::Tensor>& acts,
+                               bool keep, Samples* sm) {
+  const int n = static_cast<int>(segments_.size());
+  // 2. Forward with the graph, each segment on its own detached input (as a stage).
+  // The linears are recorded (Note [Deferred weight gradients]) so step 3 can time the
+  // backward as zb-h1 runs it: B, then W.
+  std::vector<torch::Tensor> ins(n), outs(n);
+  std::vector<WeightGradCapture> captures(n);
+  std::vector<int64_t> held(n), fwd_peak(n);
+  for (int s = 0; s < n; ++s) {
+    ins[s] = acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
+    const int64_t base = TrackingAllocator::current();
+    TrackingAllocator::ResetPeak();
+    const auto t0 = Clock::now();
+    ScopedWeightGradCapture capture(&captures[s]);
+    outs[s] = ForwardLayers(segments_[s], ins[s], batch, precision_, device_);
+    Sync(device_);
+    if (keep) sm->fwd[s].push_back(Since(t0));
+    held[s] = TrackingAllocator::current() - base;
+    fwd_peak[s] = TrackingAllocator::peak() - base;
+  }
+  // 3. Backward, last segment first, each fed the gradient of its output.
+  for (int s = n - 1; s >= 0; --s) {
+    torch::Tensor grad = s == n - 1 ? torch::Tensor() : ins[s + 1].grad();
+    if (s < n - 1 && !grad.defined()) grad = torch::zeros_like(outs[s]);
+    const int64_t base = TrackingAllocator::current();
+    TrackingAllocator::ResetPeak();
+    const auto t0 = Clock::now();
+    std::vector<torch::Tensor> inputs;
+    if (ins[s].defined()) inputs.push_back(ins[s]);
+    for (const auto& p : ParamsOf(segments_[s])) {
+      if (p.requires_grad() && !captures[s].Defers(p)) inputs.push_back(p);
+    }
+    if (!inputs.empty()) {
+      torch::autograd::backward({outs[s]}, {grad}, /*keep_graph=*/false,
+                                /*create_graph=*/false, inputs);
+    }
+    Sync(device_);
+    const auto t1 = Clock::now();
+    captures[s].Apply();
+    Sync(device_);
+    if (keep) {
+      sm->bwd[s].push_back(Since(t0));
+      sm->wgt[s].push_back(Since(t1));
+    }
+    const int64_t transient = TrackingAllocator::peak() - base;
+    outs[s] = torch::Tensor();
+    if (s + 1 < n) ins[s + 1] = torch::Tensor();
+    if (keep) {
+      sm->graph[s].push_back(static_cast<double>(std::max<int64_t>(0, held[s])));
+      sm->peak[s].push_back(
+          static_cast<double>(std::max<int64_t>({0, fwd_peak[s], held[s] + transient})));
+    }
+  }
+  ins.clear();
+}
+
+// Step 4 of a pass: recompute, i.e. restore the RNG state the stash saved and forward with
+// the graph, each segment on its stashed input.
+void Profiler::TimeRecompute(const TensorMap& batch, const std::vector<torch::Tensor>& acts,
+                             bool keep, std::vector<std::vector<double>>* rec) {
+  const int n = static_cast<int>(segments_.size());
+  auto gen = at::detail::getDefaultCPUGenerator();
+  for (int s = 0; s < n; ++s) {
+    torch::Tensor x = acts[s].defined() ? acts[s].detach().requires_grad_(true) : torch::Tensor();
+    const auto t0 = Clock::now();
+    const at::Tensor state = gen.get_state();
+    gen.set_state(state);
+    torch::Tensor o = ForwardLayers(segments_[s], x, batch, precision_, device_);
+    Sync(device_);
+    if (keep) (*rec)[s].push_back(Since(t0));
+  }
+}
+
+// Writes each segment's cost at each size: the median of its samples (bytes on CPU only,
+// Note [Memory tracking]).
+void Profiler::WriteSegmentCosts(const std::vector<int>& sizes, const std::vector<Samples>& samples,
+                                 bool track, v1::Profile* out) const {
+  const int n = static_cast<int>(segments_.size());
   for (size_t k = 0; k < sizes.size(); ++k) {
     const Samples& sm = samples[k];
     for (int s = 0; s < n; ++s) {
@@ -298,7 +334,11 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
       c->set_peak_bytes(track ? Median(sm.peak[s]) : 0.0);
     }
   }
-  // The update of each segment's parameters alone: norm, optimizer step, zeroing.
+}
+
+// Times the update of each segment's parameters alone: norm, optimizer step, zeroing.
+absl::Status Profiler::ProfileOptimizer(v1::Profile* out) {
+  const int n = static_cast<int>(segments_.size());
   for (int s = 0; s < n; ++s) {
     RETURN_IF_ERROR(TorchCall("profiling the optimizer", [&] {
       std::vector<torch::Tensor> params = ParamsOf(segments_[s]);
@@ -328,15 +368,19 @@ absl::Status Profiler::ProfileSegments(const GetBatch& get_batch, const std::vec
       for (auto& p : params) p.mutable_grad() = torch::Tensor();
     }));
   }
-  // Per-step work outside the pipeline that does not depend on the shape: loading a batch.
+  return absl::OkStatus();
+}
+
+// Times the per-step work outside the pipeline that does not depend on the shape: loading a
+// batch (of `size` samples).
+void Profiler::ProfileStepOverhead(const GetBatch& get_batch, int size, v1::Profile* out) const {
   std::vector<double> loads;
   for (int r = 0; r < options_.repeats; ++r) {
     const auto t0 = Clock::now();
-    (void)get_batch(sizes.back());
+    (void)get_batch(size);
     loads.push_back(Since(t0));
   }
   out->set_step_overhead_s(Median(loads));
-  return absl::OkStatus();
 }
 
 absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1::Profile* out) {

@@ -55,8 +55,23 @@ class Profiler {
                                          const std::string& out_folder);
 
  private:
+  struct Samples;  // one micro-batch size's samples, per segment (profiler.cc)
+
   absl::Status ProfileSegments(const GetBatch& get_batch, const std::vector<int>& sizes,
                                v1::Profile* out);
+  // ProfileSegments' parts, in the order it runs them (profiler.cc).
+  void AddSegments(v1::Profile* out) const;
+  void ProfilePass(const TensorMap& batch, bool keep, Samples* sm);
+  void TimeForwardNoGraph(const TensorMap& batch, bool keep, std::vector<torch::Tensor>* acts,
+                          std::vector<std::vector<double>>* fwd_ng);
+  void TimeStagePasses(const TensorMap& batch, const std::vector<torch::Tensor>& acts, bool keep,
+                       Samples* sm);
+  void TimeRecompute(const TensorMap& batch, const std::vector<torch::Tensor>& acts, bool keep,
+                     std::vector<std::vector<double>>* rec);
+  void WriteSegmentCosts(const std::vector<int>& sizes, const std::vector<Samples>& samples,
+                         bool track, v1::Profile* out) const;
+  absl::Status ProfileOptimizer(v1::Profile* out);
+  void ProfileStepOverhead(const GetBatch& get_batch, int size, v1::Profile* out) const;
   absl::Status ProfileLinks(double max_bytes, double max_param_bytes, v1::Profile* out);
 
   Model model_;

@@ -58,6 +58,131 @@ absl::Status StoreSet(const ProcessGroups& groups, const std::string& key,
   });
 }
 
+// Every rank's hand-over offer, what each holds, and the step of the newest complete
+// checkpoint (as rank 0 found it), read back from the new rendezvous store.
+struct OfferExchange {
+  std::vector<v1::HandoverOffer> offers;  // by new rank
+  std::vector<RankHoldings> holdings;     // by new rank, from `offers`
+  std::optional<int64_t> ckpt_step;
+};
+
+// Publishes this rank's offer (rank 0 also the newest complete checkpoint), then reads all.
+absl::StatusOr<OfferExchange> ExchangeOffers(const Varuna* old_engine, const Varuna& engine,
+                                             const ProcessGroups& groups, int rank,
+                                             const std::string& ckpt_dir) {
+  const int world = engine.topology().world_size();
+  v1::HandoverOffer mine;
+  if (old_engine != nullptr) {
+    for (const auto& s : old_engine->restorable_steps()) {
+      auto* st = mine.add_steps();
+      st->set_step(s.step);
+      st->set_loss_scale(s.loss_scale);
+      st->set_clean_steps(s.clean_steps);
+    }
+    for (const auto& name : old_engine->layer_names()) mine.add_layers(name);
+  }
+  for (const auto& name : engine.layer_names()) mine.add_needs(name);
+  RETURN_IF_ERROR(StoreSet(groups, absl::StrCat(kOfferKey, rank), mine.SerializeAsString()));
+  if (rank == 0) {
+    std::string value = "none";
+    if (!ckpt_dir.empty()) {
+      const std::vector<std::string> layers = engine.model_layer_names();
+      absl::StatusOr<std::optional<int64_t>> newest = ResolveResumeStep(ckpt_dir, {}, &layers);
+      if (newest.ok() && *newest) value = absl::StrCat(**newest);
+    }
+    RETURN_IF_ERROR(StoreSet(groups, kCheckpointKey, value));
+  }
+  std::vector<v1::HandoverOffer> offers(world);
+  std::vector<RankHoldings> holdings(world);
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(std::string bytes, StoreGet(groups, absl::StrCat(kOfferKey, r)));
+    if (!offers[r].ParseFromString(bytes)) {
+      return absl::DataLossError(absl::StrCat("rank ", r, "'s hand-over offer does not parse"));
+    }
+    for (const auto& s : offers[r].steps()) holdings[r].steps.push_back(s.step());
+    holdings[r].layers.assign(offers[r].layers().begin(), offers[r].layers().end());
+    holdings[r].needs.assign(offers[r].needs().begin(), offers[r].needs().end());
+  }
+  ASSIGN_OR_RETURN(std::string ckpt_text, StoreGet(groups, kCheckpointKey));
+  std::optional<int64_t> ckpt_step;
+  if (int64_t s = 0; absl::SimpleAtoi(ckpt_text, &s)) ckpt_step = s;
+  return OfferExchange{std::move(offers), std::move(holdings), ckpt_step};
+}
+
+// Moves the layers of `plan.moves` that this rank sends (from `held`) or receives (into
+// `state`, counting the bytes in `stats`). Every sender posts all its sends before any rank
+// waits on a receive (Note [Morph in place]), so no pair of ranks waits on each other.
+absl::Status MoveLayers(const Handover& plan, const std::optional<Varuna::HeldState>& held,
+                        const ProcessGroups& groups, int rank, Varuna::HeldState* state,
+                        HandoverStats* stats) {
+  struct Outgoing {
+    torch::Tensor size, data;
+    WorkPtr size_work, data_work;
+  };
+  std::vector<Outgoing> outgoing;
+  RETURN_IF_ERROR(TorchCall("sending layers", [&]() -> absl::Status {
+    for (size_t i = 0; i < plan.moves.size(); ++i) {
+      const Handover::Move& m = plan.moves[i];
+      if (m.src != rank) continue;
+      if (!held) return absl::InternalError("asked to send a step this rank does not hold");
+      auto it = held->layers.find(m.layer);
+      if (it == held->layers.end()) {
+        return absl::InternalError(absl::StrCat("asked to send ", m.layer, ", not held here"));
+      }
+      std::vector<char> bytes = torch::pickle_save(it->second);
+      Outgoing o;
+      o.size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
+      o.data = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
+      std::memcpy(o.data.data_ptr(), bytes.data(), bytes.size());
+      const int tag = static_cast<int>(2 * i);
+      o.size_work = groups.world->Send(o.size, m.dst, tag);
+      o.data_work = groups.world->Send(o.data, m.dst, tag + 1);
+      outgoing.push_back(std::move(o));
+    }
+    return absl::OkStatus();
+  }));
+  // Receives, in the plan's order.
+  return TorchCall("receiving layers", [&]() -> absl::Status {
+    for (size_t i = 0; i < plan.moves.size(); ++i) {
+      const Handover::Move& m = plan.moves[i];
+      if (m.dst != rank) continue;
+      const int tag = static_cast<int>(2 * i);
+      torch::Tensor size = torch::zeros({1}, torch::kInt64);
+      groups.world->Recv(size, m.src, tag)->Wait(groups.timeout);
+      const int64_t n = size.item<int64_t>();
+      if (n <= 0 || static_cast<uint64_t>(n) > kMaxCheckpointFileBytes) {
+        return absl::DataLossError(
+            absl::StrCat("rank ", m.src, " announced ", n, " bytes for ", m.layer));
+      }
+      torch::Tensor data = torch::empty({n}, torch::kUInt8);
+      groups.world->Recv(data, m.src, tag + 1)->Wait(groups.timeout);
+      std::vector<char> bytes(n);
+      std::memcpy(bytes.data(), data.data_ptr(), n);
+      ASSIGN_OR_RETURN(auto dict,
+                       UnpickleLayer(bytes, absl::StrCat(m.layer, " from rank ", m.src)));
+      state->layers.emplace(m.layer, std::move(dict));
+      stats->moved_bytes += n;
+    }
+    for (auto& o : outgoing) {
+      o.size_work->Wait(groups.timeout);
+      o.data_work->Wait(groups.timeout);
+    }
+    return absl::OkStatus();
+  });
+}
+
+// Reads the layers of `plan.reads` for this rank from the checkpoint at `ckpt_path`.
+absl::Status ReadCheckpointLayers(const Handover& plan, const std::string& ckpt_path, int rank,
+                                  Varuna::HeldState* state, HandoverStats* stats) {
+  for (const auto& read : plan.reads) {
+    if (read.dst != rank) continue;
+    const std::string file = absl::StrCat(ckpt_path, "/layers/", read.layer, ".pt");
+    ASSIGN_OR_RETURN(auto dict, ReadLayerFile(file, &stats->checkpoint_bytes_read));
+    state->layers.emplace(read.layer, std::move(dict));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegroupMailbox::Start(bool in_place, int generation) {
@@ -125,43 +250,12 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
   if (!groups.store) return absl::FailedPreconditionError("HandOver needs a rendezvous store");
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  const int world = engine.topology().world_size();
   // 1. Offers.
-  v1::HandoverOffer mine;
-  if (old_engine != nullptr) {
-    for (const auto& s : old_engine->restorable_steps()) {
-      auto* st = mine.add_steps();
-      st->set_step(s.step);
-      st->set_loss_scale(s.loss_scale);
-      st->set_clean_steps(s.clean_steps);
-    }
-    for (const auto& name : old_engine->layer_names()) mine.add_layers(name);
-  }
-  for (const auto& name : engine.layer_names()) mine.add_needs(name);
-  RETURN_IF_ERROR(StoreSet(groups, absl::StrCat(kOfferKey, rank), mine.SerializeAsString()));
-  if (rank == 0) {
-    std::string value = "none";
-    if (!ckpt_dir.empty()) {
-      const std::vector<std::string> layers = engine.model_layer_names();
-      absl::StatusOr<std::optional<int64_t>> newest = ResolveResumeStep(ckpt_dir, {}, &layers);
-      if (newest.ok() && *newest) value = absl::StrCat(**newest);
-    }
-    RETURN_IF_ERROR(StoreSet(groups, kCheckpointKey, value));
-  }
-  std::vector<v1::HandoverOffer> offers(world);
-  std::vector<RankHoldings> holdings(world);
-  for (int r = 0; r < world; ++r) {
-    ASSIGN_OR_RETURN(std::string bytes, StoreGet(groups, absl::StrCat(kOfferKey, r)));
-    if (!offers[r].ParseFromString(bytes)) {
-      return absl::DataLossError(absl::StrCat("rank ", r, "'s hand-over offer does not parse"));
-    }
-    for (const auto& s : offers[r].steps()) holdings[r].steps.push_back(s.step());
-    holdings[r].layers.assign(offers[r].layers().begin(), offers[r].layers().end());
-    holdings[r].needs.assign(offers[r].needs().begin(), offers[r].needs().end());
-  }
-  ASSIGN_OR_RETURN(std::string ckpt_text, StoreGet(groups, kCheckpointKey));
-  std::optional<int64_t> ckpt_step;
-  if (int64_t s = 0; absl::SimpleAtoi(ckpt_text, &s)) ckpt_step = s;
+  ASSIGN_OR_RETURN(OfferExchange exchange,
+                   ExchangeOffers(old_engine, engine, groups, rank, ckpt_dir));
+  const std::vector<v1::HandoverOffer>& offers = exchange.offers;
+  const std::vector<RankHoldings>& holdings = exchange.holdings;
+  const std::optional<int64_t>& ckpt_step = exchange.ckpt_step;
 
   // 2. The plan, the same on every rank.
   ASSIGN_OR_RETURN(Handover plan, PlanHandover(holdings, ckpt_step));
@@ -203,67 +297,10 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
       if (it != held->layers.end()) state.layers.emplace(name, it->second);
     }
   }
-  struct Outgoing {
-    torch::Tensor size, data;
-    WorkPtr size_work, data_work;
-  };
-  std::vector<Outgoing> outgoing;
-  RETURN_IF_ERROR(TorchCall("sending layers", [&]() -> absl::Status {
-    for (size_t i = 0; i < plan.moves.size(); ++i) {
-      const Handover::Move& m = plan.moves[i];
-      if (m.src != rank) continue;
-      if (!held) return absl::InternalError("asked to send a step this rank does not hold");
-      auto it = held->layers.find(m.layer);
-      if (it == held->layers.end()) {
-        return absl::InternalError(absl::StrCat("asked to send ", m.layer, ", not held here"));
-      }
-      std::vector<char> bytes = torch::pickle_save(it->second);
-      Outgoing o;
-      o.size = torch::tensor({static_cast<int64_t>(bytes.size())}, torch::kInt64);
-      o.data = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
-      std::memcpy(o.data.data_ptr(), bytes.data(), bytes.size());
-      const int tag = static_cast<int>(2 * i);
-      o.size_work = groups.world->Send(o.size, m.dst, tag);
-      o.data_work = groups.world->Send(o.data, m.dst, tag + 1);
-      outgoing.push_back(std::move(o));
-    }
-    return absl::OkStatus();
-  }));
-  // 4. Receives, in the plan's order.
-  RETURN_IF_ERROR(TorchCall("receiving layers", [&]() -> absl::Status {
-    for (size_t i = 0; i < plan.moves.size(); ++i) {
-      const Handover::Move& m = plan.moves[i];
-      if (m.dst != rank) continue;
-      const int tag = static_cast<int>(2 * i);
-      torch::Tensor size = torch::zeros({1}, torch::kInt64);
-      groups.world->Recv(size, m.src, tag)->Wait(groups.timeout);
-      const int64_t n = size.item<int64_t>();
-      if (n <= 0 || static_cast<uint64_t>(n) > kMaxCheckpointFileBytes) {
-        return absl::DataLossError(
-            absl::StrCat("rank ", m.src, " announced ", n, " bytes for ", m.layer));
-      }
-      torch::Tensor data = torch::empty({n}, torch::kUInt8);
-      groups.world->Recv(data, m.src, tag + 1)->Wait(groups.timeout);
-      std::vector<char> bytes(n);
-      std::memcpy(bytes.data(), data.data_ptr(), n);
-      ASSIGN_OR_RETURN(auto dict,
-                       UnpickleLayer(bytes, absl::StrCat(m.layer, " from rank ", m.src)));
-      state.layers.emplace(m.layer, std::move(dict));
-      stats.moved_bytes += n;
-    }
-    for (auto& o : outgoing) {
-      o.size_work->Wait(groups.timeout);
-      o.data_work->Wait(groups.timeout);
-    }
-    return absl::OkStatus();
-  }));
+  // 4. The moves: this rank's sends, then its receives in the plan's order.
+  RETURN_IF_ERROR(MoveLayers(plan, held, groups, rank, &state, &stats));
   // 5. What no live rank holds, from the checkpoint of the agreed step.
-  for (const auto& read : plan.reads) {
-    if (read.dst != rank) continue;
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", read.layer, ".pt");
-    ASSIGN_OR_RETURN(auto dict, ReadLayerFile(file, &stats.checkpoint_bytes_read));
-    state.layers.emplace(read.layer, std::move(dict));
-  }
+  RETURN_IF_ERROR(ReadCheckpointLayers(plan, ckpt_path, rank, &state, &stats));
   RETURN_IF_ERROR(engine.Adopt(state));
   stats.transfer_s = std::chrono::duration<double>(Clock::now() - t1).count();
   return stats;

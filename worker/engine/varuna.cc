@@ -75,6 +75,22 @@ absl::Status TieAtStart(const std::vector<std::pair<std::string, torch::Tensor>>
   return absl::OkStatus();
 }
 
+// Pipeline 0's per-stage busy and wait times, its bubble, and every rank's, from the step's
+// agreement.
+void SetStageTimes(const Topology& topo, const StepAgreement& agreed, StepResult* result) {
+  const PipelineLayout& p0 = topo.pipeline(0);
+  double busy = 0, longest = 0;
+  for (int r = p0.first_rank; r < p0.first_rank + p0.stages(); ++r) {
+    result->stage_busy_s.push_back(agreed.busy[r]);
+    result->stage_wait_s.push_back(agreed.wait[r]);
+    busy += agreed.busy[r];
+    longest = std::max(longest, agreed.busy[r] + agreed.wait[r]);
+  }
+  result->bubble_ratio = longest > 0 ? std::max(0.0, 1.0 - busy / (p0.stages() * longest)) : 0;
+  result->rank_busy_s = agreed.busy;
+  result->rank_wait_s = agreed.wait;
+}
+
 }  // namespace
 
 Varuna::Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
@@ -424,6 +440,60 @@ absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
   return absl::OkStatus();
 }
 
+// Local squared norm; the second copy of a tied pair is not counted twice. With tensor
+// parallelism a sharded parameter's square is summed over the tp group, a replicated one
+// (equal on every tp rank) counted once; the stop request joins that sum, so the tp slices,
+// whose agreements are separate, decide alike.
+double Varuna::LocalGradNormSq(double* stop, int64_t* local_params) {
+  std::vector<torch::Tensor> squares, sharded;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    const auto& shards = layer_shards_[i];
+    for (const auto& np : layers_[i]->named_parameters(/*recurse=*/true)) {
+      const torch::Tensor& p = np.value();
+      if (reducer_->IsSecondCopy(p)) continue;
+      const bool split = shards.count(np.key()) > 0;
+      (split ? sharded : squares).push_back(p.grad().pow(2).sum().to(torch::kDouble));
+      *local_params += p.numel() * (split ? tp_.size : 1);
+    }
+  }
+  double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
+  if (tp_.enabled()) {
+    const double part = sharded.empty() ? 0.0 : torch::stack(sharded).sum().item<double>();
+    torch::Tensor v = torch::tensor({part, *stop}, torch::kDouble);
+    v = ReduceFromTensorParallel(v, tp_);
+    norm_sq += v[0].item<double>();
+    *stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
+  }
+  return norm_sq;
+}
+
+absl::Status Varuna::KeepPreUpdate() {
+  if (!options_.keep_pre_update || topo_.world_size() <= 1) return absl::OkStatus();
+  StepCommit::PreUpdate pre;
+  ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
+  pre.step = iteration_;
+  pre.loss_scale = scaler_.scale();
+  pre.clean_steps = scaler_.clean_steps();
+  commit_.KeepPreUpdate(std::move(pre));
+  return absl::OkStatus();
+}
+
+void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm,
+                         int64_t taking) {
+  if (options_.clip_grad_norm > 0) {
+    const double coef = options_.clip_grad_norm / (grad_norm + 1e-6);
+    if (coef < 1) {
+      for (auto& p : params) p.mutable_grad().mul_(coef);
+    }
+  }
+  if (lr_fn_) {
+    const double lr = lr_fn_(iteration_ + 1);
+    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+  }
+  options_.faults.Hit(FaultPoint::kUpdate, taking);
+  optimizer_->step();
+}
+
 absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   if (!optimizer_) return absl::FailedPreconditionError("step() before set_optimizer()");
   RETURN_IF_ERROR(CheckInputs(inputs, topo_.pipeline(replica()).samples));
@@ -479,30 +549,8 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     if (fp16) {
       for (auto& p : params) p.mutable_grad().div_(scaler_.scale());
     }
-    // Local squared norm; the second copy of a tied pair is not counted twice. With tensor
-    // parallelism a sharded parameter's square is summed over the tp group, a replicated one
-    // (equal on every tp rank) counted once; the stop request joins that sum, so the tp
-    // slices, whose agreements are separate, decide alike.
-    std::vector<torch::Tensor> squares, sharded;
     int64_t local_params = 0;
-    for (size_t i = 0; i < layers_.size(); ++i) {
-      const auto& shards = layer_shards_[i];
-      for (const auto& np : layers_[i]->named_parameters(/*recurse=*/true)) {
-        const torch::Tensor& p = np.value();
-        if (reducer_->IsSecondCopy(p)) continue;
-        const bool split = shards.count(np.key()) > 0;
-        (split ? sharded : squares).push_back(p.grad().pow(2).sum().to(torch::kDouble));
-        local_params += p.numel() * (split ? tp_.size : 1);
-      }
-    }
-    double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
-    if (tp_.enabled()) {
-      const double part = sharded.empty() ? 0.0 : torch::stack(sharded).sum().item<double>();
-      torch::Tensor v = torch::tensor({part, stop}, torch::kDouble);
-      v = ReduceFromTensorParallel(v, tp_);
-      norm_sq += v[0].item<double>();
-      stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
-    }
+    const double norm_sq = LocalGradNormSq(&stop, &local_params);
     const bool local_overflow = !std::isfinite(norm_sq);
     // Note [Step agreement] in step_agreement.h: one world sum of every rank's vote.
     const int W = topo_.world_size();
@@ -533,48 +581,16 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     meta = meta.cpu();
     std::lock_guard<std::mutex> state(state_mu_);
     commit_.Agreed(taking);  // Note [Committed step]
-    if (options_.keep_pre_update && topo_.world_size() > 1) {
-      StepCommit::PreUpdate pre;
-      ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
-      pre.step = iteration_;
-      pre.loss_scale = scaler_.scale();
-      pre.clean_steps = scaler_.clean_steps();
-      commit_.KeepPreUpdate(std::move(pre));
-    }
+    RETURN_IF_ERROR(KeepPreUpdate());
     const StepAgreement agreed = StepAgreement::Unpack(meta.data_ptr<double>(), W);
     result.overflow = agreed.overflow;
     result.grad_norm = std::sqrt(agreed.norm_sq);
     result.loss = agreed.loss;
     result.stop = agreed.stop;
     result.model_parameters = agreed.params;
-    {
-      const PipelineLayout& p0 = topo_.pipeline(0);
-      double busy = 0, longest = 0;
-      for (int r = p0.first_rank; r < p0.first_rank + p0.stages(); ++r) {
-        result.stage_busy_s.push_back(agreed.busy[r]);
-        result.stage_wait_s.push_back(agreed.wait[r]);
-        busy += agreed.busy[r];
-        longest = std::max(longest, agreed.busy[r] + agreed.wait[r]);
-      }
-      result.bubble_ratio = longest > 0 ? std::max(0.0, 1.0 - busy / (p0.stages() * longest)) : 0;
-      result.rank_busy_s = agreed.busy;
-      result.rank_wait_s = agreed.wait;
-    }
+    SetStageTimes(topo_, agreed, &result);
     const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
-    if (!skip) {
-      if (options_.clip_grad_norm > 0) {
-        const double coef = options_.clip_grad_norm / (result.grad_norm + 1e-6);
-        if (coef < 1) {
-          for (auto& p : params) p.mutable_grad().mul_(coef);
-        }
-      }
-      if (lr_fn_) {
-        const double lr = lr_fn_(iteration_ + 1);
-        for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
-      }
-      faults.Hit(FaultPoint::kUpdate, taking);
-      optimizer_->step();
-    }
+    if (!skip) ApplyUpdate(params, result.grad_norm, taking);
     for (auto& p : params) p.mutable_grad().zero_();
     ++iteration_;
     return absl::OkStatus();

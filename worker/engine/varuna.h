@@ -246,6 +246,16 @@ class Varuna {
   absl::Status BuildLocal();
   absl::Status DryRun(const TensorMap& dummy_inputs, bool ok_so_far, StageConfig* config);
   absl::Status CheckInputs(const TensorMap& inputs, int64_t want) const;
+  // This rank's squared gradient norm (a tied pair's second copy not counted; with tensor
+  // parallelism summed over the tp group, which also joins *stop) and its parameter count.
+  // Throws as LibTorch does: called inside step()'s TorchCall.
+  double LocalGradNormSq(double* stop, int64_t* local_params);
+  // With options_.keep_pre_update, the state before this step's update (Note [Committed step]
+  // in varuna.cc).
+  absl::Status KeepPreUpdate();
+  // The update of an agreed step: clipping to options_.clip_grad_norm, the scheduled rate,
+  // the optimizer's step.
+  void ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm, int64_t taking);
   absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
   SnapshotLayers(const std::vector<bool>& mine) const;
   std::string CommonJson(const std::vector<int>& writers,

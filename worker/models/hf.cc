@@ -144,6 +144,177 @@ const char* const kTokenizerFiles[] = {"tokenizer.json",
                                        "added_tokens.json",
                                        "generation_config.json"};
 
+// One parameter to export: the index of its layer in the checkpoint, its key in the layer
+// file and its entry in the output.
+struct ExportItem {
+  size_t layer;
+  std::string key;
+  SafetensorsEntry entry;
+};
+
+// Checks the options, verifies the checkpoint and reads its common part into *common;
+// returns its model (an error names what export needs).
+absl::StatusOr<ModelSpec> ReadExportCheckpoint(const std::string& ckpt_path,
+                                               const HfExportOptions& options,
+                                               CheckpointCommon* common) {
+  if (options.dtype != "F32" && options.dtype != "BF16" && options.dtype != "F16") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--dtype ", options.dtype, ": use fp32, bf16 or fp16"));
+  }
+  RETURN_IF_ERROR(VerifyCheckpoint(ckpt_path));
+  ASSIGN_OR_RETURN(*common, ReadCheckpointCommon(ckpt_path));
+  absl::StatusOr<ModelSpec> spec = ParseModelSpecLine(common->model_spec);
+  if (!spec.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(ckpt_path, ": cannot tell its model (", spec.status().message(),
+                     "); only checkpoints of model.kind llama or gpt2 export to Hugging Face"));
+  }
+  return spec;
+}
+
+// Pass 1 of the export: every parameter's name and shape (the header comes first), layer by
+// layer; sets stats->largest_layer_bytes.
+absl::StatusOr<std::vector<ExportItem>> ListExportItems(const std::string& ckpt_path,
+                                                        const CheckpointCommon& common,
+                                                        const ModelSpec& spec,
+                                                        const HfExportOptions& options, int item,
+                                                        HfExportStats* stats) {
+  std::vector<ExportItem> items;
+  for (size_t l = 0; l < common.layers.size(); ++l) {
+    const std::string file = absl::StrCat(ckpt_path, "/layers/", common.layers[l], ".pt");
+    ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
+    uint64_t layer_bytes = 0;
+    for (const auto& [key, t] : mapped->Params()) {
+      SafetensorsEntry e;
+      e.name = absl::StrCat(common.layers[l], ".", key);
+      if (IsTiedSecond(spec, e.name)) continue;  // Hugging Face's files hold one copy
+      e.dtype = options.dtype;
+      e.shape = t.sizes().vec();
+      layer_bytes += static_cast<uint64_t>(t.numel()) * item;
+      items.push_back({l, key, std::move(e)});
+    }
+    stats->largest_layer_bytes = std::max(stats->largest_layer_bytes, layer_bytes);
+  }
+  return items;
+}
+
+// Splits the items into shards: greedy in model order, a new one when the next tensor would
+// pass max_shard_bytes; adds the tensors' bytes to stats->bytes.
+std::vector<std::vector<SafetensorsEntry>> PlanShards(const std::vector<ExportItem>& items,
+                                                      int item, uint64_t max_shard_bytes,
+                                                      HfExportStats* stats) {
+  std::vector<std::vector<SafetensorsEntry>> shards(1);
+  uint64_t in_shard = 0;
+  for (const ExportItem& it : items) {
+    const uint64_t bytes = static_cast<uint64_t>(it.entry.numel()) * item;
+    if (!shards.back().empty() && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().push_back(it.entry);
+    in_shard += bytes;
+    stats->bytes += bytes;
+  }
+  return shards;
+}
+
+// The file name of shard i of n.
+std::string ShardName(int i, int n) {
+  return n == 1 ? std::string("model.safetensors")
+                : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
+}
+
+// Creates the output directory and removes the weights of an earlier export from it.
+absl::Status PrepareExportDir(const std::string& out) {
+  std::error_code ec;
+  std::filesystem::create_directories(out, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out, ": ", ec.message()));
+  // Weights of an earlier export into OUT would be read instead of (or beside) these: a
+  // loader prefers model.safetensors, or the index, whichever is there.
+  for (std::filesystem::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"))) {
+      std::error_code rm;
+      std::filesystem::remove(it->path(), rm);
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Pass 2 of the export: the data, one mapped layer at a time, in the order of pass 1, into
+// the shards of PlanShards; records each tensor's shard in *weight_map.
+absl::Status WriteExportShards(const std::string& ckpt_path, const CheckpointCommon& common,
+                               const std::vector<ExportItem>& items,
+                               const std::vector<std::vector<SafetensorsEntry>>& shards,
+                               const HfExportOptions& options, const std::string& out,
+                               HfExportStats* stats,
+                               std::vector<std::pair<std::string, std::string>>* weight_map) {
+  const int n = static_cast<int>(shards.size());
+  int shard = 0;
+  ASSIGN_OR_RETURN(
+      SafetensorsWriter writer,
+      SafetensorsWriter::Create(out + "/" + ShardName(0, n), shards[0], {{"format", "pt"}}));
+  size_t in_this_shard = 0;
+  for (size_t i = 0; i < items.size();) {
+    const size_t l = items[i].layer;
+    const std::string file = absl::StrCat(ckpt_path, "/layers/", common.layers[l], ".pt");
+    ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
+    const auto params = mapped->Params();
+    for (; i < items.size() && items[i].layer == l; ++i) {
+      const ExportItem& it = items[i];
+      auto found = params.find(it.key);
+      if (found == params.end()) {
+        return absl::DataLossError(absl::StrCat(file, ": '", it.key, "' vanished"));
+      }
+      // Piece by piece (kPieceElems at a time): convert, append, drop the source pages.
+      RETURN_IF_ERROR(TorchCall("converting " + it.entry.name, [&]() -> absl::Status {
+        const torch::Tensor flat = found->second.reshape({-1});
+        const torch::Dtype to = TorchDtype(options.dtype);
+        const int64_t n = flat.numel();
+        for (int64_t off = 0; off < n || off == 0; off += kPieceElems) {
+          const torch::Tensor piece = flat.narrow(0, off, std::min(kPieceElems, n - off));
+          const torch::Tensor out_piece = piece.scalar_type() == to ? piece : piece.to(to);
+          RETURN_IF_ERROR(writer.Append(it.entry.name, out_piece.data_ptr(),
+                                        static_cast<uint64_t>(out_piece.nbytes())));
+          mapped->Release(piece.data_ptr(), piece.nbytes());
+          if (n == 0) break;
+        }
+        return absl::OkStatus();
+      }));
+      weight_map->emplace_back(it.entry.name, ShardName(shard, n));
+      ++stats->tensors;
+      if (++in_this_shard == shards[shard].size()) {
+        RETURN_IF_ERROR(writer.Finish());
+        if (++shard < n) {
+          ASSIGN_OR_RETURN(writer, SafetensorsWriter::Create(out + "/" + ShardName(shard, n),
+                                                             shards[shard], {{"format", "pt"}}));
+          in_this_shard = 0;
+        }
+      }
+    }
+  }
+  if (items.empty()) RETURN_IF_ERROR(writer.Finish());
+  return absl::OkStatus();
+}
+
+// Copies the tokenizer's files found in `tokenizer` to `out`, counting them in
+// stats->tokenizer_files (a warning when there are none).
+absl::Status CopyTokenizerFiles(const std::string& tokenizer, const std::string& out,
+                                HfExportStats* stats) {
+  for (const char* name : kTokenizerFiles) {
+    const std::string from = absl::StrCat(tokenizer, "/", name);
+    if (!CheckRegularFile(from, "tokenizer file").ok()) continue;
+    ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(from, 1 << 30, "tokenizer file"));
+    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(out, "/", name), bytes, 0));
+    ++stats->tokenizer_files;
+  }
+  if (stats->tokenizer_files == 0) {
+    LOG(WARNING) << "tokenizer directory " << tokenizer << " holds no tokenizer files";
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status LoadHfLayer(const HfWeights& weights, const ModelSpec& spec, const std::string& dir,
@@ -184,126 +355,26 @@ absl::Status LoadHfLayer(const HfWeights& weights, const ModelSpec& spec, const 
 
 absl::StatusOr<HfExportStats> ExportHf(const std::string& ckpt_path, const std::string& out,
                                        const HfExportOptions& options) {
-  if (options.dtype != "F32" && options.dtype != "BF16" && options.dtype != "F16") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--dtype ", options.dtype, ": use fp32, bf16 or fp16"));
-  }
-  RETURN_IF_ERROR(VerifyCheckpoint(ckpt_path));
-  ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
-  absl::StatusOr<ModelSpec> spec = ParseModelSpecLine(common.model_spec);
-  if (!spec.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(ckpt_path, ": cannot tell its model (", spec.status().message(),
-                     "); only checkpoints of model.kind llama or gpt2 export to Hugging Face"));
-  }
+  CheckpointCommon common;
+  ASSIGN_OR_RETURN(ModelSpec spec, ReadExportCheckpoint(ckpt_path, options, &common));
   const std::string torch_dtype = options.dtype == "F32"    ? "float32"
                                   : options.dtype == "BF16" ? "bfloat16"
                                                             : "float16";
-  ASSIGN_OR_RETURN(std::string config, HfConfigJson(*spec, torch_dtype));
+  ASSIGN_OR_RETURN(std::string config, HfConfigJson(spec, torch_dtype));
   const int item = SafetensorsDtypeBytes(options.dtype);
 
-  // Pass 1: every parameter's name and shape (the header comes first), layer by layer.
-  struct Item {
-    size_t layer;
-    std::string key;
-    SafetensorsEntry entry;
-  };
-  std::vector<Item> items;
   HfExportStats stats;
   stats.step = common.step;
-  for (size_t l = 0; l < common.layers.size(); ++l) {
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", common.layers[l], ".pt");
-    ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
-    uint64_t layer_bytes = 0;
-    for (const auto& [key, t] : mapped->Params()) {
-      SafetensorsEntry e;
-      e.name = absl::StrCat(common.layers[l], ".", key);
-      if (IsTiedSecond(*spec, e.name)) continue;  // Hugging Face's files hold one copy
-      e.dtype = options.dtype;
-      e.shape = t.sizes().vec();
-      layer_bytes += static_cast<uint64_t>(t.numel()) * item;
-      items.push_back({l, key, std::move(e)});
-    }
-    stats.largest_layer_bytes = std::max(stats.largest_layer_bytes, layer_bytes);
-  }
-  // Shards: greedy in model order, a new one when the next tensor would pass the limit.
-  std::vector<std::vector<SafetensorsEntry>> shards(1);
-  uint64_t in_shard = 0;
-  for (const Item& it : items) {
-    const uint64_t bytes = static_cast<uint64_t>(it.entry.numel()) * item;
-    if (!shards.back().empty() && in_shard + bytes > options.max_shard_bytes) {
-      shards.emplace_back();
-      in_shard = 0;
-    }
-    shards.back().push_back(it.entry);
-    in_shard += bytes;
-    stats.bytes += bytes;
-  }
+  ASSIGN_OR_RETURN(std::vector<ExportItem> items,
+                   ListExportItems(ckpt_path, common, spec, options, item, &stats));
+  const std::vector<std::vector<SafetensorsEntry>> shards =
+      PlanShards(items, item, options.max_shard_bytes, &stats);
   const int n = static_cast<int>(shards.size());
-  auto shard_name = [n](int i) {
-    return n == 1 ? std::string("model.safetensors")
-                  : absl::StrFormat("model-%05d-of-%05d.safetensors", i + 1, n);
-  };
-  std::error_code ec;
-  std::filesystem::create_directories(out, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot create ", out, ": ", ec.message()));
-  // Weights of an earlier export into OUT would be read instead of (or beside) these: a
-  // loader prefers model.safetensors, or the index, whichever is there.
-  for (std::filesystem::directory_iterator it(out, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
-        (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"))) {
-      std::error_code rm;
-      std::filesystem::remove(it->path(), rm);
-    }
-  }
+  RETURN_IF_ERROR(PrepareExportDir(out));
 
-  // Pass 2: the data, one mapped layer at a time, in the order of pass 1.
-  int shard = 0;
-  ASSIGN_OR_RETURN(
-      SafetensorsWriter writer,
-      SafetensorsWriter::Create(out + "/" + shard_name(0), shards[0], {{"format", "pt"}}));
-  size_t in_this_shard = 0;
   std::vector<std::pair<std::string, std::string>> weight_map;
-  for (size_t i = 0; i < items.size();) {
-    const size_t l = items[i].layer;
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", common.layers[l], ".pt");
-    ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
-    const auto params = mapped->Params();
-    for (; i < items.size() && items[i].layer == l; ++i) {
-      const Item& it = items[i];
-      auto found = params.find(it.key);
-      if (found == params.end()) {
-        return absl::DataLossError(absl::StrCat(file, ": '", it.key, "' vanished"));
-      }
-      // Piece by piece (kPieceElems at a time): convert, append, drop the source pages.
-      RETURN_IF_ERROR(TorchCall("converting " + it.entry.name, [&]() -> absl::Status {
-        const torch::Tensor flat = found->second.reshape({-1});
-        const torch::Dtype to = TorchDtype(options.dtype);
-        const int64_t n = flat.numel();
-        for (int64_t off = 0; off < n || off == 0; off += kPieceElems) {
-          const torch::Tensor piece = flat.narrow(0, off, std::min(kPieceElems, n - off));
-          const torch::Tensor out_piece = piece.scalar_type() == to ? piece : piece.to(to);
-          RETURN_IF_ERROR(writer.Append(it.entry.name, out_piece.data_ptr(),
-                                        static_cast<uint64_t>(out_piece.nbytes())));
-          mapped->Release(piece.data_ptr(), piece.nbytes());
-          if (n == 0) break;
-        }
-        return absl::OkStatus();
-      }));
-      weight_map.emplace_back(it.entry.name, shard_name(shard));
-      ++stats.tensors;
-      if (++in_this_shard == shards[shard].size()) {
-        RETURN_IF_ERROR(writer.Finish());
-        if (++shard < n) {
-          ASSIGN_OR_RETURN(writer, SafetensorsWriter::Create(out + "/" + shard_name(shard),
-                                                             shards[shard], {{"format", "pt"}}));
-          in_this_shard = 0;
-        }
-      }
-    }
-  }
-  if (items.empty()) RETURN_IF_ERROR(writer.Finish());
+  RETURN_IF_ERROR(
+      WriteExportShards(ckpt_path, common, items, shards, options, out, &stats, &weight_map));
   stats.shards = n;
   if (n > 1) {
     std::sort(weight_map.begin(), weight_map.end());
@@ -313,18 +384,7 @@ absl::StatusOr<HfExportStats> ExportHf(const std::string& ckpt_path, const std::
   RETURN_IF_ERROR(WriteFileAtomic(out + "/config.json", config, 0));
   const std::string tokenizer =
       options.tokenizer_dir.empty() ? common.tokenizer_dir : options.tokenizer_dir;
-  if (!tokenizer.empty()) {
-    for (const char* name : kTokenizerFiles) {
-      const std::string from = absl::StrCat(tokenizer, "/", name);
-      if (!CheckRegularFile(from, "tokenizer file").ok()) continue;
-      ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(from, 1 << 30, "tokenizer file"));
-      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(out, "/", name), bytes, 0));
-      ++stats.tokenizer_files;
-    }
-    if (stats.tokenizer_files == 0) {
-      LOG(WARNING) << "tokenizer directory " << tokenizer << " holds no tokenizer files";
-    }
-  }
+  if (!tokenizer.empty()) RETURN_IF_ERROR(CopyTokenizerFiles(tokenizer, out, &stats));
   return stats;
 }
 

@@ -20,7 +20,7 @@ SBATCH = os.path.join(ROOT, "deploy", "slurm", "varuna.sbatch")
 SLURM_DIR = os.environ.get("VARUNA_E2E_SLURM_DIR", "/tmp/varuna-slurm-e2e")
 ENV = dict(os.environ, VARUNA_SLURM_DIR=SLURM_DIR,
            VARUNA_SLURM_SUBNET=os.environ.get("VARUNA_E2E_SLURM_SUBNET", "10.78.0"),
-           VARUNA_SLURM_GRACE_S="10", SLURM_CONF=os.path.join(SLURM_DIR, "slurm.conf"))
+           VARUNA_SLURM_GRACE_S="30", SLURM_CONF=os.path.join(SLURM_DIR, "slurm.conf"))
 _state = {}
 
 
