@@ -159,7 +159,13 @@ class SourceTest(se.Fixture):
         se.wait_for(lambda: agent_jobs() == [] or all(
             s not in ("RUNNING", "PENDING") for _, s, _ in agent_jobs()), 120,
             "the idle agent jobs to be cancelled")
-        se.wait_for(lambda: c.nodes() == [], 60, "the released nodes to be forgotten")
+        try:
+            # Before paced steps the 5000-step reference run (60-90 s) came first, which this
+            # wait then overlapped; under CI load 60 s was once not enough (2026-11-28).
+            se.wait_for(lambda: c.nodes() == [], 120, "the released nodes to be forgotten")
+        except AssertionError as e:
+            raise AssertionError(f"{e}; nodes: {c.nodes()}; agent jobs: {agent_jobs()}\n"
+                                 f"{c.tail()}") from None
         self.assertTrue(events(c, "slurm_released"))
         self.assertTrue(events(c, "slurm_requested"))
 
