@@ -362,6 +362,8 @@ void AgentServer::Shutdown() {
 absl::Status AgentServer::HeartbeatOnce() {
   const AgentConfig& c = agent_.config();
   if (!registered_) {
+    if (given_up_)
+      return absl::FailedPreconditionError("leaving: the manager has forgotten this node");
     v1::RegisterRequest reg;
     reg.set_name(c.name);
     reg.set_address(address_);
@@ -384,6 +386,15 @@ absl::Status AgentServer::HeartbeatOnce() {
   if (!resp.ok()) {
     if (resp.status().code() == absl::StatusCode::kNotFound) {
       registered_ = false;  // the manager forgot us: register on the next beat
+      // Note [Forgotten while leaving]: a node with a preemption notice that the manager
+      // forgets was given back to its machine source (Slurm released its agent job). Coming
+      // back under its name in the seconds before the agent exits would leave a DEAD node that
+      // no source will ever give back, so a leaving agent stays forgotten.
+      if (loop_.RunSync([this] { return agent_.has_preemption_notice(); })) {
+        given_up_ = true;
+        LOG(INFO) << "node=" << c.name
+                  << " forgotten by the manager while leaving; not registering again";
+      }
     }
     return resp.status();
   }

@@ -101,6 +101,7 @@ class AgentServer {
   int notice_cancel_fd_ = -1;  // an eventfd: Shutdown() ends a poll in flight at once
   void NoticeLoop();
   std::atomic<bool> registered_{false};
+  std::atomic<bool> given_up_{false};  // (Note [Forgotten while leaving])
   double last_rtt_s_ = 0;
   std::unique_ptr<MetricsRegistry> metrics_registry_;
   std::unique_ptr<AgentMetrics> metrics_;

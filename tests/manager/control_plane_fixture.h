@@ -96,6 +96,7 @@ class ControlPlaneTest : public ::testing::Test {
     config.stop_grace = absl::Seconds(5);
     config.machine_list = machine_list_;
     config.max_morphs = max_morphs_;
+    config.forget_dead_after = forget_dead_after_;
     config.morph_in_place = false;  // the relaunch path (in place: tests/e2e/in_place_e2e.py)
     manager_ =
         std::make_unique<ManagerServer>(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5)),
@@ -193,6 +194,7 @@ class ControlPlaneTest : public ::testing::Test {
   FakeClock clock_;
   std::string dir_, data_, manager_address_, machine_list_;
   int max_morphs_ = 20;
+  absl::Duration forget_dead_after_ = absl::Hours(24);
   std::unique_ptr<ManagerServer> manager_;
   std::vector<std::unique_ptr<AgentUnderTest>> agents_;
   std::unique_ptr<v1::JobApi::Stub> jobs_;

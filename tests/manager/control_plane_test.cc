@@ -24,6 +24,32 @@ TEST_F(ControlPlaneTest, NodesGoSuspectThenDeadByMissedHeartbeatsAndComeBack) {
   EXPECT_EQ(NodeStates()["a2"], v1::ALIVE);
 }
 
+// Note [Forgotten while leaving] in agent_server.cc: an agent the manager forgot registers
+// again, unless it is leaving (it has a preemption notice): then it stays forgotten.
+TEST_F(ControlPlaneTest, AForgottenAgentRegistersAgainUnlessItIsLeaving) {
+  forget_dead_after_ = absl::Seconds(20);
+  manager_->Shutdown();
+  StartManager();
+  AddAgent("stays", 1);
+  AddAgent("leaves", 1);
+  v1::PreemptionNotice notice;
+  notice.set_source("slurm");
+  agents_[1]->server->PostNotice(notice);
+  BeatAll();
+  clock_.Advance(absl::Seconds(30));  // both DEAD, then forgotten (idle)
+  Tick();
+  Tick();
+  EXPECT_TRUE(NodeStates().empty());
+  for (auto& a : agents_) {
+    EXPECT_EQ(a->server->HeartbeatOnce().code(), absl::StatusCode::kNotFound);
+  }
+  EXPECT_THAT(agents_[0]->server->HeartbeatOnce(), IsOk());
+  const absl::Status again = agents_[1]->server->HeartbeatOnce();
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(again.message()), HasSubstr("forgotten"));
+  EXPECT_EQ(NodeStates(), (std::map<std::string, v1::NodeState>{{"stays", v1::ALIVE}}));
+}
+
 TEST_F(ControlPlaneTest, DrainStopsNewPlacementsAndUndoRestoresThem) {
   AddAgent("a1", 2);
   AddAgent("a2", 2);
