@@ -108,7 +108,10 @@ StragglerController::JobState& StragglerController::StateFor(const Job& job) {
     LOG(INFO) << JobWho(job.info()) << " no straggler detection: " << ranks.status().message();
     return st;
   }
-  st.detector = std::make_unique<StragglerDetector>(*std::move(ranks), Settings(job).window_steps);
+  std::set<std::string> planned_slow;
+  for (const auto& n : job.rec.stragglers().speeds()) planned_slow.insert(n.node());
+  st.detector = std::make_unique<StragglerDetector>(*std::move(ranks), Settings(job).window_steps,
+                                                    planned_slow);
   return st;
 }
 

@@ -37,6 +37,16 @@ namespace varuna {
 // exceeds its same-layer peers' by a quarter of its step's pipeline time, over the window's
 // median, is reported with its neighbours' nodes (SlowLinks). It is only reported: the
 // planner does not model a single slow link.
+//
+// Note [Planned-slow references]: a node the job's plan already treats as slow (a rebalance
+// gave it less work) is no reference for the others' speed. Its measured speed depends on the
+// load the rebalance left it: a machine throttled by a quota, a noisy neighbour or a thermal
+// cap runs a small share in bursts at nearly full speed, while the nodes that took its work
+// now run theirs at full occupancy. Compared with it, a normal node reads slow (0.67x in the
+// straggler e2e test: the ladder then rebalanced onto the slow node again, and back). So a
+// node's peers exclude planned-slow nodes; with no other peer it has no reading (as a node
+// alone in the job). A planned-slow node is still measured against the normal ones, which is
+// how it recovers (Note [Straggler ladder] in straggler_controller.cc, with probation).
 
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -118,7 +128,8 @@ absl::StatusOr<std::vector<RankWork>> RanksOf(const v1::JobInfo& info, const v1:
   return out;
 }
 
-StragglerDetector::StragglerDetector(std::vector<RankWork> ranks, int window)
+StragglerDetector::StragglerDetector(std::vector<RankWork> ranks, int window,
+                                     const std::set<std::string>& planned_slow)
     : ranks_(std::move(ranks)), window_(std::max(1, window)) {
   const int W = static_cast<int>(ranks_.size());
   peers_.resize(W);
@@ -126,7 +137,7 @@ StragglerDetector::StragglerDetector(std::vector<RankWork> ranks, int window)
   excess_wait_.resize(W);
   for (int r = 0; r < W; ++r) {
     for (int q = 0; q < W; ++q) {
-      if (ranks_[q].node == ranks_[r].node) continue;
+      if (ranks_[q].node == ranks_[r].node || planned_slow.count(ranks_[q].node)) continue;
       others_[r].push_back(q);
       if (ranks_[q].first_segment == ranks_[r].first_segment &&
           ranks_[q].end_segment == ranks_[r].end_segment) {

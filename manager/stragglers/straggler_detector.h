@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,7 +44,10 @@ double Median(std::vector<double> v);
 
 class StragglerDetector {
  public:
-  StragglerDetector(std::vector<RankWork> ranks, int window);
+  // `planned_slow`: the nodes the job's plan already treats as slow (its stragglers' speeds);
+  // they are nobody's reference (Note [Planned-slow references] in straggler_detector.cc).
+  StragglerDetector(std::vector<RankWork> ranks, int window,
+                    const std::set<std::string>& planned_slow = {});
 
   // One step's busy and wait seconds per rank (index = rank). A step at or before the newest
   // taken, or lists of another size, are ignored; returns whether the step was taken.

@@ -83,6 +83,27 @@ TEST(StragglerDetectorTest, NormalisesByExpectedWork) {
   for (const auto& [node, speed] : d.Speeds()) EXPECT_NEAR(speed, 1.0, 1e-9) << node;
 }
 
+// (Note [Planned-slow references] in straggler_detector.cc) After a rebalance gave b a small share,
+// b runs it in bursts and reads fast; compared with b, a (now fully busy) would read slow and be
+// rebalanced in its turn. A planned-slow node is nobody's reference: a has no reading, b is
+// measured against a.
+TEST(StragglerDetectorTest, APlannedSlowNodeIsNobodysReference) {
+  const std::vector<RankWork> ranks = {Rank("a", 0, 0, 0, 3, 11), Rank("a", 0, 1, 3, 6, 11),
+                                       Rank("b", 1, 0, 0, 3, 1), Rank("b", 1, 1, 3, 6, 1)};
+  StragglerDetector unaware(ranks, 2);
+  StragglerDetector aware(ranks, 2, {"b"});
+  for (int s = 1; s <= 2; ++s) {
+    const std::vector<double> busy = {16.5, 16.5, 1.0, 1.0}, wait = {0.5, 0.5, 16, 16};
+    ASSERT_TRUE(unaware.Add(s, busy, wait));
+    ASSERT_TRUE(aware.Add(s, busy, wait));
+  }
+  EXPECT_NEAR(unaware.Speeds()["a"], 2.0 / 3, 1e-9);
+  const auto speeds = aware.Speeds();
+  EXPECT_EQ(speeds.count("a"), 0u);
+  ASSERT_EQ(speeds.count("b"), 1u);
+  EXPECT_NEAR(speeds.at("b"), 1.0, 1e-9);  // its recovery is still seen (with probation)
+}
+
 // A rank of normal speed that waits far longer than its same-layer peer for its neighbour on
 // another node: a slow link, reported with the neighbour's node.
 TEST(StragglerDetectorTest, ReportsASlowLink) {
