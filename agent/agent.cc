@@ -170,6 +170,7 @@ Agent::Agent(AgentConfig config, Clock* clock, ProcessLauncher* launcher)
     : config_(std::move(config)),
       clock_(clock),
       launcher_(launcher),
+      report_(config_.name),
       standbys_(PoolOptions(config_), clock, launcher) {}
 
 void Agent::set_address(std::string address) {
@@ -393,7 +394,7 @@ void Agent::Reap() {
       w.signal = e.signal;
       if (metrics_) metrics_->OnWorkerExited(w.job_id, e.exit_code, e.signal);
       w.exited_at = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
-      urgent_ = true;
+      report_.MarkUrgent();
       ReadProgress(w);  // its last lines (how it ended) go with the exit
       LOG(INFO) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
                 << " exited with " << DescribeExit(e.exit_code, e.signal);
@@ -423,7 +424,6 @@ void Agent::ReadProgress(Worker& w) {
     return;
   }
   w.progress_offset = slice->offset + static_cast<int64_t>(end) + 1;
-  int64_t& forwarded = forwarded_step_[absl::StrCat(w.job_id, "/", w.generation)];
   for (absl::string_view line :
        absl::StrSplit(absl::string_view(slice->data).substr(0, end), '\n')) {
     if (absl::StripAsciiWhitespace(line).empty()) continue;
@@ -482,36 +482,23 @@ void Agent::ReadProgress(Worker& w) {
         w.committed_step = event->rescued().committed_step();
         w.also_saved_step = event->rescued().also_saved_step();
         break;
-      case v1::WorkerEvent::kStep: {
-        const v1::StepMetrics& m = event->step();
-        w.last = m;
-        if (m.step() > forwarded) {
-          forwarded = m.step();
-          if (w.pending.size() < 100000) w.pending.push_back(m);
-        }
+      case v1::WorkerEvent::kStep:
+        w.last = event->step();
+        report_.Queue(w.job_id, w.generation, event->step(), &w.steps);
         break;
-      }
       case v1::WorkerEvent::KIND_NOT_SET:
         break;
     }
   }
 }
 
-// Note [Heartbeat budget]: a heartbeat must always fit the manager's request limit (gRPC's
-// 4 MiB), whatever the workers wrote: a refused heartbeat is refused again next time, and the
-// node would stay DEAD. So each worker's status is small (errors are cut, the progress copy
-// carries no per-stage lists), and what can be large goes in only while the request stays
-// under kMaxHeartbeatBytes: profiles, then step records oldest first; what does not fit
-// follows in later heartbeats (they are kept until the manager acknowledges them).
+// Each worker's row is small (Note [Heartbeat budget] in heartbeat_report.cc): its error cut,
+// its progress copy without the per-stage lists; the report adds what can be large.
 v1::HeartbeatRequest Agent::BuildHeartbeat() {
   Reap();
   UpdateWorkerMetrics();
-  v1::HeartbeatRequest hb;
-  hb.set_name(config_.name);
-  if (notice_) *hb.mutable_preemption() = *notice_;
-  hb.set_probe_score(probe_score_);
-  constexpr size_t kMaxStepsPerBeat = 1000;
-  std::vector<std::pair<Worker*, v1::WorkerStatus*>> statuses;
+  v1::HeartbeatRequest hb = report_.Begin();
+  std::vector<HeartbeatReport::Row> rows;
   for (auto& [key, w] : workers_) {
     if (w.running) ReadProgress(w);
     v1::WorkerStatus* s = hb.add_workers();
@@ -537,26 +524,9 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     if (w.in_place.ByteSizeLong() > 0) *s->mutable_in_place() = w.in_place;
     s->set_parked(w.parked);
     s->set_frozen(w.running && w.frozen);  // Tick looks every 100 ms
-    w.in_flight = 0;
-    statuses.emplace_back(&w, s);
+    rows.push_back({s, &w.profile_json, &w.steps});
   }
-  size_t bytes = hb.ByteSizeLong();
-  for (auto& [w, s] : statuses) {
-    if (w->profile_json.empty()) continue;
-    if (bytes + w->profile_json.size() + 16 > kMaxHeartbeatBytes) continue;  // a later one
-    s->set_profile_json(w->profile_json);
-    bytes += w->profile_json.size() + 16;
-  }
-  for (auto& [w, s] : statuses) {
-    while (w->in_flight < std::min(w->pending.size(), kMaxStepsPerBeat)) {
-      const v1::StepMetrics& m = w->pending[w->in_flight];
-      const size_t size = m.ByteSizeLong() + 8;
-      if (bytes + size > kMaxHeartbeatBytes) break;
-      *s->add_steps() = m;
-      bytes += size;
-      ++w->in_flight;
-    }
-  }
+  report_.Fill(&hb, rows);
   return hb;
 }
 
@@ -565,26 +535,17 @@ void Agent::UpdateWorkerMetrics() {
   int running = 0, exited = 0;
   for (const auto& [key, w] : workers_) (w.running ? running : exited) += 1;
   metrics_->SetWorkers(running, exited);
-  if (notice_) {
+  if (const auto& notice = report_.notice()) {
     const double now = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
-    metrics_->SetNotice(true, notice_->deadline_ms() > 0 ? notice_->deadline_ms() / 1e3 - now : 0);
+    metrics_->SetNotice(true, notice->deadline_ms() > 0 ? notice->deadline_ms() / 1e3 - now : 0);
   } else {
     metrics_->SetNotice(false, 0);
   }
 }
 
-void Agent::SetPreemptionNotice(const v1::PreemptionNotice& notice) {
-  if (!notice_) {
-    urgent_ = true;
-    LOG(WARNING) << "node=" << config_.name << " preemption notice from " << notice.source()
-                 << (notice.detail().empty() ? "" : ": ") << notice.detail();
-  }
-  notice_ = notice;
-}
-
 // The file's existence is the notice; a number on its first line is the seconds left.
 void Agent::CheckNoticeFile() {
-  if (config_.preemption_notice_file.empty() || notice_) return;
+  if (config_.preemption_notice_file.empty() || report_.notice()) return;
   std::error_code ec;
   if (!fs::exists(config_.preemption_notice_file, ec)) return;
   v1::PreemptionNotice n;
@@ -597,15 +558,11 @@ void Agent::CheckNoticeFile() {
       seconds >= 0 && seconds < 86400 * 365) {
     n.set_deadline_ms(absl::ToUnixMillis(clock_->Now() + absl::Seconds(seconds)));
   }
-  SetPreemptionNotice(n);
+  report_.SetNotice(n);
 }
 
 void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
-  for (auto& [key, w] : workers_) {
-    const size_t acked = std::min(w.in_flight, w.pending.size());
-    w.pending.erase(w.pending.begin(), w.pending.begin() + static_cast<long>(acked));
-    w.in_flight = 0;
-  }
+  for (auto& [key, w] : workers_) report_.Acknowledge(&w.steps);
   for (const v1::JobRef& ref : resp.stop()) {
     v1::StopRequest stop;
     stop.set_job_id(ref.job_id());
@@ -616,7 +573,8 @@ void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
     const int max_gen = ref.generation() == 0 ? INT_MAX : ref.generation();
     for (auto it = workers_.begin(); it != workers_.end();) {
       const Worker& w = it->second;
-      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen && w.pending.empty()) {
+      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen &&
+          w.steps.pending.empty()) {
         it = workers_.erase(it);
       } else {
         ++it;
@@ -636,7 +594,7 @@ void Agent::Tick() {
     const bool was_parked = !w.parked.empty();
     ReadProgress(w);
     const bool frozen = ProcessStopped(w.pid);
-    if ((!was_parked && !w.parked.empty()) || (frozen && !w.frozen)) urgent_ = true;
+    if ((!was_parked && !w.parked.empty()) || (frozen && !w.frozen)) report_.MarkUrgent();
     w.frozen = frozen;
   }
   for (auto& [key, w] : workers_) {

@@ -3,9 +3,7 @@
 // The agent's state machine: the workers of this machine. Runs on the agent's event loop
 // thread (every method), which the gRPC glue and the heartbeat thread post to.
 
-#include <deque>
 #include <map>
-#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -14,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "agent/agent_metrics.h"
+#include "agent/heartbeat_report.h"
 #include "agent/process_launcher.h"
 #include "agent/standby_pool.h"
 #include "common/base/clock.h"
@@ -71,10 +70,6 @@ struct AgentConfig {
 // *_s). Unknown keys are errors.
 absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* config);
 
-// What one heartbeat may carry at most (Note [Heartbeat budget] in agent.cc); the manager
-// accepts 4 MiB.
-inline constexpr size_t kMaxHeartbeatBytes = 2 << 20;
-
 // The environment every worker starts from: the agent's own, minus what a launch sets.
 std::map<std::string, std::string> AgentEnvironment();
 // Whether the process is stopped (Note [Frozen workers] in agent/in_place.cc).
@@ -89,21 +84,18 @@ class Agent {
   v1::CheckpointResponse Checkpoint(const v1::CheckpointRequest& req);
   absl::StatusOr<v1::FetchLogsResponse> FetchLogs(const v1::FetchLogsRequest& req) const;
 
-  // Reaps, then describes every worker (running and exited-but-unreleased).
+  // Reaps, then describes every worker (running and exited-but-unreleased), with what the
+  // report adds (the notice, the probe score, profiles and step records within the budget).
   v1::HeartbeatRequest BuildHeartbeat();
   // Called only when the manager answered: the step records that heartbeat carried are
-  // acknowledged (and not sent again).
+  // acknowledged (and not sent again), then the stops and releases it asks for are done.
   void OnHeartbeatResponse(const v1::HeartbeatResponse& resp);
-  // A preemption notice for this machine (from the file, the cloud poller or a test); sent
-  // with every heartbeat from now on.
-  void SetPreemptionNotice(const v1::PreemptionNotice& notice);
+  // What heartbeats carry besides the workers' rows: the preemption notice (SetNotice), the
+  // probe score, and whether one is due at once (TakeUrgent: after a worker exited, parked or
+  // froze, or a first notice).
+  HeartbeatReport& report() { return report_; }
   // Metrics (docs/observability.md), updated in the transitions from here on. Optional.
   void set_metrics(AgentMetrics* m) { metrics_ = m; }
-  // The startup speed probe's score (Note [Speed probe] in probe.cc), sent in heartbeats.
-  void set_probe_score(double score) { probe_score_ = score; }
-  bool has_preemption_notice() const { return notice_.has_value(); }
-  // True once after a worker exited or a notice arrived: worth a heartbeat right away.
-  bool TakeUrgent() { return std::exchange(urgent_, false); }
   // Reaps exited workers and escalates overdue stops to SIGKILL.
   void Tick();
   // SIGTERM to every running worker (agent shutdown). Returns how many were signalled.
@@ -134,10 +126,9 @@ class Agent {
     // The worker's events (Note [Worker protocol] in common/launch/worker_protocol.cc), read
     // incrementally from this offset.
     int64_t progress_offset = 0;
-    int64_t bad_lines = 0;                // progress lines the codec refused (the first is logged)
-    v1::StepMetrics last;                 // the newest step line
-    std::deque<v1::StepMetrics> pending;  // step records not yet acknowledged by the manager
-    size_t in_flight = 0;                 // how many of `pending` the last heartbeat carried
+    int64_t bad_lines = 0;         // progress lines the codec refused (the first is logged)
+    v1::StepMetrics last;          // the newest step line
+    HeartbeatReport::Steps steps;  // step records for the manager, until acknowledged
     int64_t resumed_from = -1;
     double ready_at = 0;
     double exited_at = 0;
@@ -168,13 +159,10 @@ class Agent {
   Clock* const clock_;
   ProcessLauncher* const launcher_;
   std::map<Key, Worker> workers_;
-  std::map<std::string, int> newest_generation_;   // per job
-  std::map<std::string, int> master_port_;         // "job/gen" -> port chosen here
-  std::map<std::string, int64_t> forwarded_step_;  // "job/gen" -> newest step queued
-  std::optional<v1::PreemptionNotice> notice_;
-  bool urgent_ = false;
+  std::map<std::string, int> newest_generation_;  // per job
+  std::map<std::string, int> master_port_;        // "job/gen" -> port chosen here
+  HeartbeatReport report_;
   AgentMetrics* metrics_ = nullptr;
-  double probe_score_ = 0;
   std::set<Key> ever_started_;  // (job, rank) started here: a later start is a restart
   StandbyPool standbys_;        // Note [Standby workers]
   void UpdateWorkerMetrics();

@@ -3,6 +3,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 
 #include "agent/preemption.h"
@@ -249,16 +250,15 @@ AgentServer::AgentServer(AgentConfig config, Clock* clock, ProcessLauncher* laun
                          std::unique_ptr<ManagerClient> manager, Options options)
     : clock_(clock),
       agent_(std::move(config), clock, launcher),
-      manager_(std::move(manager)),
       options_(options),
+      heartbeat_(std::move(manager), &agent_, &loop_),
       loop_("agent", options.background_heartbeats ? options.tick_period : absl::ZeroDuration(),
             [this] {
               agent_.Tick();
               // An exit (or a notice) goes to the manager now, not at the next period: a
               // morph waits for it (docs/morphing.md).
-              if (agent_.TakeUrgent()) WakeHeartbeat();
-            }),
-      heartbeat_period_ms_(absl::ToInt64Milliseconds(agent_.config().heartbeat_period)) {}
+              if (agent_.report().TakeUrgent()) heartbeat_.Wake();
+            }) {}
 
 AgentServer::~AgentServer() { Shutdown(); }
 
@@ -267,13 +267,14 @@ absl::Status AgentServer::Start() {
   RETURN_IF_ERROR(CheckListenSecurity("varuna-agent", c.listen, c.tls.enabled(), c.allow_insecure));
   ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(c.tls, /*need_cert=*/true, "varuna-agent"));
   loop_.Start();
-  service_ =
-      std::make_unique<Service>(&loop_, &agent_, tls.enabled, c.tls_manager_name, &manager_term_);
+  service_ = std::make_unique<Service>(&loop_, &agent_, tls.enabled, c.tls_manager_name,
+                                       heartbeat_.manager_term());
   auto started =
       StartServer(c.listen, {service_.get()}, c.advertise_host, tls, ClientCerts::kRequired);
   if (!started.ok()) return started.status();
   server_ = std::move(started->server);
   address_ = started->address;
+  heartbeat_.set_address(address_);
   loop_.RunSync([this] { agent_.set_address(address_); });
   if (!c.http_listen.empty()) {
     metrics_registry_ = std::make_unique<MetricsRegistry>();
@@ -293,7 +294,7 @@ absl::Status AgentServer::Start() {
     http_->Get(
         "/healthz",
         [this](const HttpServer::Request&) -> HttpServer::Response {
-          const bool ok = registered_.load();
+          const bool ok = heartbeat_.registered();
           return {
               ok ? 200 : 503, "text/plain", ok ? "ok\n" : "not registered with the manager\n", {}};
         },
@@ -314,10 +315,10 @@ absl::Status AgentServer::Start() {
     // Note [Speed probe] in probe.cc: the baseline, measured once, off the loop.
     probe_thread_ = std::thread([this, d = c.startup_probe] {
       const double score = RunSpeedProbe(d);
-      loop_.Post([this, score] { agent_.set_probe_score(score); });
+      loop_.Post([this, score] { agent_.report().set_probe_score(score); });
     });
   }
-  if (options_.background_heartbeats) hb_.thread = std::thread([this] { HeartbeatLoop(); });
+  if (options_.background_heartbeats) heartbeat_.Start();
   if (!agent_.config().preemption_notice_url.empty()) {
     notice_cancel_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     notice_thread_ = std::thread([this] { NoticeLoop(); });
@@ -326,18 +327,13 @@ absl::Status AgentServer::Start() {
 }
 
 void AgentServer::Shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(hb_.mu);
-    if (hb_.stop) return;
-    hb_.stop = true;
-  }
-  hb_.cv.notify_all();
+  if (!heartbeat_.Stop()) return;
   if (notice_cancel_fd_ >= 0) {  // a poll in flight ends now, not at its deadline
     const uint64_t one = 1;
     (void)!write(notice_cancel_fd_, &one, sizeof one);
   }
   if (http_ != nullptr) http_->Stop();
-  if (hb_.thread.joinable()) hb_.thread.join();
+  heartbeat_.Join();
   if (probe_thread_.joinable()) probe_thread_.join();
   if (notice_thread_.joinable()) notice_thread_.join();
   if (notice_cancel_fd_ >= 0) close(notice_cancel_fd_);
@@ -359,50 +355,7 @@ void AgentServer::Shutdown() {
   loop_.Stop();
 }
 
-absl::Status AgentServer::HeartbeatOnce() {
-  const AgentConfig& c = agent_.config();
-  if (!registered_) {
-    if (given_up_)
-      return absl::FailedPreconditionError("leaving: the manager has forgotten this node");
-    v1::RegisterRequest reg;
-    reg.set_name(c.name);
-    reg.set_address(address_);
-    reg.set_slots(c.slots);
-    for (const auto& [k, v] : c.labels) (*reg.mutable_labels())[k] = v;
-    auto r = manager_->Register(reg);
-    if (!r.ok()) return r.status();
-    registered_ = true;
-    LOG(INFO) << "node=" << c.name << " registered with manager " << manager_->current();
-    AdoptHeartbeatPeriod(r->heartbeat_period_ms());
-    AdoptTerm(r->manager_term());
-  }
-  v1::HeartbeatRequest hb = loop_.RunSync([this] { return agent_.BuildHeartbeat(); });
-  hb.set_last_rtt_s(last_rtt_s_);
-  const auto t0 = std::chrono::steady_clock::now();
-  auto resp = manager_->Heartbeat(hb);
-  // A failed call is not a latency sample (a timeout would read as a 10 s heartbeat).
-  last_rtt_s_ =
-      resp.ok() ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() : 0;
-  if (!resp.ok()) {
-    if (resp.status().code() == absl::StatusCode::kNotFound) {
-      registered_ = false;  // the manager forgot us: register on the next beat
-      // Note [Forgotten while leaving]: a node with a preemption notice that the manager
-      // forgets was given back to its machine source (Slurm released its agent job). Coming
-      // back under its name in the seconds before the agent exits would leave a DEAD node that
-      // no source will ever give back, so a leaving agent stays forgotten.
-      if (loop_.RunSync([this] { return agent_.has_preemption_notice(); })) {
-        given_up_ = true;
-        LOG(INFO) << "node=" << c.name
-                  << " forgotten by the manager while leaving; not registering again";
-      }
-    }
-    return resp.status();
-  }
-  AdoptHeartbeatPeriod(resp->heartbeat_period_ms());
-  AdoptTerm(resp->manager_term());
-  loop_.Post([this, r = *std::move(resp)] { agent_.OnHeartbeatResponse(r); });
-  return absl::OkStatus();
-}
+absl::Status AgentServer::HeartbeatOnce() { return heartbeat_.Once(); }
 
 // Polls the cloud's metadata endpoint off the event loop (a slow endpoint must not delay
 // heartbeats); a notice is handed to the agent, whose heartbeats then carry it.
@@ -420,72 +373,24 @@ void AgentServer::NoticeLoop() {
         LOG(WARNING) << "node=" << c.name << " preemption notice poll: " << reply.status();
       warned = true;
     } else if (auto notice = ParsePreemptionReply(reply->status, reply->body, vm_names)) {
-      loop_.Post([this, n = *notice] { agent_.SetPreemptionNotice(n); });
+      loop_.Post([this, n = *notice] { agent_.report().SetNotice(n); });
       return;  // one notice per machine lifetime
     }
-    std::unique_lock<std::mutex> lock(hb_.mu);
-    if (hb_.cv.wait_for(lock, absl::ToChronoNanoseconds(c.notice_poll_period),
-                        [this] { return hb_.stop; })) {
-      return;
-    }
-  }
-}
-
-void AgentServer::AdoptTerm(int64_t term) {
-  int64_t seen = manager_term_.load();
-  while (term > seen && !manager_term_.compare_exchange_weak(seen, term)) {
+    if (heartbeat_.WaitStopped(c.notice_poll_period)) return;  // the agent is shutting down
   }
 }
 
 void AgentServer::PostNotice(v1::PreemptionNotice notice) {
-  loop_.Post([this, n = std::move(notice)] { agent_.SetPreemptionNotice(n); });
-  WakeHeartbeat();
+  loop_.Post([this, n = std::move(notice)] { agent_.report().SetNotice(n); });
+  heartbeat_.Wake();
 }
 
 int AgentServer::RunningWorkers() {
   return loop_.RunSync([this] { return agent_.running_workers(); });
 }
 
-void AgentServer::WakeHeartbeat() {
-  {
-    std::lock_guard<std::mutex> lock(hb_.mu);
-    hb_.wake = true;
-  }
-  hb_.cv.notify_all();
-}
-
-void AgentServer::AdoptHeartbeatPeriod(int64_t period_ms) {
-  if (period_ms > 0 && period_ms != heartbeat_period_ms_.exchange(period_ms)) {
-    LOG(INFO) << "node=" << agent_.config().name << " heartbeat period " << period_ms
-              << "ms, as the manager asks";
-  }
-}
-
 void AgentServer::Tick() {
   loop_.RunSync([this] { agent_.Tick(); });
-}
-
-void AgentServer::HeartbeatLoop() {
-  for (;;) {
-    absl::Status s = HeartbeatOnce();
-    const absl::Duration period = absl::Milliseconds(heartbeat_period_ms_.load());
-    if (!s.ok() && manager_reachable_) {
-      LOG(WARNING) << "node=" << agent_.config().name << " heartbeat failed (workers keep "
-                   << "running; retrying every " << period << "): " << s.message();
-    } else if (s.ok() && !manager_reachable_) {
-      LOG(INFO) << "node=" << agent_.config().name << " manager reachable again";
-    }
-    manager_reachable_ = s.ok();
-    std::unique_lock<std::mutex> lock(hb_.mu);
-    if (hb_.cv.wait_for(lock, absl::ToChronoNanoseconds(period),
-                        [this] { return hb_.stop || hb_.wake; })) {
-      if (hb_.wake && !hb_.stop) {
-        hb_.wake = false;
-        continue;
-      }
-      return;
-    }
-  }
 }
 
 }  // namespace varuna

@@ -1,34 +1,23 @@
 #pragma once
 
 // varuna-agent as a process: the Agent state machine on its event loop, the AgentApi gRPC
-// service, and the heartbeat thread that registers with the manager and reports workers.
+// service, the heartbeats that register with the manager and report workers (HeartbeatSender),
+// the preemption notice poller and the /metrics server.
 
-#include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/status/statusor.h"
 #include "agent/agent.h"
 #include "agent/agent_metrics.h"
+#include "agent/heartbeat_sender.h"
 #include "common/base/event_loop.h"
 #include "common/net/http_server.h"
 #include "common/net/metrics.h"
 #include "varuna/v1/control.grpc.pb.h"
 
 namespace varuna {
-
-// The manager as the agent sees it. Every call has a deadline.
-class ManagerClient {
- public:
-  virtual ~ManagerClient() = default;
-  virtual absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& req) = 0;
-  virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& req) = 0;
-  // The manager it talks to now (with several, the one that answered as leader last).
-  virtual std::string current() const { return ""; }
-};
 
 // `address`: one manager, or several (a:7070,b:7070): calls go to the one that leads, found
 // from a standby's answer (it names the leader) or by trying the next.
@@ -66,56 +55,31 @@ class AgentServer {
   int RunningWorkers();
   // Sends a heartbeat now (from the heartbeat thread): e.g. the exits of workers that left
   // under a notice, before the agent itself goes.
-  void ReportNow() { WakeHeartbeat(); }
+  void ReportNow() { heartbeat_.Wake(); }
   EventLoop& loop() { return loop_; }
+  // The /metrics address (HOST:PORT), "" without --http_listen.
+  std::string http_address() const { return http_ ? http_->address() : ""; }
 
  private:
   class Service;
-  void HeartbeatLoop();
-  void AdoptHeartbeatPeriod(int64_t period_ms);
+  void NoticeLoop();
 
   Clock* const clock_;
   Agent agent_;
-  std::unique_ptr<ManagerClient> manager_;
   const Options options_;
   // Before loop_: its tick may wake the heartbeat thread.
-  // The heartbeat thread and what wakes or stops it.
-  struct HeartbeatThread {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool stop = false;
-    bool wake = false;  // heartbeat now (WakeHeartbeat)
-    std::thread thread;
-  } hb_;
-  void WakeHeartbeat();
+  HeartbeatSender heartbeat_;
   EventLoop loop_;
   std::thread probe_thread_;  // the startup speed probe
   std::unique_ptr<Service> service_;
-  // The newest leader term seen (several managers): calls with an older one are refused.
-  std::atomic<int64_t> manager_term_{0};
-  void AdoptTerm(int64_t term);
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 
   std::thread notice_thread_;  // polls preemption_notice_url (agent/preemption.h)
   int notice_cancel_fd_ = -1;  // an eventfd: Shutdown() ends a poll in flight at once
-  void NoticeLoop();
-  std::atomic<bool> registered_{false};
-  std::atomic<bool> given_up_{false};  // (Note [Forgotten while leaving])
-  double last_rtt_s_ = 0;
   std::unique_ptr<MetricsRegistry> metrics_registry_;
   std::unique_ptr<AgentMetrics> metrics_;
   std::unique_ptr<HttpServer> http_;
-
- public:
-  // The /metrics address (HOST:PORT), "" without --http_listen.
-  std::string http_address() const {
-    return http_ ? http_->address() : "";
-  }                                // the previous heartbeat's round trip (heartbeat thread only)
-  bool manager_reachable_ = true;  // heartbeat thread only, for log de-duplication
-  // The manager's heartbeat period from its Register reply (its SUSPECT/DEAD timeouts are
-  // counted in it); the agent's own setting until then.
-  std::atomic<int64_t> heartbeat_period_ms_;
 };
 
 }  // namespace varuna

@@ -251,8 +251,8 @@ absl::StatusOr<int> RunSubmit(Session& s, const ParsedArgs& a) {
 }
 
 absl::StatusOr<int> RunList(Session& s, const ParsedArgs&) {
-  // Every page (Note [Pages] in manager/manager.cc); a manager keeps a bounded number of jobs
-  // (retention), and a token that does not advance ends the loop.
+  // Every page (Note [Pages] in manager/api/manager_api.cc); a manager keeps a bounded number of
+  // jobs (retention), and a token that does not advance ends the loop.
   std::vector<v1::JobInfo> jobs;
   v1::ListJobsRequest req;
   for (int page = 0; page < 10000; ++page) {

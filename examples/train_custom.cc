@@ -75,10 +75,11 @@ int main(int argc, char** argv) {
   ready.mutable_ready()->set_resumed_from(0);
   (void)varuna::AppendWorkerEvent(ready);
   auto& v = **engine;
-  v.set_optimizer(std::make_shared<torch::optim::Adam>(v.parameters(), 1e-2));
+  const varuna::EngineView view = v.view();
+  v.set_optimizer(std::make_shared<torch::optim::Adam>(view.parameters(), 1e-2));
   // This rank's pipeline reads its own contiguous share of every global batch.
-  const int64_t share = v.topology().pipeline(v.replica()).samples;
-  const int64_t offset = v.topology().SampleOffset(v.replica());
+  const int64_t share = view.topology().pipeline(view.replica()).samples;
+  const int64_t offset = view.topology().SampleOffset(view.replica());
   for (int64_t step = 1; step <= 50; ++step) {
     auto full = make_batch(step, 32);
     varuna::TensorMap mine;
@@ -89,7 +90,7 @@ int main(int argc, char** argv) {
     progress.mutable_step()->set_step(static_cast<int32_t>(step));
     progress.mutable_step()->set_loss(r->loss);
     (void)varuna::AppendWorkerEvent(progress);
-    if (v.is_last_stage() && (step == 1 || step % 10 == 0)) {
+    if (view.is_last_stage() && (step == 1 || step % 10 == 0)) {
       std::cout << "step " << step << " loss " << r->loss << "\n";
     }
   }

@@ -1,14 +1,11 @@
 #include "manager/manager.h"
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "glog/logging.h"
-#include "manager/jobs/log_proxy.h"
-#include "manager/jobs/planning.h"
 
 namespace varuna {
 
@@ -42,7 +39,7 @@ class Manager::NodeEvents final : public NodeTable::Listener {
   bool schedule_posted_ = false;  // the manager's loop only
 };
 
-// ---- the Slurm source's view and hands ----------------------------------------------------
+// ---- the Slurm source, its view and its hands -----------------------------------------------
 
 namespace {
 
@@ -65,9 +62,13 @@ int64_t MaxUsefulSlots(const JobSpec& s) {
 
 }  // namespace
 
-class Manager::SlurmHost final : public SlurmSource::Host {
+class Manager::Slurm final : public SlurmSource::Host {
  public:
-  explicit SlurmHost(Manager* m) : m_(m) {}
+  Slurm(Manager* m, SlurmCommands* commands, Post off_loop)
+      : m_(m),
+        source_(m->config_.slurm, m->clock_, commands, m->post_, std::move(off_loop), this) {}
+  SlurmSource& source() { return source_; }
+
   SlurmView View() override {
     SlurmView v;
     const auto used = m_->jobs_.UsedSlots();
@@ -76,7 +77,7 @@ class Manager::SlurmHost final : public SlurmSource::Host {
       auto it = used.find(name);
       const int u = it == used.end() ? 0 : it->second;
       v.nodes.push_back({name, !n.dead, !m_->nodes_.DrainReason(n).empty(), u});
-      if (m_->slurm_->SourceOf(name).empty() && m_->nodes_.Schedulable(n)) {
+      if (source_.SourceOf(name).empty() && m_->nodes_.Schedulable(n)) {
         others += n.rec.slots();
       }
     }
@@ -104,14 +105,13 @@ class Manager::SlurmHost final : public SlurmSource::Host {
 
  private:
   Manager* const m_;
+  SlurmSource source_;
 };
 
 Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentClientPool* agents,
                  Post post)
     : config_(std::move(config)),
       clock_(clock),
-      store_(store),
-      agents_(agents),
       post_(std::move(post)),
       node_events_(std::make_unique<NodeEvents>(this)),
       nodes_(config_.node_options(), clock, store, node_events_.get()),
@@ -125,7 +125,8 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
                         &profiles_, &job_controller_),
       straggler_controller_(config_.straggler_options(), clock, &jobs_, &nodes_, agents, post_,
                             &events_, &profiles_, &morph_controller_),
-      reconciler_(config_, clock, &jobs_, &nodes_, &job_controller_, &morph_controller_, post_) {
+      reconciler_(config_, clock, &jobs_, &nodes_, &job_controller_, &morph_controller_, post_),
+      housekeeping_(config_, clock, store, &nodes_, &jobs_, &steps_, &straggler_controller_) {
   job_controller_.set_morph(&morph_controller_);
   job_controller_.set_on_steps(
       [this](Job& job, const v1::WorkerStatus& w) { straggler_controller_.OnSteps(job, w); });
@@ -134,7 +135,7 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
 Manager::~Manager() = default;
 
 void Manager::set_metrics(ManagerMetrics* m) {
-  metrics_ = m;
+  housekeeping_.set_metrics(m);
   steps_.set_metrics(m);
   morph_controller_.set_metrics(m);
   straggler_controller_.set_metrics(m);
@@ -143,9 +144,7 @@ void Manager::set_metrics(ManagerMetrics* m) {
 
 void Manager::StartSlurm(SlurmCommands* commands, Post off_loop) {
   if (!config_.slurm.enabled()) return;
-  slurm_host_ = std::make_unique<SlurmHost>(this);
-  slurm_ = std::make_unique<SlurmSource>(config_.slurm, clock_, commands, post_,
-                                         std::move(off_loop), slurm_host_.get());
+  slurm_ = std::make_unique<Slurm>(this, commands, std::move(off_loop));
 }
 
 absl::Status Manager::Recover() {
@@ -172,27 +171,11 @@ void Manager::Tick() {
   job_controller_.Schedule();
   morph_controller_.CheckGrowth();
   straggler_controller_.Tick();
-  if (slurm_) slurm_->Tick();
-  if (clock_->Now() - synced_at_ >= absl::Seconds(1)) {  // Note [High-rate state] (etcd_store.h)
-    synced_at_ = clock_->Now();
-    if (absl::Status s = store_->Sync(); !s.ok()) LOG(WARNING) << "state store: " << s;
-  }
-  if (metrics_ && clock_->Now() - metrics_refreshed_ >= absl::Seconds(1)) RefreshMetrics();
-  if (clock_->Now() - pruned_at_ >= absl::Seconds(10)) {  // Note [Retention] in job_table.cc
-    pruned_at_ = clock_->Now();
-    for (const std::string& id :
-         jobs_.Prune(clock_->Now(), config_.max_finished_jobs, config_.finished_job_ttl)) {
-      LOG(INFO) << "job=" << id
-                << " pruned (retention: max_finished_jobs=" << config_.max_finished_jobs
-                << ", finished_job_ttl_s=" << absl::ToInt64Seconds(config_.finished_job_ttl) << ")";
-      steps_.Forget(id);
-      straggler_controller_.Forget(id);
-      if (metrics_) metrics_->ForgetJob(id);
-    }
-  }
+  if (slurm_) slurm_->source().Tick();
+  housekeeping_.Tick();
 }
 
-// ---- the services' calls -------------------------------------------------------------------
+// ---- the agents' registry calls, and the parts the services' facade asks ---------------------
 
 absl::StatusOr<v1::RegisterResponse> Manager::Register(const v1::RegisterRequest& req) {
   return reconciler_.Register(req);
@@ -202,150 +185,16 @@ absl::StatusOr<v1::HeartbeatResponse> Manager::Heartbeat(const v1::HeartbeatRequ
   return reconciler_.Heartbeat(req);
 }
 
-absl::StatusOr<v1::JobInfo> Manager::Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                            const std::string& user, const std::string& run_as) {
-  auto r = job_controller_.Submit(req, std::move(spec), user, run_as);
-  if (r.ok() && metrics_ != nullptr) metrics_->AddJob(r->id());
-  return r;
-}
-
-std::vector<v1::JobInfo> Manager::ListJobs() const {
-  std::vector<v1::JobInfo> out;
-  for (const auto& id : jobs_.order()) out.push_back(jobs_.Find(id)->info());
-  return out;
-}
-
-// Note [Pages]: every list a client can grow is paged, by count and by bytes, so no reply
-// nears the 4 MiB message limit however many jobs (events: EventLog::List; step records:
-// StepSeries::Get). A jobs page token is the seq of the page's last job; jobs pruned
-// meanwhile (retention) simply drop out.
-absl::StatusOr<v1::ListJobsResponse> Manager::ListJobs(const v1::ListJobsRequest& req) const {
-  constexpr size_t kMaxPageBytes = 2 << 20;
-  const int size = req.page_size() > 0 ? std::min(req.page_size(), 1000) : 500;
-  int64_t after = 0;
-  if (!req.page_token().empty() && (!absl::SimpleAtoi(req.page_token(), &after) || after < 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("list jobs: page_token '", req.page_token(), "' is not from a previous page"));
-  }
-  v1::ListJobsResponse resp;
-  size_t bytes = 0;
-  int64_t last = 0;
-  for (const auto& id : jobs_.order()) {
-    const Job& job = *jobs_.Find(id);
-    if (job.rec.seq() <= after) continue;
-    const size_t b = job.info().ByteSizeLong();
-    if (resp.jobs_size() >= size || (resp.jobs_size() > 0 && bytes + b > kMaxPageBytes)) {
-      resp.set_next_page_token(absl::StrCat(last));
-      break;
-    }
-    bytes += b;
-    last = job.rec.seq();
-    *resp.add_jobs() = job.info();
-  }
-  return resp;
-}
-
-absl::StatusOr<v1::JobInfo> Manager::GetJob(const std::string& id) const {
-  const Job* job = jobs_.Find(id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
-  return job->info();
-}
-
-absl::StatusOr<v1::JobInfo> Manager::Cancel(const std::string& id, const std::string& user) {
-  return job_controller_.Cancel(id, user);
-}
-
-void Manager::GetLogs(const v1::GetLogsRequest& req,
-                      std::function<void(absl::StatusOr<v1::GetLogsResponse>)> done) {
-  const Job* job = jobs_.Find(req.job_id());
-  if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("no job with id '", req.job_id(), "'")));
-    return;
-  }
-  ProxyLogs(*job, nodes_, agents_, req, std::move(done));
-}
-
-v1::NodeInfo Manager::Describe(const NodeTable::Node& n) const {
-  const auto used = jobs_.UsedSlots();
-  auto it = used.find(n.rec.name());
-  std::vector<v1::NodeInfo> info{nodes_.Describe(n, it == used.end() ? 0 : it->second)};
-  straggler_controller_.Annotate(&info);
-  return info[0];
-}
-
-std::vector<v1::NodeInfo> Manager::ListNodes() const {
-  const auto used = jobs_.UsedSlots();  // once, not per node: 1,000 nodes made this quadratic
-  std::vector<v1::NodeInfo> out;
-  out.reserve(nodes_.all().size());
-  for (const auto& [name, n] : nodes_.all()) {
-    auto it = used.find(name);
-    out.push_back(nodes_.Describe(n, it == used.end() ? 0 : it->second));
-    if (slurm_) out.back().set_source(slurm_->SourceOf(name));
-  }
-  straggler_controller_.Annotate(&out);
-  return out;
-}
-
-std::vector<v1::MachineSource> Manager::ListSources() const {
-  std::vector<v1::MachineSource> out;
-  if (slurm_) out.push_back(slurm_->Status());
-  return out;
-}
-
-absl::StatusOr<v1::NodeInfo> Manager::Drain(const std::string& name, bool undo) {
-  ASSIGN_OR_RETURN(NodeTable::Node * n, nodes_.Drain(name, undo));
-  return Describe(*n);
-}
-
-absl::StatusOr<v1::NodeInfo> Manager::Preempt(const std::string& name,
-                                              const v1::PreemptionNotice& notice) {
-  ASSIGN_OR_RETURN(NodeTable::Node * n, nodes_.Preempt(name, notice));
-  return Describe(*n);
-}
-
-v1::ListEventsResponse Manager::ListEvents(const v1::ListEventsRequest& req) const {
-  return events_.List(req);
-}
-
-absl::StatusOr<v1::GetMetricsResponse> Manager::GetMetrics(const v1::GetMetricsRequest& req) const {
-  if (jobs_.Find(req.job_id()) == nullptr) {
-    return absl::NotFoundError(absl::StrCat("no job with id '", req.job_id(), "'"));
-  }
-  return steps_.Get(req);
-}
-
-PlanInputs Manager::PlanInputsFor(const JobSpec& spec) const {
-  return ::varuna::PlanInputsFor(spec, nodes_, profiles_);
-}
-
-v1::GetProfileResponse Manager::GetProfile(const v1::GetProfileRequest& req) const {
-  return profiles_.Get(req);
-}
-
-absl::StatusOr<v1::GetStagesResponse> Manager::GetStages(const std::string& id) const {
-  const Job* job = jobs_.Find(id);
-  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job with id '", id, "'"));
-  ASSIGN_OR_RETURN(v1::GetStagesResponse resp,
-                   DescribeStages(*job, profiles_.Find(job->spec), steps_.Newest(id)));
-  straggler_controller_.Annotate(id, &resp);
-  return resp;
-}
-
-// Note [Metrics]: counts by state (nodes, jobs) are refreshed at most once a second from the
-// tables, whatever changed them; everything event-like (steps, morphs, heartbeat round trips)
-// is recorded where it happens.
-void Manager::RefreshMetrics() {
-  metrics_refreshed_ = clock_->Now();
-  std::vector<v1::NodeInfo> nodes;  // state and slots only: no used-slot accounting
-  nodes.reserve(nodes_.all().size());
-  for (const auto& [name, n] : nodes_.all()) nodes.push_back(nodes_.Describe(n, 0));
-  metrics_->SetNodes(nodes);
-  std::map<std::string, double> jobs;
-  for (const auto& [id, job] : jobs_.all()) {
-    jobs[v1::JobState_Name(job.info().state())] += 1;
-    metrics_->AddJob(id);  // also the jobs of a recovery (Note [Series from the start])
-  }
-  metrics_->SetJobs(jobs);
+Manager::Parts Manager::parts() {
+  return {&nodes_,
+          &jobs_,
+          &events_,
+          &steps_,
+          &profiles_,
+          &job_controller_,
+          &straggler_controller_,
+          slurm_ ? &slurm_->source() : nullptr,
+          housekeeping_.metrics()};
 }
 
 }  // namespace varuna

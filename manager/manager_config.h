@@ -39,7 +39,7 @@ struct ManagerConfig {
   absl::Duration agent_rpc_timeout = absl::Seconds(5);
   std::string machine_list;     // optional: only nodes (name or host) listed here get work
   bool check_job_files = true;  // data.path etc. must be readable by the manager at submit
-  // What a peer can make the manager keep (Note [Peer limits] in node_table.cc).
+  // What a peer can make the manager keep (Note [Peer limits] in peer_limits.cc).
   int max_nodes = 10000;
   int max_slots_per_node = 1024;
   absl::Duration forget_dead_after = absl::Hours(24);  // DEAD this long and idle: forgotten

@@ -95,7 +95,7 @@ absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
       }
       continue;
     }
-    // Note [Peer limits] (node_table.cc): a node speaks only for the ranks placed on it; anything
+    // Note [Peer limits] (peer_limits.cc): a node speaks only for the ranks placed on it; anything
     // else is a confused or hostile agent and is ignored (it must not fail, finish or advance a
     // job).
     if (!PlacedOn(*job, node.rec.name(), w.rank())) {

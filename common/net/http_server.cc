@@ -148,23 +148,102 @@ class ConnQueue {
   std::deque<std::unique_ptr<HttpServer::Connection>> q_;
 };
 
+// The server's TLS context (HTTPS): owns the SSL_CTX loaded from the daemon's certificate and
+// key, from which each accepted connection's session is made. Without one, plain HTTP.
+class ServerTls {
+ public:
+  ServerTls() = default;
+  ~ServerTls() {
+    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
+  }
+  ServerTls(const ServerTls&) = delete;
+  ServerTls& operator=(const ServerTls&) = delete;
+
+  // Loads `o`'s certificate chain and key: both, or neither (plain HTTP). Once.
+  absl::Status Load(const HttpServer::Options& o);
+  bool enabled() const { return ctx_ != nullptr; }
+  // A new session for an accepted connection (nullptr if OpenSSL fails). Only when enabled.
+  SSL* NewSession() const { return SSL_new(ctx_); }
+
+ private:
+  SSL_CTX* ctx_ = nullptr;
+};
+
+absl::Status ServerTls::Load(const HttpServer::Options& o) {
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) return absl::OkStatus();
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.who, ": HTTPS needs both a certificate and a key"));
+  }
+  ctx_ = SSL_CTX_new(TLS_server_method());
+  if (ctx_ == nullptr) return absl::InternalError(absl::StrCat(o.who, ": ", OpenSslError()));
+  SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
+  if (SSL_CTX_use_certificate_chain_file(ctx_, o.tls_cert_file.c_str()) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.who, ": HTTPS certificate ", o.tls_cert_file, ": ", OpenSslError()));
+  }
+  if (SSL_CTX_use_PrivateKey_file(ctx_, o.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
+      SSL_CTX_check_private_key(ctx_) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(o.who, ": HTTPS key ", o.tls_key_file, ": ", OpenSslError()));
+  }
+  return absl::OkStatus();
+}
+
+// The connection caps (Note [HTTP server]): owns the count of open connections, per peer
+// address and in total. Thread-safe: the poll thread admits a connection, whichever thread
+// closes it releases it.
+class ConnectionLimits {
+ public:
+  ConnectionLimits(int per_peer, int total) : per_peer_(per_peer), total_(total) {}
+
+  // Counts a new connection from `peer`; false (and nothing counted) when a cap is reached.
+  bool Admit(const std::string& peer) {
+    std::lock_guard<std::mutex> l(mu_);
+    int& n = peers_[peer];
+    if (n >= per_peer_ || open_ >= total_) {
+      if (n == 0) peers_.erase(peer);
+      return false;
+    }
+    ++n;
+    ++open_;
+    return true;
+  }
+  // An admitted connection from `peer` closed.
+  void Release(const std::string& peer) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (--peers_[peer] <= 0) peers_.erase(peer);
+    --open_;
+  }
+
+ private:
+  const int per_peer_;
+  const int total_;
+  std::mutex mu_;
+  std::map<std::string, int> peers_;  // open connections per peer address
+  int open_ = 0;
+};
+
 }  // namespace
 
 class HttpServer::Impl {
  public:
   Impl(const Options& o, const std::vector<Route>* routes)
-      : o_(o), routes_(routes), normal_(o.max_queued), priority_(16) {}
+      : o_(o),
+        routes_(routes),
+        normal_(o.max_queued),
+        priority_(16),
+        limits_(o.max_connections_per_peer, o.max_connections) {}
   ~Impl() {
-    if (ctx_ != nullptr) SSL_CTX_free(ctx_);
     if (listen_fd_ >= 0) close(listen_fd_);
     if (wake_fd_ >= 0) close(wake_fd_);
   }
 
   absl::Status Bind(std::string* address);
-  absl::Status LoadTls();
+  absl::Status LoadTls() { return tls_.Load(o_); }
   void Run();
   void Stop();
-  bool tls() const { return ctx_ != nullptr; }
+  bool tls() const { return tls_.enabled(); }
 
  private:
   enum class Step { kWait, kDispatched, kClose };
@@ -179,11 +258,10 @@ class HttpServer::Impl {
   void SendCanned(Connection& c, int status, const std::string& message);
   void WriteAll(Connection& c, const std::string& data);
   void Close(std::unique_ptr<Connection> c);
-  bool AdmitPeer(const std::string& peer);
 
   const Options o_;
   const std::vector<Route>* routes_;
-  SSL_CTX* ctx_ = nullptr;
+  ServerTls tls_;
   int listen_fd_ = -1;
   int wake_fd_ = -1;
   std::string bound_host_;
@@ -194,31 +272,8 @@ class HttpServer::Impl {
   std::vector<std::unique_ptr<Connection>> reading_;  // io thread only
   ConnQueue normal_;
   ConnQueue priority_;
-  std::mutex peers_mu_;
-  std::map<std::string, int> peers_;  // open connections per peer address
-  int open_ = 0;
+  ConnectionLimits limits_;
 };
-
-absl::Status HttpServer::Impl::LoadTls() {
-  if (o_.tls_cert_file.empty() && o_.tls_key_file.empty()) return absl::OkStatus();
-  if (o_.tls_cert_file.empty() || o_.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(o_.who, ": HTTPS needs both a certificate and a key"));
-  }
-  ctx_ = SSL_CTX_new(TLS_server_method());
-  if (ctx_ == nullptr) return absl::InternalError(absl::StrCat(o_.who, ": ", OpenSslError()));
-  SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
-  if (SSL_CTX_use_certificate_chain_file(ctx_, o_.tls_cert_file.c_str()) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(o_.who, ": HTTPS certificate ", o_.tls_cert_file, ": ", OpenSslError()));
-  }
-  if (SSL_CTX_use_PrivateKey_file(ctx_, o_.tls_key_file.c_str(), SSL_FILETYPE_PEM) != 1 ||
-      SSL_CTX_check_private_key(ctx_) != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(o_.who, ": HTTPS key ", o_.tls_key_file, ": ", OpenSslError()));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status HttpServer::Impl::Bind(std::string* address) {
   const std::string& listen = o_.listen;
@@ -230,7 +285,7 @@ absl::Status HttpServer::Impl::Bind(std::string* address) {
         absl::StrCat(o_.who, ": --http_listen '", listen, "' is not HOST:PORT"));
   }
   loopback_ = IsLoopbackListen(listen);
-  if (!loopback_ && !o_.allow_remote && ctx_ == nullptr) {
+  if (!loopback_ && !o_.allow_remote && !tls_.enabled()) {
     return absl::InvalidArgumentError(absl::StrCat(
         o_.who, ": refusing to serve plain HTTP on ", listen,
         ": give the daemon --tls_cert and --tls_key (it then serves HTTPS), bind to 127.0.0.1 "
@@ -294,27 +349,13 @@ void HttpServer::Impl::Stop() {
   reading_.clear();
 }
 
-bool HttpServer::Impl::AdmitPeer(const std::string& peer) {
-  std::lock_guard<std::mutex> l(peers_mu_);
-  int& n = peers_[peer];
-  if (n >= o_.max_connections_per_peer || open_ >= o_.max_connections) {
-    if (n == 0) peers_.erase(peer);
-    return false;
-  }
-  ++n;
-  ++open_;
-  return true;
-}
-
 void HttpServer::Impl::Close(std::unique_ptr<Connection> c) {
   if (c->ssl != nullptr) {
     if (c->handshaken) SSL_shutdown(c->ssl);
     SSL_free(c->ssl);
   }
   close(c->fd);
-  std::lock_guard<std::mutex> l(peers_mu_);
-  if (--peers_[c->peer] <= 0) peers_.erase(c->peer);
-  --open_;
+  limits_.Release(c->peer);
 }
 
 void HttpServer::Impl::IoLoop() {
@@ -373,16 +414,16 @@ void HttpServer::Impl::Accept() {
     c->fd = fd;
     c->peer = PeerAddress(ss);
     c->deadline = Clock::now() + o_.head_deadline;
-    if (!AdmitPeer(c->peer)) {
-      if (ctx_ == nullptr) {
+    if (!limits_.Admit(c->peer)) {
+      if (!tls_.enabled()) {
         const std::string r = Serialize(JsonError(503, "too many connections from this address"));
         (void)!send(fd, r.data(), r.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
       }
       close(fd);
       continue;
     }
-    if (ctx_ != nullptr) {
-      c->ssl = SSL_new(ctx_);
+    if (tls_.enabled()) {
+      c->ssl = tls_.NewSession();
       if (c->ssl == nullptr || SSL_set_fd(c->ssl, fd) != 1) {
         Close(std::move(c));
         continue;

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <memory>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -47,7 +48,7 @@ int64_t ParamInt(const Request& req, const std::string& key, int64_t fallback) {
 }
 
 // The last `lines` lines of every rank's log of the job, from its last 16 KiB.
-Response Logs(EventLoop& loop, Manager& m, const std::string& id, int lines) {
+Response Logs(EventLoop& loop, ManagerApi& m, const std::string& id, int lines) {
   auto job = loop.RunSync([&] { return m.GetJob(id); });
   if (!job.ok()) return Json(job);
   struct Shared {
@@ -119,11 +120,8 @@ HttpServer::Handler Gated(std::function<absl::Status()> gate, HttpServer::Handle
   };
 }
 
-}  // namespace
-
-void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
-                         const MetricsRegistry& metrics, bool open_metrics,
-                         std::function<absl::Status()> gate) {
+void Register(HttpServer& http, EventLoop& loop, ManagerApi& m, const MetricsRegistry& metrics,
+              bool open_metrics, std::function<absl::Status()> gate) {
   using Access = HttpServer::Access;
   http.Get(
       "/metrics",
@@ -152,7 +150,7 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
              });
              return Response{200, "application/json", ProtoJson(r), {}};
            }));
-  // Paged like ListJobs (Note [Pages] in manager.cc): ?page_size=N&page_token=T.
+  // Paged like ListJobs (Note [Pages] in manager_api.cc): ?page_size=N&page_token=T.
   http.Get("/api/v1/jobs", Gated(gate, [&](const Request& req) {
              v1::ListJobsRequest q;
              q.set_page_size(
@@ -200,6 +198,24 @@ void RegisterManagerHttp(HttpServer& http, EventLoop& loop, Manager& m,
              return {200, std::string(a->content_type), std::string(a->body), {}};
            },
            Access::kPublic);
+}
+
+}  // namespace
+
+ManagerHttp::ManagerHttp(EventLoop* loop, ManagerApi api)
+    : loop_(loop), api_(std::move(api)), metrics_(registry_) {}
+
+ManagerHttp::~ManagerHttp() = default;
+
+absl::Status ManagerHttp::Start(const HttpServer::Options& options, bool open_metrics,
+                                std::function<absl::Status()> gate) {
+  http_ = std::make_unique<HttpServer>();
+  Register(*http_, *loop_, api_, registry_, open_metrics, std::move(gate));
+  return http_->Start(options);
+}
+
+void ManagerHttp::Stop() {
+  if (http_ != nullptr) http_->Stop();
 }
 
 }  // namespace varuna

@@ -1,12 +1,8 @@
 #include "manager/api/manager_server.h"
 
-#include "manager/api/manager_http.h"
-
-#include <atomic>
-#include <cstdlib>
-
-#include "manager/ha/etcd_store.h"
-#include "manager/ha/leader_election.h"
+#include <memory>
+#include <optional>
+#include <utility>
 
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
@@ -49,78 +45,27 @@ absl::Status CheckAgentPeer(const grpc::CallbackServerContext& ctx, bool tls,
   return absl::OkStatus();
 }
 
-// A deposed leader's exit status: its unit restarts it, as a standby.
-constexpr int kExitDeposed = 75;
-
 grpc::ServerUnaryReactor* Refuse(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   reactor->Finish(ToGrpcStatus(s));
   return reactor;
 }
 
-// Nothing more may be done by this process (Note [Leader lease]): its unit starts it again,
-// as a standby.
-[[noreturn]] void Deposed(const std::string& why) {
-  LOG(ERROR) << "manager deposed (" << why << "); exiting with status " << kExitDeposed;
-  std::_Exit(kExitDeposed);
-}
-
 }  // namespace
-
-struct ManagerServer::Ha {
-  std::unique_ptr<EtcdClient> etcd;
-  EtcdStateStore* store = nullptr;  // owned by ManagerServer::store_
-  std::unique_ptr<LeaderElection> election;
-  std::atomic<bool> ready{false};  // elected and recovered: the services act
-  std::atomic<int64_t> term{0};
-
-  // A leader past its safe time stops here (Note [Leader lease]); a standby passes.
-  void Fence() const {
-    if (ready && !election->may_act()) {
-      Deposed("it could not renew its lease before the safe time");
-    }
-  }
-
-  // OK where this manager acts; else UNAVAILABLE naming the leader (also in the trailing
-  // metadata `varuna-leader`, which agents and varunactl follow).
-  absl::Status Gate(grpc::CallbackServerContext* ctx) const {
-    Fence();
-    if (ready) return absl::OkStatus();
-    const LeaderElection::Leader l = election->leader();
-    const std::string me = election->me();
-    if (!l.address.empty() && l.address != me) {
-      if (ctx != nullptr) ctx->AddTrailingMetadata("varuna-leader", l.address);
-      return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
-                                                 " is a standby; the leader is ", l.address,
-                                                 " (term ", l.term, ")"));
-    }
-    if (l.address == me) {
-      return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
-                                                 " was elected leader (term ", l.term,
-                                                 ") and is loading the state; try again"));
-    }
-    const std::string trouble = election->trouble();
-    return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
-                                               " is a standby and no leader is elected yet",
-                                               trouble.empty() ? "" : ": ", trouble));
-  }
-};
 
 class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackService {
  public:
-  RegistryService(EventLoop* loop, Manager* m, bool tls, const Ha* ha)
-      : loop_(loop), m_(m), tls_(tls), ha_(ha) {}
+  RegistryService(EventLoop* loop, Manager* m, bool tls, const ManagerRole* role)
+      : loop_(loop), m_(m), tls_(tls), role_(role) {}
   grpc::ServerUnaryReactor* Register(grpc::CallbackServerContext* ctx,
                                      const v1::RegisterRequest* req,
                                      v1::RegisterResponse* resp) override {
     if (absl::Status s = CheckAgentPeer(*ctx, tls_, req->name()); !s.ok()) return Refuse(ctx, s);
-    if (ha_ != nullptr) {
-      if (absl::Status s = ha_->Gate(ctx); !s.ok()) return Refuse(ctx, s);
-    }
+    if (absl::Status s = role_->Gate(ctx); !s.ok()) return Refuse(ctx, s);
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Register(*req);
       if (r.ok()) *resp = *r;
-      if (ha_ != nullptr) resp->set_manager_term(ha_->term);
+      if (role_->several()) resp->set_manager_term(role_->term());
       return r.status();
     });
   }
@@ -128,13 +73,11 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
                                       const v1::HeartbeatRequest* req,
                                       v1::HeartbeatResponse* resp) override {
     if (absl::Status s = CheckAgentPeer(*ctx, tls_, req->name()); !s.ok()) return Refuse(ctx, s);
-    if (ha_ != nullptr) {
-      if (absl::Status s = ha_->Gate(ctx); !s.ok()) return Refuse(ctx, s);
-    }
+    if (absl::Status s = role_->Gate(ctx); !s.ok()) return Refuse(ctx, s);
     return OnLoop(loop_, ctx, [=] {
       auto r = m_->Heartbeat(*req);
       if (r.ok()) *resp = *std::move(r);
-      if (ha_ != nullptr) resp->set_manager_term(ha_->term);
+      if (role_->several()) resp->set_manager_term(role_->term());
       return r.status();
     });
   }
@@ -143,59 +86,33 @@ class ManagerServer::RegistryService final : public v1::AgentRegistry::CallbackS
   EventLoop* const loop_;
   Manager* const m_;
   const bool tls_;
-  const Ha* const ha_;
+  const ManagerRole* const role_;
 };
 
 class ManagerServer::JobService final : public v1::JobApi::CallbackService {
  public:
-  JobService(EventLoop* loop, EventLoop* files, Manager* m, Clock* clock,
-             std::optional<TokenTable> tokens, bool check_files, const Ha* ha,
-             const ManagerConfig* config)
+  JobService(EventLoop* loop, EventLoop* files, ManagerApi api, Clock* clock,
+             std::optional<TokenTable> tokens, bool check_files, const ManagerRole* role)
       : loop_(loop),
         files_(files),
-        m_(m),
+        api_(std::move(api)),
         clock_(clock),
         tokens_(std::move(tokens)),
         check_files_(check_files),
-        ha_(ha),
-        config_(config) {}
+        role_(role) {}
 
   // Any manager answers, a standby too: who leads, and the managers that are up.
   grpc::ServerUnaryReactor* ListManagers(grpc::CallbackServerContext* ctx,
                                          const v1::ListManagersRequest* req,
                                          v1::ListManagersResponse* resp) override {
     if (auto user = Authenticate(*ctx); !user.ok()) return Refuse(ctx, user.status());
-    const std::string me = config_->advertise_address();
-    resp->set_answered_by(me);
-    if (ha_ == nullptr) {
-      auto* m = resp->add_managers();
-      m->set_address(me);
-      m->set_leader(true);
-      resp->set_leader(me);
-      resp->set_store("sqlite " + config_->state_dir);
-    } else {
-      const LeaderElection::Leader l = ha_->election->leader();
-      resp->set_leader(l.address);
-      resp->set_term(l.term);
-      resp->set_note(ha_->election->trouble());
-      resp->set_lease_ttl_s(absl::ToDoubleSeconds(config_->lease_ttl));
-      resp->set_store("etcd " + ha_->etcd->endpoints());
-      std::vector<std::string> all = ha_->election->managers();
-      if (std::find(all.begin(), all.end(), me) == all.end()) all.push_back(me);
-      std::sort(all.begin(), all.end());
-      for (const std::string& a : all) {
-        auto* m = resp->add_managers();
-        m->set_address(a);
-        m->set_leader(a == l.address);
-        if (a == l.address) m->set_term(l.term);
-      }
-    }
+    role_->Describe(resp);
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
 
-  // Note [Off the loop]: the spec is parsed and checked (JobController::Admit) and its files
+  // Note [Off the loop]: the spec is parsed and checked (JobAdmission::Admit) and its files
   // (non-blocking opens, regular files only) on the files thread; the loop gets the parsed
   // spec and never parses or touches the filesystem for a request.
   grpc::ServerUnaryReactor* Submit(grpc::CallbackServerContext* ctx, const v1::SubmitRequest* req,
@@ -204,7 +121,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     if (!user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     files_->Post([this, reactor, req, resp, user = *user] {
-      absl::StatusOr<JobSpec> spec = JobController::Admit(*req);
+      absl::StatusOr<JobSpec> spec = JobAdmission::Admit(*req);
       if (spec.ok() && check_files_) {
         if (absl::Status s = spec->ValidateFiles(); !s.ok()) spec = s;
       }
@@ -213,7 +130,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
         return;
       }
       loop_->Post([this, reactor, req, resp, user, spec = *std::move(spec)]() mutable {
-        auto r = m_->Submit(*req, std::move(spec), user.name, user.unix_user);
+        auto r = api_.Submit(*req, std::move(spec), user.name, user.unix_user);
         if (r.ok()) *resp->mutable_job() = *r;
         reactor->Finish(ToGrpcStatus(r.status()));
       });
@@ -225,7 +142,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                      v1::ListJobsResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      auto r = m_->ListJobs(*req);
+      auto r = api_.ListJobs(*req);
       if (r.ok()) *resp = *std::move(r);
       return r.status();
     });
@@ -234,7 +151,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                    v1::GetJobResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      auto r = m_->GetJob(req->job_id());
+      auto r = api_.GetJob(req->job_id());
       if (r.ok()) *resp->mutable_job() = *r;
       return r.status();
     });
@@ -245,7 +162,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     auto user = Admit(ctx);
     if (!user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=, user = *user] {
-      auto r = m_->Cancel(req->job_id(), user.name);
+      auto r = api_.Cancel(req->job_id(), user.name);
       if (r.ok()) *resp->mutable_job() = *r;
       return r.status();
     });
@@ -255,7 +172,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     loop_->Post([=] {
-      m_->GetLogs(*req, [reactor, resp](absl::StatusOr<v1::GetLogsResponse> r) {
+      api_.GetLogs(*req, [reactor, resp](absl::StatusOr<v1::GetLogsResponse> r) {
         if (r.ok()) *resp = *std::move(r);
         reactor->Finish(ToGrpcStatus(r.status()));
       });
@@ -267,8 +184,8 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                       v1::ListNodesResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      for (auto& n : m_->ListNodes()) *resp->add_nodes() = std::move(n);
-      for (auto& s : m_->ListSources()) *resp->add_sources() = std::move(s);
+      for (auto& n : api_.ListNodes()) *resp->add_nodes() = std::move(n);
+      for (auto& s : api_.ListSources()) *resp->add_sources() = std::move(s);
       return absl::OkStatus();
     });
   }
@@ -277,7 +194,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                       v1::DrainNodeResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      auto r = m_->Drain(req->node(), req->undo());
+      auto r = api_.Drain(req->node(), req->undo());
       if (r.ok()) *resp->mutable_node() = *r;
       return r.status();
     });
@@ -295,7 +212,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
       n.set_source("varunactl");
       n.set_deadline_ms(absl::ToUnixMillis(clock_->Now()) + req->in_ms());
       n.set_detail(by.empty() ? "by hand" : absl::StrCat("by ", by));
-      auto r = m_->Preempt(req->node(), n);
+      auto r = api_.Preempt(req->node(), n);
       if (r.ok()) *resp->mutable_node() = *r;
       return r.status();
     });
@@ -305,7 +222,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                        v1::ListEventsResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      *resp = m_->ListEvents(*req);
+      *resp = api_.ListEvents(*req);
       return absl::OkStatus();
     });
   }
@@ -314,7 +231,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                        v1::GetMetricsResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      auto r = m_->GetMetrics(*req);
+      auto r = api_.GetMetrics(*req);
       if (r.ok()) *resp = *std::move(r);
       return r.status();
     });
@@ -332,7 +249,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
         return;
       }
       loop_->Post([this, reactor, req, resp, spec = *std::move(spec)] {
-        PlanInputs in = m_->PlanInputsFor(spec);
+        PlanInputs in = api_.PlanInputsFor(spec);
         files_->Post([reactor, req, resp, spec, in = std::move(in)] {
           auto r = PlanOnCluster(*req, spec, in);
           if (r.ok()) *resp = *std::move(r);
@@ -347,7 +264,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
                                        v1::GetProfileResponse* resp) override {
     if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=] {
-      *resp = m_->GetProfile(*req);
+      *resp = api_.GetProfile(*req);
       return absl::OkStatus();
     });
   }
@@ -355,7 +272,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
  private:
   // The gate (a standby names the leader), then the token.
   absl::StatusOr<TokenTable::Caller> Admit(grpc::CallbackServerContext* ctx) const {
-    if (ha_ != nullptr) RETURN_IF_ERROR(ha_->Gate(ctx));
+    RETURN_IF_ERROR(role_->Gate(ctx));
     return Authenticate(*ctx);
   }
   // The caller's token name ("" without a tokens file), or UNAUTHENTICATED naming why.
@@ -375,12 +292,11 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
 
   EventLoop* const loop_;
   EventLoop* const files_;
-  Manager* const m_;
+  ManagerApi api_;
   Clock* const clock_;
   const std::optional<TokenTable> tokens_;
   const bool check_files_;
-  const Ha* const ha_;
-  const ManagerConfig* const config_;
+  const ManagerRole* const role_;
 };
 
 ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
@@ -390,11 +306,12 @@ ManagerServer::ManagerServer(ManagerConfig config, Clock* clock,
       agents_(std::move(agents)),
       loop_("manager", options.tick_period,
             [this] {
-              if (ha_ != nullptr) ha_->Fence();
+              role_.Fence();
               if (leading()) manager_->Tick();
             }),
       files_("manager-files", absl::ZeroDuration(), [] {}),
-      slurm_loop_("manager-slurm", absl::ZeroDuration(), [] {}) {}
+      slurm_loop_("manager-slurm", absl::ZeroDuration(), [] {}),
+      role_(config_) {}
 
 ManagerServer::~ManagerServer() { Shutdown(); }
 
@@ -406,39 +323,15 @@ absl::Status ManagerServer::Start() {
     ASSIGN_OR_RETURN(tokens, TokenTable::Load(config_.tokens_file));
     LOG(INFO) << "manager: " << tokens->size() << " tokens from " << config_.tokens_file;
   }
-  if (!config_.etcd_endpoints.empty()) {
-    // Several managers (Note [Leader lease] in manager/ha/leader_election.h): etcd's ports take
-    // the cluster's certificates when the manager has them.
-    ha_ = std::make_unique<Ha>();
-    ASSIGN_OR_RETURN(ha_->etcd,
-                     EtcdClient::Connect(config_.etcd_endpoints, tls,
-                                         std::min(absl::Seconds(2), config_.lease_ttl / 2)));
-    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStateStore> es,
-                     EtcdStateStore::Open(ha_->etcd.get(), config_.etcd_prefix, config_.state_dir,
-                                          config_.etcd_flush));
-    ha_->store = es.get();
-    store_ = std::move(es);
-    // Made before the services (their gate asks it who leads), started after them.
-    LeaderElection::Callbacks cb;
-    cb.on_elected = [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); };
-    cb.on_deposed = [](const std::string& why) { Deposed(why); };
-    ha_->election = std::make_unique<LeaderElection>(ha_->etcd.get(), config_.etcd_prefix,
-                                                     config_.advertise_address(), config_.lease_ttl,
-                                                     std::move(cb));
-    agents_->set_fence([ha = ha_.get()] { ha->Fence(); });
-
-  } else {
-    auto store = StateStore::Open(config_.state_dir);
-    if (!store.ok()) return store.status();
-    store_ = *std::move(store);
-  }
-  manager_ = std::make_unique<Manager>(config_, clock_, store_.get(), agents_.get(),
+  RETURN_IF_ERROR(
+      role_.Open(tls, [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); }));
+  if (role_.several()) agents_->set_fence([role = &role_] { role->Fence(); });
+  manager_ = std::make_unique<Manager>(config_, clock_, role_.store(), agents_.get(),
                                        [this](std::function<void()> fn) { loop_.Post(fn); });
   if (!config_.http_listen.empty()) {
-    metrics_registry_ = std::make_unique<MetricsRegistry>();
-    metrics_ = std::make_unique<ManagerMetrics>(*metrics_registry_);
-    manager_->set_metrics(metrics_.get());
-    metrics_->SetLeader(ha_ == nullptr);
+    http_ = std::make_unique<ManagerHttp>(&loop_, api());
+    manager_->set_metrics(http_->metrics());
+    http_->metrics()->SetLeader(!role_.several());
   }
   if (config_.slurm.enabled()) {
     slurm_commands_ = MakeSlurmCommands(config_.slurm);
@@ -446,7 +339,7 @@ absl::Status ManagerServer::Start() {
                          [this](std::function<void()> fn) { slurm_loop_.Post(std::move(fn)); });
     slurm_loop_.Start();
   }
-  if (ha_ == nullptr) {
+  if (!role_.several()) {
     if (absl::Status s = manager_->Recover(); !s.ok()) return s;
   }
   loop_.Start();
@@ -454,22 +347,18 @@ absl::Status ManagerServer::Start() {
   // The HTTP API takes the same tokens (Note [HTTP server] in common/net/http_server.cc).
   std::shared_ptr<const TokenTable> http_tokens;
   if (tokens) http_tokens = std::make_shared<const TokenTable>(*tokens);
-  job_service_ =
-      std::make_unique<JobService>(&loop_, &files_, manager_.get(), clock_, std::move(tokens),
-                                   config_.check_job_files, ha_.get(), &config_);
+  job_service_ = std::make_unique<JobService>(&loop_, &files_, api(), clock_, std::move(tokens),
+                                              config_.check_job_files, &role_);
   registry_service_ =
-      std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled, ha_.get());
+      std::make_unique<RegistryService>(&loop_, manager_.get(), tls.enabled, &role_);
   auto started = StartServer(config_.listen, {job_service_.get(), registry_service_.get()}, "", tls,
                              ClientCerts::kOptional);
   if (!started.ok()) return started.status();
   server_ = std::move(started->server);
   address_ = started->address;
-  if (metrics_registry_) {
-    http_ = std::make_unique<HttpServer>();
+  if (http_ != nullptr) {
     std::function<absl::Status()> gate;
-    if (ha_ != nullptr) gate = [ha = ha_.get()] { return ha->Gate(nullptr); };
-    RegisterManagerHttp(*http_, loop_, *manager_, *metrics_registry_, config_.http_open_metrics,
-                        gate);
+    if (role_.several()) gate = [role = &role_] { return role->Gate(nullptr); };
     HttpServer::Options o;
     o.who = "varuna-manager";
     o.listen = config_.http_listen;
@@ -481,40 +370,26 @@ absl::Status ManagerServer::Start() {
         return http_tokens->Lookup(t).has_value();
       };
     }
-    RETURN_IF_ERROR(http_->Start(o));
+    RETURN_IF_ERROR(http_->Start(o, config_.http_open_metrics, gate));
     LOG(INFO) << "manager dashboard and /metrics on " << (http_->tls() ? "https" : "http") << "://"
               << http_->address() << "/" << (http_tokens ? " (bearer tokens)" : "");
   }
-  if (ha_ != nullptr) {
-    ha_->election->Start();
-    LOG(INFO) << "manager " << config_.advertise_address() << " campaigning on etcd "
-              << config_.etcd_endpoints << " (prefix " << config_.etcd_prefix << ", lease "
-              << absl::FormatDuration(config_.lease_ttl) << ")";
-  }
+  role_.Campaign();
   LOG(INFO) << "manager listening on " << address_ << " state_dir=" << config_.state_dir
             << (tls.enabled ? " tls=mutual" : " tls=off")
             << (config_.tokens_file.empty() ? " tokens=off" : " tokens=on");
   return absl::OkStatus();
 }
 
-bool ManagerServer::leading() const { return ha_ == nullptr || ha_->ready; }
-
 void ManagerServer::TakeOver(int64_t term) {
-  auto fail = [](const absl::Status& s) {
-    Deposed(absl::StrCat("it cannot take over: ", s.ToString()));
-  };
   const absl::Time t0 = absl::Now();
-  ha_->term = term;
-  if (absl::Status s = ha_->store->TakeOver(term, [](const std::string& why) { Deposed(why); });
-      !s.ok()) {
-    fail(s);
-  }
-  agents_->set_term(term);
-  if (absl::Status s = manager_->Recover(); !s.ok()) fail(s);
-  ha_->ready = true;
-  if (metrics_) {
-    metrics_->SetLeader(true);
-    metrics_->OnElected();
+  role_.TakeOver(term, [this, term] {
+    agents_->set_term(term);
+    return manager_->Recover();
+  });
+  if (http_ != nullptr) {
+    http_->metrics()->SetLeader(true);
+    http_->metrics()->OnElected();
   }
   LOG(INFO) << "manager " << config_.advertise_address() << " leads (term " << term
             << "): state loaded from etcd in " << absl::FormatDuration(absl::Now() - t0);
@@ -532,7 +407,7 @@ void ManagerServer::Shutdown() {
   slurm_loop_.Stop();  // likewise (a command in flight finishes or times out)
   loop_.Stop();
   // Last: a leader that stops cleanly hands over at once (its lease revoked).
-  if (ha_ != nullptr && ha_->election != nullptr) ha_->election->Stop();
+  role_.Stop();
 }
 
 void ManagerServer::Tick() {

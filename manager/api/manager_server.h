@@ -1,18 +1,19 @@
 #pragma once
 
 // varuna-manager as a process: the Manager state machines on one event loop thread, the
-// JobApi and AgentRegistry gRPC services posting to it, and the SQLite store.
+// JobApi and AgentRegistry gRPC services posting to it, its role among managers (alone on
+// SQLite, or leader or standby over etcd: ManagerRole) and its HTTP face (ManagerHttp).
 
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "common/base/event_loop.h"
-#include "common/net/http_server.h"
-#include "common/net/metrics.h"
+#include "manager/api/manager_api.h"
+#include "manager/api/manager_http.h"
+#include "manager/api/manager_role.h"
 #include "manager/manager.h"
 #include "manager/nodes/agent_client.h"
-#include "manager/state/state_store.h"
 
 namespace grpc {
 class Server;
@@ -40,14 +41,14 @@ class ManagerServer {
   void Tick();
   EventLoop& loop() { return loop_; }
   Manager& manager() { return *manager_; }
+  // The services' facade over manager(), on loop() only.
+  ManagerApi api() { return ManagerApi(manager_.get(), agents_.get()); }
   // Whether this manager acts: always with one manager; with etcd, once elected and recovered.
-  bool leading() const;
+  bool leading() const { return role_.leading(); }
 
  private:
   class JobService;
   class RegistryService;
-  // With etcd_endpoints: the client, the election, the store's etcd side (manager_server.cc).
-  struct Ha;
   // The leader's first acts on the loop: the store guarded by `term`, the state loaded.
   void TakeOver(int64_t term);
 
@@ -58,16 +59,13 @@ class ManagerServer {
   EventLoop files_;       // file checks for submissions (Note [Off the loop])
   EventLoop slurm_loop_;  // Slurm's commands (manager/sources/slurm_source.h), which may block
   std::unique_ptr<SlurmCommands> slurm_commands_;
-  std::unique_ptr<Ha> ha_;
-  std::unique_ptr<StateStore> store_;
+  ManagerRole role_;  // the state store's owner
   std::unique_ptr<Manager> manager_;
   std::unique_ptr<JobService> job_service_;
   std::unique_ptr<RegistryService> registry_service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
-  std::unique_ptr<MetricsRegistry> metrics_registry_;
-  std::unique_ptr<ManagerMetrics> metrics_;
-  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<ManagerHttp> http_;  // with --http_listen
   bool stopped_ = false;
 };
 

@@ -45,6 +45,7 @@ JobController::JobController(JobOptions options, Clock* clock, JobTable* jobs, N
       events_(events),
       profiles_(profiles),
       steps_(steps),
+      admission_(config_, jobs),
       last_flush_(clock->Now()) {}
 
 void JobController::ResumeRecovered() {
@@ -164,47 +165,13 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   }
 }
 
-absl::StatusOr<JobSpec> JobController::Admit(const v1::SubmitRequest& req) {
-  if (req.request_id().size() > 128) {
-    return absl::InvalidArgumentError("submit: request_id is longer than 128 characters");
-  }
-  ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
-  RETURN_IF_ERROR(spec.ValidateShape());
-  if (req.profile() && !spec.entrypoint.empty()) {
-    return absl::InvalidArgumentError(
-        "a profile job runs varuna-worker's profiler: remove the job's entrypoint");
-  }
-  // Profiles are measured unsplit; the planner derives a tp group's costs from them (Note
-  // [Tensor-parallel plans] in common/planner/tp_plan.cc). The launch says --tp_size 1.
-  if (req.profile()) spec.parallel.tp_size = 1;
-  if (!spec.env_file.empty()) {
-    return absl::InvalidArgumentError(
-        "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
-  }
-  return spec;
-}
-
 absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, JobSpec spec,
                                                   const std::string& user,
                                                   const std::string& run_as) {
   if (!req.request_id().empty()) {
     if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
   }
-  // Note [Retention] in job_table.cc: one submitter cannot queue without bound.
-  // The job's stragglers: settings with the manager's defaults filled in must still agree
-  // (recovered_above above slow_below).
-  RETURN_IF_ERROR(ValidateStragglers(ResolveStragglers(spec.stragglers, config_.stragglers),
-                                     "stragglers (with the manager's defaults)", true));
-  int pending = 0;
-  for (const auto& [id, j] : jobs_->all()) {
-    pending += j.info().state() == v1::PENDING && j.info().submitted_by() == user;
-  }
-  if (pending >= config_.max_pending_jobs_per_user) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "submit: ", user.empty() ? "the cluster" : absl::StrCat("user '", user, "'"),
-        " already has ", pending, " pending jobs (max_pending_jobs_per_user=",
-        config_.max_pending_jobs_per_user, "); wait for some to start or cancel them"));
-  }
+  RETURN_IF_ERROR(admission_.Check(spec, user));
   Job job;
   job.spec = std::move(spec);
   job.rec.set_spec_yaml(req.spec_yaml());

@@ -2,9 +2,10 @@
 
 // The job controller: a job's life from submit to its terminal state (PENDING -> STARTING ->
 // RUNNING -> SUCCEEDED | FAILED(reason), CANCELLING -> CANCELLED; RECONFIGURING belongs to
-// the MorphController). Admission, placement, launch, stop, exit attribution and the job
-// timers. Every method runs on the manager's loop thread; answers that need an agent come
-// back through `post`. docs/architecture.md "Control plane" draws the machine.
+// the MorphController). Placement, launch, stop, exit attribution and the job timers; what a
+// submission may ask for is JobAdmission's (job_admission.h). Every method runs on the
+// manager's loop thread; answers that need an agent come back through `post`.
+// docs/architecture.md "Control plane" draws the machine.
 
 #include <functional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "common/spec/job_spec.h"
 #include "manager/jobs/event_log.h"
 #include "manager/jobs/job.h"
+#include "manager/jobs/job_admission.h"
 #include "manager/jobs/job_options.h"
 #include "manager/jobs/job_table.h"
 #include "manager/jobs/profile_store.h"
@@ -71,11 +73,8 @@ class JobController final : public JobLifecycle {
   // launches and stops in flight, a morph in progress: Note [Morph recovery]).
   void ResumeRecovered();
 
-  // What a submit asks for, checked: the request id, the spec parsed (bounded: Note [Alias
-  // bombs] in yaml_util.cc) and its shape validated. The server calls it off the loop, so no
-  // caller-supplied parsing runs on the loop; any thread may call it.
-  static absl::StatusOr<JobSpec> Admit(const v1::SubmitRequest& req);
-  // Queues an admitted job (`spec` from Admit). `user` is the token's name ("" without
+  // Queues an admitted job (`spec` from JobAdmission::Admit) once JobAdmission::Check lets it
+  // (a repeated request_id returns its job instead). `user` is the token's name ("" without
   // tokens), recorded on the job; `run_as` the Unix user its token maps to (the agents run
   // its workers as that user; "" = their default). Never touches the filesystem.
   absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
@@ -124,6 +123,7 @@ class JobController final : public JobLifecycle {
   EventLog* const events_;
   ProfileStore* const profiles_;
   StepSeries* const steps_;
+  const JobAdmission admission_;
   JobMorphing* morph_ = nullptr;
   OnStepsFn on_steps_;
   absl::Time last_flush_;

@@ -1,66 +1,23 @@
 #include "manager/nodes/node_table.h"
 
-#include <sys/stat.h>
+#include <optional>
+#include <set>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
-#include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
-#include "common/net/rpc.h"
 #include "glog/logging.h"
 
 namespace varuna {
-namespace {
-
-std::string HostOf(const std::string& address) {
-  auto hp = SplitHostPort(address);
-  return hp.ok() ? hp->first : address;
-}
-
-bool ValidNodeName(const std::string& name) {
-  if (name.empty() || name.size() > 63) return false;
-  for (char c : name) {
-    if (!absl::ascii_isalnum(c) && c != '.' && c != '_' && c != '-') return false;
-  }
-  return true;
-}
-
-}  // namespace
-
-// Note [Peer limits]: a registering agent decides what the manager stores (its name, labels,
-// slots), so each has a bound; a node that stays DEAD and idle is forgotten after
-// forget_dead_after (ForgetDeadNodes), and new names are refused past max_nodes.
-absl::Status ValidateRegistration(const v1::RegisterRequest& req, int max_slots) {
-  auto bad = [](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("register: ", what));
-  };
-  if (!ValidNodeName(req.name())) {
-    return bad("node name must be 1-63 characters of [A-Za-z0-9._-]");
-  }
-  if (req.name() == "varuna-manager") {
-    // The manager's certificate name: a node holding it could command the agents.
-    return bad("'varuna-manager' is reserved for the manager's certificate");
-  }
-  if (req.slots() < 1 || req.slots() > max_slots) {
-    return bad(absl::StrCat("slots is ", req.slots(), "; must be in [1, ", max_slots, "]"));
-  }
-  if (req.address().size() > 255) return bad("address is longer than 255 characters");
-  RETURN_IF_ERROR(SplitHostPort(req.address()).status());
-  if (req.labels_size() > 32) return bad("more than 32 labels");
-  for (const auto& [k, v] : req.labels()) {
-    if (!ValidNodeName(k) || v.size() > 256) {
-      return bad(absl::StrCat("label '", k.substr(0, 64),
-                              "': keys are 1-63 characters of [A-Za-z0-9._-], values at most 256"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 NodeTable::NodeTable(NodeOptions options, Clock* clock, StateStore* store, Listener* listener)
-    : config_(std::move(options)), clock_(clock), store_(store), listener_(listener) {}
+    : config_(std::move(options)),
+      clock_(clock),
+      store_(store),
+      listener_(listener),
+      limits_(config_),
+      machine_list_(config_.machine_list) {}
 
 void NodeTable::Persist(const Node& n) {
   absl::Status s = store_->SaveNode(n.rec);
@@ -81,7 +38,7 @@ absl::Status NodeTable::Load() {
   return absl::OkStatus();
 }
 
-NodeTable::Node* NodeTable::Find(const std::string& name) {
+NodeTable::Node* NodeTable::FindMutable(const std::string& name) {
   auto it = nodes_.find(name);
   return it == nodes_.end() ? nullptr : &it->second;
 }
@@ -93,13 +50,10 @@ const NodeTable::Node* NodeTable::Find(const std::string& name) const {
 
 absl::StatusOr<NodeTable::Node*> NodeTable::Register(
     const v1::RegisterRequest& req, const std::function<int(const std::string&)>& used) {
-  RETURN_IF_ERROR(ValidateRegistration(req, config_.max_slots_per_node));
-  if (!nodes_.count(req.name()) && static_cast<int>(nodes_.size()) >= config_.max_nodes) {
+  RETURN_IF_ERROR(limits_.CheckRequest(req));
+  if (!nodes_.count(req.name()) && !limits_.CheckRoom(nodes_.size()).ok()) {
     ForgetDeadNodes(used);
-    if (static_cast<int>(nodes_.size()) >= config_.max_nodes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "register: the manager already knows max_nodes=", config_.max_nodes, " nodes"));
-    }
+    RETURN_IF_ERROR(limits_.CheckRoom(nodes_.size()));
   }
   // Note [Agent identity] in agent_client.cc: one live node per address, or the manager would
   // send one node's ranks to another. (A renamed agent on the same port waits, retrying,
@@ -144,7 +98,7 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Register(
 }
 
 absl::StatusOr<NodeTable::Node*> NodeTable::Heartbeat(const std::string& name) {
-  Node* node = Find(name);
+  Node* node = FindMutable(name);
   if (node == nullptr) {
     return absl::NotFoundError(absl::StrCat("node '", name, "' is not registered"));
   }
@@ -161,7 +115,7 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Heartbeat(const std::string& name) {
 }
 
 absl::StatusOr<NodeTable::Node*> NodeTable::Drain(const std::string& name, bool undo) {
-  Node* n = Find(name);
+  Node* n = FindMutable(name);
   if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node named '", name, "'"));
   if (n->rec.drained() != !undo) {
     n->rec.set_drained(!undo);
@@ -180,7 +134,7 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Drain(const std::string& name, bool 
 
 absl::StatusOr<NodeTable::Node*> NodeTable::Preempt(const std::string& name,
                                                     const v1::PreemptionNotice& notice) {
-  Node* n = Find(name);
+  Node* n = FindMutable(name);
   if (n == nullptr) return absl::NotFoundError(absl::StrCat("no node named '", name, "'"));
   if (!n->rec.has_preemption()) {
     *n->rec.mutable_preemption() = notice;
@@ -203,13 +157,13 @@ absl::StatusOr<NodeTable::Node*> NodeTable::Preempt(const std::string& name,
 }
 
 void NodeTable::MarkUnreachable(const std::string& name) {
-  Node* n = Find(name);
+  Node* n = FindMutable(name);
   if (n == nullptr || n->dead || n->suspect) return;
   n->suspect = true;
 }
 
 void NodeTable::Lose(const std::string& name, const std::string& why) {
-  Node* n = Find(name);
+  Node* n = FindMutable(name);
   if (n == nullptr || n->dead) return;
   n->dead = true;
   LOG(WARNING) << "node=" << name << " DEAD: " << why;
@@ -246,11 +200,7 @@ std::string NodeTable::DrainReason(const Node& n) const {
   if (n.rec.has_preemption()) {
     return absl::StrCat("preemption notice (", n.rec.preemption().source(), ")");
   }
-  if (have_machine_list_ && !listed_.count(n.rec.name()) &&
-      !listed_.count(HostOf(n.rec.address()))) {
-    return absl::StrCat("not in machine_list ", config_.machine_list);
-  }
-  return "";
+  return machine_list_.Excludes(n.rec);
 }
 
 v1::NodeInfo NodeTable::Describe(const Node& n, int used_slots) const {
@@ -276,62 +226,32 @@ v1::NodeInfo NodeTable::Describe(const Node& n, int used_slots) const {
   return info;
 }
 
-void NodeTable::ReloadMachineList() {
-  if (config_.machine_list.empty()) return;
-  struct stat st;
-  if (stat(config_.machine_list.c_str(), &st) != 0) {
-    if (have_machine_list_ || machine_list_mtime_ != -2) {
-      LOG(WARNING) << "machine_list " << config_.machine_list
-                   << " cannot be read; every node is treated as draining";
+void NodeTable::ReloadMachineList(absl::Time now) {
+  std::optional<std::set<std::string>> listed = machine_list_.Read(now);
+  if (!listed) return;
+  std::set<std::string> before;
+  for (const auto& [name, n] : nodes_) {
+    if (DrainReason(n).empty()) before.insert(name);
+  }
+  machine_list_.Adopt(*std::move(listed));
+  listener_->OnNodeEvent("machine_list", "", absl::StrJoin(machine_list_.hosts(), " "));
+  for (const auto& [name, n] : nodes_) {
+    const bool now_listed = DrainReason(n).empty();
+    if (before.count(name) && !now_listed) {
+      listener_->OnNodeGone(
+          {name, "drain", absl::StrCat("node ", name, " removed from machine_list")});
+    } else if (!before.count(name) && now_listed) {
+      listener_->OnNodeJoined(name, "added to machine_list");
     }
-    have_machine_list_ = true;
-    listed_.clear();
-    machine_list_mtime_ = -2;
-    return;
   }
-  const int64_t mtime = static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
-  if (mtime == machine_list_mtime_) return;
-  machine_list_mtime_ = mtime;
-  // Non-blocking, bounded, regular files only (common/base/safe_file.h): the loop never waits.
-  auto text = ReadRegularFile(config_.machine_list, 1 << 20, "machine_list");
-  if (!text.ok()) {
-    LOG(WARNING) << text.status().message() << "; every node is treated as draining";
-    machine_list_mtime_ = -2;
-  }
-  std::set<std::string> listed;
-  for (absl::string_view line : absl::StrSplit(text.ok() ? *text : "", '\n')) {
-    std::string host(absl::StripAsciiWhitespace(line));
-    if (host.empty() || host[0] == '#') continue;
-    listed.insert(host);
-  }
-  if (listed != listed_ || !have_machine_list_) {
-    std::set<std::string> before;
-    for (const auto& [name, n] : nodes_) {
-      if (DrainReason(n).empty()) before.insert(name);
-    }
-    have_machine_list_ = true;
-    LOG(INFO) << "machine_list " << config_.machine_list << ": " << absl::StrJoin(listed, " ");
-    listed_ = std::move(listed);
-    listener_->OnNodeEvent("machine_list", "", absl::StrJoin(listed_, " "));
-    for (const auto& [name, n] : nodes_) {
-      const bool now_listed = DrainReason(n).empty();
-      if (before.count(name) && !now_listed) {
-        listener_->OnNodeGone(
-            {name, "drain", absl::StrCat("node ", name, " removed from machine_list")});
-      } else if (!before.count(name) && now_listed) {
-        listener_->OnNodeJoined(name, "added to machine_list");
-      }
-    }
-    listener_->OnSlotsChanged();
-  }
-  have_machine_list_ = true;
+  listener_->OnSlotsChanged();
 }
 
 void NodeTable::ForgetDeadNodes(const std::function<int(const std::string&)>& used) {
   const absl::Time now = clock_->Now();
   for (auto it = nodes_.begin(); it != nodes_.end();) {
     const Node& n = it->second;
-    if (n.dead && now - n.last_seen >= config_.forget_dead_after && used(n.rec.name()) == 0) {
+    if (n.dead && limits_.Forgettable(now - n.last_seen) && used(n.rec.name()) == 0) {
       LOG(INFO) << "node=" << n.rec.name() << " forgotten (DEAD for "
                 << absl::FormatDuration(now - n.last_seen) << ")";
       absl::Status s = store_->DeleteNode(n.rec.name());
@@ -346,10 +266,7 @@ void NodeTable::ForgetDeadNodes(const std::function<int(const std::string&)>& us
 void NodeTable::Tick(const std::function<int(const std::string&)>& used) {
   const absl::Time now = clock_->Now();
   ForgetDeadNodes(used);
-  if (now - last_list_check_ >= absl::Seconds(2)) {
-    last_list_check_ = now;
-    ReloadMachineList();
-  }
+  ReloadMachineList(now);
   for (auto& [name, n] : nodes_) {
     if (n.dead) continue;
     const absl::Duration silent = now - n.last_seen;

@@ -2,20 +2,22 @@
 
 // The node table: every agent the manager knows, its liveness (ALIVE -> SUSPECT -> DEAD by
 // missed heartbeats), and whether it may get work (drained, under a preemption notice, left
-// out of the machine_list file). It decides nothing about jobs: it tells its Listener when
-// a node is lost, leaves, joins, or the schedulable slots change, and the job controller
-// (Manager) acts. Runs on the manager's loop thread like the rest of the manager.
+// out of the machine_list file: MachineList, machine_list.h). What an agent may register as
+// is bounded by PeerLimits (peer_limits.h). It decides nothing about jobs: it tells its
+// Listener when a node is lost, leaves, joins, or the schedulable slots change, and the job
+// controller (Manager) acts. Runs on the manager's loop thread like the rest of the manager.
 
 #include <algorithm>
 #include <functional>
 #include <map>
-#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/base/clock.h"
+#include "manager/nodes/machine_list.h"
 #include "manager/nodes/node_options.h"
+#include "manager/nodes/peer_limits.h"
 #include "manager/state/state_store.h"
 #include "varuna/v1/control.pb.h"
 
@@ -65,7 +67,7 @@ class NodeTable {
   // Loads the nodes from the store; each is SUSPECT until it heartbeats again.
   absl::Status Load();
 
-  // Note [Peer limits] (node_table.cc): what an agent asks to be is checked and bounded.
+  // Note [Peer limits] (peer_limits.cc): what an agent asks to be is checked and bounded.
   // `idle(name)` says whether a DEAD node has no ranks left (only those are forgotten to make
   // room).
   absl::StatusOr<Node*> Register(const v1::RegisterRequest& req,
@@ -85,33 +87,31 @@ class NodeTable {
   // Liveness by missed heartbeats, machine_list reload, forgetting idle DEAD nodes.
   void Tick(const std::function<int(const std::string&)>& used);
 
-  Node* Find(const std::string& name);
   const Node* Find(const std::string& name) const;
   const std::map<std::string, Node>& all() const { return nodes_; }
   bool Schedulable(const Node& n) const;
-  // The heartbeat period for this many nodes (ManagerConfig::HeartbeatPeriodFor), and the
-  // SUSPECT / DEAD timeouts counted in it.
+  // The heartbeat period for this many nodes (ManagerConfig::HeartbeatPeriodFor); the SUSPECT
+  // and DEAD timeouts are counted in it.
   absl::Duration heartbeat_period() const;
-  absl::Duration suspect_after() const;
-  absl::Duration dead_after() const;
   std::string DrainReason(const Node& n) const;  // "" when not draining
   v1::NodeInfo Describe(const Node& n, int used_slots) const;
 
  private:
+  Node* FindMutable(const std::string& name);
+  absl::Duration suspect_after() const;
+  absl::Duration dead_after() const;
   void Persist(const Node& n);
-  void ReloadMachineList();
+  // A new machine_list in force: the nodes it adds join, the ones it removes leave.
+  void ReloadMachineList(absl::Time now);
   void ForgetDeadNodes(const std::function<int(const std::string&)>& used);
 
   const NodeOptions config_;
   Clock* const clock_;
   StateStore* const store_;
   Listener* const listener_;
+  const PeerLimits limits_;
+  MachineList machine_list_;
   std::map<std::string, Node> nodes_;
-  // machine_list
-  bool have_machine_list_ = false;
-  std::set<std::string> listed_;
-  int64_t machine_list_mtime_ = -1;
-  absl::Time last_list_check_ = absl::InfinitePast();
 };
 
 }  // namespace varuna

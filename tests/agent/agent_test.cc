@@ -203,8 +203,8 @@ TEST_F(AgentProtocolTest, TypedAndFlatLinesReachTheHeartbeat) {
 namespace varuna {
 namespace {
 
-// Note [Heartbeat budget] (agent/agent.cc): a program that writes huge step records cannot
-// push a heartbeat past the manager's limit; every record still arrives, once, in order.
+// Note [Heartbeat budget] (agent/heartbeat_report.cc): a program that writes huge step records
+// cannot push a heartbeat past the manager's limit; every record still arrives, once, in order.
 TEST_F(AgentProtocolTest, HeartbeatsStayUnderTheBudgetAndEveryStepFollows) {
   std::string stages;
   for (int i = 0; i < 1500; ++i) absl::StrAppend(&stages, i ? "," : "", "0.12345678901234");

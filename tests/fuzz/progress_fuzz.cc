@@ -4,7 +4,7 @@
 // wedged the node). An input is up to 16 parts separated by "--8<--" lines, appended in turn to
 // rank 0's and rank 1's progress files of one launched job (a fake launcher), each followed by
 // the agent's Tick and a heartbeat. Besides never crashing: every heartbeat stays within
-// kMaxHeartbeatBytes (Note [Heartbeat budget] in agent/agent.cc), whatever was written.
+// kMaxHeartbeatBytes (Note [Heartbeat budget] in agent/heartbeat_report.cc), whatever was written.
 
 #include <cstdint>
 #include <cstdlib>

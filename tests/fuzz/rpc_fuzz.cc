@@ -11,6 +11,7 @@
 #include <string>
 
 #include "agent/agent.h"
+#include "manager/api/manager_api.h"
 #include "manager/manager.h"
 #include "manager/state/state_store.h"
 #include "tests/fuzz/fuzz_util.h"
@@ -81,6 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   mc.max_nodes = 8;
   varuna::Manager manager(mc, &clock, store->get(), &pool,
                           [&](std::function<void()> fn) { posted.push_back(std::move(fn)); });
+  varuna::ManagerApi api(&manager, &pool);
   (void)manager.Recover();
   varuna::AgentConfig ac;
   ac.name = "fuzz";
@@ -118,23 +120,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 2: {
         SubmitRequest r;
         if (ParseInto(bytes, &r)) {
-          auto spec = varuna::JobController::Admit(r);  // what the server runs off the loop
-          if (spec.ok()) (void)manager.Submit(r, *std::move(spec), "fuzz");
+          auto spec = varuna::JobAdmission::Admit(r);  // what the server runs off the loop
+          if (spec.ok()) (void)api.Submit(r, *std::move(spec), "fuzz");
         }
         break;
       }
       case 3:
-        (void)manager.Cancel(bytes, "fuzz");
-        (void)manager.GetJob(bytes);
+        (void)api.Cancel(bytes, "fuzz");
+        (void)api.GetJob(bytes);
         break;
       case 4:
-        (void)manager.Drain(bytes, len % 2 == 0);
-        (void)manager.ListNodes();
-        (void)manager.ListJobs();
+        (void)api.Drain(bytes, len % 2 == 0);
+        (void)api.ListNodes();
+        (void)api.ListJobs();
         break;
       case 5: {
         varuna::v1::GetLogsRequest r;
-        if (ParseInto(bytes, &r)) manager.GetLogs(r, [](auto) {});
+        if (ParseInto(bytes, &r)) api.GetLogs(r, [](auto) {});
         break;
       }
       case 6: {

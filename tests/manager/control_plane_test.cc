@@ -24,8 +24,8 @@ TEST_F(ControlPlaneTest, NodesGoSuspectThenDeadByMissedHeartbeatsAndComeBack) {
   EXPECT_EQ(NodeStates()["a2"], v1::ALIVE);
 }
 
-// Note [Forgotten while leaving] in agent_server.cc: an agent the manager forgot registers
-// again, unless it is leaving (it has a preemption notice): then it stays forgotten.
+// Note [Forgotten while leaving] in agent/heartbeat_sender.cc: an agent the manager forgot
+// registers again, unless it is leaving (it has a preemption notice): then it stays forgotten.
 TEST_F(ControlPlaneTest, AForgottenAgentRegistersAgainUnlessItIsLeaving) {
   forget_dead_after_ = absl::Seconds(20);
   manager_->Shutdown();

@@ -157,7 +157,7 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
     v1::SubmitRequest req;
     req.set_spec_yaml(yaml);
     req.set_request_id(request_id);
-    auto spec = JobController::Admit(req);
+    auto spec = JobAdmission::Admit(req);
     EXPECT_TRUE(spec.ok()) << spec.status();
     if (!spec.ok()) return "";
     auto info = jobs_ctl_->Submit(req, *std::move(spec), "");

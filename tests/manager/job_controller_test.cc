@@ -130,7 +130,7 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
   v1::SubmitRequest long_id;
   long_id.set_spec_yaml(Spec());
   long_id.set_request_id(std::string(129, 'x'));
-  EXPECT_THAT(JobController::Admit(long_id).status().message(), HasSubstr("request_id"));
+  EXPECT_THAT(JobAdmission::Admit(long_id).status().message(), HasSubstr("request_id"));
 }
 
 // Note [Tensor-parallel placement] in manager/nodes/placement.cc: a tp job is planned in groups of
@@ -271,13 +271,13 @@ TEST_F(JobControllerTest, PendingJobsAreCappedPerSubmitter) {
   v1::SubmitRequest req;
   req.set_spec_yaml(Spec());
   for (int i = 0; i < 2; ++i) {
-    ASSERT_TRUE(jobs_ctl_->Submit(req, *JobController::Admit(req), "alice").ok());
+    ASSERT_TRUE(jobs_ctl_->Submit(req, *JobAdmission::Admit(req), "alice").ok());
   }
-  auto refused = jobs_ctl_->Submit(req, *JobController::Admit(req), "alice");
+  auto refused = jobs_ctl_->Submit(req, *JobAdmission::Admit(req), "alice");
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("user 'alice'"));
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("max_pending_jobs_per_user"));
-  EXPECT_TRUE(jobs_ctl_->Submit(req, *JobController::Admit(req), "bob").ok());  // others may
+  EXPECT_TRUE(jobs_ctl_->Submit(req, *JobAdmission::Admit(req), "bob").ok());  // others may
 }
 
 TEST_F(JobControllerTest, FinishedJobsArePrunedByCountAndAge) {
@@ -312,7 +312,7 @@ TEST_F(JobControllerTest, FinishedJobsArePrunedByCountAndAge) {
 TEST_F(JobControllerTest, StragglerSettingsMergedWithTheDefaultsAreChecked) {
   v1::SubmitRequest req;
   req.set_spec_yaml(Spec("parallel: {stages: 2}\nstragglers: {slow_below: 0.95}"));
-  auto spec = JobController::Admit(req);
+  auto spec = JobAdmission::Admit(req);
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto info = jobs_ctl_->Submit(req, *std::move(spec), "");
   ASSERT_FALSE(info.ok());
@@ -321,7 +321,7 @@ TEST_F(JobControllerTest, StragglerSettingsMergedWithTheDefaultsAreChecked) {
   EXPECT_THAT(std::string(info.status().message()), HasSubstr("manager's defaults"));
   req.set_spec_yaml(
       Spec("parallel: {stages: 2}\nstragglers: {slow_below: 0.95, recovered_above: 0.97}"));
-  auto ok = JobController::Admit(req);
+  auto ok = JobAdmission::Admit(req);
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_TRUE(jobs_ctl_->Submit(req, *std::move(ok), "").ok());
 }

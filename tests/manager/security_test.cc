@@ -24,6 +24,7 @@
 #include "common/net/rpc.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "manager/api/manager_api.h"
 #include "manager/api/manager_server.h"
 #include "manager/api/tokens.h"
 #include "manager/state/state_store.h"
@@ -213,7 +214,7 @@ TEST_F(SecurityTest, OnlyAgentsWithAClusterCertificateRegister) {
   grpc::Status spoof = as_node1->Register(&ctx2, req, &resp);
   EXPECT_EQ(spoof.error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_THAT(spoof.error_message(), HasSubstr("certificate names 'node1'"));
-  auto nodes = manager_->loop().RunSync([&] { return manager_->manager().ListNodes(); });
+  auto nodes = manager_->loop().RunSync([&] { return manager_->api().ListNodes(); });
   ASSERT_EQ(nodes.size(), 1u);
   EXPECT_EQ(nodes[0].name(), "node0");
   EXPECT_NE(nodes[0].address(), "127.0.0.1:1");
@@ -453,6 +454,7 @@ TEST(PeerLimitsTest, ANodeSpeaksOnlyForItsOwnRanks) {
   mc.state_dir = dir;
   mc.check_job_files = false;
   Manager m(mc, &clock, store->get(), &pool, [&](std::function<void()> f) { posted.push_back(f); });
+  ManagerApi api(&m, &pool);
   auto drain = [&] {
     while (!posted.empty()) {
       auto f = std::move(posted.front());
@@ -471,12 +473,12 @@ TEST(PeerLimitsTest, ANodeSpeaksOnlyForItsOwnRanks) {
   req.set_spec_yaml(
       "data: {path: /x}\nmodel: {layers: 2, d_model: 8, heads: 2, seq_len: 4}\n"
       "train: {global_batch: 2, steps: 5}\nparallel: {stages: 1, replicas: 1}\n");
-  auto spec = JobController::Admit(req);
+  auto spec = JobAdmission::Admit(req);
   ASSERT_THAT(spec.status(), IsOk());
-  auto job = m.Submit(req, *spec);
+  auto job = api.Submit(req, *spec);
   ASSERT_THAT(job.status(), IsOk());
   drain();
-  v1::JobInfo info = *m.GetJob(job->id());
+  v1::JobInfo info = *api.GetJob(job->id());
   ASSERT_EQ(info.state(), v1::RUNNING);
   ASSERT_EQ(info.placement_size(), 1);
   const std::string other = info.placement(0).node() == "n1" ? "n2" : "n1";
@@ -497,7 +499,7 @@ TEST(PeerLimitsTest, ANodeSpeaksOnlyForItsOwnRanks) {
   clock.Advance(absl::Seconds(3));
   m.Tick();
   drain();
-  info = *m.GetJob(job->id());
+  info = *api.GetJob(job->id());
   EXPECT_EQ(info.state(), v1::RUNNING) << info.reason();
   EXPECT_EQ(info.step(), 0);
   // The owner's own report counts (and a step past the job's end does not).
@@ -506,10 +508,10 @@ TEST(PeerLimitsTest, ANodeSpeaksOnlyForItsOwnRanks) {
   hb.mutable_workers(0)->set_state(v1::WORKER_RUNNING);
   hb.mutable_workers(0)->mutable_progress()->set_step(3);
   ASSERT_THAT(m.Heartbeat(hb).status(), IsOk());
-  EXPECT_EQ(m.GetJob(job->id())->step(), 3);
+  EXPECT_EQ(api.GetJob(job->id())->step(), 3);
   hb.mutable_workers(0)->mutable_progress()->set_step(1 << 30);
   ASSERT_THAT(m.Heartbeat(hb).status(), IsOk());
-  EXPECT_EQ(m.GetJob(job->id())->step(), 3);
+  EXPECT_EQ(api.GetJob(job->id())->step(), 3);
   std::filesystem::remove_all(dir);
 }
 

@@ -114,12 +114,12 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
         out.status = engine.status();
         return;
       }
-      for (auto& [name, p] : (*engine)->named_parameters()) {
+      for (auto& [name, p] : (*engine)->view().named_parameters()) {
         out.initial.emplace_back(name, p.detach().clone());
       }
       (*engine)->set_optimizer(std::make_shared<torch::optim::AdamW>(
-          (*engine)->parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0)));
-      const Topology& t = (*engine)->topology();
+          (*engine)->view().parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0)));
+      const Topology& t = (*engine)->view().topology();
       const int k = t.PipelineOf(r);
       for (int s = 0; s < o.steps; ++s) {
         if (r == 0 && s == o.die_at_step) return;  // a preempted machine
@@ -133,10 +133,10 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       }
       out.early_buckets = out.last.early_buckets;
       out.buckets = out.last.buckets;
-      for (auto& [name, p] : (*engine)->named_parameters()) {
+      for (auto& [name, p] : (*engine)->view().named_parameters()) {
         out.params.emplace_back(name, p.detach().clone());
       }
-      out.shards = (*engine)->sharded_parameters();
+      out.shards = (*engine)->view().sharded_parameters();
     });
   }
   for (auto& t : threads) t.join();

@@ -1,6 +1,4 @@
-// Varuna::checkpoint / load_checkpoint: per-layer files keyed by parameter name, so any
-// (P', D', micro-batch) can load what any configuration wrote. Layout:
-// common/checkpoint/checkpoint_store.h.
+#include "worker/engine/checkpoint.h"
 
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
@@ -20,7 +18,6 @@
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_store.h"
 #include "worker/dist/torch_status.h"
-#include "worker/engine/varuna.h"
 
 namespace varuna {
 namespace {
@@ -153,47 +150,57 @@ CheckpointWrites AssignCheckpointWrites(const Topology& topo, const Model& model
 
 }  // namespace
 
-absl::StatusOr<std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>>
-Varuna::SnapshotLayers(const std::vector<bool>& mine) const {
-  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
+Checkpointer::~Checkpointer() {
+  if (upload_.thread.joinable()) upload_.thread.join();
+}
+
+int64_t Checkpointer::committed_step() const {
+  return state_->commit.Committed(state_->iteration, stage_->topology.world_size());
+}
+
+absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
+                                             torch::optim::Optimizer& optimizer,
+                                             const std::vector<bool>& mine) {
+  LayerSnapshot snapshot;
   RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
-    for (size_t i = 0; i < layers_.size(); ++i) {
+    for (size_t i = 0; i < stage.layers.size(); ++i) {
       if (!mine[i]) continue;
       c10::Dict<std::string, at::Tensor> d;
-      for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+      for (const auto& p : stage.layers[i]->named_parameters(/*recurse=*/true)) {
         d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
-        SaveOptimizerState(*optimizer_, p.value(), p.key(), &d);
+        SaveOptimizerState(optimizer, p.value(), p.key(), &d);
       }
-      for (const auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+      for (const auto& b : stage.layers[i]->named_buffers(/*recurse=*/true)) {
         d.insert("buffer." + b.key(), b.value().detach().cpu().clone());
       }
-      snapshot.emplace_back(absl::StrCat("layers/", layer_names_[i], ".pt"), std::move(d));
+      snapshot.emplace_back(absl::StrCat("layers/", stage.layer_names[i], ".pt"), std::move(d));
     }
   }));
   return snapshot;
 }
 
-std::string Varuna::CommonJson(const std::vector<int>& writers,
-                               const std::map<std::string, std::string>& info) const {
-  return CommonJsonAt(iteration_, scaler_.scale(), scaler_.clean_steps(), writers, info);
+std::string Checkpointer::CommonJson(const std::vector<int>& writers,
+                                     const std::map<std::string, std::string>& info) const {
+  return CommonJsonAt(state_->iteration, state_->scaler.scale(), state_->scaler.clean_steps(),
+                      writers, info);
 }
 
-std::string Varuna::CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
-                                 const std::vector<int>& writers,
-                                 const std::map<std::string, std::string>& info) const {
+std::string Checkpointer::CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
+                                       const std::vector<int>& writers,
+                                       const std::map<std::string, std::string>& info) const {
   CheckpointCommon c;
   c.step = step;
-  c.global_batch = topo_.global_batch();
-  c.stages = topo_.pipeline(0).stages();
-  c.replicas = topo_.num_pipelines();
-  c.world = topo_.world_size();
-  c.micro_batch = chunk_size_;
-  c.stage_to_rank_map = topo_.uniform() ? topo_.ToStageMap().ToString() : "";
-  c.pipelines = topo_.ToString();
+  c.global_batch = stage_->topology.global_batch();
+  c.stages = stage_->topology.pipeline(0).stages();
+  c.replicas = stage_->topology.num_pipelines();
+  c.world = stage_->topology.world_size();
+  c.micro_batch = stage_->chunk_size;
+  c.stage_to_rank_map = stage_->topology.uniform() ? stage_->topology.ToStageMap().ToString() : "";
+  c.pipelines = stage_->topology.ToString();
   c.loss_scale = loss_scale;
   c.clean_steps = clean_steps;
   c.writers = writers;
-  for (const auto& layer : model_.layers()) c.layers.push_back(layer.name);
+  for (const auto& layer : stage_->model.layers()) c.layers.push_back(layer.name);
   return FormatCheckpointCommon(c, info);
 }
 
@@ -202,72 +209,76 @@ std::string Varuna::CommonJsonAt(int64_t step, double loss_scale, int64_t clean_
 // rescue.rank<R>.json (the common fields and its files' digests) and rescued.rank<R> last.
 // Replicas of a stage hold identical state, so two of them writing the same layer file
 // write the same bytes. The checkpoint is complete when the rescuers' layers cover the
-// model (VerifyCheckpoint); the next generation loads it like any other. state_mu_ keeps
-// the snapshot off a half-applied optimizer step when this runs on another thread.
-absl::StatusOr<int64_t> Varuna::rescue(const std::string& dir,
-                                       const std::map<std::string, std::string>& info) {
-  std::lock_guard<std::mutex> state(state_mu_);
-  if (!optimizer_) return absl::FailedPreconditionError("rescue() before set_optimizer()");
-  absl::Status upload = WaitForCheckpoint();
-  if (!upload.ok()) LOG(WARNING) << "rank=" << rank_ << " earlier upload failed: " << upload;
+// model (VerifyCheckpoint); the next generation loads it like any other. The state's lock
+// (TrainingState::mu) keeps the snapshot off a half-applied optimizer step when this runs on
+// another thread.
+absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir,
+                                             const std::map<std::string, std::string>& info) {
+  std::lock_guard<std::mutex> state(state_->mu);
+  if (!state_->optimizer) return absl::FailedPreconditionError("Rescue() before set_optimizer()");
+  absl::Status upload = Wait();
+  if (!upload.ok()) LOG(WARNING) << "rank=" << stage_->rank << " earlier upload failed: " << upload;
   rescued_also_ = 0;
-  options_.faults.Hit(FaultPoint::kRescueSave, iteration_);
-  if (iteration_ == 0) return 0;  // nothing trained since a fresh start
-  if (tp_.enabled()) {
+  faults_->Hit(FaultPoint::kRescueSave, state_->iteration);
+  if (state_->iteration == 0) return 0;  // nothing trained since a fresh start
+  if (stage_->tp.enabled()) {
     // A rescue runs without collectives and a tp rank holds a slice: it cannot write full
     // tensors alone.
     return absl::FailedPreconditionError(
-        absl::StrCat("no rescue with tensor parallelism (tp_size ", tp_.size,
+        absl::StrCat("no rescue with tensor parallelism (tp_size ", stage_->tp.size,
                      "): the job resumes from its last periodic checkpoint"));
   }
   // Note [Committed step] in varuna.cc: while this rank's newest step is not committed, a
   // peer may not have it; the step before it, which every survivor has, goes first.
-  const StepCommit::PreUpdate* pre = commit_.PreUpdateAt(iteration_ - 1);
-  if (iteration_ > committed_step() && pre != nullptr && pre->step > 0) {
+  const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(state_->iteration - 1);
+  if (state_->iteration > committed_step() && pre != nullptr && pre->step > 0) {
     if (!VerifyCheckpoint(CheckpointPath(dir, pre->step), /*checksums=*/false).ok()) {
-      RETURN_IF_ERROR(
-          WriteRescue(dir, pre->step, pre->layers,
-                      CommonJsonAt(pre->step, pre->loss_scale, pre->clean_steps, {rank_}, info)));
+      RETURN_IF_ERROR(WriteRescue(
+          dir, pre->step, pre->layers,
+          CommonJsonAt(pre->step, pre->loss_scale, pre->clean_steps, {stage_->rank}, info)));
     }
     rescued_also_ = pre->step;
   }
-  const std::string path = CheckpointPath(dir, iteration_);
-  if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return iteration_;  // already saved
-  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
-  RETURN_IF_ERROR(WriteRescue(dir, iteration_, snapshot, CommonJson({rank_}, info)));
-  return iteration_;
+  const std::string path = CheckpointPath(dir, state_->iteration);
+  if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return state_->iteration;  // already saved
+  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(*stage_, *state_->optimizer,
+                                                 std::vector<bool>(stage_->layers.size(), true)));
+  RETURN_IF_ERROR(WriteRescue(dir, state_->iteration, snapshot, CommonJson({stage_->rank}, info)));
+  return state_->iteration;
 }
 
-std::vector<Varuna::RestorableStep> Varuna::restorable_steps() const {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  std::vector<RestorableStep> steps = {{iteration_, scaler_.scale(), scaler_.clean_steps()}};
-  if (const StepCommit::PreUpdate* pre = commit_.PreUpdateAt(iteration_ - 1)) {
+std::vector<Checkpointer::RestorableStep> Checkpointer::RestorableSteps() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  std::vector<RestorableStep> steps = {
+      {state_->iteration, state_->scaler.scale(), state_->scaler.clean_steps()}};
+  if (const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(state_->iteration - 1)) {
     steps.push_back({pre->step, pre->loss_scale, pre->clean_steps});
   }
   return steps;
 }
 
-absl::StatusOr<Varuna::HeldState> Varuna::HeldAt(int64_t step) const {
-  std::lock_guard<std::mutex> lock(state_mu_);
-  if (tp_.enabled()) {
+absl::StatusOr<Checkpointer::HeldState> Checkpointer::HeldAt(int64_t step) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (stage_->tp.enabled()) {
     return absl::FailedPreconditionError(
         "a morph in place hands over full layers; a tensor-parallel rank holds a slice");
   }
   HeldState out;
   out.step = step;
   LayerSnapshot snapshot;
-  if (step == iteration_) {
-    if (!optimizer_) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
-    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
-    out.loss_scale = scaler_.scale();
-    out.clean_steps = scaler_.clean_steps();
-  } else if (const StepCommit::PreUpdate* pre = commit_.PreUpdateAt(step)) {
+  if (step == state_->iteration) {
+    if (!state_->optimizer) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer,
+                                              std::vector<bool>(stage_->layers.size(), true)));
+    out.loss_scale = state_->scaler.scale();
+    out.clean_steps = state_->scaler.clean_steps();
+  } else if (const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(step)) {
     snapshot = pre->layers;
     out.loss_scale = pre->loss_scale;
     out.clean_steps = pre->clean_steps;
   } else {
-    return absl::NotFoundError(absl::StrCat("rank ", rank_, " holds no state of step ", step,
-                                            " (it is at step ", iteration_, ")"));
+    return absl::NotFoundError(absl::StrCat("rank ", stage_->rank, " holds no state of step ", step,
+                                            " (it is at step ", state_->iteration, ")"));
   }
   // Snapshots are keyed by their checkpoint file ("layers/<name>.pt").
   for (auto& [rel, dict] : snapshot) {
@@ -278,25 +289,27 @@ absl::StatusOr<Varuna::HeldState> Varuna::HeldAt(int64_t step) const {
   return out;
 }
 
-absl::Status Varuna::Adopt(const HeldState& state) {
-  if (!optimizer_) return absl::FailedPreconditionError("Adopt() before set_optimizer()");
-  std::lock_guard<std::mutex> lock(state_mu_);
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    auto it = state.layers.find(layer_names_[i]);
+absl::Status Checkpointer::Adopt(const HeldState& state) {
+  if (!state_->optimizer) return absl::FailedPreconditionError("Adopt() before set_optimizer()");
+  std::lock_guard<std::mutex> lock(state_->mu);
+  for (size_t i = 0; i < stage_->layers.size(); ++i) {
+    auto it = state.layers.find(stage_->layer_names[i]);
     if (it == state.layers.end()) {
-      return absl::InternalError(absl::StrCat("rank ", rank_, " got no state for layer ",
-                                              layer_names_[i], " of step ", state.step));
+      return absl::InternalError(absl::StrCat("rank ", stage_->rank, " got no state for layer ",
+                                              stage_->layer_names[i], " of step ", state.step));
     }
-    RETURN_IF_ERROR(LoadLayer(i, it->second, absl::StrCat("layer ", layer_names_[i])));
+    RETURN_IF_ERROR(LoadLayer(i, it->second, absl::StrCat("layer ", stage_->layer_names[i])));
   }
-  scaler_.Restore(state.loss_scale, state.clean_steps);
-  iteration_ = state.step;
-  commit_.Start(state.step);  // every rank of the generation adopted it (Note [Committed step])
+  state_->scaler.Restore(state.loss_scale, state.clean_steps);
+  state_->iteration = state.step;
+  state_->commit.Start(
+      state.step);  // every rank of the generation adopted it (Note [Committed step])
   return absl::OkStatus();
 }
 
-absl::Status Varuna::WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
-                                 const std::string& common_json) {
+absl::Status Checkpointer::WriteRescue(const std::string& dir, int64_t step,
+                                       const LayerSnapshot& layers,
+                                       const std::string& common_json) {
   const std::string path = CheckpointPath(dir, step);
   std::error_code ec;
   std::filesystem::create_directories(path + "/layers", ec);
@@ -306,53 +319,55 @@ absl::Status Varuna::WriteRescue(const std::string& dir, int64_t step, const Lay
     std::string bytes;
     RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
                               [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
-    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, rank_));
+    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, stage_->rank));
     written.push_back(DigestBytes(rel, bytes));
   }
-  return WriteRescueRecord(path, rank_, common_json, written);
+  return WriteRescueRecord(path, stage_->rank, common_json, written);
 }
 
 // Note [Background upload]: the training thread only snapshots the state (tensor copies, a
 // few hundred MB/s of memcpy). Serialization, the local write and, with a tempdir, the copy to
 // `dir` run on a background thread, which writes the manifest and marker only after every
-// file landed and was fsynced. Training continues meanwhile; the next checkpoint (or
-// WaitForCheckpoint) waits for it. Without a tempdir the same work runs inline.
-absl::Status Varuna::checkpoint(const std::string& dir,
+// file landed and was fsynced. Training continues meanwhile; the next checkpoint (or Wait())
+// waits for it. Without a tempdir the same work runs inline.
+absl::Status Checkpointer::Save(const std::string& dir,
                                 const std::map<std::string, std::string>& info,
                                 const std::string& tempdir, bool shard) {
-  std::lock_guard<std::mutex> state(state_mu_);
-  if (!optimizer_) return absl::FailedPreconditionError("checkpoint() before set_optimizer()");
-  RETURN_IF_ERROR(WaitForCheckpoint());
-  const std::string path = CheckpointPath(dir, iteration_);
+  std::lock_guard<std::mutex> state(state_->mu);
+  if (!state_->optimizer) return absl::FailedPreconditionError("Save() before set_optimizer()");
+  RETURN_IF_ERROR(Wait());
+  const std::string path = CheckpointPath(dir, state_->iteration);
   const std::string stage_path =
-      tempdir.empty() ? path : absl::StrCat(CheckpointPath(tempdir, iteration_), ".rank", rank_);
+      tempdir.empty()
+          ? path
+          : absl::StrCat(CheckpointPath(tempdir, state_->iteration), ".rank", stage_->rank);
   std::error_code ec;
   for (const std::string& p : {path, stage_path}) {
     std::filesystem::create_directories(p + "/layers", ec);
     if (ec) return absl::InternalError(absl::StrCat("cannot create ", p, ": ", ec.message()));
   }
-  options_.faults.Hit(FaultPoint::kCheckpointWrite, iteration_);
+  faults_->Hit(FaultPoint::kCheckpointWrite, state_->iteration);
   // Note [Sharded writes].
-  CheckpointWrites assigned =
-      AssignCheckpointWrites(topo_, model_, layers_, layer_names_, rank_, shard);
+  CheckpointWrites assigned = AssignCheckpointWrites(
+      stage_->topology, stage_->model, stage_->layers, stage_->layer_names, stage_->rank, shard);
   std::vector<bool>& mine = assigned.mine;
   const std::set<int>& writers = assigned.writers;
   bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
-  std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>> snapshot;
+  LayerSnapshot snapshot;
   if (writer) {
-    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(mine));
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer, mine));
     // Every tp rank of a writer gathers; its tp rank 0 writes the full tensors.
-    if (tp_.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
+    if (stage_->tp.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
   }
-  if (tp_.rank != 0) {
+  if (stage_->tp.rank != 0) {
     writer = false;
     snapshot.clear();
   }
   std::string json;
-  if (rank_ == 0 && tp_.rank == 0) {
+  if (stage_->rank == 0 && stage_->tp.rank == 0) {
     json = CommonJson(std::vector<int>(writers.begin(), writers.end()), info);
   }
-  const int rank = rank_;
+  const int rank = stage_->rank;
   const bool upload = !tempdir.empty();
   auto write_all = [path, stage_path, writer, rank, upload, json,
                     snapshot = std::move(snapshot)]() -> absl::Status {
@@ -394,7 +409,7 @@ absl::Status Varuna::checkpoint(const std::string& dir,
   return absl::OkStatus();
 }
 
-absl::Status Varuna::WaitForCheckpoint() {
+absl::Status Checkpointer::Wait() {
   {
     std::lock_guard<std::mutex> j(upload_.join_mu);
     if (upload_.thread.joinable()) upload_.thread.join();
@@ -425,18 +440,17 @@ absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::stri
   return UnpickleLayer(bytes, file);
 }
 
-absl::Status Varuna::GatherShards(
-    const std::vector<bool>& mine,
-    std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>* snapshot) const {
+absl::Status Checkpointer::GatherShards(const std::vector<bool>& mine,
+                                        LayerSnapshot* snapshot) const {
   size_t k = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  for (size_t i = 0; i < stage_->layers.size(); ++i) {
     if (!mine[i]) continue;
     c10::Dict<std::string, at::Tensor>& d = (*snapshot)[k++].second;
-    for (const auto& [name, spec] : layer_shards_[i]) {
+    for (const auto& [name, spec] : stage_->layer_shards[i]) {
       for (const std::string& key : ShardedKeys(name)) {
         auto it = d.find(key);
         if (it == d.end()) continue;
-        ASSIGN_OR_RETURN(std::vector<torch::Tensor> parts, AllGather(it->value(), tp_));
+        ASSIGN_OR_RETURN(std::vector<torch::Tensor> parts, AllGather(it->value(), stage_->tp));
         RETURN_IF_ERROR(
             TorchCall("joining shards", [&] { d.insert_or_assign(key, JoinShards(parts, spec)); }));
       }
@@ -445,30 +459,31 @@ absl::Status Varuna::GatherShards(
   return absl::OkStatus();
 }
 
-absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
-                               const std::string& what) {
+absl::Status Checkpointer::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
+                                     const std::string& what) {
   return TorchCall(absl::StrCat("loading ", what), [&]() -> absl::Status {
     torch::NoGradGuard g;
     // A checkpoint holds full tensors; a sharded parameter and its optimizer state take this
     // rank's slice (Note [Tensor parallelism]).
     c10::Dict<std::string, at::Tensor> local = in;
-    if (tp_.enabled()) {
+    if (stage_->tp.enabled()) {
       local = in.copy();
-      for (const auto& [name, spec] : layer_shards_[i]) {
+      for (const auto& [name, spec] : stage_->layer_shards[i]) {
         for (const std::string& key : ShardedKeys(name)) {
           auto it = in.find(key);
           if (it == in.end()) continue;
           const int64_t dim = spec.dim, n = it->value().dim() > dim ? it->value().size(dim) : 0;
-          if (n % (spec.blocks * tp_.size) != 0) {
+          if (n % (spec.blocks * stage_->tp.size) != 0) {
             return absl::FailedPreconditionError(
                 absl::StrCat(what, ": '", key, "' has ", n, " rows along dimension ", dim,
-                             ", which do not split over tp_size ", tp_.size));
+                             ", which do not split over tp_size ", stage_->tp.size));
           }
-          local.insert_or_assign(key, TakeShard(it->value(), spec, tp_.size, tp_.rank));
+          local.insert_or_assign(key,
+                                 TakeShard(it->value(), spec, stage_->tp.size, stage_->tp.rank));
         }
       }
     }
-    for (auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
+    for (auto& p : stage_->layers[i]->named_parameters(/*recurse=*/true)) {
       auto it = local.find("param." + p.key());
       if (it == local.end() || !it->value().sizes().equals(p.value().sizes())) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -476,9 +491,9 @@ absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor
             ": the model spec differs from the one that wrote the checkpoint"));
       }
       p.value().copy_(it->value());
-      LoadOptimizerState(*optimizer_, p.value(), p.key(), local);
+      LoadOptimizerState(*state_->optimizer, p.value(), p.key(), local);
     }
-    for (auto& b : layers_[i]->named_buffers(/*recurse=*/true)) {
+    for (auto& b : stage_->layers[i]->named_buffers(/*recurse=*/true)) {
       auto it = in.find("buffer." + b.key());
       if (it != in.end()) b.value().copy_(it->value());
     }
@@ -486,39 +501,29 @@ absl::Status Varuna::LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor
   });
 }
 
-absl::StatusOr<int64_t> Varuna::load_checkpoint(const std::string& ckpt_path) {
-  if (!optimizer_) return absl::FailedPreconditionError("load_checkpoint() before set_optimizer()");
+absl::StatusOr<int64_t> Checkpointer::Load(const std::string& ckpt_path) {
+  if (!state_->optimizer) return absl::FailedPreconditionError("Load() before set_optimizer()");
   ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
   const int64_t step = common.step;
   const int64_t batch = common.global_batch;
-  if (batch != topo_.global_batch()) {
+  if (batch != stage_->topology.global_batch()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "checkpoint ", ckpt_path, " was written with global batch ", batch, "; this run has ",
-        topo_.global_batch(), " (it must not change across a resume)"));
+        stage_->topology.global_batch(), " (it must not change across a resume)"));
   }
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", layer_names_[i], ".pt");
+  for (size_t i = 0; i < stage_->layers.size(); ++i) {
+    const std::string file = absl::StrCat(ckpt_path, "/layers/", stage_->layer_names[i], ".pt");
     ASSIGN_OR_RETURN(auto in, ReadLayerFile(file, nullptr));
     RETURN_IF_ERROR(LoadLayer(i, in, file));
   }
-  scaler_.Restore(common.loss_scale, common.clean_steps);
-  iteration_ = step;
-  commit_.Start(step);  // Note [Committed step] in varuna.cc: every rank loaded it
-  LOG(INFO) << "rank=" << rank_ << " loaded " << ckpt_path << " (written by "
+  state_->scaler.Restore(common.loss_scale, common.clean_steps);
+  state_->iteration = step;
+  state_->commit.Start(step);  // Note [Committed step] in varuna.cc: every rank loaded it
+  LOG(INFO) << "rank=" << stage_->rank << " loaded " << ckpt_path << " (written by "
             << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
                                          : common.pipelines)
             << ", step " << step << ")";
   return step;
-}
-
-}  // namespace varuna
-
-namespace varuna {
-
-std::vector<std::string> Varuna::model_layer_names() const {
-  std::vector<std::string> names;
-  for (const auto& def : model_.layers()) names.push_back(def.name);
-  return names;
 }
 
 }  // namespace varuna

@@ -1,5 +1,10 @@
 #include "worker/engine/optimizer.h"
 
+#include <cstdlib>
+#include <cstring>
+
+#include "worker/engine/fused_adamw.h"
+
 namespace varuna {
 
 std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
@@ -20,7 +25,13 @@ std::shared_ptr<torch::optim::Optimizer> MakeOptimizer(
   groups.emplace_back(decay, std::make_unique<torch::optim::AdamWOptions>(o));
   auto none = torch::optim::AdamWOptions(o).weight_decay(0.0);
   groups.emplace_back(no_decay, std::make_unique<torch::optim::AdamWOptions>(none));
-  return std::make_shared<torch::optim::AdamW>(groups, o);
+  // Note [Fused AdamW] in fused_adamw.cc; VARUNA_ADAMW=loop keeps the frontend's per-parameter
+  // loop (the same checkpoints), for A/B measurements.
+  const char* impl = std::getenv("VARUNA_ADAMW");
+  if (impl != nullptr && std::strcmp(impl, "loop") == 0) {
+    return std::make_shared<torch::optim::AdamW>(groups, o);
+  }
+  return std::make_shared<FusedAdamW>(groups, o);
 }
 
 }  // namespace varuna

@@ -70,23 +70,23 @@ struct OfferExchange {
 absl::StatusOr<OfferExchange> ExchangeOffers(const Varuna* old_engine, const Varuna& engine,
                                              const ProcessGroups& groups, int rank,
                                              const std::string& ckpt_dir) {
-  const int world = engine.topology().world_size();
+  const int world = engine.view().topology().world_size();
   v1::HandoverOffer mine;
   if (old_engine != nullptr) {
-    for (const auto& s : old_engine->restorable_steps()) {
+    for (const auto& s : old_engine->checkpoints().RestorableSteps()) {
       auto* st = mine.add_steps();
       st->set_step(s.step);
       st->set_loss_scale(s.loss_scale);
       st->set_clean_steps(s.clean_steps);
     }
-    for (const auto& name : old_engine->layer_names()) mine.add_layers(name);
+    for (const auto& name : old_engine->view().layer_names()) mine.add_layers(name);
   }
-  for (const auto& name : engine.layer_names()) mine.add_needs(name);
+  for (const auto& name : engine.view().layer_names()) mine.add_needs(name);
   RETURN_IF_ERROR(StoreSet(groups, absl::StrCat(kOfferKey, rank), mine.SerializeAsString()));
   if (rank == 0) {
     std::string value = "none";
     if (!ckpt_dir.empty()) {
-      const std::vector<std::string> layers = engine.model_layer_names();
+      const std::vector<std::string> layers = engine.view().model_layer_names();
       absl::StatusOr<std::optional<int64_t>> newest = ResolveResumeStep(ckpt_dir, {}, &layers);
       if (newest.ok() && *newest) value = absl::StrCat(**newest);
     }
@@ -112,8 +112,8 @@ absl::StatusOr<OfferExchange> ExchangeOffers(const Varuna* old_engine, const Var
 // Moves the layers of `plan.moves` that this rank sends (from `held`) or receives (into
 // `state`, counting the bytes in `stats`). Every sender posts all its sends before any rank
 // waits on a receive (Note [Morph in place]), so no pair of ranks waits on each other.
-absl::Status MoveLayers(const Handover& plan, const std::optional<Varuna::HeldState>& held,
-                        const ProcessGroups& groups, int rank, Varuna::HeldState* state,
+absl::Status MoveLayers(const Handover& plan, const std::optional<Checkpointer::HeldState>& held,
+                        const ProcessGroups& groups, int rank, Checkpointer::HeldState* state,
                         HandoverStats* stats) {
   struct Outgoing {
     torch::Tensor size, data;
@@ -173,7 +173,7 @@ absl::Status MoveLayers(const Handover& plan, const std::optional<Varuna::HeldSt
 
 // Reads the layers of `plan.reads` for this rank from the checkpoint at `ckpt_path`.
 absl::Status ReadCheckpointLayers(const Handover& plan, const std::string& ckpt_path, int rank,
-                                  Varuna::HeldState* state, HandoverStats* stats) {
+                                  Checkpointer::HeldState* state, HandoverStats* stats) {
   for (const auto& read : plan.reads) {
     if (read.dst != rank) continue;
     const std::string file = absl::StrCat(ckpt_path, "/layers/", read.layer, ".pt");
@@ -264,7 +264,7 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
   stats.reason = plan.reason;
   const auto t1 = Clock::now();
   stats.agree_s = std::chrono::duration<double>(t1 - t0).count();
-  Varuna::HeldState state;
+  Checkpointer::HeldState state;
   state.step = plan.step;
   bool scaler_known = false;
   for (const auto& o : offers) {
@@ -286,13 +286,13 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
   }
 
   // 3. What this rank keeps and sends, at the agreed step.
-  std::optional<Varuna::HeldState> held;
+  std::optional<Checkpointer::HeldState> held;
   const bool holds_step =
       old_engine != nullptr && std::find(holdings[rank].steps.begin(), holdings[rank].steps.end(),
                                          plan.step) != holdings[rank].steps.end();
   if (holds_step) {
-    ASSIGN_OR_RETURN(held, old_engine->HeldAt(plan.step));
-    for (const auto& name : engine.layer_names()) {
+    ASSIGN_OR_RETURN(held, old_engine->checkpoints().HeldAt(plan.step));
+    for (const auto& name : engine.view().layer_names()) {
       auto it = held->layers.find(name);
       if (it != held->layers.end()) state.layers.emplace(name, it->second);
     }
@@ -301,7 +301,7 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
   RETURN_IF_ERROR(MoveLayers(plan, held, groups, rank, &state, &stats));
   // 5. What no live rank holds, from the checkpoint of the agreed step.
   RETURN_IF_ERROR(ReadCheckpointLayers(plan, ckpt_path, rank, &state, &stats));
-  RETURN_IF_ERROR(engine.Adopt(state));
+  RETURN_IF_ERROR(engine.checkpoints().Adopt(state));
   stats.transfer_s = std::chrono::duration<double>(Clock::now() - t1).count();
   return stats;
 }

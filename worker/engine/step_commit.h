@@ -3,7 +3,9 @@
 // What this rank knows of committed steps (Note [Committed step] in varuna.cc): the step its
 // generation started from, the newest step whose agreement completed here, and, while the
 // newest applied step is not known to be committed, the state before its update (so a rescue
-// or a hand-over can still offer the committed step). Varuna updates it under its state lock.
+// or a hand-over can still offer the committed step). It is part of the engine's TrainingState
+// (worker/engine/engine_state.h): Varuna's step and its Checkpointer update it under the
+// state's lock.
 
 #include <torch/torch.h>
 

@@ -95,18 +95,11 @@ void SetStageTimes(const Topology& topo, const StepAgreement& agreed, StepResult
 
 Varuna::Varuna(Model model, Topology topology, int rank, ProcessGroups groups, int chunk_size,
                torch::Device device, VarunaOptions options)
-    : model_(std::move(model)),
-      topo_(std::move(topology)),
-      rank_(rank),
-      groups_(std::move(groups)),
-      chunk_size_(chunk_size),
+    : stage_(std::move(model), std::move(topology), rank, std::move(groups), chunk_size),
       device_(device),
       options_(options),
-      scaler_(options.init_loss_scale, options.loss_scale_window) {}
-
-Varuna::~Varuna() {
-  if (upload_.thread.joinable()) upload_.thread.join();
-}
+      train_(options.init_loss_scale, options.loss_scale_window),
+      checkpointer_(stage_, train_, options_.faults) {}
 
 absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(Model model, Topology topology, int rank,
                                                        ProcessGroups groups,
@@ -166,73 +159,64 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
 }
 
 absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
-  if (!groups_.world || groups_.world->size() != topo_.world_size() ||
-      groups_.world->rank() != rank_) {
-    return absl::InvalidArgumentError(absl::StrCat("process groups do not match the topology '",
-                                                   topo_.ToString(), "' for rank ", rank_,
-                                                   " (create them with CreateProcessGroups)"));
+  if (!stage_.groups.world || stage_.groups.world->size() != stage_.topology.world_size() ||
+      stage_.groups.world->rank() != stage_.rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("process groups do not match the topology '", stage_.topology.ToString(),
+                     "' for rank ", stage_.rank, " (create them with CreateProcessGroups)"));
   }
-  const torch::Device xfer = TransferDevice(groups_, device_);
-  tp_ = TensorParallelOf(groups_);
+  const torch::Device xfer = TransferDevice(stage_.groups, device_);
+  stage_.tp = TensorParallelOf(stage_.groups);
   absl::Status st = BuildLocal();
-  RETURN_IF_ERROR(AgreeOnStartup(groups_, xfer, st));
+  RETURN_IF_ERROR(AgreeOnStartup(stage_.groups, xfer, st));
   StageConfig config;
-  config.world = groups_.world;
-  config.rank = rank_;
-  config.stage = stage();
-  config.stages = stages();
-  config.chunk_size = chunk_size_;
+  config.world = stage_.groups.world;
+  config.rank = stage_.rank;
+  config.stage = view().stage();
+  config.stages = view().stages();
+  config.chunk_size = stage_.chunk_size;
   config.schedule = options_.schedule;
-  config.reorder = !tp_.enabled();
+  config.reorder = !stage_.tp.enabled();
   config.precision = options_.precision;
   config.device = device_;
   config.xfer_device = xfer;
-  config.timeout = groups_.timeout;
-  st = TieAtStart(named_params_, model_.tied(), groups_, xfer);
+  config.timeout = stage_.groups.timeout;
+  st = TieAtStart(stage_.named_params, stage_.model.tied(), stage_.groups, xfer);
   absl::Status dry = DryRun(dummy_inputs, st.ok(), &config);
   if (st.ok()) st = dry;
-  executor_ = std::make_unique<PipelineExecutor>(layers_, std::move(config));
-  return AgreeOnStartup(groups_, xfer, st);
-}
-
-std::map<std::string, ShardSpec> Varuna::sharded_parameters() const {
-  std::map<std::string, ShardSpec> out;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    for (const auto& [name, spec] : layer_shards_[i]) {
-      out[absl::StrCat(layer_names_[i], ".", name)] = spec;
-    }
-  }
-  return out;
+  executor_ = std::make_unique<PipelineExecutor>(stage_.layers, std::move(config));
+  return AgreeOnStartup(stage_.groups, xfer, st);
 }
 
 absl::Status Varuna::InitWeights(
     const std::function<absl::Status(const std::string&, torch::nn::Module&)>& load) {
-  const torch::Device xfer = TransferDevice(groups_, device_);
+  const torch::Device xfer = TransferDevice(stage_.groups, device_);
   absl::Status st;
-  for (size_t i = 0; i < layers_.size() && st.ok(); ++i) st = load(layer_names_[i], *layers_[i]);
-  RETURN_IF_ERROR(AgreeOnStartup(groups_, xfer, st));
-  st = TieAtStart(named_params_, model_.tied(), groups_, xfer);
-  return AgreeOnStartup(groups_, xfer, st);
+  for (size_t i = 0; i < stage_.layers.size() && st.ok(); ++i)
+    st = load(stage_.layer_names[i], *stage_.layers[i]);
+  RETURN_IF_ERROR(AgreeOnStartup(stage_.groups, xfer, st));
+  st = TieAtStart(stage_.named_params, stage_.model.tied(), stage_.groups, xfer);
+  return AgreeOnStartup(stage_.groups, xfer, st);
 }
 
 // Builds this stage's layers and its gradient reducer, and checks, without communicating,
 // everything a later collective depends on.
 absl::Status Varuna::BuildLocal() {
-  const auto segments = model_.Segments();
+  const auto segments = stage_.model.Segments();
   const int n = static_cast<int>(segments.size());
-  if (!topo_.has_boundaries()) {
+  if (!stage_.topology.has_boundaries()) {
     std::vector<int> bounds = options_.boundaries;
     if (bounds.empty()) {
-      ASSIGN_OR_RETURN(bounds, PartitionByCost(model_.SegmentCosts(), stages()));
+      ASSIGN_OR_RETURN(bounds, PartitionByCost(stage_.model.SegmentCosts(), view().stages()));
     }
-    RETURN_IF_ERROR(topo_.SetUniformBoundaries(bounds));
+    RETURN_IF_ERROR(stage_.topology.SetUniformBoundaries(bounds));
   }
-  RETURN_IF_ERROR(topo_.Validate(n, topo_.global_batch()));
-  const auto [first_segment, last_segment] = topo_.SegmentsOf(rank_);
-  const int P = stages(), stage = this->stage();
+  RETURN_IF_ERROR(stage_.topology.Validate(n, stage_.topology.global_batch()));
+  const auto [first_segment, last_segment] = stage_.topology.SegmentsOf(stage_.rank);
+  const int P = view().stages(), stage = view().stage();
   // The stage (of this rank's pipeline) owning each segment, and so each tied parameter
   // "<layer name>.<param>".
-  const std::vector<int>& bounds = topo_.pipeline(replica()).boundaries;
+  const std::vector<int>& bounds = stage_.topology.pipeline(view().replica()).boundaries;
   std::vector<int> stage_of_segment(segments.size());
   for (int st = 0; st < P; ++st) {
     for (int sg = bounds[st]; sg < bounds[st + 1]; ++sg) stage_of_segment[sg] = st;
@@ -242,7 +226,7 @@ absl::Status Varuna::BuildLocal() {
     int owner_stage = -1;
     for (size_t sg = 0; sg < segments.size(); ++sg) {
       for (int layer : segments[sg]) {
-        const std::string& name = model_.layers()[layer].name;
+        const std::string& name = stage_.model.layers()[layer].name;
         if (name.size() > best && param.size() > name.size() &&
             param.compare(0, name.size(), name) == 0 && param[name.size()] == '.') {
           best = name.size();
@@ -252,7 +236,7 @@ absl::Status Varuna::BuildLocal() {
     }
     return owner_stage;
   };
-  for (const auto& [first, second] : model_.tied()) {
+  for (const auto& [first, second] : stage_.model.tied()) {
     const int a = owner(first), b = owner(second);
     if (a < 0 || b < 0) {
       return absl::InvalidArgumentError(absl::StrCat("tied parameter '", a < 0 ? first : second,
@@ -265,7 +249,7 @@ absl::Status Varuna::BuildLocal() {
                        "first and last stage; this partition puts them on stages ",
                        a, " and ", b));
     }
-    if (a != b && (stage == a || stage == b) && !groups_.tied) {
+    if (a != b && (stage == a || stage == b) && !stage_.groups.tied) {
       return absl::InvalidArgumentError("the model ties parameters but there is no tied group");
     }
   }
@@ -274,25 +258,26 @@ absl::Status Varuna::BuildLocal() {
     std::lock_guard<std::mutex> init(InitMutex());
     for (int s = first_segment; s < last_segment; ++s) {
       for (int layer : segments[s]) {
-        layers_.push_back(BuildLayer(model_, layer, options_.seed, device_));  // Note [Init]
-        layer_names_.push_back(model_.layers()[layer].name);
+        stage_.layers.push_back(
+            BuildLayer(stage_.model, layer, options_.seed, device_));  // Note [Init]
+        stage_.layer_names.push_back(stage_.model.layers()[layer].name);
         layer_segment.push_back(s);
       }
     }
-    torch::manual_seed(options_.seed * 7919ULL + 104729ULL * static_cast<uint64_t>(rank_));
+    torch::manual_seed(options_.seed * 7919ULL + 104729ULL * static_cast<uint64_t>(stage_.rank));
   }));
-  LOG(INFO) << "rank=" << rank_ << " pipeline=" << replica() << " stage=" << stage << " segments=["
-            << first_segment << "," << last_segment
-            << ") layers=" << absl::StrJoin(layer_names_, ",");
+  LOG(INFO) << "rank=" << stage_.rank << " pipeline=" << view().replica() << " stage=" << stage
+            << " segments=[" << first_segment << "," << last_segment
+            << ") layers=" << absl::StrJoin(stage_.layer_names, ",");
   // Each parameter's gradient is all-reduced over its segment's holders (Note [Data-parallel
   // reduction] in gradient_reducer.cc).
   std::vector<ReducedParameter> reduced;
-  for (size_t i = 0; i < layers_.size(); ++i) {
+  for (size_t i = 0; i < stage_.layers.size(); ++i) {
     ProcessGroupPtr group;
-    if (topo_.num_pipelines() > 1) {
-      const std::vector<int> holders = topo_.Holders(layer_segment[i]);
-      auto pg = groups_.holders.find(holders);
-      if (pg == groups_.holders.end() || !pg->second) {
+    if (stage_.topology.num_pipelines() > 1) {
+      const std::vector<int> holders = stage_.topology.Holders(layer_segment[i]);
+      auto pg = stage_.groups.holders.find(holders);
+      if (pg == stage_.groups.holders.end() || !pg->second) {
         return absl::InvalidArgumentError(
             absl::StrCat("no data-parallel process group for ranks ", absl::StrJoin(holders, ","),
                          " (create the groups with "
@@ -300,17 +285,18 @@ absl::Status Varuna::BuildLocal() {
       }
       group = pg->second;
     }
-    for (const auto& p : layers_[i]->named_parameters(/*recurse=*/true)) {
-      named_params_.emplace_back(absl::StrCat(layer_names_[i], ".", p.key()), p.value());
-      reduced.push_back({named_params_.back().first, p.value(), group});
+    for (const auto& p : stage_.layers[i]->named_parameters(/*recurse=*/true)) {
+      stage_.named_params.emplace_back(absl::StrCat(stage_.layer_names[i], ".", p.key()),
+                                       p.value());
+      reduced.push_back({stage_.named_params.back().first, p.value(), group});
     }
-    layer_shards_.push_back(ShardsOf(*layers_[i]));
+    stage_.layer_shards.push_back(ShardsOf(*stage_.layers[i]));
   }
-  for (const auto& [first, second] : model_.tied()) {
+  for (const auto& [first, second] : stage_.model.tied()) {
     for (const std::string& name : {first, second}) {
       const int st = owner(name);
       bool found = false;
-      for (auto& [n, p] : named_params_) found |= n == name;
+      for (auto& [n, p] : stage_.named_params) found |= n == name;
       if (st == stage && !found) {
         return absl::InvalidArgumentError(
             absl::StrCat("tied parameter '", name, "' does not exist on its layer"));
@@ -322,20 +308,10 @@ absl::Status Varuna::BuildLocal() {
   reducer.first_bucket_bytes = options_.first_bucket_bytes;
   reducer.overlap = options_.overlap_allreduce;
   reducer.device = device_;
-  reducer.timeout = groups_.timeout;
-  ASSIGN_OR_RETURN(
-      reducer_, GradientReducer::Create(std::move(reduced), model_.tied(), groups_.tied, reducer));
+  reducer.timeout = stage_.groups.timeout;
+  ASSIGN_OR_RETURN(reducer_, GradientReducer::Create(std::move(reduced), stage_.model.tied(),
+                                                     stage_.groups.tied, reducer));
   return absl::OkStatus();
-}
-
-std::vector<std::pair<std::string, torch::Tensor>> Varuna::named_parameters() const {
-  return named_params_;
-}
-
-std::vector<torch::Tensor> Varuna::parameters() const {
-  std::vector<torch::Tensor> params;
-  for (const auto& [name, p] : named_params_) params.push_back(p);
-  return params;
 }
 
 // Note [Dry run]: stage by stage along each pipeline, run the stage on 1 and 2 samples and pass
@@ -350,7 +326,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
   absl::Status st = ok_so_far ? absl::OkStatus() : absl::AbortedError("skipped dry run");
   std::vector<int64_t>& in_meta = config->in_meta;
   if (stage > 0) {
-    absl::Status r = RecvBlocking(groups_.world, meta_tensor, rank_ - 1, kMetaTag, groups_.timeout);
+    absl::Status r = RecvBlocking(stage_.groups.world, meta_tensor, stage_.rank - 1, kMetaTag,
+                                  stage_.groups.timeout);
     if (st.ok()) st = r;
     meta_tensor = meta_tensor.cpu();
     in_meta.assign(meta_tensor.data_ptr<int64_t>(),
@@ -380,8 +357,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
       torch::Tensor o1, o2;
       {
         torch::NoGradGuard g;
-        o1 = ForwardLayers(layers_, x1, one, options_.precision, device_);
-        o2 = ForwardLayers(layers_, x2, two, options_.precision, device_);
+        o1 = ForwardLayers(stage_.layers, x1, one, options_.precision, device_);
+        o2 = ForwardLayers(stage_.layers, x2, two, options_.precision, device_);
       }
       SetRngState(device_, rng);
       if (stage == P - 1) {
@@ -413,8 +390,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
     std::vector<int64_t> meta =
         st.ok() ? config->out_meta : std::vector<int64_t>(kBoundaryMetaSize, 0);
     if (!st.ok()) meta[0] = -1;
-    absl::Status s = SendBlocking(groups_.world, torch::tensor(meta, torch::kLong).to(xfer),
-                                  rank_ + 1, kMetaTag, groups_.timeout);
+    absl::Status s = SendBlocking(stage_.groups.world, torch::tensor(meta, torch::kLong).to(xfer),
+                                  stage_.rank + 1, kMetaTag, stage_.groups.timeout);
     if (st.ok()) st = s;
   }
   return st;
@@ -446,35 +423,48 @@ absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
 // whose agreements are separate, decide alike.
 double Varuna::LocalGradNormSq(double* stop, int64_t* local_params) {
   std::vector<torch::Tensor> squares, sharded;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    const auto& shards = layer_shards_[i];
-    for (const auto& np : layers_[i]->named_parameters(/*recurse=*/true)) {
+  for (size_t i = 0; i < stage_.layers.size(); ++i) {
+    const auto& shards = stage_.layer_shards[i];
+    for (const auto& np : stage_.layers[i]->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& p = np.value();
       if (reducer_->IsSecondCopy(p)) continue;
       const bool split = shards.count(np.key()) > 0;
       (split ? sharded : squares).push_back(p.grad().pow(2).sum().to(torch::kDouble));
-      *local_params += p.numel() * (split ? tp_.size : 1);
+      *local_params += p.numel() * (split ? stage_.tp.size : 1);
     }
   }
   double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
-  if (tp_.enabled()) {
+  if (stage_.tp.enabled()) {
     const double part = sharded.empty() ? 0.0 : torch::stack(sharded).sum().item<double>();
     torch::Tensor v = torch::tensor({part, *stop}, torch::kDouble);
-    v = ReduceFromTensorParallel(v, tp_);
+    v = ReduceFromTensorParallel(v, stage_.tp);
     norm_sq += v[0].item<double>();
     *stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
   }
   return norm_sq;
 }
 
+// Note [Committed step]: a step is committed when every rank has applied it or can restore it.
+// The agreement all-reduce of step N completes on a rank only after every rank contributed,
+// that is, after every rank applied step N-1: so a rank that completed N's agreement knows N-1
+// is committed, but not N (a link cut in the collective's last phase can leave a peer without
+// the result, so it never applies N: the split of issue 24). Survivors therefore hold at most
+// two consecutive steps, X and X+1. Each rank keeps its pre-update state of the newest step
+// until that step is committed, and a rescue writes both the step it has and, when that one is
+// not committed, the step before it: every survivor then writes X, and the newest complete
+// checkpoint is X+1 when every stage's survivors had it, else X. So a failure at any moment
+// costs at most the step in flight plus the one being committed, never a fallback to an old
+// checkpoint, and the next generation's "auto" resume finds it. The manager compares the
+// saves (Note [Saved steps] in manager/morph/morph_controller.cc) and records them in the morph.
 absl::Status Varuna::KeepPreUpdate() {
-  if (!options_.keep_pre_update || topo_.world_size() <= 1) return absl::OkStatus();
+  if (!options_.keep_pre_update || stage_.topology.world_size() <= 1) return absl::OkStatus();
   StepCommit::PreUpdate pre;
-  ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(std::vector<bool>(layers_.size(), true)));
-  pre.step = iteration_;
-  pre.loss_scale = scaler_.scale();
-  pre.clean_steps = scaler_.clean_steps();
-  commit_.KeepPreUpdate(std::move(pre));
+  ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(stage_, *train_.optimizer,
+                                              std::vector<bool>(stage_.layers.size(), true)));
+  pre.step = train_.iteration;
+  pre.loss_scale = train_.scaler.scale();
+  pre.clean_steps = train_.scaler.clean_steps();
+  train_.commit.KeepPreUpdate(std::move(pre));
   return absl::OkStatus();
 }
 
@@ -487,26 +477,26 @@ void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_n
     }
   }
   if (lr_fn_) {
-    const double lr = lr_fn_(iteration_ + 1);
-    for (auto& group : optimizer_->param_groups()) group.options().set_lr(lr);
+    const double lr = lr_fn_(train_.iteration + 1);
+    for (auto& group : train_.optimizer->param_groups()) group.options().set_lr(lr);
   }
   options_.faults.Hit(FaultPoint::kUpdate, taking);
-  optimizer_->step();
+  train_.optimizer->step();
 }
 
 absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
-  if (!optimizer_) return absl::FailedPreconditionError("step() before set_optimizer()");
-  RETURN_IF_ERROR(CheckInputs(inputs, topo_.pipeline(replica()).samples));
+  if (!train_.optimizer) return absl::FailedPreconditionError("step() before set_optimizer()");
+  RETURN_IF_ERROR(CheckInputs(inputs, stage_.topology.pipeline(view().replica()).samples));
   // Any failure below leaves peers and in-flight messages in an unknown state.
   broken_ = true;
-  const int64_t taking = iteration_ + 1;  // the step being taken
+  const int64_t taking = train_.iteration + 1;  // the step being taken
   const FaultInjector& faults = options_.faults;
-  if (iteration_ == commit_.start()) faults.Hit(FaultPoint::kFirstStep, taking);
+  if (train_.iteration == train_.commit.start()) faults.Hit(FaultPoint::kFirstStep, taking);
   faults.Hit(FaultPoint::kForward, taking);
   const bool fp16 = options_.precision == Precision::kFp16;
   PipelineRunOptions run;
-  run.weight_denominator = static_cast<double>(topo_.global_batch());
-  run.loss_scale = fp16 ? scaler_.scale() : 1.0;
+  run.weight_denominator = static_cast<double>(stage_.topology.global_batch());
+  run.loss_scale = fp16 ? train_.scaler.scale() : 1.0;
   run.before_last_backward = [this, &faults, taking] {
     faults.Hit(FaultPoint::kBackward, taking);
     reducer_->Arm();
@@ -523,7 +513,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     return piped.status();
   }
   const double loss = piped->loss;
-  const std::vector<torch::Tensor> params = parameters();
+  const std::vector<torch::Tensor> params = view().parameters();
   absl::Status tied = TorchCall("gradients", [&] {
     for (auto& p : params) {
       if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
@@ -547,29 +537,29 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   absl::Status st = TorchCall("optimizer step", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
     if (fp16) {
-      for (auto& p : params) p.mutable_grad().div_(scaler_.scale());
+      for (auto& p : params) p.mutable_grad().div_(train_.scaler.scale());
     }
     int64_t local_params = 0;
     const double norm_sq = LocalGradNormSq(&stop, &local_params);
     const bool local_overflow = !std::isfinite(norm_sq);
     // Note [Step agreement] in step_agreement.h: one world sum of every rank's vote.
-    const int W = topo_.world_size();
+    const int W = stage_.topology.world_size();
     StepVote vote;
     vote.overflow = local_overflow;
-    vote.norm_sq = local_overflow || replica() != 0 ? 0.0 : norm_sq;
-    vote.loss = is_last_stage() ? loss : 0.0;
+    vote.norm_sq = local_overflow || view().replica() != 0 ? 0.0 : norm_sq;
+    vote.loss = view().is_last_stage() ? loss : 0.0;
     vote.stop = stop > 0;
-    vote.params = replica() == 0 ? local_params : 0;
+    vote.params = view().replica() == 0 ? local_params : 0;
     vote.busy.assign(W, 0.0);
     vote.wait.assign(W, 0.0);
-    vote.busy[rank_] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
-    vote.wait[rank_] = piped->timing.wait_s;
+    vote.busy[stage_.rank] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
+    vote.wait[stage_.rank] = piped->timing.wait_s;
     const std::vector<double> values = vote.Pack(W);
-    auto meta = torch::tensor(values, torch::kDouble).to(TransferDevice(groups_, device_));
+    auto meta = torch::tensor(values, torch::kDouble).to(TransferDevice(stage_.groups, device_));
     const bool split = faults.Hit(FaultPoint::kAgreement, taking);
-    if (topo_.world_size() > 1) {
+    if (stage_.topology.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
-      RETURN_IF_ERROR(AllReduceSum(groups_.world, v, groups_.timeout));
+      RETURN_IF_ERROR(AllReduceSum(stage_.groups.world, v, stage_.groups.timeout));
     }
     if (split) {  // the others got the result; this rank acts as if not (Note [Faults])
       return absl::AbortedError(
@@ -577,10 +567,10 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     }
     faults.Hit(FaultPoint::kAfterAgreement, taking);
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
-    // rescue() on another thread sees all of this step or none of it (Note [Rescue]).
+    // a rescue on another thread sees all of this step or none of it (Note [Rescue]).
     meta = meta.cpu();
-    std::lock_guard<std::mutex> state(state_mu_);
-    commit_.Agreed(taking);  // Note [Committed step]
+    std::lock_guard<std::mutex> state(train_.mu);
+    train_.commit.Agreed(taking);  // Note [Committed step]
     RETURN_IF_ERROR(KeepPreUpdate());
     const StepAgreement agreed = StepAgreement::Unpack(meta.data_ptr<double>(), W);
     result.overflow = agreed.overflow;
@@ -588,11 +578,11 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     result.loss = agreed.loss;
     result.stop = agreed.stop;
     result.model_parameters = agreed.params;
-    SetStageTimes(topo_, agreed, &result);
-    const bool skip = fp16 ? scaler_.Update(result.overflow) : result.overflow;
+    SetStageTimes(stage_.topology, agreed, &result);
+    const bool skip = fp16 ? train_.scaler.Update(result.overflow) : result.overflow;
     if (!skip) ApplyUpdate(params, result.grad_norm, taking);
     for (auto& p : params) p.mutable_grad().zero_();
-    ++iteration_;
+    ++train_.iteration;
     return absl::OkStatus();
   });
   RETURN_IF_ERROR(st);
@@ -600,37 +590,25 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   return result;
 }
 
-// Note [Committed step]: a step is committed when every rank has applied it or can restore it.
-// The agreement all-reduce of step N completes on a rank only after every rank contributed,
-// that is, after every rank applied step N-1: so a rank that completed N's agreement knows N-1
-// is committed, but not N (a link cut in the collective's last phase can leave a peer without
-// the result, so it never applies N: the split of issue 24). Survivors therefore hold at most
-// two consecutive steps, X and X+1. Each rank keeps its pre-update state of the newest step
-// until that step is committed, and a rescue writes both the step it has and, when that one is
-// not committed, the step before it: every survivor then writes X, and the newest complete
-// checkpoint is X+1 when every stage's survivors had it, else X. So a failure at any moment
-// costs at most the step in flight plus the one being committed, never a fallback to an old
-// checkpoint, and the next generation's "auto" resume finds it. The manager compares the
-// saves (Note [Saved steps] in manager/morph/morph_controller.cc) and records them in the morph.
-int64_t Varuna::committed_step() const { return commit_.Committed(iteration_, topo_.world_size()); }
-
 absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   RETURN_IF_ERROR(CheckInputs(inputs, 0));
   broken_ = true;
-  for (auto& l : layers_) l->eval();
+  for (auto& l : stage_.layers) l->eval();
   // Each last stage sums loss x samples over its pipeline's inputs; one world sum of
   // [loss, samples] gives the mean over every pipeline's inputs.
   PipelineRunOptions run;
   run.train = false;
   absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
-  for (auto& l : layers_) l->train();
+  for (auto& l : stage_.layers) l->train();
   RETURN_IF_ERROR(piped.status());
   const double loss = piped->loss;
   const double n = static_cast<double>(inputs.begin()->second.size(0));
-  auto t = torch::tensor({is_last_stage() ? loss : 0.0, is_last_stage() ? n : 0.0}, torch::kDouble)
-               .to(TransferDevice(groups_, device_));
+  auto t = torch::tensor({view().is_last_stage() ? loss : 0.0, view().is_last_stage() ? n : 0.0},
+                         torch::kDouble)
+               .to(TransferDevice(stage_.groups, device_));
   std::vector<torch::Tensor> v{t};
-  if (topo_.world_size() > 1) RETURN_IF_ERROR(AllReduceSum(groups_.world, v, groups_.timeout));
+  if (stage_.topology.world_size() > 1)
+    RETURN_IF_ERROR(AllReduceSum(stage_.groups.world, v, stage_.groups.timeout));
   v[0] = v[0][0] / v[0][1];
   broken_ = false;
   return v[0].item<double>();

@@ -59,20 +59,20 @@ void Rescuer::Watch() {
     ReportToAgent(ErrorEvent("step aborted with no checkpoint.dir: nothing saved"));
     std::_Exit(1);
   }
-  Varuna* eng = engine_;
+  Checkpointer& ckpt = engine_->checkpoints();
   const auto c0 = Clock::now();
-  absl::StatusOr<int64_t> saved = eng->rescue(ckpt_dir_, ckpt_info_);
+  absl::StatusOr<int64_t> saved = ckpt.Rescue(ckpt_dir_, ckpt_info_);
   if (!saved.ok()) {
     LOG(ERROR) << who_ << " rescue failed: " << saved.status();
     ReportToAgent(ErrorEvent(absl::StrCat("rescue failed: ", saved.status().message())));
     std::_Exit(1);
   }
   LOG(INFO) << who_ << " rescued step " << *saved
-            << (eng->rescued_also() > 0 ? absl::StrCat(" and step ", eng->rescued_also()) : "")
-            << " (committed " << eng->committed_step() << ") in "
+            << (ckpt.rescued_also() > 0 ? absl::StrCat(" and step ", ckpt.rescued_also()) : "")
+            << " (committed " << ckpt.committed_step() << ") in "
             << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
             << " s; exiting";
-  ReportToAgent(SavedEvent(/*rescued=*/true, *saved, eng->committed_step(), eng->rescued_also()));
+  ReportToAgent(SavedEvent(/*rescued=*/true, *saved, ckpt.committed_step(), ckpt.rescued_also()));
   std::_Exit(kExitRescued);
 }
 

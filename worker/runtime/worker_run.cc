@@ -63,7 +63,7 @@ absl::Status WorkerRun::Run() {
   startup_->Done();  // the rescuer takes over
   rescuer_ = std::make_unique<Rescuer>(engine_.get(), in_.spec.checkpoint.dir, ckpt_info_, in_.who);
   ReportReady(first_step_ - 1, joined_ ? &*joined_ : nullptr, 0);
-  ProcessState::Get().regroup.SetCurrentAbort(engine_->groups().abort);
+  ProcessState::Get().regroup.SetCurrentAbort(engine_->view().groups().abort);
   for (;;) {
     ASSIGN_OR_RETURN(bool ended, TrainGeneration());
     if (ended) break;
@@ -220,7 +220,7 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
   ASSIGN_OR_RETURN(
       auto e, Varuna::Create(std::move(m), t.topology, t.rank, std::move(g), in_.data->Batch(0, 2),
                              t.micro_batch, link_.device, opts));
-  e->set_optimizer(MakeOptimizer(spec.train, e->named_parameters()));
+  e->set_optimizer(MakeOptimizer(spec.train, e->view().named_parameters()));
   const TrainSpec train = spec.train;
   e->set_lr_schedule([train](int64_t step) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
@@ -235,8 +235,8 @@ absl::Status WorkerRun::Restore() {
   const std::string& ckpt_dir = spec.checkpoint.dir;
   if (in_.args.join_in_place) {
     const auto j0 = Clock::now();
-    ASSIGN_OR_RETURN(HandoverStats h,
-                     HandOver(nullptr, *engine_, engine_->groups(), in_.topo.rank, ckpt_dir));
+    ASSIGN_OR_RETURN(HandoverStats h, HandOver(nullptr, *engine_, engine_->view().groups(),
+                                               in_.topo.rank, ckpt_dir));
     joined_ = h;
     first_step_ = h.step + 1;
     LOG(INFO) << in_.who << " joined in place after " << h.reason << "; " << h.moved_bytes
@@ -258,8 +258,8 @@ absl::Status WorkerRun::Restore() {
       });
     }();
     if (!loaded.ok()) return MarkBadInput(loaded);
-    LOG(INFO) << in_.who << " initialized " << engine_->layer_names().size() << " layers from "
-              << dir
+    LOG(INFO) << in_.who << " initialized " << engine_->view().layer_names().size()
+              << " layers from " << dir
               << (upcast.empty() ? std::string()
                                  : absl::StrCat("; ", absl::StrJoin(upcast, ", "),
                                                 " weights upcast to fp32 master weights"));
@@ -273,7 +273,7 @@ absl::Status WorkerRun::ResumeFromCheckpoint() {
   const std::string& ckpt_dir = in_.spec.checkpoint.dir;
   const std::string& want = *in_.args.resume_step;
   ASSIGN_OR_RETURN(std::optional<int64_t> requested, ParseResumeStep(want));
-  const std::vector<std::string> model_layers = engine_->model_layer_names();
+  const std::vector<std::string> model_layers = engine_->view().model_layer_names();
   absl::StatusOr<std::optional<int64_t>> resolved =
       ResolveResumeStep(ckpt_dir, requested, &model_layers);
   if (!resolved.ok() && want == "auto") {
@@ -296,7 +296,7 @@ absl::Status WorkerRun::ResumeFromCheckpoint() {
                                                       common.model_spec, "' but the job has '",
                                                       model_spec, "'"));
   }
-  ASSIGN_OR_RETURN(int64_t step, engine_->load_checkpoint(path));
+  ASSIGN_OR_RETURN(int64_t step, engine_->checkpoints().Load(path));
   first_step_ = step + 1;
   return absl::OkStatus();
 }
@@ -353,7 +353,7 @@ absl::StatusOr<bool> WorkerRun::TrainGeneration() {
       }
     }
     if (r.stop && ps.regroup.park_on_stop()) {
-      RETURN_IF_ERROR(engine_->WaitForCheckpoint());
+      RETURN_IF_ERROR(engine_->checkpoints().Wait());
       LOG(INFO) << in_.who << " checkpointed step " << step << " for a morph in place; parked";
       v1::WorkerEvent e;
       e.set_t(UnixNow());
@@ -365,7 +365,7 @@ absl::StatusOr<bool> WorkerRun::TrainGeneration() {
     }
     if (r.stop) {
       const bool saved = !in_.spec.checkpoint.dir.empty();
-      RETURN_IF_ERROR(engine_->WaitForCheckpoint());
+      RETURN_IF_ERROR(engine_->checkpoints().Wait());
       ReportToAgent(SavedEvent(/*rescued=*/false, saved ? step : 0));
       LOG(INFO) << in_.who << " stop requested: "
                 << (saved ? "checkpointed" : "no checkpoint.dir, nothing saved") << " step=" << step
@@ -383,7 +383,7 @@ absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
   const bool periodic = c.every_steps > 0 && step % c.every_steps == 0;
   if (c.dir.empty() || !(periodic || stop)) return absl::OkStatus();
   const auto c0 = Clock::now();
-  RETURN_IF_ERROR(engine_->checkpoint(c.dir, ckpt_info_, c.tempdir, c.shard));
+  RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, ckpt_info_, c.tempdir, c.shard));
   LOG(INFO) << in_.who << " checkpoint step=" << step << " blocked training for "
             << absl::StrFormat("%.3f", Seconds(c0)) << " s"
             << (c.tempdir.empty() ? "" : " (upload continues)");
@@ -407,7 +407,7 @@ absl::Status WorkerRun::Regroup() {
     rescuer_->RescueAndExit();
   }
   const auto r0 = Clock::now();
-  RETURN_IF_ERROR(engine_->WaitForCheckpoint());
+  RETURN_IF_ERROR(engine_->checkpoints().Wait());
   WorkerArgs next = in_.args;
   next.pipelines.reset();
   next.stage_to_rank_map.reset();
@@ -452,9 +452,9 @@ absl::Status WorkerRun::Regroup() {
   }();
   const auto r1 = Clock::now();
   absl::StatusOr<HandoverStats> handed =
-      built.ok()
-          ? HandOver(engine_.get(), **built, (*built)->groups(), nt->rank, spec.checkpoint.dir)
-          : absl::StatusOr<HandoverStats>(built.status());
+      built.ok() ? HandOver(engine_.get(), **built, (*built)->view().groups(), nt->rank,
+                            spec.checkpoint.dir)
+                 : absl::StatusOr<HandoverStats>(built.status());
   if (!handed.ok()) {
     // The old engine still holds this rank's state: save it the usual way.
     LOG(ERROR) << in_.who << " morph in place failed: " << handed.status()
@@ -464,10 +464,10 @@ absl::Status WorkerRun::Regroup() {
   const std::string who = absl::StrCat("job=", spec.name, " rank=", nt->rank);
   Varuna* next_engine = built->get();
   rescuer_->Swap(next_engine, who, [&] {
-    RetireGroups(engine_->groups());
+    RetireGroups(engine_->view().groups());
     engine_ = *std::move(built);
   });
-  ps.regroup.SetCurrentAbort(engine_->groups().abort);
+  ps.regroup.SetCurrentAbort(engine_->view().groups().abort);
   ps.regroup.Done(cmd->generation());
   ps.stop_requested.store(false);
   if (agent_commands_) agent_commands_->set_generation(cmd->generation());
@@ -486,7 +486,7 @@ absl::Status WorkerRun::Regroup() {
 }
 
 absl::Status WorkerRun::Evaluate() {
-  RETURN_IF_ERROR(engine_->WaitForCheckpoint());
+  RETURN_IF_ERROR(engine_->checkpoints().Wait());
   // Held-out evaluation: one global batch from far beyond any training index.
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
   ASSIGN_OR_RETURN(double eval_loss,

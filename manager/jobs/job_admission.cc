@@ -1,0 +1,52 @@
+#include "manager/jobs/job_admission.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/base/status_macros.h"
+
+namespace varuna {
+
+JobAdmission::JobAdmission(const JobOptions& options, const JobTable* jobs)
+    : stragglers_(options.stragglers),
+      max_pending_jobs_per_user_(options.max_pending_jobs_per_user),
+      jobs_(jobs) {}
+
+absl::StatusOr<JobSpec> JobAdmission::Admit(const v1::SubmitRequest& req) {
+  if (req.request_id().size() > 128) {
+    return absl::InvalidArgumentError("submit: request_id is longer than 128 characters");
+  }
+  ASSIGN_OR_RETURN(JobSpec spec, ParseJobSpec(req.spec_yaml()));
+  RETURN_IF_ERROR(spec.ValidateShape());
+  if (req.profile() && !spec.entrypoint.empty()) {
+    return absl::InvalidArgumentError(
+        "a profile job runs varuna-worker's profiler: remove the job's entrypoint");
+  }
+  // Profiles are measured unsplit; the planner derives a tp group's costs from them (Note
+  // [Tensor-parallel plans] in common/planner/tp_plan.cc). The launch says --tp_size 1.
+  if (req.profile()) spec.parallel.tp_size = 1;
+  if (!spec.env_file.empty()) {
+    return absl::InvalidArgumentError(
+        "job spec: env_file must be resolved by the submitter (varunactl merges it into env)");
+  }
+  return spec;
+}
+
+absl::Status JobAdmission::Check(const JobSpec& spec, const std::string& user) const {
+  // The job's stragglers: settings with the manager's defaults filled in must still agree
+  // (recovered_above above slow_below).
+  RETURN_IF_ERROR(ValidateStragglers(ResolveStragglers(spec.stragglers, stragglers_),
+                                     "stragglers (with the manager's defaults)", true));
+  // Note [Retention] in job_table.cc: one submitter cannot queue without bound.
+  int pending = 0;
+  for (const auto& [id, j] : jobs_->all()) {
+    pending += j.info().state() == v1::PENDING && j.info().submitted_by() == user;
+  }
+  if (pending >= max_pending_jobs_per_user_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("submit: ", user.empty() ? "the cluster" : absl::StrCat("user '", user, "'"),
+                     " already has ", pending, " pending jobs (max_pending_jobs_per_user=",
+                     max_pending_jobs_per_user_, "); wait for some to start or cancel them"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace varuna

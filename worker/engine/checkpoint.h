@@ -1,0 +1,141 @@
+#pragma once
+
+// Checkpoints of one rank's stage: per-layer files keyed by parameter name, so any
+// (P', D', micro-batch) can load what any configuration wrote (docs/checkpoints.md; layout:
+// common/checkpoint/checkpoint_store.h).
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "worker/engine/engine_state.h"
+#include "worker/engine/fault.h"
+#include "worker/engine/step_commit.h"
+
+namespace varuna {
+
+// One layer's state in the checkpoint's per-layer format (parameters, optimizer state,
+// buffers), from pickled bytes or a layer file (adding its size to `bytes_read` if given).
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> UnpickleLayer(const std::vector<char>& bytes,
+                                                                 const std::string& what);
+absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::string& file,
+                                                                 int64_t* bytes_read);
+
+// The layers of `stage` marked in `mine` (one flag per layer), each with its optimizer state in
+// `optimizer`, copied to the CPU in the checkpoint's per-layer format, keyed by checkpoint file.
+absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
+                                             torch::optim::Optimizer& optimizer,
+                                             const std::vector<bool>& mine);
+
+// Saves, rescues, loads and hands over one rank's stage: Varuna::checkpoints(). It owns the
+// background upload (Note [Background upload] in checkpoint.cc) and what the last rescue wrote;
+// it reads the engine's RankStage and reads and restores its TrainingState, under the state's
+// lock, so the steps and it see each other whole. Save(), Wait(), Load() and Adopt() are called
+// from the training thread like Varuna's methods; Rescue() and the queries of a morph in place
+// may also run on another thread.
+class Checkpointer {
+ public:
+  // Morph in place (Note [Morph in place] in worker/engine/regroup.cc): a step whose state this
+  // rank can hand over, with the loss scaler of that step.
+  struct RestorableStep {
+    int64_t step = 0;
+    double loss_scale = 0;
+    int64_t clean_steps = 0;
+  };
+  // This stage's layers as they were after `step`, by layer name, in the checkpoint's
+  // per-layer format, with the loss scaler of that step.
+  struct HeldState {
+    int64_t step = 0;
+    double loss_scale = 0;
+    int64_t clean_steps = 0;
+    std::map<std::string, c10::Dict<std::string, at::Tensor>> layers;  // by layer name
+  };
+
+  // `stage`, `state` and `faults` belong to the engine and outlive this.
+  Checkpointer(const RankStage& stage, TrainingState& state, const FaultInjector& faults)
+      : stage_(&stage), state_(&state), faults_(&faults) {}
+  // Waits for a background upload still running.
+  ~Checkpointer();
+  Checkpointer(const Checkpointer&) = delete;
+  Checkpointer& operator=(const Checkpointer&) = delete;
+
+  // Writes this rank's part of DIR/varuna_ckpt_<iteration> (docs/checkpoints.md): pipeline 0
+  // writes every layer's file (each rank its own) and a manifest + marker; rank 0 also writes
+  // common.json, with `info` added as string fields (the worker records the job spec there).
+  // With `tempdir`, files go to local disk first and a background thread uploads them to
+  // `dir` (markers last); training continues. Call Wait() before exiting.
+  // With `shard`, layer files are spread over the ranks holding them (Note [Sharded writes]).
+  // Collective over the tp group with tensor parallelism. Call after set_optimizer().
+  absl::Status Save(const std::string& dir, const std::map<std::string, std::string>& info = {},
+                    const std::string& tempdir = "", bool shard = false);
+  // Saves the state of the last completed step after a failed one, with no collective
+  // (Note [Rescue] in checkpoint.cc): every layer of this stage plus its rescue record into
+  // DIR/varuna_ckpt_<iteration>. Safe to call from another thread while step() is blocked
+  // on a dead peer. Returns the step saved (0: nothing trained yet, nothing written).
+  absl::StatusOr<int64_t> Rescue(const std::string& dir,
+                                 const std::map<std::string, std::string>& info = {});
+  // Waits for a background upload; returns its outcome (OK if none was running).
+  absl::Status Wait();
+  // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,
+  // whatever configuration wrote it: parameters, buffers, optimizer state, loss scaler, step.
+  // Call after set_optimizer(). Returns the step it resumes after.
+  absl::StatusOr<int64_t> Load(const std::string& ckpt_path);
+
+  // The steps whose state this rank can hand over: the newest it applied and, while that one
+  // is not committed, the one before it (Note [Committed step] in varuna.cc); newest first.
+  std::vector<RestorableStep> RestorableSteps() const;
+  // The state after `step` (one of RestorableSteps()). Thread-safe against step() on another
+  // thread (the state's lock).
+  absl::StatusOr<HeldState> HeldAt(int64_t step) const;
+  // Takes a state every rank of the new topology agreed on: each layer of this stage from
+  // `state.layers` (all must be there), the scaler, and `state.step` as the committed step
+  // this generation starts from. Call after set_optimizer().
+  absl::Status Adopt(const HeldState& state);
+
+  // The newest step this rank knows every rank has or can restore (Note [Committed step] in
+  // varuna.cc).
+  int64_t committed_step() const;
+  // What the last Rescue() wrote besides the step it returned (0: nothing else).
+  int64_t rescued_also() const { return rescued_also_; }
+
+ private:
+  // The background checkpoint upload (Note [Background upload] in checkpoint.cc).
+  struct Upload {
+    std::thread thread;
+    std::mutex mu;       // guards status
+    std::mutex join_mu;  // Wait may run on the rescue thread too
+    absl::Status status;
+  };
+
+  std::string CommonJson(const std::vector<int>& writers,
+                         const std::map<std::string, std::string>& info) const;
+  // The same for a step other than the current one (a rescue of the pre-update state).
+  std::string CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
+                           const std::vector<int>& writers,
+                           const std::map<std::string, std::string>& info) const;
+  // Writes a rescue of `layers` as step `step` into DIR (Note [Rescue] in checkpoint.cc).
+  absl::Status WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
+                           const std::string& common_json);
+  // Copies layer i's parameters, optimizer state and buffers from `in` (the checkpoint's
+  // per-layer format); `what` names the source in errors.
+  absl::Status LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
+                         const std::string& what);
+  // With tensor parallelism: replaces every sharded tensor of `snapshot` (parameters and their
+  // optimizer state) by the full tensor gathered from the group. Collective over the tp group.
+  absl::Status GatherShards(const std::vector<bool>& mine, LayerSnapshot* snapshot) const;
+
+  const RankStage* stage_;
+  TrainingState* state_;
+  const FaultInjector* faults_;
+  int64_t rescued_also_ = 0;
+  Upload upload_;
+};
+
+}  // namespace varuna
