@@ -23,8 +23,9 @@ std::unique_ptr<Opt> Make(const std::vector<torch::Tensor>& p, bool amsgrad = fa
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(std::vector<torch::Tensor>{p[0]},
                       std::make_unique<torch::optim::AdamWOptions>(o));
-  groups.emplace_back(std::vector<torch::Tensor>{p[1]}, std::make_unique<torch::optim::AdamWOptions>(
-                                                            torch::optim::AdamWOptions(o).weight_decay(0)));
+  groups.emplace_back(
+      std::vector<torch::Tensor>{p[1]},
+      std::make_unique<torch::optim::AdamWOptions>(torch::optim::AdamWOptions(o).weight_decay(0)));
   return std::make_unique<Opt>(groups, o);
 }
 
@@ -72,8 +73,8 @@ TEST(FusedAdamWTest, EqualsTheFrontendsAdamWOverTwentySteps) {
       fused->step();
     }
     EXPECT_LT(MaxDiff(a, b), 1e-6) << "amsgrad " << amsgrad;
-    auto& s = static_cast<torch::optim::AdamWParamState&>(
-        *fused->state().at(b[0].unsafeGetTensorImpl()));
+    auto& s =
+        static_cast<torch::optim::AdamWParamState&>(*fused->state().at(b[0].unsafeGetTensorImpl()));
     EXPECT_EQ(s.step(), 20);  // the host count a checkpoint saves
   }
 }
