@@ -85,11 +85,13 @@ class SourceTest(se.Fixture):
         time.sleep(3)
         self.assertEqual(agent_jobs(), [], "no job: no agent job asked for")
 
-        # Unpaced and alone (PROCESSORS 2): paced and beside a heavy test, the preemption
-        # notice's morph twice did not land within 120 s on CI (2026-11-28).
+        # Paced (at least 150 s: 5000 steps of 30 ms) and alone (PROCESSORS 2). Unpaced, a
+        # faster engine finished the job before the preemption (2026-11-28); paced beside a
+        # heavy test (PROCESSORS 1), the preemption notice's morph twice did not land within
+        # 120 s on CI.
         steps = 5000
         job = se.write_job(os.path.join(self.tmp, "source.yaml"), self.data, steps,
-                           ckpt=os.path.join(self.tmp, "source-ckpt"))
+                           ckpt=os.path.join(self.tmp, "source-ckpt"), step_min_ms=30)
         with open(job, "a") as f:
             f.write("resources: {min_slots: 2}\n")
         job_id = json.loads(c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]

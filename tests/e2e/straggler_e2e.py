@@ -50,12 +50,14 @@ class StragglerTest(unittest.TestCase):
         self.addCleanup(self.c.close)
         return self.c
 
-    def job(self, name, replicas, ckpt, stages=1):
+    def job(self, name, replicas, ckpt, stages=1, step_min_ms=None):
         data = os.path.join(self.c.dir, "corpus.txt")
         if not os.path.exists(data):
             harness.write_text_corpus(data)
         extra = (f"checkpoint: {{dir: {os.path.join(self.c.dir, 'ckpt')}}}\n"
                  "stragglers: {policy: auto, probation_s: 2}\n") if ckpt else ""
+        if step_min_ms:  # paced (VARUNA_STEP_MIN_MS): the job outlasts its events
+            extra += f"env: {{VARUNA_STEP_MIN_MS: '{step_min_ms}'}}\n"
         return harness.job_yaml(os.path.join(self.c.dir, name), data, model=MODEL,
                                 train={"steps": STEPS, "global_batch": 12},
                                 parallel={"stages": stages, "replicas": replicas or "auto",
@@ -69,7 +71,11 @@ class StragglerTest(unittest.TestCase):
         """1 x 3 data parallel, node2 at a quarter: the simulator picks eviction here (two
         replicas beat three with one at a quarter); the node is probed and re-admitted."""
         c = self.cluster(3, 1)
-        job_id = json.loads(c.ctl("-o", "json", "submit", self.job("job.yaml", 0, True),
+        # Paced to at least 45 s (300 steps of 150 ms): unpaced, a faster engine once finished
+        # the job before the probe re-admitted the node. The sleep comes after each step's
+        # agreement, so the busy times the detector reads are unchanged.
+        job_id = json.loads(c.ctl("-o", "json", "submit",
+                                  self.job("job.yaml", 0, True, step_min_ms=150),
                                   check=0).stdout)["id"]
         st = wait_for(lambda: (lambda s: s["state"] == "RUNNING" and s["step"] >= 6 and s)(
             self.status(job_id)), 180, "step 6")

@@ -145,8 +145,8 @@ TEST_P(PipelineExecutorTest, TwoStagesMatchOneStage) {
     EXPECT_EQ(runs[r].last.pipeline_s, t.pipeline_s);
     EXPECT_EQ(runs[r].last.wait_s, t.wait_s);
   }
-  EXPECT_EQ(runs[0].result->loss, 0);  // only the last stage has the loss
-  EXPECT_NEAR(runs[1].result->loss, reference->loss, 1e-6 * std::abs(reference->loss));
+  EXPECT_EQ(runs[0].result->loss(), 0);  // only the last stage has the loss
+  EXPECT_NEAR(runs[1].result->loss(), reference->loss(), 1e-6 * std::abs(reference->loss()));
   std::vector<torch::Tensor> want = Grads(whole), got = Grads(stages[0]);
   for (const auto& g : Grads(stages[1])) got.push_back(g);
   ASSERT_EQ(got.size(), want.size());
@@ -225,7 +225,7 @@ TEST(PipelineExecutorEvalTest, ForwardOnlyLossWithoutGradients) {
       want += ForwardLayers(layers, {}, mb, Precision::kFp32, torch::kCPU).item<double>() * len;
     }
   }
-  EXPECT_NEAR(got->loss, want, 1e-6 * std::abs(want));
+  EXPECT_NEAR(got->loss(), want, 1e-6 * std::abs(want));
   EXPECT_FALSE(called);
   for (const auto& l : layers) {
     for (const auto& p : l->parameters()) EXPECT_FALSE(p.grad().defined());

@@ -47,11 +47,20 @@ void SetAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype = at::k
 std::vector<TensorMap> Split(const TensorMap& inputs, int64_t chunk_size, torch::Device device,
                              std::vector<int64_t>* sizes) {
   const int64_t n = inputs.begin()->second.size(0);
+  // To a GPU, each input goes through pinned memory once, and every micro-batch's copy is
+  // queued without waiting (a pageable copy waits for the stream: a host sync per input).
+  const bool pinned = device.is_cuda();
+  TensorMap from = inputs;
+  if (pinned) {
+    for (auto& [k, t] : from) {
+      if (t.is_cpu()) t = t.contiguous().pin_memory();
+    }
+  }
   std::vector<TensorMap> mbs;
   for (int64_t start = 0; start < n; start += chunk_size) {
     const int64_t len = std::min<int64_t>(chunk_size, n - start);
     TensorMap mb;
-    for (const auto& [k, t] : inputs) mb[k] = t.narrow(0, start, len).to(device);
+    for (const auto& [k, t] : from) mb[k] = t.narrow(0, start, len).to(device, pinned);
     mbs.push_back(std::move(mb));
     sizes->push_back(len);
   }
@@ -132,7 +141,7 @@ struct PipelineExecutor::RunState {
   std::map<int, Graph> graphs;
   // Split schedules: each micro-batch's recorded linears, from its forward to its W.
   std::map<int, WeightGradCapture> captures;
-  double loss = 0;
+  torch::Tensor loss;  // a double on the device (PipelineResult::loss_sum)
   double wait_s = 0;
   int backwards = 0;
   int forwards = 0;
@@ -248,7 +257,8 @@ absl::Status PipelineExecutor::Forward(const Task& t, RunState& s) {
   if (is_last_stage()) {
     // Loss = mean over the global batch, each micro-batch weighted by its size.
     out = out * (static_cast<double>(s.sizes[m]) / s.options.weight_denominator);
-    s.loss += out.item<double>();
+    const torch::Tensor l = out.detach().to(torch::kDouble);
+    s.loss = s.loss.defined() ? s.loss + l : l;
     if (train) s.graphs[m] = {x, out * s.options.loss_scale};
   } else {
     act_tx_->Send(ForTransfer(out, config_.xfer_device));

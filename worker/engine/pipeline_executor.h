@@ -97,9 +97,12 @@ struct PipelineTiming {
 };
 
 struct PipelineResult {
-  // On the last stage, the weighted sum of the micro-batches' losses; 0 elsewhere.
-  double loss = 0;
+  // On the last stage, the weighted sum of the micro-batches' losses, a double on the stage's
+  // device, summed there so the step reads nothing back per micro-batch; undefined elsewhere.
+  torch::Tensor loss_sum;
   PipelineTiming timing;
+  // loss_sum read on the host (a sync on a GPU); 0 where undefined.
+  double loss() const { return loss_sum.defined() ? loss_sum.item<double>() : 0.0; }
 };
 
 class PipelineExecutor {

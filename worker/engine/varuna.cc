@@ -13,10 +13,24 @@
 #include "worker/dist/comm.h"
 #include "worker/dist/device.h"
 #include "worker/dist/torch_status.h"
+#include "worker/engine/fused_adamw.h"
 #include "worker/engine/step_agreement.h"
 
 namespace varuna {
 namespace {
+
+// Note [Host syncs]: reading a device tensor on the host waits for everything queued before
+// it, so each read leaves the GPU idle while the host catches up (the loss per micro-batch,
+// the norm, the agreement before and after its all-reduce cost four per step once). A step
+// now reads back once: the agreement's result after its all-reduce, or, where the
+// all-reduce runs on the host (gloo beside a GPU), the device's part of the vote before it.
+// Every read the step makes goes through here and is counted (StepResult::host_syncs, each
+// step's metrics line); engine_test holds the count at 1 for P=1 D=1. (A pipeline's
+// activations through the host, gloo beside a GPU, are the transport's, not counted.)
+torch::Tensor HostRead(const torch::Tensor& t, StepResult* result) {
+  ++result->host_syncs;
+  return t.cpu();
+}
 
 constexpr int kMetaTag = 2, kTieTag = 3;
 
@@ -420,26 +434,30 @@ absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
 // Local squared norm; the second copy of a tied pair is not counted twice. With tensor
 // parallelism a sharded parameter's square is summed over the tp group, a replicated one
 // (equal on every tp rank) counted once; the stop request joins that sum, so the tp slices,
-// whose agreements are separate, decide alike.
-double Varuna::LocalGradNormSq(double* stop, int64_t* local_params) {
-  std::vector<torch::Tensor> squares, sharded;
+// whose agreements are separate, decide alike. One _foreach_norm per list (a multi-tensor
+// kernel on a GPU) instead of three kernels per parameter, and nothing read back.
+torch::Tensor Varuna::LocalGradNormSq(torch::Tensor* stop, int64_t* local_params) {
+  std::vector<torch::Tensor> whole, sharded;
   for (size_t i = 0; i < stage_.layers.size(); ++i) {
     const auto& shards = stage_.layer_shards[i];
     for (const auto& np : stage_.layers[i]->named_parameters(/*recurse=*/true)) {
       const torch::Tensor& p = np.value();
       if (reducer_->IsSecondCopy(p)) continue;
       const bool split = shards.count(np.key()) > 0;
-      (split ? sharded : squares).push_back(p.grad().pow(2).sum().to(torch::kDouble));
+      (split ? sharded : whole).push_back(p.grad());
       *local_params += p.numel() * (split ? stage_.tp.size : 1);
     }
   }
-  double norm_sq = squares.empty() ? 0.0 : torch::stack(squares).sum().item<double>();
+  const auto sum_of_squares = [this](const std::vector<torch::Tensor>& grads) {
+    if (grads.empty()) return torch::zeros({}, torch::dtype(torch::kDouble).device(device_));
+    return torch::stack(at::_foreach_norm(grads, 2)).to(torch::kDouble).pow(2).sum();
+  };
+  torch::Tensor norm_sq = sum_of_squares(whole);
   if (stage_.tp.enabled()) {
-    const double part = sharded.empty() ? 0.0 : torch::stack(sharded).sum().item<double>();
-    torch::Tensor v = torch::tensor({part, *stop}, torch::kDouble);
-    v = ReduceFromTensorParallel(v, stage_.tp);
-    norm_sq += v[0].item<double>();
-    *stop = v[1].item<double>() > 0 ? 1.0 : 0.0;
+    torch::Tensor v =
+        ReduceFromTensorParallel(torch::stack({sum_of_squares(sharded), *stop}), stage_.tp);
+    norm_sq = norm_sq + v[0];
+    *stop = (v[1] > 0).to(torch::kDouble);
   }
   return norm_sq;
 }
@@ -473,7 +491,16 @@ void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_n
   if (options_.clip_grad_norm > 0) {
     const double coef = options_.clip_grad_norm / (grad_norm + 1e-6);
     if (coef < 1) {
-      for (auto& p : params) p.mutable_grad().mul_(coef);
+      // The fused AdamW divides the gradients by a scale as it reads them: the clip costs no
+      // pass of its own (Note [Fused AdamW] in fused_adamw.cc).
+      if (auto* fused = dynamic_cast<FusedAdamW*>(train_.optimizer.get())) {
+        fused->set_next_grad_scale(
+            torch::full({}, 1.0 / coef, torch::dtype(torch::kFloat32).device(device_)));
+      } else {
+        std::vector<torch::Tensor> grads;
+        for (const auto& p : params) grads.push_back(p.grad());
+        at::_foreach_mul_(grads, coef);
+      }
     }
   }
   if (lr_fn_) {
@@ -512,7 +539,6 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     reducer_->Abort();
     return piped.status();
   }
-  const double loss = piped->loss;
   const std::vector<torch::Tensor> params = view().parameters();
   absl::Status tied = TorchCall("gradients", [&] {
     for (auto& p : params) {
@@ -540,22 +566,29 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       for (auto& p : params) p.mutable_grad().div_(train_.scaler.scale());
     }
     int64_t local_params = 0;
-    const double norm_sq = LocalGradNormSq(&stop, &local_params);
-    const bool local_overflow = !std::isfinite(norm_sq);
-    // Note [Step agreement] in step_agreement.h: one world sum of every rank's vote.
+    const auto on_device = torch::dtype(torch::kDouble).device(device_);
+    torch::Tensor stop_t = torch::full({}, stop, on_device);
+    const torch::Tensor norm_sq = LocalGradNormSq(&stop_t, &local_params);
+    // Note [Step agreement] in step_agreement.h: one world sum of every rank's vote. What the
+    // host knows (parameters, times) is packed on the host; what the device computed (the
+    // overflow, the norm, the loss, a tp group's stop) is added to it on the device.
     const int W = stage_.topology.world_size();
     StepVote vote;
-    vote.overflow = local_overflow;
-    vote.norm_sq = local_overflow || view().replica() != 0 ? 0.0 : norm_sq;
-    vote.loss = view().is_last_stage() ? loss : 0.0;
-    vote.stop = stop > 0;
     vote.params = view().replica() == 0 ? local_params : 0;
     vote.busy.assign(W, 0.0);
     vote.wait.assign(W, 0.0);
     vote.busy[stage_.rank] = std::max(0.0, piped->timing.pipeline_s - piped->timing.wait_s);
     vote.wait[stage_.rank] = piped->timing.wait_s;
-    const std::vector<double> values = vote.Pack(W);
-    auto meta = torch::tensor(values, torch::kDouble).to(TransferDevice(stage_.groups, device_));
+    const torch::Tensor finite = torch::isfinite(norm_sq);
+    const torch::Tensor zero = torch::zeros({}, on_device);
+    const torch::Tensor computed = torch::stack(
+        {torch::logical_not(finite).to(torch::kDouble),
+         view().replica() == 0 ? torch::where(finite, norm_sq, zero) : zero,
+         view().is_last_stage() && piped->loss_sum.defined() ? piped->loss_sum : zero, stop_t});
+    const torch::Device xfer = TransferDevice(stage_.groups, device_);
+    torch::Tensor meta = torch::tensor(vote.Pack(W), torch::kDouble).to(xfer);
+    // On a device the step reads back once, here or after the all-reduce (Note [Host syncs]).
+    meta.narrow(0, 0, 4).add_(xfer == device_ ? computed : HostRead(computed, &result));
     const bool split = faults.Hit(FaultPoint::kAgreement, taking);
     if (stage_.topology.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
@@ -568,7 +601,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     faults.Hit(FaultPoint::kAfterAgreement, taking);
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // a rescue on another thread sees all of this step or none of it (Note [Rescue]).
-    meta = meta.cpu();
+    if (xfer == device_) meta = HostRead(meta, &result);
     std::lock_guard<std::mutex> state(train_.mu);
     train_.commit.Agreed(taking);  // Note [Committed step]
     RETURN_IF_ERROR(KeepPreUpdate());
@@ -581,7 +614,10 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     SetStageTimes(stage_.topology, agreed, &result);
     const bool skip = fp16 ? train_.scaler.Update(result.overflow) : result.overflow;
     if (!skip) ApplyUpdate(params, result.grad_norm, taking);
-    for (auto& p : params) p.mutable_grad().zero_();
+    // Undefined, not zeroed: the next backward's first gradient is then taken as it is instead
+    // of added to zeros (a memset and an add per parameter saved); a parameter left without
+    // one is given zeros after the pipeline, before the reductions.
+    for (auto& p : params) p.mutable_grad() = torch::Tensor();
     ++train_.iteration;
     return absl::OkStatus();
   });
@@ -601,7 +637,7 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
   for (auto& l : stage_.layers) l->train();
   RETURN_IF_ERROR(piped.status());
-  const double loss = piped->loss;
+  const double loss = piped->loss();
   const double n = static_cast<double>(inputs.begin()->second.size(0));
   auto t = torch::tensor({view().is_last_stage() ? loss : 0.0, view().is_last_stage() ? n : 0.0},
                          torch::kDouble)

@@ -95,6 +95,8 @@ struct StepResult {
   // Data-parallel buckets this rank posted during the backward (Note [Overlapped all-reduce]
   // in gradient_reducer.cc), and how many it has.
   int early_buckets = 0, buckets = 0;
+  // Note [Host syncs] in varuna.cc: the reads from the device to the host this step made.
+  int host_syncs = 0;
 };
 
 class Varuna {
@@ -166,10 +168,11 @@ class Varuna {
   absl::Status BuildLocal();
   absl::Status DryRun(const TensorMap& dummy_inputs, bool ok_so_far, StageConfig* config);
   absl::Status CheckInputs(const TensorMap& inputs, int64_t want) const;
-  // This rank's squared gradient norm (a tied pair's second copy not counted; with tensor
-  // parallelism summed over the tp group, which also joins *stop) and its parameter count.
-  // Throws as LibTorch does: called inside step()'s TorchCall.
-  double LocalGradNormSq(double* stop, int64_t* local_params);
+  // This rank's squared gradient norm, a double on the device (a tied pair's second copy not
+  // counted; with tensor parallelism summed over the tp group, which also joins *stop, a
+  // device scalar) and its parameter count. Reads nothing back. Throws as LibTorch does:
+  // called inside step()'s TorchCall.
+  torch::Tensor LocalGradNormSq(torch::Tensor* stop, int64_t* local_params);
   // With options_.keep_pre_update, the state before this step's update (Note [Committed step]
   // in varuna.cc).
   absl::Status KeepPreUpdate();

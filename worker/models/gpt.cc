@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/models/attention.h"
 #include "worker/models/builtin.h"
 #include "worker/models/linear.h"
 #include "worker/models/model.h"
@@ -67,21 +68,16 @@ class GptBlock : public Layer {
     auto q = qkv[0], k = qkv[1], v = qkv[2];
     torch::Tensor y;
     const bool dropping = is_training() && dropout_ > 0;
-    // Fused (flash / memory-efficient) attention; the dropout inside draws from the device
-    // generator, which recompute replays. Split heads with dropout take the explicit path
-    // below (the same draws on every tp rank).
+    // Note [Fused attention] in attention.cc; split heads with dropout take the explicit path
+    // (the same draws on every tp rank).
     if (!(tp_.enabled() && dropping)) {
-      y = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{},
-                                           is_training() ? dropout_ : 0.0, /*is_causal=*/true)
-              .transpose(1, 2)
-              .reshape({b, t, lh * hd});
+      y = CausalAttention(q, k, v, is_training() ? dropout_ : 0.0);
     } else {
-      auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-      auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
-      att = torch::softmax(att.masked_fill(mask, -INFINITY), -1);
-      att = HeadSliceDropout(att, heads_, dropout_, tp_);
-      y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, lh * hd});
+      y = ExplicitCausalAttention(q, k, v, [&](const torch::Tensor& att) {
+        return HeadSliceDropout(att, heads_, dropout_, tp_);
+      });
     }
+    y = y.transpose(1, 2).reshape({b, t, lh * hd});
     auto h = x + F::dropout(proj_(y), drop);
     auto m = CopyToTensorParallel(ln2_(h), tp_);
     return h + F::dropout(out_(torch::gelu(fc_(m))), drop);

@@ -11,6 +11,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/models/attention.h"
 #include "worker/models/builtin.h"
 
 namespace varuna {
@@ -98,10 +99,9 @@ class Block : public Layer {
     auto drop = F::DropoutFuncOptions().p(dropout_).training(is_training());
     auto qkv = (*attn_->c_attn)((*ln_1_)(x)).view({b, t, 3, heads_, hd}).permute({2, 0, 3, 1, 4});
     auto q = qkv[0], k = qkv[1], v = qkv[2];
-    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-    auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(mask, -INFINITY), -1, torch::kFloat).to(q.scalar_type());
-    auto y = torch::matmul(F::dropout(att, drop), v).transpose(1, 2).reshape({b, t, d});
+    // Note [Fused attention] in attention.cc (GPT-2's attn_pdrop on the probabilities).
+    auto y =
+        CausalAttention(q, k, v, is_training() ? dropout_ : 0.0).transpose(1, 2).reshape({b, t, d});
     auto h = x + F::dropout((*attn_->c_proj)(y), drop);
     auto m = (*mlp_->c_proj)(torch::gelu((*mlp_->c_fc)((*ln_2_)(h)), "tanh"));
     return h + F::dropout(m, drop);

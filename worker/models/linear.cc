@@ -69,7 +69,10 @@ torch::Tensor ApplyLinear(const torch::Tensor& x, const torch::Tensor& weight,
                           const torch::Tensor& bias, WeightLayout layout) {
   torch::Tensor y;
   if (layout == WeightLayout::kOutIn) {
-    y = torch::nn::functional::linear(x, weight, bias);
+    // at::linear, not the frontend's F::linear: it flattens N-D input into one addmm, so the
+    // bias is added in the GEMM's epilogue (cuBLASLt) rather than by a separate mixed-dtype
+    // kernel under autocast (../shared/reference/gpu-perf.md, item C).
+    y = torch::linear(x, weight, bias);
   } else {
     auto shape = x.sizes().vec();
     shape.back() = weight.size(1);

@@ -3,7 +3,7 @@
 // Linear layers whose weight gradient can be deferred (Note [Deferred weight gradients]).
 //
 // The built-in models compute every linear map through ApplyLinear(). Normally that is
-// F::linear (or addmm). While a WeightGradCapture is active on the thread, each call also
+// at::linear (or addmm). While a WeightGradCapture is active on the thread, each call also
 // records the layer's input and, through a hook, the gradient of its output; a backward run
 // with the recorded weights left out of its `inputs` then computes only the input gradients
 // (ZB-H1's B pass), and WeightGradCapture::Apply() adds each weight's gradient later (the W

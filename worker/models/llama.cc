@@ -15,6 +15,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "worker/models/attention.h"
 #include "worker/models/builtin.h"
 
 namespace varuna {
@@ -29,6 +30,11 @@ Linear Proj(int in, int out, TpSplit split, const TensorParallel& tp) {
 }
 
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  // An fp32 stream (the residual under autocast) takes LibTorch's fused kernel: the same
+  // formula in one pass instead of seven kernels with fp32 temporaries.
+  if (x.scalar_type() == torch::kFloat && w.scalar_type() == torch::kFloat) {
+    return at::rms_norm(x, {x.size(-1)}, w, eps);
+  }
   auto h = x.to(torch::kFloat);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return w * h.to(x.scalar_type());
@@ -38,6 +44,30 @@ torch::Tensor RotateHalf(const torch::Tensor& x) {
   const int64_t half = x.size(-1) / 2;
   return torch::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
 }
+
+// Rotary positions: cos and sin of positions x inv_freq, each frequency used for dims j and
+// j + head_dim/2, computed once per length, device and dtype and kept there (not a buffer:
+// checkpoints need not hold them), instead of on the host and copied over in every forward.
+struct Rotary {
+  torch::Tensor inv_freq;  // [head_dim / 2], fp32, on the host
+  int64_t length = -1;
+  c10::optional<torch::Device> device;
+  torch::ScalarType dtype = torch::kFloat;
+  std::pair<torch::Tensor, torch::Tensor> table;
+
+  const std::pair<torch::Tensor, torch::Tensor>& For(int64_t t, torch::Device dev,
+                                                     torch::ScalarType type) {
+    if (t != length || !device || *device != dev || type != dtype) {
+      auto freqs = torch::outer(torch::arange(t, torch::kFloat), inv_freq).to(dev);
+      auto emb = torch::cat({freqs, freqs}, -1);
+      table = {emb.cos().to(type), emb.sin().to(type)};
+      length = t;
+      device = dev;
+      dtype = type;
+    }
+    return table;
+  }
+};
 
 class Embedding : public Layer {
  public:
@@ -90,7 +120,7 @@ class DecoderLayer : public Layer {
         register_module("post_attention_layernorm", std::make_shared<NormWeight>(s.d_model));
     mlp_ = register_module("mlp", std::make_shared<Mlp>(s.d_model, s.ffn, tp));
     const int64_t hd = s.d_model / s.heads;
-    inv_freq_ = 1.0 / torch::pow(s.rope_theta, torch::arange(0, hd, 2, torch::kFloat) / hd);
+    rotary_.inv_freq = 1.0 / torch::pow(s.rope_theta, torch::arange(0, hd, 2, torch::kFloat) / hd);
   }
 
   torch::Tensor Forward(const torch::Tensor& x, const TensorMap&) override {
@@ -100,25 +130,20 @@ class DecoderLayer : public Layer {
     auto q = attn_->q_proj(a).view({b, t, h, hd}).transpose(1, 2);
     auto k = attn_->k_proj(a).view({b, t, kv, hd}).transpose(1, 2);
     auto v = attn_->v_proj(a).view({b, t, kv, hd}).transpose(1, 2);
-    // Rotary: cos/sin of positions x inv_freq, each frequency used for dims j and j + hd/2.
-    auto freqs = torch::outer(torch::arange(t, torch::kFloat), inv_freq_).to(x.device());
-    auto emb = torch::cat({freqs, freqs}, -1);
-    auto cos = emb.cos().to(q.scalar_type()), sin = emb.sin().to(q.scalar_type());
+    const auto& [cos, sin] = rotary_.For(t, q.device(), q.scalar_type());
     q = q * cos + RotateHalf(q) * sin;
     k = k * cos + RotateHalf(k) * sin;
-    if (kv != h) {
-      k = k.unsqueeze(2).expand({b, kv, h / kv, t, hd}).reshape({b, h, t, hd});
-      v = v.unsqueeze(2).expand({b, kv, h / kv, t, hd}).reshape({b, h, t, hd});
-    }
-    auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
-    auto mask = torch::ones({t, t}, torch::dtype(torch::kBool).device(x.device())).triu(1);
-    att = torch::softmax(att.masked_fill(mask, -INFINITY), -1, torch::kFloat).to(q.scalar_type());
+    // Note [Fused attention] in attention.cc: grouped-query attention without expanding k and
+    // v; split heads with dropout take the explicit path (the same draws on every tp rank).
+    torch::Tensor y;
     if (tp_.enabled() && is_training() && dropout_ > 0) {
-      att = HeadSliceDropout(att, all_heads_, dropout_, tp_);
+      y = ExplicitCausalAttention(q, k, v, [&](const torch::Tensor& att) {
+        return HeadSliceDropout(att, all_heads_, dropout_, tp_);
+      });
     } else {
-      att = F::dropout(att, F::DropoutFuncOptions().p(dropout_).training(is_training()));
+      y = CausalAttention(q, k, v, is_training() ? dropout_ : 0.0);
     }
-    auto y = torch::matmul(att, v).transpose(1, 2).reshape({b, t, h * hd});
+    y = y.transpose(1, 2).reshape({b, t, h * hd});
     auto r = x + attn_->o_proj(y);
     auto m = CopyToTensorParallel(RmsNorm(r, post_norm_->weight, eps_), tp_);
     return r + mlp_->down_proj(torch::silu(mlp_->gate_proj(m)) * mlp_->up_proj(m));
@@ -129,7 +154,7 @@ class DecoderLayer : public Layer {
   int all_heads_;
   TensorParallel tp_;
   std::shared_ptr<NormWeight> input_norm_, post_norm_;
-  torch::Tensor inv_freq_;
+  Rotary rotary_;
   std::shared_ptr<Attention> attn_;
   std::shared_ptr<Mlp> mlp_;
 };

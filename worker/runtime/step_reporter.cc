@@ -45,6 +45,7 @@ void StepReporter::Report(int64_t step, const StepResult& r, double dt, double l
   m.set_at(UnixNow());
   m.set_pipeline_s(r.pipeline_s);
   m.set_recv_wait_s(r.wait_s);
+  m.set_host_syncs(r.host_syncs);
   m.set_loss_scale(loss_scale);
   m.set_bubble_ratio(r.bubble_ratio);
   // MFU (Note [MFU] in device.h): 6 N FLOPs per token (forward + backward) over the world's
