@@ -1,45 +1,195 @@
 #!/usr/bin/env bash
-# One GPU session's checks, in the order docs/gpu.md gives, each logged under OUT (default
-# gpu-out/): the machine, scripts/gpu_build.sh, tests/gpu/cuda_parity.sh (CPU vs CUDA, two
-# ranks sharing the GPU, bf16, tensor parallel on CUDA tensors), then bench/gpu_mfu.sh while
-# BUDGET_S (default 420) seconds from the start allow. Prints a summary; exits non-zero when
-# the build or the parity checks fail. Usage: tests/gpu/device_check.sh
+# The one script a lent GPU machine runs (docs/gpu.md "The device check"), within BUDGET_S
+# seconds from its start (default 360), each phase logged to OUT/<phase>.log (OUT defaults to
+# gpu-out) and OUT/results.json rewritten after every phase (so a run cut off still returns
+# what it measured):
+#   env     the card (nvidia-smi), torch, CUDA, compilers
+#   build   scripts/gpu_build.sh -> build-gpu/bin/varuna-worker
+#   parity  tests/gpu/cuda_parity.sh (DEVICE=cuda, SHAPE=large): P=1, P=2, D=2, tp 2, llama,
+#           gpt2 vs the CPU within 1e-4; bf16 and fp16 train; resume GPU <-> CPU
+#   bench   bench/gpu_mfu.sh, the 1.3B GPT, ROUNDS=1 (COMPILE=0 unless COMPILE=1), in the time
+#           left (timeout); skipped, saying so, when less than BENCH_MIN_S (60) is left
+#   then a summary on stdout.
+# --dry-run: every phase here on the CPU in a few minutes, so device minutes are never spent on
+# a typo: env (the CPU, torch), build (scripts/build.sh varuna-worker -> build/bin/varuna-worker;
+# BUILD=0 skips it and uses the worker there), parity with DEVICE=cpu SHAPE=small (the same runs
+# and comparisons with the CPU as "the device"; fp16 reported skipped), bench with DEVICE=cpu on
+# a tiny GPT, 1 round of 4 steps (MFU n/a). BUDGET_S defaults to 300 there.
+# Exits non-zero when the build or any parity check fails (or runs out of time).
+# Knobs: OUT, BUDGET_S, BUILD=0, PYTHON (python3; dry: scripts/python), PARITY_STEPS, COMPILE,
+#   BENCH_MODELS (1.3b), BENCH_STEPS (20), BENCH_SKIP (8), BENCH_MIN_S, PEAK_TFLOPS (from the
+#   card's name: H100 SXM/H200 989, H100 PCIe 756, A100 312, L4 121; else n/a).
+# Usage: tests/gpu/device_check.sh [--dry-run]
 set -uo pipefail
+self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
 cd "$(dirname "$0")/../.."
+here=tests/gpu
+dry=0
+case ${1:-} in
+  --dry-run) dry=1 ;;
+  --phase) ;;  # internal: one phase, run under timeout by the code below
+  "") ;;
+  *) echo "usage: tests/gpu/device_check.sh [--dry-run]" >&2; exit 2 ;;
+esac
 out=${OUT:-gpu-out}
-budget=${BUDGET_S:-420}
+
+# ---- one phase (the script runs itself as `--phase NAME` under `timeout`) ----
+if [[ ${1:-} == --phase ]]; then
+  name=$2
+  [[ $DC_DRY == 1 ]] && dry=1
+  case $name in
+    env)
+      echo "mode=$([[ $dry == 1 ]] && echo dry-run || echo gpu)"
+      if [[ $dry == 1 ]]; then
+        echo "device=cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(getconf _NPROCESSORS_ONLN) cores"
+      else
+        nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+        echo "device=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
+        echo "gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)"
+      fi
+      "$PYTHON" -c 'import torch, os
+print("torch=" + torch.__version__)
+print("cuda=" + str(torch.version.cuda) + ", available " + str(torch.cuda.is_available()))
+print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__file__), "include/gloo"))))'
+      echo "gxx=$(g++ --version | head -1)"
+      echo "cmake=$(cmake --version | head -1)"
+      if [[ $dry == 0 ]]; then
+        echo "nvcc=$(command -v nvcc >/dev/null && nvcc --version | tail -1 || echo 'none on PATH')"
+      fi
+      ;;
+    build)
+      if [[ $dry == 1 ]]; then scripts/build.sh varuna-worker; else scripts/gpu_build.sh; fi ;;
+    parity)
+      DEVICE=$DC_DEVICE SHAPE=$DC_SHAPE STEPS=${PARITY_STEPS:-} PYTHON=$PYTHON \
+        PARITY_JSON=$out/parity.json PARITY_LOGS=$out/parity "$here/cuda_parity.sh" "$DC_WORKER" ;;
+    bench)
+      echo "device_check: bench/gpu_mfu.sh, models $BENCH_MODELS, ROUNDS=1 (fewer rounds than" \
+        "the five of the CPU benchmarks: one sample per system, no median), $BENCH_STEPS steps," \
+        "the first $BENCH_SKIP skipped, COMPILE=$COMPILE, peak $PEAK_TFLOPS TFLOP/s (0 = n/a)"
+      DEVICE=$DC_DEVICE WORKER=$DC_WORKER ROUNDS=1 STEPS=$BENCH_STEPS SKIP=$BENCH_SKIP \
+        MODELS=$BENCH_MODELS COMPILE=$COMPILE PEAK_TFLOPS=$PEAK_TFLOPS PYTHON=$PYTHON \
+        CORPUS_BYTES=$CORPUS_BYTES RESULTS_JSONL=$out/bench.jsonl bench/gpu_mfu.sh ;;
+    *) echo "device_check: unknown phase $name" >&2; exit 2 ;;
+  esac
+  exit
+fi
+
+# ---- the run ----
+if [[ $dry == 1 ]]; then
+  export DC_DRY=1 DC_DEVICE=cpu DC_SHAPE=small DC_WORKER=build/bin/varuna-worker
+  export PYTHON=${PYTHON:-scripts/python} BENCH_MODELS=${BENCH_MODELS:-tiny}
+  export BENCH_STEPS=${BENCH_STEPS:-4} BENCH_SKIP=${BENCH_SKIP:-1} CORPUS_BYTES=1000000
+  export PEAK_TFLOPS=0
+  # Two cores: one OpenMP thread per rank, as the agent launches workers (tests/e2e/lib).
+  export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+  budget=${BUDGET_S:-300} bench_min=${BENCH_MIN_S:-20}
+else
+  export DC_DRY=0 DC_DEVICE=cuda DC_SHAPE=large DC_WORKER=build-gpu/bin/varuna-worker
+  export PYTHON=${PYTHON:-python3} BENCH_MODELS=${BENCH_MODELS:-1.3b}
+  export BENCH_STEPS=${BENCH_STEPS:-20} BENCH_SKIP=${BENCH_SKIP:-8} CORPUS_BYTES=64000000
+  if [[ -z ${PEAK_TFLOPS:-} ]]; then
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+    case $card in
+      *"H100 PCIe"*) PEAK_TFLOPS=756 ;;
+      *H100* | *H200*) PEAK_TFLOPS=989 ;;
+      *A100*) PEAK_TFLOPS=312 ;;
+      *L4*) PEAK_TFLOPS=121 ;;
+      *) PEAK_TFLOPS=0 ;;
+    esac
+  fi
+  export PEAK_TFLOPS
+  budget=${BUDGET_S:-360} bench_min=${BENCH_MIN_S:-60}
+fi
+export COMPILE=${COMPILE:-0} PARITY_STEPS=${PARITY_STEPS:-}
+mode=$([[ $dry == 1 ]] && echo dry-run || echo gpu)
 mkdir -p "$out"
-t0=$(date +%s)
-elapsed() { echo $(($(date +%s) - t0)); }
-{
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  python3 -c 'import torch, os; print("torch", torch.__version__, "cuda", torch.version.cuda,
-    "gloo headers:", os.path.isdir(os.path.join(os.path.dirname(torch.__file__), "include/gloo")))'
-  g++ --version | head -1
-  cmake --version | head -1
-  nvcc --version | tail -1
-} > "$out/env.txt" 2>&1
-cat "$out/env.txt"
-if ! scripts/gpu_build.sh > "$out/build.log" 2>&1; then
-  echo "device_check: build FAILED after $(elapsed) s; the errors:"
-  grep -E -A12 "CMake Error" "$out/build.log" | head -40
-  grep -E "error:|FAILED:" "$out/build.log" | head -60
+out=$(cd "$out" && pwd)
+export OUT=$out
+rm -rf "$out"/{env,build,parity,bench}.log "$out"/{results,parity,.phases}.json \
+  "$out/bench.jsonl" "$out/parity"
+report() { "$PYTHON" "$here/device_check_report.py" "$@"; }
+report start "$out" "$mode" "$DC_DEVICE" "$budget" ||
+  { echo "device_check: $PYTHON cannot run $here/device_check_report.py" >&2; exit 1; }
+t0=$SECONDS
+left() { echo $((budget - (SECONDS - t0))); }
+say() { echo "device_check: [$((SECONDS - t0)) s] $*"; }
+
+phase() {  # name [key=value ...]: runs the phase in what is left of the budget; sets prc
+  local name=$1 t=$SECONDS l
+  shift
+  l=$(left)
+  if ((l <= 5)); then
+    say "$name skipped: the budget ($budget s) is spent"
+    report record "$out" "$name" 0 0 "skipped=the budget ($budget s) was spent" "$@"
+    prc=124
+    return
+  fi
+  say "$name ... (at most $l s)"
+  timeout --kill-after=10 "$l" "$self" --phase "$name" > "$out/$name.log" 2>&1
+  prc=$?
+  if [[ $name == parity && ! -f $out/parity.json && -f $out/parity/meta ]]; then
+    # Cut off: compare what the finished runs hold (the rest is reported as not run).
+    echo "device_check: parity cut off (rc $prc); comparing the runs that finished" \
+      >> "$out/parity.log"
+    PYTHON=$PYTHON PARITY_JSON=$out/parity.json "$here/cuda_parity.sh" --compare \
+      "$out/parity" >> "$out/parity.log" 2>&1
+  fi
+  report record "$out" "$name" "$prc" "$((SECONDS - t))" "$@"
+  say "$name rc=$prc in $((SECONDS - t)) s$( ((prc == 124 || prc == 137)) && echo ' (ran out of budget)')"
+}
+
+say "$mode, OUT=$out, budget $budget s"
+phase env
+cat "$out/env.log"
+
+rc=0
+if [[ $dry == 1 && ${BUILD:-1} == 0 ]]; then
+  if [[ -x $DC_WORKER ]]; then
+    say "build skipped (BUILD=0): using $DC_WORKER as it is"
+    report record "$out" build 0 0 "skipped=BUILD=0: using $DC_WORKER as built before" \
+      "worker=$DC_WORKER"
+  else
+    say "build skipped (BUILD=0) but $DC_WORKER is missing"
+    report record "$out" build 1 0 "worker=$DC_WORKER"
+    rc=1
+  fi
+else
+  phase build "worker=$DC_WORKER"
+  if ((prc != 0)) || [[ ! -x $DC_WORKER ]]; then
+    say "build FAILED; the errors:"
+    grep -E -A12 "CMake Error" "$out/build.log" | head -40
+    grep -E "error:|FAILED:" "$out/build.log" | head -60
+    tail -5 "$out/build.log"
+    rc=1
+  else
+    grep -E "varuna: LibTorch|WARNING" "$out/build.log" | head
+  fi
+fi
+
+if ((rc != 0)); then
+  report record "$out" parity 0 0 "skipped=the build failed"
+  report record "$out" bench 0 0 "skipped=the build failed"
+  report final "$out"
   exit 1
 fi
-echo "device_check: built in $(elapsed) s"
-grep -E "^-- varuna:|WARNING" "$out/build.log" | head
-rc=0
-tests/gpu/cuda_parity.sh > "$out/parity.log" 2>&1 || rc=$?
-echo "device_check: cuda_parity rc=$rc after $(elapsed) s"
-tail -32 "$out/parity.log"
-left=$((budget - $(elapsed)))
-if ((left > 120)); then
-  # The 1.3B model first (the issue's target), one round each way, within what is left.
-  ROUNDS=${ROUNDS:-1} STEPS=${STEPS:-20} SKIP=${SKIP:-8} MODELS=${MODELS:-1.3b} COMPILE=0 \
-    timeout "$left" bench/gpu_mfu.sh > "$out/mfu.log" 2>&1
-  echo "device_check: gpu_mfu rc=$? after $(elapsed) s"
-  tail -20 "$out/mfu.log"
+
+phase parity
+((prc == 0)) || rc=1
+grep -E "^[a-z0-9_]+: (ok|FAIL|skipped|not run)|^cuda_parity:|FAILED" "$out/parity.log" 2>/dev/null
+
+l=$(left)
+note="ROUNDS=1: one round per system, fewer than the five rounds of the CPU benchmarks"
+[[ $dry == 1 ]] && note="$note; dry run on the CPU, tiny model: MFU n/a"
+if ((l < bench_min)); then
+  say "bench skipped: $l s left, under BENCH_MIN_S=$bench_min"
+  report record "$out" bench 0 0 "skipped=only $l s of the budget left (BENCH_MIN_S=$bench_min)"
 else
-  echo "device_check: no time left for bench/gpu_mfu.sh ($left s)"
+  phase bench "peak_tflops=$PEAK_TFLOPS" "models=$BENCH_MODELS" rounds=1 \
+    "steps=$BENCH_STEPS" "note=$note"
+  ((prc == 124 || prc == 137)) && say "bench cut off by the budget; the rows it finished are kept"
+  sed -n '/^| model/,$p' "$out/bench.log"
+  ((prc == 0)) || tail -15 "$out/bench.log"
 fi
+
+report final "$out"
 exit $rc

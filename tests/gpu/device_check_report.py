@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""tests/gpu/device_check.sh's bookkeeping (standard library only): after each phase,
+`record OUT PHASE RC SECONDS [key=value ...]` adds the phase's rc, seconds, status and a short
+summary read from its artifacts under OUT to OUT/.phases.json and rewrites OUT/results.json
+whole (written to a temporary name, then renamed, so a run cut off at any point leaves a
+readable file); `final OUT` marks the run finished and prints the summary table.
+
+Statuses: ok (rc 0), failed, timeout (rc 124 or 137: the phase ran out of budget), skipped (with
+why). Keys: mode, device, budget_s, started, elapsed_s, finished, ok, phases{name: {...}}.
+"""
+
+import json
+import os
+import re
+import sys
+import time
+
+
+def load(path, default):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def read(path):
+    try:
+        with open(path, errors="replace") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def env_summary(out, _):
+    s = {}
+    for line in read(f"{out}/env.log").splitlines():
+        m = re.match(r"^([a-z_]+)=(.*)$", line)
+        if m:
+            s[m.group(1)] = m.group(2).strip()
+    return s
+
+
+def build_summary(out, kv):
+    log = read(f"{out}/build.log")
+    s = {"worker": kv.get("worker", "?"),
+         "worker_exists": os.path.exists(kv.get("worker", "")) if "worker" in kv else None}
+    m = re.findall(r"varuna: LibTorch [^\n]*", log)
+    if m:
+        s["configure"] = m[-1]
+    errors = [l.strip() for l in log.splitlines() if "error:" in l or "FAILED:" in l
+              or "CMake Error" in l]
+    s["error_lines"] = len(errors)
+    if errors:
+        s["first_errors"] = errors[:5]
+    if kv.get("rc", "0") != "0":
+        s["log_tail"] = log.strip().splitlines()[-5:]
+    return s
+
+
+def parity_summary(out, _):
+    p = load(f"{out}/parity.json", None)
+    if p is None:
+        tail = read(f"{out}/parity.log").strip().splitlines()[-3:]
+        return {"note": "no parity.json (the phase was cut off or did not start its checks)",
+                "log_tail": tail}
+    checks = {}
+    for name, c in p["checks"].items():
+        e = {"status": c["status"]}
+        if "max_rel" in c:
+            e["max_rel"] = float(f"{c['max_rel']:.3g}")
+        if "first_loss" in c and c["first_loss"] is not None:
+            e["loss"] = f"{c['first_loss']:.4f} -> {c['last_loss']:.4f}"
+            if c.get("overflow_steps"):
+                e["overflow_steps"] = c["overflow_steps"]
+        if "why" in c:
+            e["why"] = c["why"]
+        checks[name] = e
+    return {"device": p["device"], "shape": p["shape"], "steps": p["steps"],
+            "bound": "1e-4 relative at every step vs the one-process CPU run",
+            "checks": checks}
+
+
+def bench_summary(out, kv):
+    rows = [json.loads(l) for l in read(f"{out}/bench.jsonl").splitlines() if l.strip()]
+    peak = float(kv.get("peak_tflops", 0) or 0) * 1e12
+    loop_n = {r["model"]: r["params"] for r in rows if r.get("system") != "varuna-worker"}
+    res = []
+    for r in rows:
+        n = loop_n.get(r["model"], r.get("params"))
+        e = {"system": r["system"], "model": r["model"], "round": r["round"],
+             "step_s": round(r["step_s"], 5), "samples_per_s": round(r["samples_per_s"], 3),
+             "tokens_per_s": round(r["tokens_per_s"], 1), "params": n}
+        if peak > 0 and n:
+            attn = 12 * r["layers"] * r["seq_len"] * r["d_model"]
+            e["mfu_6n"] = round(6 * n * r["tokens_per_s"] / peak, 4)
+            e["mfu_6n_attn"] = round((6 * n + attn) * r["tokens_per_s"] / peak, 4)
+        else:
+            e["mfu_6n"] = e["mfu_6n_attn"] = "n/a"
+        res.append(e)
+    s = {"rows": res}
+    for k in ("note", "peak_tflops", "models", "rounds", "steps"):
+        if k in kv:
+            s[k] = kv[k]
+    return s
+
+
+SUMMARIES = {"env": env_summary, "build": build_summary, "parity": parity_summary,
+             "bench": bench_summary}
+
+
+def write(out, state):
+    tmp = f"{out}/.results.json.tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, f"{out}/results.json")
+
+
+def state_of(out):
+    return load(f"{out}/.phases.json", None)
+
+
+def main():
+    cmd, out = sys.argv[1], sys.argv[2]
+    if cmd == "start":  # start OUT mode device budget_s
+        mode, device, budget = sys.argv[3:6]
+        state = {"mode": mode, "device": device, "budget_s": int(budget),
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "t0": time.time(),
+                 "elapsed_s": 0, "finished": False, "ok": True, "phases": {}}
+    elif cmd == "record":  # record OUT phase rc seconds [key=value ...]
+        state = state_of(out)
+        name, rc, secs = sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+        kv = dict(a.split("=", 1) for a in sys.argv[6:])
+        kv["rc"] = str(rc)
+        if "skipped" in kv:
+            status = "skipped"
+        elif rc == 0:
+            status = "ok"
+        elif rc in (124, 137):
+            status = "timeout"
+        else:
+            status = "failed"
+        p = {"rc": None if status == "skipped" else rc, "seconds": secs, "status": status}
+        if status == "skipped":
+            p["why"] = kv["skipped"]
+        try:
+            p["summary"] = (SUMMARIES[name](out, kv) if name in SUMMARIES and
+                            status != "skipped" else {})
+        except Exception as e:  # the record must be written whatever the artifacts hold
+            p["summary"] = {"note": f"summary unreadable: {type(e).__name__}: {e}"}
+        state["phases"][name] = p
+        if name in ("build", "parity") and status != "ok":
+            state["ok"] = False
+    elif cmd == "final":
+        state = state_of(out)
+        state["finished"] = True
+    else:
+        sys.exit(f"device_check_report: unknown command {cmd}")
+    state["elapsed_s"] = round(time.time() - state["t0"], 1)
+    with open(f"{out}/.phases.json", "w") as f:
+        json.dump(state, f)
+    write(out, {k: v for k, v in state.items() if k != "t0"})
+    if cmd == "final":
+        print_summary(state)
+
+
+def print_summary(state):
+    print(f"\n== device_check summary ({state['mode']}, device {state['device']}, "
+          f"{state['elapsed_s']:.0f} s of a {state['budget_s']} s budget) ==")
+    print("| phase | status | rc | seconds |")
+    print("|---|---|---|---|")
+    for name, p in state["phases"].items():
+        print(f"| {name} | {p['status']}{' (' + p['why'] + ')' if 'why' in p else ''} | "
+              f"{'-' if p['rc'] is None else p['rc']} | {p['seconds']} |")
+    env = state["phases"].get("env", {}).get("summary", {})
+    if env:
+        print("machine: " + "; ".join(f"{k} {v}" for k, v in env.items()))
+    par = state["phases"].get("parity", {}).get("summary", {})
+    for name, c in par.get("checks", {}).items():
+        extra = (f"max rel {c['max_rel']:.2e}" if "max_rel" in c else c.get("loss", ""))
+        why = f"({c['why']})" if "why" in c else ""
+        print(f"parity {name}: " + " ".join(x for x in (c["status"], extra, why) if x))
+    if "note" in par:
+        print(f"parity: {par['note']}")
+    bench = state["phases"].get("bench", {})
+    for r in bench.get("summary", {}).get("rows", []):
+        m6, ma = r["mfu_6n"], r["mfu_6n_attn"]
+        fmt = (lambda x: x if isinstance(x, str) else f"{100 * x:.1f}%")
+        print(f"bench {r['model']} round {r['round']} {r['system']}: step {r['step_s']:.4f} s, "
+              f"{r['samples_per_s']:.2f} samples/s, MFU {fmt(m6)} (6N), {fmt(ma)} (6N + attn)")
+    if bench.get("summary", {}).get("note"):
+        print(f"bench: {bench['summary']['note']}")
+    print(f"device_check: {'OK' if state['ok'] else 'FAILED'} (build and parity "
+          f"{'passed' if state['ok'] else 'did not all pass'}); results in results.json")
+
+
+if __name__ == "__main__":
+    main()
