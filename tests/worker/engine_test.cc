@@ -211,6 +211,17 @@ TEST(EngineTest, TheFusedOptimizerClipsAsTheLoopDoes) {
   ASSERT_TRUE(fused[0].status.ok()) << fused[0].status;
   EXPECT_GT(loop[0].last.grad_norm, 2 * o.clip);  // the clip acts at every step
   ExpectClose(fused[0].losses, loop[0].losses, 1e-6);
+  // Adam is nearly blind to a gradient's scale: the clip must still show at this tolerance,
+  // or the comparison above would pass with the fused run ignoring it.
+  o.clip = 0;
+  const auto unclipped = Train(Uniform(1, 1, 8), o);
+  ASSERT_TRUE(unclipped[0].status.ok()) << unclipped[0].status;
+  double most = 0;
+  for (size_t i = 0; i < loop[0].losses.size(); ++i) {
+    most = std::max(
+        most, std::abs(unclipped[0].losses[i] - loop[0].losses[i]) / std::abs(loop[0].losses[i]));
+  }
+  EXPECT_GT(most, 1e-5);
   // 1e-5, not the optimizer's own 1e-6 (fused_adamw_test.cc): g / scale and g * (1 / scale)
   // differ in the last bit, and five steps through the model (Adam normalises small
   // gradients' updates to about lr) carry that to about 2e-6 here.
