@@ -14,7 +14,9 @@
 #   BATCH_1B3=8, BATCH_TINY=4, PEAK_TFLOPS=989, COMPILE=1, PYTHON=python3, MODELS="350m 1.3b",
 #   DEVICE=cuda (cpu: the same runs on the CPU, no GPU needed, MFU n/a; what
 #   tests/gpu/device_check.sh --dry-run does), CORPUS_BYTES=64000000, RESULTS_JSONL (each run's
-#   row appended there as it finishes, so a run cut off keeps what it measured).
+#   row appended there as it finishes, so a run cut off keeps what it measured),
+#   SYSTEMS="varuna eager compile" (which to run), TIMELINE_OUT (varuna-worker's --timeline_out
+#   FILE, with --trace_steps TRACE_STEPS, default 3: docs/gpu.md "Where a step's time goes").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
@@ -24,6 +26,9 @@ ROUNDS=${ROUNDS:-3} STEPS=${STEPS:-30} SKIP=${SKIP:-10} PEAK_TFLOPS=${PEAK_TFLOP
 BATCH_350M=${BATCH_350M:-16} BATCH_1B3=${BATCH_1B3:-8} BATCH_TINY=${BATCH_TINY:-4}
 COMPILE=${COMPILE:-1} PYTHON=${PYTHON:-python3} MODELS=${MODELS:-"350m 1.3b"}
 CORPUS_BYTES=${CORPUS_BYTES:-64000000}
+SYSTEMS=${SYSTEMS:-"varuna eager compile"} TIMELINE_OUT=${TIMELINE_OUT:-} TRACE_STEPS=${TRACE_STEPS:-3}
+timeline=()
+[[ -n $TIMELINE_OUT ]] && timeline=(--timeline_out "$TIMELINE_OUT" --trace_steps "$TRACE_STEPS")
 [[ -x $WORKER ]] || { echo "gpu_mfu: $WORKER missing (scripts/gpu_build.sh)" >&2; exit 1; }
 case $DEVICE in
   cuda)
@@ -59,7 +64,8 @@ parallel: {stages: 1, micro_batch: $B, schedule: varuna, timeout_s: 600}
 YAML
   RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 \
     MASTER_PORT=$((20000 + RANDOM % 20000)) "$WORKER" --job "$tmp/job.yaml" \
-    --stage_to_rank_map "0;" --metrics_out "$tmp/varuna.jsonl" > "$tmp/varuna.log" 2>&1 ||
+    --stage_to_rank_map "0;" --metrics_out "$tmp/varuna.jsonl" "${timeline[@]}" \
+    > "$tmp/varuna.log" 2>&1 ||
     { tail -30 "$tmp/varuna.log" >&2; exit 1; }
   "$PYTHON" - "$tmp/varuna.jsonl" "$SKIP" "$1" "$2" "$B" "$T" "$L" "$D" <<'PY' >> "$out"
 import json, statistics, sys
@@ -87,8 +93,8 @@ round=int(sys.argv[3])); print(json.dumps(d))' "$tmp/loop.json" "$1" "$2" >> "$o
 
 for model in $MODELS; do
   for ((r = 1; r <= ROUNDS; r++)); do
-    systems="varuna eager compile"
-    (( r % 2 == 0 )) && systems="compile eager varuna"
+    systems=$SYSTEMS
+    (( r % 2 == 0 )) && systems=$(tr ' ' '\n' <<<"$SYSTEMS" | tac | xargs)
     for s in $systems; do
       case $s in
         varuna) run_varuna "$model" "$r" ;;

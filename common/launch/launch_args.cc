@@ -49,6 +49,7 @@ std::string WorkerUsage() {
          "varuna|gpipe|1f1b|zb-h1]\n"
          "                     [--tp_size T]\n"
          "                     [--stage_boundaries B0,B1,...] [--profile_out FILE]\n"
+         "                     [--timeline_out FILE [--trace_steps N]]\n"
          "                     [--in_place [--park_timeout_s S] [--join_in_place]]\n"
          "environment (torchrun): RANK LOCAL_RANK WORLD_SIZE MASTER_ADDR MASTER_PORT\n";
 }
@@ -119,6 +120,18 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       if (args.profile_out.empty()) {
         return absl::InvalidArgumentError("flag --profile_out needs a file name");
       }
+    } else if (flag == "timeline_out") {
+      ASSIGN_OR_RETURN(args.timeline_out, take());
+      if (args.timeline_out.empty()) {
+        return absl::InvalidArgumentError("flag --timeline_out needs a file name");
+      }
+    } else if (flag == "trace_steps") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      RETURN_IF_ERROR(ParseInt(flag, v, &args.trace_steps));
+      if (args.trace_steps < 1 || args.trace_steps > 1000) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("flag --trace_steps must be in [1, 1000], got ", v));
+      }
     } else if (flag == "schedule") {
       ASSIGN_OR_RETURN(std::string v, take());
       if (auto p = ParseSchedulePolicy(v); !p.ok()) {
@@ -186,6 +199,10 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
   }
   if (!args.help && args.job_path.empty()) {
     return absl::InvalidArgumentError("missing required flag --job JOB.yaml");
+  }
+  if (args.trace_steps > 0 && args.timeline_out.empty()) {
+    return absl::InvalidArgumentError(
+        "flag --trace_steps writes into the --timeline_out file: give --timeline_out FILE too");
   }
   return args;
 }

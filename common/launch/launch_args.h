@@ -43,6 +43,11 @@ struct WorkerArgs {
   std::optional<int> tp_size;
   // Run the profiler instead of training and write the profile (JSON) here.
   std::string profile_out;
+  // One JSON line per step with its split by device events (Note [Step timeline] in
+  // worker/engine/step_timeline.cc), and with trace_steps > 0 a profiler summary of that many
+  // steps (worker/runtime/step_trace.h).
+  std::string timeline_out;
+  int64_t trace_steps = 0;
   // Morph in place (Note [Morph in place] in worker/engine/regroup.cc): after a failed step, wait
   // up to park_timeout_s for the agent's ReconfigureCommand instead of saving and exiting;
   // without one, save and exit as before.

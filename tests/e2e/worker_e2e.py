@@ -3,6 +3,7 @@
 Run from the build directory: python3 ../tests/e2e/worker_e2e.py [TestClass]
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -149,6 +150,39 @@ class PrecisionTest(Fixture):
             self.assertAlmostEqual(r["loss_scale"] / scale, 1.0, places=9, msg=str(r))
             self.assertLess(r["loss"], 100)  # the reported loss is unscaled
 
+    def test_timeline_and_trace(self):
+        # --timeline_out: a line per step per process, split into phases (Note [Step
+        # timeline]); --trace_steps 2: a profiler summary of steps 2-3 in each file.
+        path = os.path.join(self.tmp, "timeline.jsonl")
+        job = self.job("timeline", train={"precision": "bf16"})
+        self.run_config(job, 2, 1, extra=["--timeline_out", path, "--trace_steps", "2"])
+        for rank, f in [(0, path), (1, path + ".rank1")]:
+            with open(f) as fh:
+                lines = [json.loads(line) for line in fh]
+            steps = [x for x in lines if "step" in x]
+            self.assertEqual([x["step"] for x in steps], [1, 2, 3, 4], f)
+            for x in steps:
+                self.assertEqual(x["rank"], rank)
+                self.assertEqual(x["clock"], "host")
+                self.assertEqual(x["host_syncs"], 1)
+                self.assertEqual(x["traced"], x["step"] in (2, 3), x)
+                phases = [x[k + "_s"] for k in ("forward", "backward", "norm", "optimizer",
+                                                "comm")]
+                self.assertTrue(all(v > 0 for v in phases), x)
+                self.assertLessEqual(sum(phases), x["step_s"], x)
+            traces = [x["trace"] for x in lines if "trace" in x]
+            self.assertEqual(len(traces), 1, f)  # every process traces its own steps
+            t = traces[0]
+            self.assertEqual((t["first_step"], t["steps"], t["asked"], t["where"]),
+                             (2, 2, 2, "host"), t)
+            cats = {c["name"]: c for c in t["categories"]}
+            # A GPT's matrix products, each forward's and backward's (at this size the
+            # framework's own overhead, "other", costs about as much).
+            self.assertGreater(cats["gemm"]["count"], 0, t)
+            self.assertGreater(cats["gemm"]["time_s"], 0, t)
+            self.assertAlmostEqual(sum(c["time_s"] for c in t["categories"]), t["total_s"],
+                                   delta=1e-3 * t["total_s"] + 1e-6)
+
     def test_skipped_step_leaves_the_weights_alone(self):
         # One fp16 step that overflows is skipped, so the held-out loss afterwards must equal
         # that of the untrained model (--steps 0).
@@ -192,6 +226,9 @@ class BadInputTest(Fixture):
         self.expect_error(["--job", nodata], "/nonexistent/corpus")
         self.expect_error(["--job", good, "--stage_to_rank_map", "0;1;", "--bogus"], "--bogus")
         self.expect_error(["--job", good, "--resume_step", "latest"], "checkpoint.dir")
+        self.expect_error(["--job", good, "--trace_steps", "2"], "--timeline_out")
+        self.expect_error(["--job", good, "--timeline_out", "/nonexistent/dir/t.jsonl"],
+                          "/nonexistent/dir/t.jsonl")
         mism = self.job("mism", parallel={"stages": 4})
         self.expect_error(["--job", mism, "--stage_to_rank_map", "0;1;"], "disagrees")
         # A GPU asked for on this CPU-only build (or a machine without one) is named.

@@ -7,6 +7,9 @@
 #   build   scripts/gpu_build.sh -> build-gpu/bin/varuna-worker
 #   parity  tests/gpu/cuda_parity.sh (DEVICE=cuda, SHAPE=large): P=1, P=2, D=2, tp 2, llama,
 #           gpt2 vs the CPU within 1e-4; bf16 and fp16 train; resume GPU <-> CPU
+#   timeline  varuna-worker on the bench's model for TIMELINE_STEPS steps (6) with --timeline_out
+#           OUT/timeline.jsonl --trace_steps 2: each step split by device events and a profiler
+#           summary by kernel category (docs/gpu.md "Where a step's time goes")
 #   bench   bench/gpu_mfu.sh, the 1.3B GPT, ROUNDS=1 (COMPILE=0 unless COMPILE=1), in the time
 #           left (timeout); skipped, saying so, when less than BENCH_MIN_S (60) is left
 #   then a summary on stdout.
@@ -17,6 +20,7 @@
 # a tiny GPT, 1 round of 4 steps (MFU n/a). BUDGET_S defaults to 300 there.
 # Exits non-zero when the build or any parity check fails (or runs out of time).
 # Knobs: OUT, BUDGET_S, BUILD=0, PYTHON (python3; dry: scripts/python), PARITY_STEPS, COMPILE,
+#   TIMELINE_STEPS (6; dry 4),
 #   BENCH_MODELS (1.3b), BENCH_STEPS (20), BENCH_SKIP (8), BENCH_MIN_S, PEAK_TFLOPS (from the
 #   card's name: H100 SXM/H200 989, H100 PCIe 756, A100 312, L4 121; else n/a).
 # Usage: tests/gpu/device_check.sh [--dry-run]
@@ -62,6 +66,13 @@ print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__f
     parity)
       DEVICE=$DC_DEVICE SHAPE=$DC_SHAPE STEPS=${PARITY_STEPS:-} PYTHON=$PYTHON \
         PARITY_JSON=$out/parity.json PARITY_LOGS=$out/parity "$here/cuda_parity.sh" "$DC_WORKER" ;;
+    timeline)
+      echo "device_check: varuna-worker, model $BENCH_MODELS, $TIMELINE_STEPS steps," \
+        "--timeline_out $out/timeline.jsonl --trace_steps 2"
+      DEVICE=$DC_DEVICE WORKER=$DC_WORKER ROUNDS=1 STEPS=$TIMELINE_STEPS SKIP=1 SYSTEMS=varuna \
+        MODELS=$BENCH_MODELS COMPILE=0 PEAK_TFLOPS=$PEAK_TFLOPS PYTHON=$PYTHON \
+        CORPUS_BYTES=$CORPUS_BYTES RESULTS_JSONL=$out/timeline_run.jsonl \
+        TIMELINE_OUT=$out/timeline.jsonl TRACE_STEPS=2 bench/gpu_mfu.sh ;;
     bench)
       echo "device_check: bench/gpu_mfu.sh, models $BENCH_MODELS, ROUNDS=1 (fewer rounds than" \
         "the five of the CPU benchmarks: one sample per system, no median), $BENCH_STEPS steps," \
@@ -79,6 +90,7 @@ if [[ $dry == 1 ]]; then
   export DC_DRY=1 DC_DEVICE=cpu DC_SHAPE=small DC_WORKER=build/bin/varuna-worker
   export PYTHON=${PYTHON:-scripts/python} BENCH_MODELS=${BENCH_MODELS:-tiny}
   export BENCH_STEPS=${BENCH_STEPS:-4} BENCH_SKIP=${BENCH_SKIP:-1} CORPUS_BYTES=1000000
+  export TIMELINE_STEPS=${TIMELINE_STEPS:-4}
   export PEAK_TFLOPS=0
   # Two cores: one OpenMP thread per rank, as the agent launches workers (tests/e2e/lib).
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -87,6 +99,7 @@ else
   export DC_DRY=0 DC_DEVICE=cuda DC_SHAPE=large DC_WORKER=build-gpu/bin/varuna-worker
   export PYTHON=${PYTHON:-python3} BENCH_MODELS=${BENCH_MODELS:-1.3b}
   export BENCH_STEPS=${BENCH_STEPS:-20} BENCH_SKIP=${BENCH_SKIP:-8} CORPUS_BYTES=64000000
+  export TIMELINE_STEPS=${TIMELINE_STEPS:-6}
   if [[ -z ${PEAK_TFLOPS:-} ]]; then
     card=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
     case $card in
@@ -105,8 +118,8 @@ mode=$([[ $dry == 1 ]] && echo dry-run || echo gpu)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 export OUT=$out
-rm -rf "$out"/{env,build,parity,bench}.log "$out"/{results,parity,.phases}.json \
-  "$out/bench.jsonl" "$out/parity"
+rm -rf "$out"/{env,build,parity,timeline,bench}.log "$out"/{results,parity,.phases}.json \
+  "$out"/{bench,timeline,timeline_run}.jsonl "$out/parity"
 report() { "$PYTHON" "$here/device_check_report.py" "$@"; }
 report start "$out" "$mode" "$DC_DEVICE" "$budget" ||
   { echo "device_check: $PYTHON cannot run $here/device_check_report.py" >&2; exit 1; }
@@ -168,6 +181,7 @@ fi
 
 if ((rc != 0)); then
   report record "$out" parity 0 0 "skipped=the build failed"
+  report record "$out" timeline 0 0 "skipped=the build failed"
   report record "$out" bench 0 0 "skipped=the build failed"
   report final "$out"
   exit 1
@@ -176,6 +190,9 @@ fi
 phase parity
 ((prc == 0)) || rc=1
 grep -E "^[a-z0-9_]+: (ok|FAIL|skipped|not run)|^cuda_parity:|FAILED" "$out/parity.log" 2>/dev/null
+
+phase timeline "steps=$TIMELINE_STEPS" "models=$BENCH_MODELS"
+((prc == 0)) || tail -15 "$out/timeline.log"
 
 l=$(left)
 note="ROUNDS=1: one round per system, fewer than the five rounds of the CPU benchmarks"

@@ -105,8 +105,32 @@ def bench_summary(out, kv):
     return s
 
 
+def timeline_summary(out, kv):
+    lines = [json.loads(l) for l in read(f"{out}/timeline.jsonl").splitlines() if l.strip()]
+    steps = [x for x in lines if "step" in x]
+    # The steady state: past the first step, and not under the profiler.
+    plain = [x for x in steps if x["step"] > 1 and not x["traced"]] or steps
+    s = {"steps": len(steps), "clock": steps[0]["clock"] if steps else None}
+    if plain:
+        def med(k):
+            v = sorted(x[k] for x in plain)
+            return round(v[len(v) // 2], 6)
+        s["median_s"] = {k: med(k + "_s") for k in ("step", "forward", "backward", "norm",
+                                                     "optimizer", "comm")}
+        s["host_syncs"] = sorted({x["host_syncs"] for x in plain})
+    traces = [x["trace"] for x in lines if "trace" in x]
+    if traces:
+        t = traces[0]
+        s["trace"] = {"where": t["where"], "steps": t["steps"], "total_s": round(t["total_s"], 6),
+                      "categories": {c["name"]: [round(c["time_s"], 6), c["count"]]
+                                     for c in t["categories"]},
+                      "top": [c["name"][:80] for c in t["top"][:5]],
+                      "copies": t["copies"], "syncs": t["syncs"]}
+    return s
+
+
 SUMMARIES = {"env": env_summary, "build": build_summary, "parity": parity_summary,
-             "bench": bench_summary}
+             "timeline": timeline_summary, "bench": bench_summary}
 
 
 def write(out, state):
@@ -150,7 +174,8 @@ def main():
         except Exception as e:  # the record must be written whatever the artifacts hold
             p["summary"] = {"note": f"summary unreadable: {type(e).__name__}: {e}"}
         state["phases"][name] = p
-        if name in ("build", "parity") and status != "ok":
+        # A build skipped on purpose (BUILD=0, the worker there) is not a failure.
+        if name in ("build", "parity") and status not in ("ok", "skipped"):
             state["ok"] = False
     elif cmd == "final":
         state = state_of(out)
@@ -183,6 +208,19 @@ def print_summary(state):
         print(f"parity {name}: " + " ".join(x for x in (c["status"], extra, why) if x))
     if "note" in par:
         print(f"parity: {par['note']}")
+    tl = state["phases"].get("timeline", {}).get("summary", {})
+    if "median_s" in tl:
+        m = tl["median_s"]
+        print(f"timeline ({tl['clock']}, median of {tl['steps']} steps' untraced ones): step "
+              f"{m['step']:.4f} s = forward {m['forward']:.4f} + backward {m['backward']:.4f} + "
+              f"norm {m['norm']:.4f} + optimizer {m['optimizer']:.4f} + comm {m['comm']:.4f} "
+              f"(+ the rest); host_syncs {tl['host_syncs']}")
+    if "trace" in tl:
+        t = tl["trace"]
+        cats = ", ".join(f"{k} {100 * v[0] / t['total_s']:.0f}%" for k, v in
+                         t["categories"].items()) if t["total_s"] else ""
+        print(f"trace ({t['where']}, {t['steps']} steps): {cats}; copies {t['copies']['count']}, "
+              f"syncs {t['syncs']}")
     bench = state["phases"].get("bench", {})
     for r in bench.get("summary", {}).get("rows", []):
         m6, ma = r["mfu_6n"], r["mfu_6n_attn"]

@@ -2,6 +2,7 @@
 // shape and of a heterogeneous mix with one process, the overlapped all-reduce's bit-identity,
 // and a dead peer failing the survivors instead of hanging them.
 
+#include <chrono>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -15,6 +16,7 @@
 #include "tests/testing/status_matchers.h"
 #include "worker/dist/thread_process_group.h"
 #include "worker/engine/fused_adamw.h"
+#include "worker/engine/step_timeline.h"
 #include "worker/engine/varuna.h"
 #include "worker/models/registry.h"
 
@@ -58,7 +60,8 @@ struct RankResult {
   StepResult last;
   std::map<std::string, ShardSpec> shards;  // tensor parallelism: the sharded parameters
   std::vector<std::pair<std::string, torch::Tensor>> initial;  // before the first step
-  bool grads_reset = false;  // every parameter's gradient undefined after the last step
+  bool grads_reset = false;         // every parameter's gradient undefined after the last step
+  std::vector<StepTimes> timeline;  // RunOptions::timeline: every step's
 };
 
 struct RunOptions {
@@ -75,6 +78,8 @@ struct RunOptions {
   SchedulePolicy schedule = SchedulePolicy::kVaruna;
   bool fused = false;  // FusedAdamW instead of the frontend's AdamW
   double clip = 1.0;
+  Precision precision = Precision::kFp32;
+  bool timeline = false;  // each rank marks its steps on a StepTimeline
 };
 
 // Trains `topology` with one thread per rank (o.tp per position); returns each process's
@@ -112,6 +117,9 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       opts.bucket_bytes = o.bucket_bytes;
       opts.first_bucket_bytes = o.first_bucket_bytes;
       opts.schedule = o.schedule;
+      opts.precision = o.precision;
+      StepTimeline timeline(torch::kCPU);
+      if (o.timeline) opts.timeline = &timeline;
       auto engine = Varuna::Create(*std::move(model), topology, r, *std::move(groups), dummy,
                                    o.chunk, torch::kCPU, opts);
       if (!engine.ok()) {
@@ -133,11 +141,15 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       const int k = t.PipelineOf(r);
       for (int s = 0; s < o.steps; ++s) {
         if (r == 0 && s == o.die_at_step) return;  // a preempted machine
+        const auto t0 = std::chrono::steady_clock::now();
         auto res = (*engine)->step(Slice(batches[s], t.SampleOffset(k), t.pipeline(k).samples));
         if (!res.ok()) {
           out.status = res.status();
           return;
         }
+        timeline.EndStep(
+            s + 1, res->host_syncs,
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
         out.losses.push_back(res->loss);
         out.last = *res;
       }
@@ -147,6 +159,7 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
         out.params.emplace_back(name, p.detach().clone());
       }
       out.shards = (*engine)->view().sharded_parameters();
+      if (o.timeline) out.timeline = timeline.TakeDone(/*wait=*/true);
       out.grads_reset = true;
       for (const auto& p : (*engine)->view().parameters()) {
         out.grads_reset = out.grads_reset && !p.grad().defined();
@@ -195,6 +208,67 @@ TEST(EngineTest, OneHostReadPerStepAndGradientsResetAfterIt) {
       EXPECT_EQ(r.last.host_syncs, 1);
       EXPECT_TRUE(r.grads_reset);
     }
+  }
+}
+
+// Note [Step timeline] (worker/engine/step_timeline.cc): every step is split into its phases on
+// every rank; on the CPU the phases are host times inside the step's wall time.
+TEST(EngineTest, TheTimelineSplitsEveryStepIntoItsPhases) {
+  RunOptions o;
+  o.timeline = true;
+  o.steps = 4;
+  for (auto [P, D] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}}) {
+    SCOPED_TRACE(absl::StrCat("P=", P, " D=", D));
+    for (const auto& r : Train(Uniform(P, D, 8), o)) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ASSERT_EQ(r.timeline.size(), 4u);
+      for (size_t i = 0; i < r.timeline.size(); ++i) {
+        const StepTimes& t = r.timeline[i];
+        SCOPED_TRACE(absl::StrCat("step ", t.step));
+        EXPECT_EQ(t.step, static_cast<int64_t>(i + 1));
+        EXPECT_EQ(t.clock, "host");
+        EXPECT_EQ(t.host_syncs, 1);
+        double sum = 0;
+        for (int p = 0; p < kStepPhases; ++p) {
+          const auto phase = static_cast<StepPhase>(p);
+          // Every phase runs on every rank; with one rank there is nothing to communicate.
+          if (phase != StepPhase::kComm || P * D > 1) {
+            EXPECT_GT(t.seconds[p], 0) << StepPhaseName(phase);
+          }
+          sum += t.seconds[p];
+        }
+        EXPECT_LE(sum, t.step_s);
+        // Alone, the compute is most of a step (with peers, a pipeline's waits for its
+        // neighbours are in no phase).
+        if (P * D == 1) EXPECT_GT(t.seconds[0] + t.seconds[1], 0.3 * t.step_s);
+      }
+    }
+  }
+}
+
+// Note [Autocast cache] (worker/engine/pipeline_executor.cc): with casts kept for a step, bf16
+// still trains every weight on every schedule. Varuna's schedule forwards without grad and
+// recomputes with it, reusing the first's casts: were such a cast without its edge to the
+// weight, the weight would get no gradient and (weight decay 0) stay as it was.
+TEST(EngineTest, Bf16WithTheAutocastCacheTrainsEveryWeightOnEveryShape) {
+  RunOptions o;
+  o.precision = Precision::kBf16;
+  o.steps = 2;
+  const auto reference = Train(Uniform(1, 1, 8), o);
+  ASSERT_TRUE(reference[0].status.ok()) << reference[0].status;
+  for (auto schedule : {SchedulePolicy::kVaruna, SchedulePolicy::kGPipe, SchedulePolicy::kZbH1}) {
+    o.schedule = schedule;
+    SCOPED_TRACE(SchedulePolicyName(schedule));
+    const auto got = Train(Uniform(2, 1, 8), o);
+    for (const auto& r : got) {
+      ASSERT_TRUE(r.status.ok()) << r.status;
+      ASSERT_EQ(r.params.size(), r.initial.size());
+      for (size_t i = 0; i < r.params.size(); ++i) {
+        EXPECT_FALSE(torch::equal(r.params[i].second, r.initial[i].second))
+            << r.params[i].first << " did not move";
+      }
+    }
+    ExpectClose(got[1].losses, reference[0].losses, 1e-3);
   }
 }
 

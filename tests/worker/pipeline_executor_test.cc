@@ -234,6 +234,51 @@ TEST(PipelineExecutorEvalTest, ForwardOnlyLossWithoutGradients) {
   EXPECT_EQ(got->timing.wait_s, 0);  // nothing to receive on a single stage
 }
 
+// Note [Autocast cache] in pipeline_executor.cc: a run keeps its weights' bf16 casts for its
+// micro-batches and drops them at its end, so the next run sees weights an update changed.
+TEST(PipelineExecutorEvalTest, Bf16CastsDoNotOutliveARun) {
+  const Model model = Gpt();
+  const auto layers = Layers(model, 0, static_cast<int>(model.layers().size()));
+  StageConfig c;
+  c.chunk_size = 2;
+  c.precision = Precision::kBf16;
+  PipelineExecutor exec(layers, c);
+  PipelineRunOptions run;
+  run.weight_denominator = 4;
+  const TensorMap batch = Batch(4);
+  auto first = exec.Run(batch, run);
+  ASSERT_THAT(first.status(), IsOk());
+  {
+    // An "update" in place, as the optimizer makes; large enough to move the loss (the
+    // initial weights give about ln(vocab) whatever their scale).
+    torch::NoGradGuard g;
+    torch::manual_seed(3);
+    for (const auto& l : layers) {
+      for (auto& p : l->parameters()) p.add_(torch::randn_like(p), 0.5);
+    }
+  }
+  auto got = exec.Run(batch, run);
+  ASSERT_THAT(got.status(), IsOk());
+  // The reference: other layers (no cached cast of theirs exists) with the changed weights.
+  const auto fresh = Layers(model, 0, static_cast<int>(model.layers().size()));
+  {
+    torch::NoGradGuard g;
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      const auto to = fresh[i]->parameters();
+      const auto from = layers[i]->parameters();
+      for (size_t j = 0; j < to.size(); ++j) to[j].copy_(from[j]);
+    }
+  }
+  double want = 0;
+  for (int64_t start : {0, 2}) {
+    TensorMap mb;
+    for (const auto& [k, t] : batch) mb[k] = t.narrow(0, start, 2);
+    want += ForwardLayers(fresh, {}, mb, Precision::kBf16, torch::kCPU).item<double>() * 2 / 4;
+  }
+  EXPECT_NEAR(got->loss(), want, 1e-6 * std::abs(want));
+  EXPECT_GT(std::abs(want - first->loss()), 0.1);  // the change shows in the loss
+}
+
 TEST(PipelineExecutorEvalTest, BoundaryMetaSizesBatchDimensions) {
   const std::vector<int64_t> meta =
       MakeBoundaryMeta(torch::zeros({1, 8, 32}), torch::zeros({2, 8, 32}));

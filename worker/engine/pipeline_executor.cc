@@ -1,11 +1,15 @@
 #include "worker/engine/pipeline_executor.h"
 
 #include <ATen/autocast_mode.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/version.h>
 
 #include <algorithm>
 #include <deque>
 #include <map>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -44,28 +48,61 @@ void SetAutocast(at::DeviceType type, bool enabled, at::ScalarType dtype = at::k
   if (enabled) at::autocast::set_autocast_dtype(type, dtype);
 }
 
+// Note [Input prefetch]: to a GPU, each input goes through pinned memory once, and every
+// micro-batch's copy is queued on a side stream at the start of the step, each followed by an
+// event the compute stream waits on before that micro-batch's forward: micro-batch m + 1's copy
+// runs on the copy engine while micro-batch m computes, and no copy waits for the host (a
+// pageable copy waits for the stream: a host sync per input). The copies are allocated from
+// the side stream, so each is marked as used by the compute stream (record_stream), or the
+// caching allocator could hand its memory to the next step's copies while the compute stream
+// still reads it; the pinned host blocks are held by the allocator until their copies are done.
 std::vector<TensorMap> Split(const TensorMap& inputs, int64_t chunk_size, torch::Device device,
-                             std::vector<int64_t>* sizes) {
+                             std::vector<int64_t>* sizes, std::vector<c10::Event>* ready) {
   const int64_t n = inputs.begin()->second.size(0);
-  // To a GPU, each input goes through pinned memory once, and every micro-batch's copy is
-  // queued without waiting (a pageable copy waits for the stream: a host sync per input).
-  const bool pinned = device.is_cuda();
+  const bool prefetch = device.is_cuda();
   TensorMap from = inputs;
-  if (pinned) {
+  std::optional<c10::impl::VirtualGuardImpl> impl;
+  std::optional<c10::Stream> compute, side;
+  if (prefetch) {
     for (auto& [k, t] : from) {
       if (t.is_cpu()) t = t.contiguous().pin_memory();
     }
+    impl.emplace(device.type());
+    compute = impl->getStream(device);
+    side = impl->getStreamFromGlobalPool(device, /*isHighPriority=*/false);
   }
   std::vector<TensorMap> mbs;
   for (int64_t start = 0; start < n; start += chunk_size) {
     const int64_t len = std::min<int64_t>(chunk_size, n - start);
     TensorMap mb;
-    for (const auto& [k, t] : from) mb[k] = t.narrow(0, start, len).to(device, pinned);
+    if (prefetch) {
+      c10::StreamGuard on_side(*side);
+      for (const auto& [k, t] : from) {
+        mb[k] = t.narrow(0, start, len).to(device, /*non_blocking=*/true);
+        mb[k].record_stream(*compute);
+      }
+      ready->emplace_back(device.type());
+      ready->back().record(*side);
+    } else {
+      for (const auto& [k, t] : from) mb[k] = t.narrow(0, start, len).to(device);
+    }
     mbs.push_back(std::move(mb));
     sizes->push_back(len);
   }
   return mbs;
 }
+
+// Note [Autocast cache]: under autocast each weight is cast to the lower precision once and
+// the cast is cached (per thread) until the cache is cleared; clearing it after every forward
+// re-cast every weight in every micro-batch (about 1.8 ms a step per micro-batch at 1.3B,
+// ../shared/reference/gpu-perf.md). The executor keeps the cache for a run (a step's
+// micro-batches) and clears it at the run's end, before the update changes the weights under
+// their cached casts (pipeline_executor_test: a run after an in-place change sees the new
+// weights). A cast cached by a forward without grad (Varuna's schedule forwards so, then
+// recomputes with grad) is reused by the recompute and still carries the gradient to its
+// weight in LibTorch 2.11: engine_test's bf16 test, where every weight must move on every
+// schedule, holds that.
+void ClearAutocastCache() { at::autocast::clear_cache(); }
 
 }  // namespace
 
@@ -79,7 +116,7 @@ absl::StatusOr<Precision> ParsePrecision(const std::string& name) {
 
 torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
                             const torch::Tensor& x, const TensorMap& inputs, Precision precision,
-                            torch::Device device) {
+                            torch::Device device, bool keep_autocast_cache) {
   const bool bf16 = precision == Precision::kBf16;
   const bool cuda_fp16 = precision == Precision::kFp16 && device.is_cuda();
   if (bf16 && device.is_cpu()) {
@@ -92,7 +129,7 @@ torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
   if (bf16 || cuda_fp16) {
     SetAutocast(at::kCPU, false);
     SetAutocast(at::kCUDA, false);
-    at::autocast::clear_cache();
+    if (!keep_autocast_cache) ClearAutocastCache();
   }
   return h;
 }
@@ -136,6 +173,10 @@ struct PipelineExecutor::RunState {
   const PipelineRunOptions& options;
   std::vector<TensorMap> mbs;
   std::vector<int64_t> sizes;
+  // On a GPU, each micro-batch's inputs are on the device once its event has completed
+  // (Note [Input prefetch]); cleared by its forward, which makes the compute stream wait.
+  std::vector<c10::Event> inputs_ready;
+  std::vector<bool> waited;
   std::vector<Task> tasks;
   std::deque<Stash> stash;
   std::map<int, Graph> graphs;
@@ -169,8 +210,9 @@ absl::StatusOr<PipelineResult> PipelineExecutor::Run(const TensorMap& inputs,
   if (inputs.empty()) return absl::InvalidArgumentError("no inputs");
   RunState s(options);
   RETURN_IF_ERROR(TorchCall("splitting the batch", [&] {
-    s.mbs = Split(inputs, config_.chunk_size, config_.device, &s.sizes);
+    s.mbs = Split(inputs, config_.chunk_size, config_.device, &s.sizes, &s.inputs_ready);
   }));
+  s.waited.assign(s.inputs_ready.size(), false);
   const int M = static_cast<int>(s.mbs.size());
   if (options.train) {
     s.tasks = MakeSchedule(config_.schedule, config_.stages, M, config_.stage);
@@ -181,6 +223,7 @@ absl::StatusOr<PipelineResult> PipelineExecutor::Run(const TensorMap& inputs,
   const auto t_start = Clock::now();
   absl::Status st = TorchCall(absl::StrCat("pipeline on stage ", config_.stage),
                               [&]() -> absl::Status { return RunTasks(s); });
+  ClearAutocastCache();  // before the update changes the weights (Note [Autocast cache])
   st = JoinTransfers(st, options.train);
   last_timing_ = {Seconds(t_start, Clock::now()), s.wait_s};
   RETURN_IF_ERROR(st);
@@ -243,16 +286,25 @@ absl::Status PipelineExecutor::Forward(const Task& t, RunState& s) {
     ASSIGN_OR_RETURN(x, Take(act_rx_.get(), s));
     x = x.to(config_.device);
   }
+  if (m < static_cast<int>(s.waited.size()) && !s.waited[m]) {
+    s.inputs_ready[m].block(c10::impl::VirtualGuardImpl(config_.device.type())
+                                .getStream(config_.device));  // Note [Input prefetch]
+    s.waited[m] = true;
+  }
+  std::optional<StepTimeline::Scope> timed;
+  timed.emplace(s.options.timeline, StepPhase::kForward);
   torch::Tensor out;
   if (train && t.keep_graph) {
     if (x.defined()) x.requires_grad_(true);
     const bool split = SplitsBackward(config_.schedule);
     ScopedWeightGradCapture capture(split ? &s.captures[m] : nullptr);
-    out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device);
+    out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device,
+                        /*keep_autocast_cache=*/true);
   } else {
     if (train) s.stash.push_back({m, x, GetRngState(config_.device)});
     torch::NoGradGuard g;
-    out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device);
+    out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device,
+                        /*keep_autocast_cache=*/true);
   }
   if (is_last_stage()) {
     // Loss = mean over the global batch, each micro-batch weighted by its size.
@@ -261,6 +313,7 @@ absl::Status PipelineExecutor::Forward(const Task& t, RunState& s) {
     s.loss = s.loss.defined() ? s.loss + l : l;
     if (train) s.graphs[m] = {x, out * s.options.loss_scale};
   } else {
+    timed.reset();
     act_tx_->Send(ForTransfer(out, config_.xfer_device));
     if (train && t.keep_graph) s.graphs[m] = {x, out};
   }
@@ -279,7 +332,9 @@ absl::Status PipelineExecutor::Recompute(int m, RunState& s) {
   SetRngState(config_.device, stash.rng_state);
   torch::Tensor x = stash.input;
   if (x.defined()) x = x.detach().requires_grad_(true);
-  torch::Tensor out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device);
+  StepTimeline::Scope timed(s.options.timeline, StepPhase::kForward);
+  torch::Tensor out = ForwardLayers(layers_, x, s.mbs[m], config_.precision, config_.device,
+                                    /*keep_autocast_cache=*/true);
   SetRngState(config_.device, saved);
   s.graphs[m] = {x, out};
   return absl::OkStatus();
@@ -301,6 +356,8 @@ absl::Status PipelineExecutor::Backward(int m, RunState& s) {
     ASSIGN_OR_RETURN(grad, Take(grad_rx_.get(), s));
     grad = grad.to(config_.device);
   }
+  std::optional<StepTimeline::Scope> timed;
+  timed.emplace(s.options.timeline, StepPhase::kBackward);
   auto it_capture = s.captures.find(m);
   if (it_capture == s.captures.end()) {
     g.output.backward(grad);
@@ -319,6 +376,7 @@ absl::Status PipelineExecutor::Backward(int m, RunState& s) {
                                 /*create_graph=*/false, inputs);
     }
   }
+  timed.reset();
   if (grad_tx_) {
     torch::Tensor gx = g.input.grad();
     if (!gx.defined()) gx = torch::zeros_like(g.input);
@@ -332,7 +390,11 @@ absl::Status PipelineExecutor::WeightPass(int m, RunState& s) {
   if (it == s.captures.end()) {
     return absl::InternalError(absl::StrCat("W of micro-batch ", m, " has no recorded linears"));
   }
-  const std::vector<torch::Tensor> done = it->second.Apply();
+  std::vector<torch::Tensor> done;
+  {
+    StepTimeline::Scope timed(s.options.timeline, StepPhase::kBackward);
+    done = it->second.Apply();
+  }
   s.captures.erase(it);
   if (++s.weight_passes == static_cast<int>(s.mbs.size()) && s.options.after_last_weight_pass) {
     s.options.after_last_weight_pass(done);

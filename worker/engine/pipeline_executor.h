@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "common/pipeline/schedule.h"
 #include "worker/dist/comm.h"
+#include "worker/engine/step_timeline.h"
 #include "worker/models/model.h"
 
 namespace varuna {
@@ -31,9 +32,12 @@ enum class Precision { kFp32, kBf16, kFp16 };
 absl::StatusOr<Precision> ParsePrecision(const std::string& name);
 
 // Runs `layers` in order on (x, inputs) with the precision's autocast (the engine's forward).
+// With `keep_autocast_cache` the weights' lower-precision casts stay cached for the next
+// forward (Note [Autocast cache] in pipeline_executor.cc); the caller must then clear them
+// before the weights change (PipelineExecutor::Run does, at its end).
 torch::Tensor ForwardLayers(const std::vector<std::shared_ptr<Layer>>& layers,
                             const torch::Tensor& x, const TensorMap& inputs, Precision precision,
-                            torch::Device device);
+                            torch::Device device, bool keep_autocast_cache = false);
 
 // A boundary tensor as the dry run describes it (Note [Dry run] in varuna.cc): [ndim, dtype,
 // shape at 1 sample (kMaxBoundaryDims), shape at 2 samples (kMaxBoundaryDims)]. A dimension
@@ -87,6 +91,9 @@ struct PipelineRunOptions {
   std::function<void(const std::vector<torch::Tensor>&)> after_last_weight_pass;
   // Called once the step's first forward on this stage is done (fault injection). Optional.
   std::function<void()> after_first_forward;
+  // Marks the forwards (recomputes included) and backwards (W passes included) (Note [Step
+  // timeline] in step_timeline.cc). Optional.
+  StepTimeline* timeline = nullptr;
 };
 
 // Note [Step timing] in varuna.h: wall time from the first task to the last transfer joined,

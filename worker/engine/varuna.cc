@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -511,6 +512,22 @@ void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_n
   train_.optimizer->step();
 }
 
+absl::Status Varuna::ReduceGradients(const std::vector<torch::Tensor>& params, int64_t taking) {
+  StepTimeline::Scope timed(options_.timeline, StepPhase::kComm);
+  absl::Status tied = TorchCall("gradients", [&] {
+    for (auto& p : params) {
+      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
+    }
+  });
+  if (tied.ok()) tied = reducer_->ReduceTied();
+  if (!tied.ok()) {
+    reducer_->Abort();
+    return tied;
+  }
+  options_.faults.Hit(FaultPoint::kDpAllreduce, taking);
+  return reducer_->Finish();
+}
+
 absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   if (!train_.optimizer) return absl::FailedPreconditionError("step() before set_optimizer()");
   RETURN_IF_ERROR(CheckInputs(inputs, stage_.topology.pipeline(view().replica()).samples));
@@ -524,6 +541,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   PipelineRunOptions run;
   run.weight_denominator = static_cast<double>(stage_.topology.global_batch());
   run.loss_scale = fp16 ? train_.scaler.scale() : 1.0;
+  run.timeline = options_.timeline;
   run.before_last_backward = [this, &faults, taking] {
     faults.Hit(FaultPoint::kBackward, taking);
     reducer_->Arm();
@@ -540,20 +558,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     return piped.status();
   }
   const std::vector<torch::Tensor> params = view().parameters();
-  absl::Status tied = TorchCall("gradients", [&] {
-    for (auto& p : params) {
-      if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
-    }
-  });
-  if (tied.ok()) tied = reducer_->ReduceTied();
-  if (!tied.ok()) {
-    reducer_->Abort();
-    return tied;
-  }
-  double stop =
+  RETURN_IF_ERROR(ReduceGradients(params, taking));
+  const double stop =
       (stop_requested_.load() || (options_.stop_flag && options_.stop_flag->load())) ? 1.0 : 0.0;
-  faults.Hit(FaultPoint::kDpAllreduce, taking);
-  RETURN_IF_ERROR(reducer_->Finish());
 
   StepResult result;
   result.pipeline_s = piped->timing.pipeline_s;
@@ -562,6 +569,8 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   result.buckets = reducer_->num_buckets();
   absl::Status st = TorchCall("optimizer step", [&]() -> absl::Status {
     torch::NoGradGuard no_grad;
+    std::optional<StepTimeline::Scope> phase;
+    phase.emplace(options_.timeline, StepPhase::kNorm);
     if (fp16) {
       for (auto& p : params) p.mutable_grad().div_(train_.scaler.scale());
     }
@@ -590,6 +599,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     // On a device the step reads back once, here or after the all-reduce (Note [Host syncs]).
     meta.narrow(0, 0, 4).add_(xfer == device_ ? computed : HostRead(computed, &result));
     const bool split = faults.Hit(FaultPoint::kAgreement, taking);
+    phase.emplace(options_.timeline, StepPhase::kComm);
     if (stage_.topology.world_size() > 1) {
       std::vector<torch::Tensor> v{meta};
       RETURN_IF_ERROR(AllReduceSum(stage_.groups.world, v, stage_.groups.timeout));
@@ -598,6 +608,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
       return absl::AbortedError(
           absl::StrCat("VARUNA_FAULT split at step ", taking, "'s agreement"));
     }
+    phase.reset();
     faults.Hit(FaultPoint::kAfterAgreement, taking);
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // a rescue on another thread sees all of this step or none of it (Note [Rescue]).
@@ -613,6 +624,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     result.model_parameters = agreed.params;
     SetStageTimes(stage_.topology, agreed, &result);
     const bool skip = fp16 ? train_.scaler.Update(result.overflow) : result.overflow;
+    phase.emplace(options_.timeline, StepPhase::kOptimizer);
     if (!skip) ApplyUpdate(params, result.grad_norm, taking);
     // Undefined, not zeroed: the next backward's first gradient is then taken as it is instead
     // of added to zeros (a memset and an add per parameter saved); a parameter left without

@@ -41,6 +41,7 @@
 #include "worker/engine/fault.h"
 #include "worker/engine/gradient_reducer.h"
 #include "worker/engine/pipeline_executor.h"
+#include "worker/engine/step_timeline.h"
 #include "worker/models/model.h"
 
 namespace varuna {
@@ -73,6 +74,9 @@ struct VarunaOptions {
   bool keep_pre_update = false;
   // Note [Faults] in fault.cc: VARUNA_FAULT's entries for this rank (none in production).
   FaultInjector faults;
+  // Marks each step's phases on it (Note [Step timeline] in step_timeline.cc); the caller
+  // owns it, ends its steps and reads them. Optional.
+  StepTimeline* timeline = nullptr;
 };
 
 struct StepResult {
@@ -173,6 +177,9 @@ class Varuna {
   // device scalar) and its parameter count. Reads nothing back. Throws as LibTorch does:
   // called inside step()'s TorchCall.
   torch::Tensor LocalGradNormSq(torch::Tensor* stop, int64_t* local_params);
+  // After the pipeline: gives parameters without a gradient zeros, reduces tied weights and
+  // finishes the data-parallel all-reduce (the step's comm phase until the agreement).
+  absl::Status ReduceGradients(const std::vector<torch::Tensor>& params, int64_t taking);
   // With options_.keep_pre_update, the state before this step's update (Note [Committed step]
   // in varuna.cc).
   absl::Status KeepPreUpdate();

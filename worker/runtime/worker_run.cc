@@ -154,6 +154,12 @@ absl::Status WorkerRun::CheckInput(bool* done) {
   absl::StatusOr<torch::Device> device = ResolveDevice(spec.train.device, topo.local_rank);
   if (!device.ok()) return MarkBadInput(device.status());
   link_.device = *device;
+  if (!args.timeline_out.empty()) {
+    absl::StatusOr<std::unique_ptr<TimelineOut>> t =
+        TimelineOut::Open(args.timeline_out, topo.process_rank(), args.trace_steps, link_.device);
+    if (!t.ok()) return MarkBadInput(t.status());
+    timeline_ = *std::move(t);
+  }
   return absl::OkStatus();
 }
 
@@ -193,6 +199,7 @@ absl::Status WorkerRun::StartEngine() {
   base_opts_.init_loss_scale = spec.train.init_loss_scale;
   base_opts_.loss_scale_window = spec.train.loss_scale_window;
   base_opts_.stop_flag = &ProcessState::Get().stop_requested;
+  if (timeline_) base_opts_.timeline = timeline_->timeline();
   ASSIGN_OR_RETURN(engine_, BuildEngine(*std::move(in_.model), in_.topo, *std::move(link_.groups),
                                         *std::move(link_.faults), in_.policy));
   in_.model.reset();
@@ -317,14 +324,23 @@ void WorkerRun::ReportReady(int64_t resumed_from, const HandoverStats* handed, d
 }
 
 absl::StatusOr<bool> WorkerRun::TrainGeneration() {
+  ASSIGN_OR_RETURN(bool ended, TrainSteps());
+  // A generation's last steps' device times are complete by now or soon (Note [Step timeline]).
+  if (timeline_) RETURN_IF_ERROR(timeline_->Finish());
+  return ended;
+}
+
+absl::StatusOr<bool> WorkerRun::TrainSteps() {
   ProcessState& ps = ProcessState::Get();
   const WorkerTopology& topo = in_.topo;
   const int64_t B = topo.global_batch;
   for (int64_t step = first_step_; step <= topo.steps; ++step) {
     if (ps.regroup.Pending()) return false;
+    if (timeline_) RETURN_IF_ERROR(timeline_->BeforeStep(step, first_step_, topo.steps));
     const auto t0 = Clock::now();
     TensorMap batch = in_.data->Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
     absl::StatusOr<StepResult> stepped = engine_->step(batch);
+    if (!stepped.ok() && timeline_) timeline_->StepFailed();
     if (!stepped.ok()) {
       LOG(ERROR) << in_.who << " step " << step << " failed: " << stepped.status();
       if (in_.args.in_place) {  // park: wait for the agent's reconfigure
@@ -341,7 +357,9 @@ absl::StatusOr<bool> WorkerRun::TrainGeneration() {
     const StepResult r = *stepped;
     const TrainSpec& t = in_.spec.train;
     const double lr = LearningRate(t.schedule, t.lr, t.min_lr, t.warmup, t.steps, step);
-    reporter_->Report(step, r, Seconds(t0), lr, engine_->loss_scale());
+    const double step_s = Seconds(t0);
+    reporter_->Report(step, r, step_s, lr, engine_->loss_scale());
+    if (timeline_) RETURN_IF_ERROR(timeline_->AfterStep(step, r.host_syncs, step_s));
     RETURN_IF_ERROR(CheckpointAfter(step, r.stop));
     if (r.stop && ps.regroup.in_place() && !ps.stop_requested.load()) {
       // The stop is agreed by every rank as soon as one of them was asked; this rank's own

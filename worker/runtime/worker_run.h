@@ -32,6 +32,7 @@
 #include "worker/models/model.h"
 #include "worker/runtime/rescuer.h"
 #include "worker/runtime/step_reporter.h"
+#include "worker/runtime/timeline_out.h"
 
 namespace varuna {
 
@@ -76,6 +77,7 @@ class WorkerRun {
   // One generation's steps: true when training ended (done or stopped), false when this
   // process regroups.
   absl::StatusOr<bool> TrainGeneration();
+  absl::StatusOr<bool> TrainSteps();  // its loop
   absl::Status CheckpointAfter(int64_t step, bool stop);
   absl::Status Regroup();
   absl::Status Evaluate();
@@ -92,6 +94,7 @@ class WorkerRun {
   Input in_;
   Link link_;
   std::unique_ptr<StepReporter> reporter_;
+  std::unique_ptr<TimelineOut> timeline_;  // --timeline_out; outlives every engine
   VarunaOptions base_opts_;
   std::unique_ptr<Varuna> engine_;
   int64_t first_step_ = 1;

@@ -52,6 +52,20 @@ TEST(LaunchArgsTest, BadFlags) {
   EXPECT_THAT(ParseWorkerArgs({"w"}), StatusIs(absl::StatusCode::kInvalidArgument, "--job"));
 }
 
+// --timeline_out FILE [--trace_steps N] (worker/runtime/timeline_out.h).
+TEST(LaunchArgsTest, TimelineAndTrace) {
+  auto a = ParseWorkerArgs({"w", "--job", "j", "--timeline_out", "t.jsonl", "--trace_steps=3"});
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(a->timeline_out, "t.jsonl");
+  EXPECT_EQ(a->trace_steps, 3);
+  EXPECT_THAT(ParseWorkerArgs({"w", "--job", "j", "--trace_steps", "3"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "give --timeline_out FILE too"));
+  EXPECT_THAT(ParseWorkerArgs({"w", "--job", "j", "--timeline_out", "t", "--trace_steps", "0"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--trace_steps must be in [1, 1000]"));
+  EXPECT_THAT(ParseWorkerArgs({"w", "--job", "j", "--timeline_out="}),
+              StatusIs(absl::StatusCode::kInvalidArgument, "--timeline_out needs a file name"));
+}
+
 TEST(LaunchArgsTest, ResolvesTopologyFromMapAndEnv) {
   WorkerArgs a;
   a.stage_to_rank_map = "0,2;1,3;";
