@@ -2,9 +2,14 @@
 // shape and of a heterogeneous mix with one process, the overlapped all-reduce's bit-identity,
 // and a dead peer failing the survivors instead of hanging them.
 
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <functional>
+#include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -13,6 +18,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "common/base/status_macros.h"
 #include "tests/testing/status_matchers.h"
 #include "worker/dist/thread_process_group.h"
 #include "worker/engine/fused_adamw.h"
@@ -52,6 +58,67 @@ TensorMap Slice(const TensorMap& m, int64_t start, int64_t len) {
   return out;
 }
 
+// Every operation of every group, by group name and process (Note [Pipeline links]).
+struct Recorder {
+  struct Op {
+    std::thread::id thread;
+    char kind;  // 'S'end, 'R'ecv, 'A'll-reduce
+    int peer;   // group rank; -1 for an all-reduce
+    bool training;
+  };
+  std::mutex mu;
+  std::map<std::pair<std::string, int>, std::vector<Op>> ops;
+  std::atomic<bool> training{false};  // set once every engine is built
+};
+
+class RecordingGroup : public ProcessGroup {
+ public:
+  RecordingGroup(ProcessGroupPtr inner, std::string name, int process, Recorder* rec)
+      : inner_(std::move(inner)), name_(std::move(name)), process_(process), rec_(rec) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  std::string backend() const override { return inner_->backend(); }
+  bool device_transfers() const override { return inner_->device_transfers(); }
+  WorkPtr Send(const torch::Tensor& t, int peer, int tag) override {
+    Note('S', peer);
+    return inner_->Send(t, peer, tag);
+  }
+  WorkPtr Recv(const torch::Tensor& t, int peer, int tag) override {
+    Note('R', peer);
+    return inner_->Recv(t, peer, tag);
+  }
+  WorkPtr AllReduceSum(const torch::Tensor& t, std::chrono::milliseconds timeout) override {
+    Note('A', -1);
+    return inner_->AllReduceSum(t, timeout);
+  }
+
+ private:
+  void Note(char kind, int peer) {
+    std::lock_guard<std::mutex> l(rec_->mu);
+    rec_->ops[{name_, process_}].push_back(
+        {std::this_thread::get_id(), kind, peer, rec_->training.load()});
+  }
+  ProcessGroupPtr inner_;
+  std::string name_;
+  int process_;
+  Recorder* rec_;
+};
+
+class RecordingFactory : public ProcessGroupFactory {
+ public:
+  RecordingFactory(std::shared_ptr<ThreadWorld> world, Recorder* rec) : inner_(world), rec_(rec) {}
+  Backend backend() const override { return inner_.backend(); }
+  absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
+                                         int rank) override {
+    ASSIGN_OR_RETURN(ProcessGroupPtr g, inner_.Create(name, members, rank));
+    return std::make_shared<RecordingGroup>(std::move(g), name, rank, rec_);
+  }
+
+ private:
+  ThreadFactory inner_;
+  Recorder* rec_;
+};
+
 struct RankResult {
   std::vector<double> losses;
   std::vector<std::pair<std::string, torch::Tensor>> params;  // after the last step
@@ -79,7 +146,8 @@ struct RunOptions {
   bool fused = false;  // FusedAdamW instead of the frontend's AdamW
   double clip = 1.0;
   Precision precision = Precision::kFp32;
-  bool timeline = false;  // each rank marks its steps on a StepTimeline
+  bool timeline = false;         // each rank marks its steps on a StepTimeline
+  Recorder* recorder = nullptr;  // records every group's operations
 };
 
 // Trains `topology` with one thread per rank (o.tp per position); returns each process's
@@ -97,7 +165,11 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
     threads.emplace_back([&, process] {
       RankResult& out = results[process];
       const int r = process / o.tp;
-      ThreadFactory factory(shared);
+      ThreadFactory threads_factory(shared);
+      RecordingFactory recording(shared, o.recorder);
+      ProcessGroupFactory& factory = o.recorder
+                                         ? static_cast<ProcessGroupFactory&>(recording)
+                                         : static_cast<ProcessGroupFactory&>(threads_factory);
       const bool tied = !BuildModel(GptSpec())->tied().empty();
       auto groups = CreateGroups(factory, topology, process, tied, o.timeout, o.tp);
       if (!groups.ok()) {
@@ -139,6 +211,12 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       }
       const Topology& t = (*engine)->view().topology();
       const int k = t.PipelineOf(r);
+      if (o.recorder) {
+        // Every engine is built (Create is collective) before any step is taken.
+        static std::mutex started_mu;
+        std::lock_guard<std::mutex> l(started_mu);
+        o.recorder->training.store(true);
+      }
       for (int s = 0; s < o.steps; ++s) {
         if (r == 0 && s == o.die_at_step) return;  // a preempted machine
         const auto t0 = std::chrono::steady_clock::now();
@@ -244,6 +322,57 @@ TEST(EngineTest, TheTimelineSplitsEveryStepIntoItsPhases) {
       }
     }
   }
+}
+
+// Note [Pipeline links] (worker/dist/process_group.h): each adjacent pair of stages talks over
+// two groups, one per direction; on each end of a link one thread at a time posts one kind of
+// operation to the one peer, and the world group carries no point-to-point traffic once the
+// steps run (NCCL would give the world group one stream per pair for both directions).
+TEST(EngineTest, PipelineTrafficTakesOneGroupPerDirection) {
+  Recorder rec;
+  RunOptions o;
+  o.recorder = &rec;
+  o.steps = 2;
+  const auto got = Train(Uniform(3, 2, 12), o);
+  for (const auto& r : got) ASSERT_TRUE(r.status.ok()) << r.status;
+  int links = 0;
+  for (const auto& [key, ops] : rec.ops) {
+    const auto& [name, process] = key;
+    SCOPED_TRACE(absl::StrCat(name, " on process ", process));
+    int a = 0, b = 0;
+    char sep = 0;
+    const bool act = std::sscanf(name.c_str(), "act:%d%c%d", &a, &sep, &b) == 3;
+    const bool grad = !act && std::sscanf(name.c_str(), "grad:%d%c%d", &a, &sep, &b) == 3;
+    if (!act && !grad) {
+      // Other groups (world, data-parallel, tied): no pipeline traffic while training.
+      for (const auto& op : ops) {
+        if (name == "world" && op.training) EXPECT_EQ(op.kind, 'A');
+      }
+      continue;
+    }
+    ++links;
+    ASSERT_EQ(sep, '>');
+    ASSERT_TRUE(process == a || process == b);
+    // "act:a>b" and "grad:a>b" both carry a's messages to b only.
+    const char want = process == a ? 'S' : 'R';
+    const int peer = (process == a) == (a < b) ? 1 : 0;  // the pair's group ranks by stage
+    std::set<std::thread::id> threads;
+    int training_ops = 0;
+    for (const auto& op : ops) {
+      EXPECT_EQ(op.kind, want);
+      EXPECT_EQ(op.peer, peer);
+      training_ops += op.training;
+      if (op.training) threads.insert(op.thread);
+    }
+    // One sender or receiver thread per step posts all of a step's operations on its link.
+    EXPECT_LE(threads.size(), 2u);
+    // Each step's micro-batches (12 / 2 replicas, chunk 2: 3) one by one, in order.
+    EXPECT_EQ(training_ops, 2 * 3);
+    // Start-up: the dry run's boundary shapes on the activation links only.
+    EXPECT_EQ(static_cast<int>(ops.size()) - training_ops, act ? 1 : 0);
+  }
+  // 2 pipelines x 2 adjacent pairs x 2 directions, each seen from both ends.
+  EXPECT_EQ(links, 2 * 2 * 2 * 2);
 }
 
 // Note [Autocast cache] (worker/engine/pipeline_executor.cc): with casts kept for a step, bf16

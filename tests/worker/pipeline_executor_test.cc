@@ -110,7 +110,17 @@ TEST_P(PipelineExecutorTest, TwoStagesMatchOneStage) {
     threads.emplace_back([&, r] {
       ThreadFactory factory(world);
       StageConfig c;
-      c.world = *factory.Create("world", {0, 1}, r);
+      // One group per direction (Note [Pipeline links] in worker/dist/process_group.h), made
+      // in the same order on both ranks.
+      ProcessGroupPtr act = *factory.Create("act:0>1", {0, 1}, r);
+      ProcessGroupPtr grad = *factory.Create("grad:1>0", {0, 1}, r);
+      if (r == 0) {
+        c.links.act_out = act;
+        c.links.grad_in = grad;
+      } else {
+        c.links.act_in = act;
+        c.links.grad_out = grad;
+      }
       c.rank = r;
       c.stage = r;
       c.stages = 2;

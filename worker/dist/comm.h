@@ -2,13 +2,14 @@
 
 // Pipeline transport and collectives over a ProcessGroup (worker/dist/process_group.h).
 //
-// Note [Transport]: activations go stage i -> i+1 (tag 0), gradients i+1 -> i (tag 1), on the
-// world group. Each direction has a per-step receiver thread that pre-posts irecvs (a window
-// of kWindow in flight) for buffers whose shapes are known from the dry run, and a sender
-// thread that posts isends, so the compute thread never waits on a send. Messages between a
-// pair in one direction match in FIFO order, which the schedule guarantees (forwards and
-// backwards run in micro-batch order on every stage). Every wait has the job's timeout, so a
-// dead peer yields DeadlineExceeded/Unavailable, not a hang.
+// Note [Transport]: activations go stage i -> i+1 (tag 0), gradients i+1 -> i (tag 1), each
+// direction on a group of its own (Note [Pipeline links] in process_group.h). Each direction
+// has a per-step receiver thread that pre-posts irecvs (a window of kWindow in flight) for
+// buffers whose shapes are known from the dry run, and a sender thread that posts isends, so
+// the compute thread never waits on a send. Messages between a pair in one direction match in
+// FIFO order, which the schedule guarantees (forwards and backwards run in micro-batch order on
+// every stage). Every wait has the job's timeout, so a dead peer yields
+// DeadlineExceeded/Unavailable, not a hang.
 
 #include <torch/torch.h>
 

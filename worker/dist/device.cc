@@ -2,6 +2,7 @@
 
 #include <ATen/Context.h>
 #include <ATen/core/Generator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #ifdef VARUNA_WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 #endif
@@ -12,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "worker/dist/torch_status.h"
 
 namespace varuna {
 namespace {
@@ -91,6 +93,12 @@ absl::StatusOr<torch::Device> ResolveDevice(const std::string& want, int local_r
         absl::StrCat("train.device '", want, "': this machine has ", gpus, " GPU(s)"));
   }
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+absl::Status MakeCurrent(const torch::Device& device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+  return TorchCall(absl::StrCat("making ", device.str(), " the current GPU"),
+                   [&] { c10::impl::getDeviceGuardImpl(device.type())->setDevice(device); });
 }
 
 double PeakFlops(const torch::Device& device, const std::string& precision) {

@@ -34,6 +34,12 @@ int CudaDeviceCount();
 // `auto` is `cuda` when this build has CUDA and sees a GPU, else the CPU.
 absl::StatusOr<torch::Device> ResolveDevice(const std::string& want, int local_rank);
 
+// Makes `device` this process's current GPU (what c10::cuda::set_device does), so that
+// everything allocated or launched without an explicit index, LibTorch's own included (a
+// kCUDA tensor, a CUDA context, NCCL's communicators), is on the rank's GPU and not GPU 0.
+// Nothing on the CPU.
+absl::Status MakeCurrent(const torch::Device& device);
+
 // Note [MFU]: the peak FLOP/s one rank's device can do at `precision` (fp32 | bf16 | fp16),
 // the denominator of MFU. VARUNA_PEAK_TFLOPS overrides. GPUs: the dense tensor-core rate of
 // known models (H100/H200 989 TFLOP/s bf16; A100 312), else 0 (MFU not reported). CPU: no

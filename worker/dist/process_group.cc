@@ -71,6 +71,13 @@ class C10dWork : public Work {
     } catch (const std::exception&) {
     }
   }
+  bool Done() override {
+    try {
+      return w_->isCompleted();
+    } catch (const std::exception&) {
+      return true;
+    }
+  }
 
  private:
   c10::intrusive_ptr<c10d::Work> w_;
@@ -103,8 +110,8 @@ class C10dGroup : public ProcessGroup {
     std::vector<torch::Tensor> buf{t};
     c10d::AllreduceOptions opts;
     opts.timeout = timeout;
-    return std::make_shared<C10dWork>(pg_->allreduce(buf, opts), abort_,
-                                      /*sliced=*/abort_ != nullptr && backend_ == "gloo");
+    return Registered(std::make_shared<C10dWork>(
+        pg_->allreduce(buf, opts), abort_, /*sliced=*/abort_ != nullptr && backend_ == "gloo"));
   }
 
  private:
@@ -188,8 +195,8 @@ class GlooFactory : public ProcessGroupFactory {
 class NcclFactory : public ProcessGroupFactory {
  public:
   NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout,
-              std::shared_ptr<AbortSignal> abort)
-      : store_(std::move(store)), timeout_(timeout), abort_(std::move(abort)) {
+              std::shared_ptr<AbortSignal> abort, torch::Device device)
+      : store_(std::move(store)), timeout_(timeout), abort_(std::move(abort)), device_(device) {
     setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
     setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
   }
@@ -200,11 +207,13 @@ class NcclFactory : public ProcessGroupFactory {
     RETURN_IF_ERROR(TorchCall(absl::StrCat("nccl group ", name), [&] {
       auto opts = c10d::ProcessGroupNCCL::Options::create();
       opts->timeout = timeout_;
-      out = std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(
-          c10::make_intrusive<c10d::ProcessGroupNCCL>(
-              c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
-              static_cast<int>(members.size()), opts),
-          "nccl", /*device_transfers=*/true, abort_);
+      auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+          c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
+          static_cast<int>(members.size()), opts);
+      // This rank's GPU, not the current device at first use (GPU 0 without set_device).
+      if (device_.is_cuda()) pg->setBoundDeviceId(device_);
+      out = std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(std::move(pg), "nccl",
+                                                                /*device_transfers=*/true, abort_);
     }));
     return out;
   }
@@ -213,6 +222,7 @@ class NcclFactory : public ProcessGroupFactory {
   c10::intrusive_ptr<c10d::Store> store_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<AbortSignal> abort_;
+  torch::Device device_;
 };
 #endif
 
@@ -220,24 +230,30 @@ class NcclFactory : public ProcessGroupFactory {
 
 void AbortSignal::Abort() {
   aborted_.store(true);
-  std::vector<std::weak_ptr<Work>> works;
+  std::vector<WorkPtr> works;
   {
     std::lock_guard<std::mutex> l(mu_);
-    works.swap(works_);
+    works = works_;
   }
-  for (auto& w : works) {
-    if (WorkPtr p = w.lock()) p->Abort();
-  }
+  for (auto& w : works) w->Abort();
+}
+
+void AbortSignal::PruneLocked() {
+  works_.erase(
+      std::remove_if(works_.begin(), works_.end(), [](const WorkPtr& w) { return w->Done(); }),
+      works_.end());
 }
 
 void AbortSignal::Register(const WorkPtr& work) {
   std::lock_guard<std::mutex> l(mu_);
-  if (works_.size() >= 64) {
-    works_.erase(std::remove_if(works_.begin(), works_.end(),
-                                [](const std::weak_ptr<Work>& w) { return w.expired(); }),
-                 works_.end());
-  }
+  if (works_.size() >= 16) PruneLocked();
   works_.push_back(work);
+}
+
+bool AbortSignal::Idle() {
+  std::lock_guard<std::mutex> l(mu_);
+  PruneLocked();
+  return works_.empty();
 }
 
 namespace {
@@ -308,6 +324,25 @@ absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const T
     ASSIGN_OR_RETURN(g.tied,
                      factory.Create(absl::StrCat("tied", k, slice), processes(pair), process_rank));
   }
+  for (int k = 0; k < t.num_pipelines(); ++k) {  // Note [Pipeline links]
+    const PipelineLayout& p = t.pipeline(k);
+    for (int a = p.first_rank; a + 1 < p.first_rank + p.stages(); ++a) {
+      const int b = a + 1;
+      if (rank != a && rank != b) continue;
+      const std::vector<int> pair = processes({a, b});
+      ASSIGN_OR_RETURN(ProcessGroupPtr act,
+                       factory.Create(absl::StrCat("act:", a, ">", b, slice), pair, process_rank));
+      ASSIGN_OR_RETURN(ProcessGroupPtr grad,
+                       factory.Create(absl::StrCat("grad:", b, ">", a, slice), pair, process_rank));
+      if (rank == a) {
+        g.links.act_out = std::move(act);
+        g.links.grad_in = std::move(grad);
+      } else {
+        g.links.act_in = std::move(act);
+        g.links.grad_out = std::move(grad);
+      }
+    }
+  }
   if (tp_size > 1) {
     std::vector<int> members;
     for (int r = 0; r < tp_size; ++r) members.push_back(rank * tp_size + r);
@@ -345,7 +380,7 @@ absl::StatusOr<Backend> ChooseBackend(const torch::Device& device, int local_wor
 
 absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
                                                   std::chrono::milliseconds timeout,
-                                                  Backend backend) {
+                                                  Backend backend, torch::Device device) {
   c10::intrusive_ptr<c10d::Store> store;
   const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
   // A client that connects before the server listens backs off for a second inside TCPStore;
@@ -374,9 +409,10 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
       break;
     case Backend::kNccl:
 #ifdef VARUNA_WITH_NCCL
-      factory = std::make_unique<NcclFactory>(store, timeout, abort);
+      factory = std::make_unique<NcclFactory>(store, timeout, abort, device);
       break;
 #else
+      (void)device;
       return absl::FailedPreconditionError("this build has no NCCL");
 #endif
     case Backend::kThreads:

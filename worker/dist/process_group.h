@@ -39,6 +39,9 @@ class Work {
   // Gives up on the operation: a later Wait returns or throws promptly, and the buffer is no
   // longer written.
   virtual void Abort() = 0;
+  // Whether the operation has ended (done, failed or aborted): its group can then be destroyed
+  // without waiting for it. Works that end within Wait say true.
+  virtual bool Done() { return true; }
 };
 using WorkPtr = std::shared_ptr<Work>;
 
@@ -47,20 +50,24 @@ using WorkPtr = std::shared_ptr<Work>;
 // AbortSignal covers every group of one ProcessGroups: Abort() aborts its outstanding
 // point-to-point works (gloo supports that) and makes every wait on its collectives throw
 // within 50 ms (gloo's collectives cannot be aborted, so a wait is taken in slices and the
-// operation is left to end on its own timeout; the groups must then be kept alive until it
-// does, never destroyed while it runs). NCCL waits are not sliced: its blocking wait aborts
-// the communicator when a wait times out.
+// operation is left to end on its own timeout; the groups are then kept alive until it does,
+// never destroyed while it runs: Note [Retired groups] in worker/engine/regroup.cc). NCCL waits are
+// not sliced: its blocking wait aborts the communicator when a wait times out.
 class AbortSignal {
  public:
   void Abort();
   bool aborted() const { return aborted_.load(); }
-  // Point-to-point works in flight, aborted by Abort() (kept weakly).
+  // Every work posted on the groups, held until it is Done (Note [Retired groups] in
+  // worker/engine/regroup.cc); Abort() aborts those in flight.
   void Register(const WorkPtr& work);
+  // No registered work is still in flight: the groups can be destroyed at once.
+  bool Idle();
 
  private:
+  void PruneLocked();
   std::atomic<bool> aborted_{false};
   std::mutex mu_;
-  std::vector<std::weak_ptr<Work>> works_;
+  std::vector<WorkPtr> works_;
 };
 
 class ProcessGroup {
@@ -93,6 +100,25 @@ class ProcessGroupFactory {
                                                  const std::vector<int>& members, int rank) = 0;
 };
 
+// Note [Pipeline links]: a pipeline's traffic between adjacent stages a -> b = a + 1 travels on
+// two groups of the pair, one per direction: "act:a>b" carries only a's activations to b,
+// "grad:b>a" only b's gradients to a (and at start-up the dry run's boundary shapes go on the
+// activation link). On each end of a link one thread at a time posts, in schedule order, one
+// kind of operation: a's sender and b's receiver on the activation link, b's sender and a's
+// receiver on the gradient link. NCCL gives each group its own communicator and stream for a
+// pair (ProcessGroupNCCL keys point-to-point by the pair), so on one shared group a stage's
+// pre-posted gradient receives would queue ahead of its own activation sends on the one stream
+// and wait for gradients the next stage cannot compute without those activations. With a
+// group per direction neither can block the other, and no communicator is driven by two
+// threads at once. engine_test records every operation of every group and holds all of this.
+// In a pair group the earlier stage is group rank 0, the later one group rank 1.
+struct PipelineLinks {
+  // With the previous stage of this rank's pipeline; null on its first stage.
+  ProcessGroupPtr act_in, grad_out;
+  // With the next stage; null on its last stage.
+  ProcessGroupPtr act_out, grad_in;
+};
+
 // The groups one rank takes part in. Groups it is not a member of are absent or null.
 struct ProcessGroups {
   c10::intrusive_ptr<c10d::Store> store;  // the rendezvous store (absent for threads)
@@ -105,14 +131,15 @@ struct ProcessGroups {
   // The tensor-parallel ranks of this rank's position (Note [Tensor parallelism] in
   // worker/models/tensor_parallel.cc); null without tensor parallelism.
   ProcessGroupPtr tp;
+  PipelineLinks links;  // Note [Pipeline links]
   std::chrono::milliseconds timeout{300000};
   // Aborts every wait on these groups (Note [Aborting waits]); null for thread groups.
   std::shared_ptr<AbortSignal> abort;
 };
 
 // Creates, with `factory`, every group of `topology` that global rank `rank` belongs to. Every
-// rank walks the same list (world, holder sets, tied pairs) in the same order and joins those
-// it belongs to. `has_tied` says whether the model ties parameters.
+// rank walks the same list (world, holder sets, tied pairs, pipeline links) in the same order
+// and joins those it belongs to. `has_tied` says whether the model ties parameters.
 //
 // With tp_size > 1, `topology` places positions and `rank` is the caller's process rank
 // (position x tp_size + tp rank): the groups above are those of the caller's tp slice (the
@@ -129,9 +156,12 @@ absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const T
 absl::StatusOr<Backend> ChooseBackend(const torch::Device& device, int local_world_size, int gpus);
 
 // Rendezvous at MASTER_ADDR:MASTER_PORT (rank 0 hosts the TCPStore unless the launcher's agent
-// does) and creates the groups of topo.topology on `backend`.
+// does) and creates the groups of topo.topology on `backend`. NCCL groups are bound to
+// `device`, this rank's GPU (ProcessGroupNCCL's bound device: its communicators are made
+// there, never on GPU 0 by default).
 absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
                                                   std::chrono::milliseconds timeout,
-                                                  Backend backend = Backend::kGloo);
+                                                  Backend backend = Backend::kGloo,
+                                                  torch::Device device = torch::kCPU);
 
 }  // namespace varuna

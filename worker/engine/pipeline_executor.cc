@@ -191,17 +191,18 @@ struct PipelineExecutor::RunState {
 
 PipelineExecutor::PipelineExecutor(std::vector<std::shared_ptr<Layer>> layers, StageConfig config)
     : layers_(std::move(layers)), config_(std::move(config)) {
-  const ProcessGroupPtr& pg = config_.world;
-  const int rank = config_.rank;
+  // In each pair group the previous stage is group rank 0, the next one 1 (Note [Pipeline
+  // links]).
+  const PipelineLinks& l = config_.links;
   if (config_.stage < config_.stages - 1) {
-    act_tx_ = std::make_unique<Sender>(pg, rank + 1, kActTag, config_.timeout);
+    act_tx_ = std::make_unique<Sender>(l.act_out, 1, kActTag, config_.timeout);
     grad_rx_ =
-        std::make_unique<Receiver>(pg, rank + 1, kGradTag, config_.timeout, config_.xfer_device);
+        std::make_unique<Receiver>(l.grad_in, 1, kGradTag, config_.timeout, config_.xfer_device);
   }
   if (config_.stage > 0) {
     act_rx_ =
-        std::make_unique<Receiver>(pg, rank - 1, kActTag, config_.timeout, config_.xfer_device);
-    grad_tx_ = std::make_unique<Sender>(pg, rank - 1, kGradTag, config_.timeout);
+        std::make_unique<Receiver>(l.act_in, 0, kActTag, config_.timeout, config_.xfer_device);
+    grad_tx_ = std::make_unique<Sender>(l.grad_out, 0, kGradTag, config_.timeout);
   }
 }
 

@@ -54,9 +54,9 @@ torch::Tensor ForTransfer(const torch::Tensor& t, const torch::Device& to);
 
 // Where a stage sits and how it runs; fixed for the executor's life.
 struct StageConfig {
-  // The group its neighbours are in: global ranks rank - 1 (upstream) and rank + 1. Unused
-  // (may be null) with a single stage.
-  ProcessGroupPtr world;
+  // The groups to its neighbours, one per direction (Note [Pipeline links] in
+  // worker/dist/process_group.h); unused (null) with a single stage.
+  PipelineLinks links;
   int rank = 0;
   int stage = 0, stages = 1;  // this stage and the depth of its pipeline
   int chunk_size = 1;         // micro-batch size (the last one may be smaller)

@@ -2,6 +2,7 @@
 
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <chrono>
 #include <mutex>
 #include <optional>
@@ -41,6 +42,14 @@ constexpr char kCheckpointKey[] = "handover/checkpoint";
 
 std::mutex g_retired_mu;
 std::vector<ProcessGroups>* g_retired = new std::vector<ProcessGroups>();  // never destroyed
+
+// Destroys the retired groups nothing runs on any more; returns how many are left.
+int ReapLocked() {
+  g_retired->erase(std::remove_if(g_retired->begin(), g_retired->end(),
+                                  [](ProcessGroups& g) { return !g.abort || g.abort->Idle(); }),
+                   g_retired->end());
+  return static_cast<int>(g_retired->size());
+}
 
 absl::StatusOr<std::string> StoreGet(const ProcessGroups& groups, const std::string& key) {
   std::string out;
@@ -238,10 +247,26 @@ void RegroupMailbox::Done(int generation) {
   park_on_stop_.store(false);
 }
 
+// Note [Retired groups]: a generation's groups are retired when a morph in place replaces
+// them. They are aborted first (Note [Aborting waits] in worker/dist/process_group.h), which
+// ends every point-to-point work at once; a gloo collective cannot be aborted and runs on the
+// group's threads until it ends or times out, and destroying its group would wait for that.
+// So every work posted on the groups is registered until it is done, and a retired generation
+// is destroyed (its sockets, threads, buffers, an NCCL group's communicators) as soon as none
+// is in flight: at once after a clean stop, after the stuck collective's own timeout
+// otherwise, checked again at every retirement (RetiredGroupsAlive). Before this, every
+// generation's groups lived until the process ended.
 void RetireGroups(ProcessGroups groups) {
   if (groups.abort) groups.abort->Abort();
   std::lock_guard<std::mutex> l(g_retired_mu);
   g_retired->push_back(std::move(groups));
+  const int alive = ReapLocked();
+  if (alive > 0) LOG(INFO) << alive << " retired generation(s) of groups wait for a collective";
+}
+
+int RetiredGroupsAlive() {
+  std::lock_guard<std::mutex> l(g_retired_mu);
+  return ReapLocked();
 }
 
 absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,

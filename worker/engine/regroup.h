@@ -65,9 +65,11 @@ absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
                                        const ProcessGroups& groups, int rank,
                                        const std::string& ckpt_dir);
 
-// Keeps `groups` alive until the process ends: an aborted gloo collective may still run on
-// their threads until its own timeout, and destroying them would wait for it (Note [Aborting
-// waits] in process_group.h).
+// Aborts `groups` and destroys them once nothing runs on them (Note [Retired groups] in
+// regroup.cc): an aborted gloo collective may still run on their threads until its own
+// timeout, and destroying them would wait for it.
 void RetireGroups(ProcessGroups groups);
+// The retired generations still waiting for an operation (those done are destroyed first).
+int RetiredGroupsAlive();
 
 }  // namespace varuna

@@ -164,6 +164,7 @@ absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(
   if (device.is_cuda() && !device.has_index()) {
     device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(topo.local_rank));
   }
+  RETURN_IF_ERROR(MakeCurrent(device));
   options.precision = precision;
   ASSIGN_OR_RETURN(ProcessGroups groups,
                    CreateProcessGroups(
@@ -185,7 +186,7 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
   absl::Status st = BuildLocal();
   RETURN_IF_ERROR(AgreeOnStartup(stage_.groups, xfer, st));
   StageConfig config;
-  config.world = stage_.groups.world;
+  config.links = stage_.groups.links;
   config.rank = stage_.rank;
   config.stage = view().stage();
   config.stages = view().stages();
@@ -268,6 +269,13 @@ absl::Status Varuna::BuildLocal() {
       return absl::InvalidArgumentError("the model ties parameters but there is no tied group");
     }
   }
+  const PipelineLinks& links = stage_.groups.links;
+  if ((stage > 0 && (!links.act_in || !links.grad_out)) ||
+      (stage < P - 1 && (!links.act_out || !links.grad_in))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("no pipeline link groups for stage ", stage, " of ", P,
+                     " (create the groups with CreateProcessGroups on the same topology)"));
+  }
   std::vector<int> layer_segment;  // segment of each of this stage's layers
   RETURN_IF_ERROR(TorchCall("building the stage", [&] {
     std::lock_guard<std::mutex> init(InitMutex());
@@ -341,8 +349,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
   absl::Status st = ok_so_far ? absl::OkStatus() : absl::AbortedError("skipped dry run");
   std::vector<int64_t>& in_meta = config->in_meta;
   if (stage > 0) {
-    absl::Status r = RecvBlocking(stage_.groups.world, meta_tensor, stage_.rank - 1, kMetaTag,
-                                  stage_.groups.timeout);
+    absl::Status r =
+        RecvBlocking(stage_.groups.links.act_in, meta_tensor, 0, kMetaTag, stage_.groups.timeout);
     if (st.ok()) st = r;
     meta_tensor = meta_tensor.cpu();
     in_meta.assign(meta_tensor.data_ptr<int64_t>(),
@@ -405,8 +413,9 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
     std::vector<int64_t> meta =
         st.ok() ? config->out_meta : std::vector<int64_t>(kBoundaryMetaSize, 0);
     if (!st.ok()) meta[0] = -1;
-    absl::Status s = SendBlocking(stage_.groups.world, torch::tensor(meta, torch::kLong).to(xfer),
-                                  stage_.rank + 1, kMetaTag, stage_.groups.timeout);
+    absl::Status s =
+        SendBlocking(stage_.groups.links.act_out, torch::tensor(meta, torch::kLong).to(xfer), 1,
+                     kMetaTag, stage_.groups.timeout);
     if (st.ok()) st = s;
   }
   return st;

@@ -154,6 +154,8 @@ absl::Status WorkerRun::CheckInput(bool* done) {
   absl::StatusOr<torch::Device> device = ResolveDevice(spec.train.device, topo.local_rank);
   if (!device.ok()) return MarkBadInput(device.status());
   link_.device = *device;
+  // Before anything touches the GPU (a context on GPU 0 otherwise, for every rank).
+  if (absl::Status cur = MakeCurrent(link_.device); !cur.ok()) return MarkBadInput(cur);
   if (!args.timeline_out.empty()) {
     absl::StatusOr<std::unique_ptr<TimelineOut>> t =
         TimelineOut::Open(args.timeline_out, topo.process_rank(), args.trace_steps, link_.device);
@@ -182,8 +184,8 @@ absl::Status WorkerRun::Connect() {
   ASSIGN_OR_RETURN(link_.faults, FaultInjector::FromEnvironment(topo.rank));
   ASSIGN_OR_RETURN(int64_t step_min_ms, StepMinMsFromEnvironment());
   link_.step_min = std::chrono::milliseconds(step_min_ms);
-  ASSIGN_OR_RETURN(link_.groups,
-                   CreateProcessGroups(topo, in_.has_tied, link_.timeout, link_.backend));
+  ASSIGN_OR_RETURN(link_.groups, CreateProcessGroups(topo, in_.has_tied, link_.timeout,
+                                                     link_.backend, link_.device));
   if (link_.groups->tp) {
     ASSIGN_OR_RETURN(in_.model, BuildModel(in_.spec.model, TensorParallelOf(*link_.groups)));
   }
@@ -463,8 +465,8 @@ absl::Status WorkerRun::Regroup() {
   absl::StatusOr<std::unique_ptr<Varuna>> built = [&]() -> decltype(built) {
     RETURN_IF_ERROR(next_policy.status());
     ASSIGN_OR_RETURN(FaultInjector f, FaultInjector::FromEnvironment(nt->rank));
-    ASSIGN_OR_RETURN(ProcessGroups g,
-                     CreateProcessGroups(*nt, in_.has_tied, link_.timeout, link_.backend));
+    ASSIGN_OR_RETURN(ProcessGroups g, CreateProcessGroups(*nt, in_.has_tied, link_.timeout,
+                                                          link_.backend, link_.device));
     ASSIGN_OR_RETURN(Model m, BuildModel(spec.model));
     return BuildEngine(std::move(m), *nt, std::move(g), std::move(f), *next_policy);
   }();

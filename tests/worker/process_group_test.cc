@@ -1,0 +1,114 @@
+// Gloo process groups over loopback in one process: retired generations are destroyed once
+// nothing runs on them (Note [Retired groups] in worker/engine/regroup.cc), and a collective
+// still in flight keeps its generation until it ends.
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "tests/testing/status_matchers.h"
+#include "worker/dist/process_group.h"
+#include "worker/engine/regroup.h"
+
+namespace varuna {
+namespace {
+
+using ::varuna::testing::IsOk;
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t n = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+WorkerTopology Topo(int rank, int port) {
+  WorkerTopology t;
+  t.rank = rank;
+  t.world_size = 2;
+  t.topology = *Topology::Uniform(2, 1, 4);
+  t.master_port = port;
+  return t;
+}
+
+// Both ranks' groups of one generation, made on two threads (creation is collective).
+std::vector<ProcessGroups> Generation(std::chrono::milliseconds timeout) {
+  const int port = FreePort();
+  std::vector<absl::StatusOr<ProcessGroups>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] { got[r] = CreateProcessGroups(Topo(r, port), false, timeout); });
+  }
+  for (auto& t : threads) t.join();
+  std::vector<ProcessGroups> out;
+  for (auto& g : got) {
+    EXPECT_THAT(g.status(), IsOk());
+    if (g.ok()) out.push_back(*std::move(g));
+  }
+  return out;
+}
+
+TEST(RetiredGroupsTest, TwentyGenerationsLeaveNoneAlive) {
+  const std::chrono::milliseconds timeout(10000);
+  for (int gen = 0; gen < 20; ++gen) {
+    std::vector<ProcessGroups> g = Generation(timeout);
+    ASSERT_EQ(g.size(), 2u);
+    // Traffic on every kind of group: the world's all-reduce, a pipeline link.
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        torch::Tensor t = torch::ones({4});
+        g[r].world->AllReduceSum(t, timeout)->Wait(timeout);
+        EXPECT_EQ(t[0].item<float>(), 2);
+        torch::Tensor m = torch::full({3}, 7.0);
+        if (r == 0) {
+          g[r].links.act_out->Send(m, 1, 0)->Wait(timeout);
+        } else {
+          torch::Tensor in = torch::zeros({3});
+          g[r].links.act_in->Recv(in, 0, 0)->Wait(timeout);
+          EXPECT_EQ(in[2].item<float>(), 7);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    RetireGroups(std::move(g[0]));
+    RetireGroups(std::move(g[1]));
+    EXPECT_EQ(RetiredGroupsAlive(), 0) << "generation " << gen;
+  }
+}
+
+TEST(RetiredGroupsTest, ACollectiveInFlightKeepsItsGenerationUntilItEnds) {
+  const std::chrono::milliseconds timeout(1500);
+  std::vector<ProcessGroups> g = Generation(timeout);
+  ASSERT_EQ(g.size(), 2u);
+  // Rank 0 posts an all-reduce rank 1 never joins (a frozen peer), and is retired.
+  torch::Tensor t = torch::ones({4});
+  WorkPtr stuck = g[0].world->AllReduceSum(t, timeout);
+  RetireGroups(std::move(g[0]));
+  EXPECT_EQ(RetiredGroupsAlive(), 1);
+  stuck.reset();  // the waiter gave up; the group still holds the work until it ends
+  EXPECT_EQ(RetiredGroupsAlive(), 1);
+  // It ends on its own timeout (or when its peer goes); then the generation is destroyed.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (RetiredGroupsAlive() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(RetiredGroupsAlive(), 0);
+  RetireGroups(std::move(g[1]));
+  EXPECT_EQ(RetiredGroupsAlive(), 0);
+}
+
+}  // namespace
+}  // namespace varuna
