@@ -99,14 +99,17 @@ class C10dGroup : public ProcessGroup {
   std::string backend() const override { return backend_; }
   bool device_transfers() const override { return device_; }
   WorkPtr Send(const torch::Tensor& t, int peer, int tag) override {
+    OnItsDevice(t);
     std::vector<torch::Tensor> buf{t};
     return Registered(std::make_shared<C10dWork>(pg_->send(buf, peer, tag), abort_, false));
   }
   WorkPtr Recv(const torch::Tensor& t, int peer, int tag) override {
+    OnItsDevice(t);
     std::vector<torch::Tensor> buf{t};
     return Registered(std::make_shared<C10dWork>(pg_->recv(buf, peer, tag), abort_, false));
   }
   WorkPtr AllReduceSum(const torch::Tensor& t, std::chrono::milliseconds timeout) override {
+    OnItsDevice(t);
     std::vector<torch::Tensor> buf{t};
     c10d::AllreduceOptions opts;
     opts.timeout = timeout;
@@ -115,6 +118,14 @@ class C10dGroup : public ProcessGroup {
   }
 
  private:
+  // A host tensor on a device group (NCCL) is a bug of ours, named here rather than deep in
+  // c10d; host bytes go on ProcessGroups::control.
+  void OnItsDevice(const torch::Tensor& t) const {
+    if (device_ && !t.is_cuda()) {
+      throw std::invalid_argument(absl::StrCat("a ", t.device().str(), " tensor on the ", backend_,
+                                               " group, which carries device tensors only"));
+    }
+  }
   WorkPtr Registered(WorkPtr w) {
     if (abort_) abort_->Register(w);
     return w;
@@ -310,6 +321,7 @@ absl::StatusOr<ProcessGroups> CreateGroups(ProcessGroupFactory& factory, const T
   std::vector<int> all(t.world_size());
   for (int i = 0; i < t.world_size(); ++i) all[i] = i;
   ASSIGN_OR_RETURN(g.world, factory.Create("world" + slice, processes(all), process_rank));
+  g.control = g.world;  // CreateProcessGroups adds a gloo one beside NCCL
   for (const std::vector<int>& ranks : t.HolderSets()) {
     if (IndexIn(ranks, rank) < 0) continue;
     ASSIGN_OR_RETURN(g.holders[ranks],
@@ -421,6 +433,20 @@ absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bo
   }
   absl::StatusOr<ProcessGroups> g =
       CreateGroups(*factory, topo.topology, topo.process_rank(), has_tied, timeout, topo.tp_size);
+  if (g.ok() && backend == Backend::kNccl) {
+    // Host bytes (the hand-over of a morph in place) travel on gloo beside NCCL.
+    GlooFactory gloo(store, topo.master_addr, timeout, abort);
+    std::vector<int> members;
+    for (int p = 0; p < topo.world_size; ++p) members.push_back(p * topo.tp_size + topo.tp_rank);
+    absl::StatusOr<ProcessGroupPtr> control = gloo.Create(
+        topo.tp_size > 1 ? absl::StrCat("control/tp", topo.tp_rank) : std::string("control"),
+        members, topo.process_rank());
+    if (control.ok()) {
+      g->control = *std::move(control);
+    } else {
+      g = control.status();
+    }
+  }
   if (!g.ok())
     return absl::Status(g.status().code(), absl::StrCat(where, ": ", g.status().message()));
   g->store = store;

@@ -132,6 +132,9 @@ struct ProcessGroups {
   // worker/models/tensor_parallel.cc); null without tensor parallelism.
   ProcessGroupPtr tp;
   PipelineLinks links;  // Note [Pipeline links]
+  // Host tensors among every rank of the world (the morph-in-place hand-over's bytes): a gloo
+  // group beside an NCCL world, which refuses host tensors; the world group itself otherwise.
+  ProcessGroupPtr control;
   std::chrono::milliseconds timeout{300000};
   // Aborts every wait on these groups (Note [Aborting waits]); null for thread groups.
   std::shared_ptr<AbortSignal> abort;

@@ -30,10 +30,12 @@ namespace {
 // restorable steps with their loss scaler, the layers it holds, the layers it needs), rank 0
 // adds the newest complete checkpoint, and every rank computes the same plan (Note
 // [Handover] in common/pipeline/handover.cc). Layers move as pickled per-layer state (the
-// checkpoint's format: parameters, optimizer state, buffers) over the new world group, each
-// sender posting all its sends before any rank waits on a receive; layers no live rank holds
+// checkpoint's format: parameters, optimizer state, buffers) as host bytes over the new
+// control group (gloo whatever the backend: NCCL refuses host tensors), each sender posting
+// all its sends before any rank waits on a receive (gloo's sends do not wait for the
+// receiver, so two ranks swapping layers cannot block each other); layers no live rank holds
 // are read from the checkpoint. The new engine adopts the step; the old engine is destroyed
-// and its groups retired (kept alive, never joined). Data position is the step, so nothing
+// and its groups retired (Note [Retired groups]). Data position is the step, so nothing
 // else moves. A joiner (a fresh process of the new generation) takes the same path with
 // nothing to offer.
 
@@ -144,8 +146,8 @@ absl::Status MoveLayers(const Handover& plan, const std::optional<Checkpointer::
       o.data = torch::empty({static_cast<int64_t>(bytes.size())}, torch::kUInt8);
       std::memcpy(o.data.data_ptr(), bytes.data(), bytes.size());
       const int tag = static_cast<int>(2 * i);
-      o.size_work = groups.world->Send(o.size, m.dst, tag);
-      o.data_work = groups.world->Send(o.data, m.dst, tag + 1);
+      o.size_work = groups.control->Send(o.size, m.dst, tag);
+      o.data_work = groups.control->Send(o.data, m.dst, tag + 1);
       outgoing.push_back(std::move(o));
     }
     return absl::OkStatus();
@@ -157,14 +159,14 @@ absl::Status MoveLayers(const Handover& plan, const std::optional<Checkpointer::
       if (m.dst != rank) continue;
       const int tag = static_cast<int>(2 * i);
       torch::Tensor size = torch::zeros({1}, torch::kInt64);
-      groups.world->Recv(size, m.src, tag)->Wait(groups.timeout);
+      groups.control->Recv(size, m.src, tag)->Wait(groups.timeout);
       const int64_t n = size.item<int64_t>();
       if (n <= 0 || static_cast<uint64_t>(n) > kMaxCheckpointFileBytes) {
         return absl::DataLossError(
             absl::StrCat("rank ", m.src, " announced ", n, " bytes for ", m.layer));
       }
       torch::Tensor data = torch::empty({n}, torch::kUInt8);
-      groups.world->Recv(data, m.src, tag + 1)->Wait(groups.timeout);
+      groups.control->Recv(data, m.src, tag + 1)->Wait(groups.timeout);
       std::vector<char> bytes(n);
       std::memcpy(bytes.data(), data.data_ptr(), n);
       ASSIGN_OR_RETURN(auto dict,
