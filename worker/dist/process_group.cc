@@ -257,7 +257,9 @@ void AbortSignal::PruneLocked() {
 
 void AbortSignal::Register(const WorkPtr& work) {
   std::lock_guard<std::mutex> l(mu_);
-  if (works_.size() >= 16) PruneLocked();
+  // Pruned at every post: a done work still holds its buffer (an activation on a GPU), which
+  // the allocator cannot reuse while it is held here.
+  PruneLocked();
   works_.push_back(work);
 }
 
