@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -28,6 +29,32 @@ namespace {
 
 // Note [Process groups]: c10d's gloo and NCCL backends share the method names used here, so
 // one adapter serves both.
+//
+// Note [Flight recorder]: every operation c10d posts is recorded by a process-wide flight
+// recorder (one per event type: gloo's, NCCL's), which on its way in inserts the group into a
+// map without holding its own lock (FlightRecorderDetail.hpp in LibTorch 2.11). A worker posts
+// on several groups from several threads (a pipeline link's sender and the other link's
+// receiver, a reduction), so two groups' first operations at once corrupt that map: a
+// segfault in std::map insertion, seen one run in two in process_group_test. So the recorder
+// is off unless the user asks for it (TORCH_FR_BUFFER_SIZE or TORCH_NCCL_TRACE_BUFFER_SIZE set
+// before the first group), and posts on gloo groups are taken one at a time in the process
+// (an enqueue: nothing blocks inside). NCCL posts are not serialised (a first point-to-point
+// may set up a communicator, which waits for the peer; one lock across groups could deadlock
+// two stages), so with the recorder asked for on NCCL the upstream race remains.
+void FlightRecorderOffUnlessAsked() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (std::getenv("TORCH_FR_BUFFER_SIZE") == nullptr &&
+        std::getenv("TORCH_NCCL_TRACE_BUFFER_SIZE") == nullptr) {
+      setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0);
+    }
+  });
+}
+
+std::mutex& GlooPostMutex() {
+  static auto* mu = new std::mutex();  // never destroyed: groups may post at exit
+  return *mu;
+}
 class C10dWork : public Work {
  public:
   // `abort` null: plain waits. `sliced`: a collective whose wait is taken in slices so that
@@ -101,20 +128,20 @@ class C10dGroup : public ProcessGroup {
   WorkPtr Send(const torch::Tensor& t, int peer, int tag) override {
     OnItsDevice(t);
     std::vector<torch::Tensor> buf{t};
-    return Registered(std::make_shared<C10dWork>(pg_->send(buf, peer, tag), abort_, false));
+    return Registered(Post([&] { return pg_->send(buf, peer, tag); }), false);
   }
   WorkPtr Recv(const torch::Tensor& t, int peer, int tag) override {
     OnItsDevice(t);
     std::vector<torch::Tensor> buf{t};
-    return Registered(std::make_shared<C10dWork>(pg_->recv(buf, peer, tag), abort_, false));
+    return Registered(Post([&] { return pg_->recv(buf, peer, tag); }), false);
   }
   WorkPtr AllReduceSum(const torch::Tensor& t, std::chrono::milliseconds timeout) override {
     OnItsDevice(t);
     std::vector<torch::Tensor> buf{t};
     c10d::AllreduceOptions opts;
     opts.timeout = timeout;
-    return Registered(std::make_shared<C10dWork>(
-        pg_->allreduce(buf, opts), abort_, /*sliced=*/abort_ != nullptr && backend_ == "gloo"));
+    return Registered(Post([&] { return pg_->allreduce(buf, opts); }),
+                      /*sliced=*/abort_ != nullptr && backend_ == "gloo");
   }
 
  private:
@@ -126,9 +153,17 @@ class C10dGroup : public ProcessGroup {
                                                " group, which carries device tensors only"));
     }
   }
-  WorkPtr Registered(WorkPtr w) {
-    if (abort_) abort_->Register(w);
-    return w;
+  // Gloo's posts one at a time in the process (Note [Flight recorder]).
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> Post(F post) {
+    if (backend_ != "gloo") return post();
+    std::lock_guard<std::mutex> l(GlooPostMutex());
+    return post();
+  }
+  WorkPtr Registered(c10::intrusive_ptr<c10d::Work> w, bool sliced) {
+    WorkPtr out = std::make_shared<C10dWork>(std::move(w), abort_, sliced);
+    if (abort_) abort_->Register(out);
+    return out;
   }
 
   c10::intrusive_ptr<PG> pg_;
@@ -395,6 +430,7 @@ absl::StatusOr<Backend> ChooseBackend(const torch::Device& device, int local_wor
 absl::StatusOr<ProcessGroups> CreateProcessGroups(const WorkerTopology& topo, bool has_tied,
                                                   std::chrono::milliseconds timeout,
                                                   Backend backend, torch::Device device) {
+  FlightRecorderOffUnlessAsked();  // Note [Flight recorder]
   c10::intrusive_ptr<c10d::Store> store;
   const std::string where = absl::StrCat("rendezvous at ", topo.master_addr, ":", topo.master_port);
   // A client that connects before the server listens backs off for a second inside TCPStore;
