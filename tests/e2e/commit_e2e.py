@@ -162,15 +162,19 @@ class InPlaceCommitTest(CommitTest):
     hand-over on the newest step every layer has (Note [Handover]); same guarantees."""
     CONFIG = IN_PLACE
 
+    # Nothing is copied per step on this path: rank 1, which missed step 20's agreement, rolls
+    # forward with a survivor's agreed vector in the hand-over (Note [Roll forward] in
+    # worker/engine/regroup.cc), so the job resumes from step 20 itself.
     def test_split_at_the_agreement(self):
         m = self.run_cell(f"agreement@{FAULT_STEP}:1:split")
-        self.assertIn(int(m["resumed_from"]), (FAULT_STEP - 1, FAULT_STEP), m)
+        self.assertEqual(int(m["resumed_from"]), FAULT_STEP, m)
 
     def test_split_with_the_other_replica_lost(self):
-        # No survivor has step 20 of stage 1: the hand-over must agree on step 19.
+        # Stage 1's only survivor (rank 1) lacks step 20; rank 0 saw the agreement complete,
+        # so rank 1 applies step 20 with rank 0's vector and the hand-over agrees on 20.
         m = self.run_cell(f"agreement@{FAULT_STEP}:1:split,after_agreement@{FAULT_STEP}:2:kill,"
                           f"after_agreement@{FAULT_STEP}:3:kill")
-        self.assertEqual(int(m["resumed_from"]), FAULT_STEP - 1, m)
+        self.assertEqual(int(m["resumed_from"]), FAULT_STEP, m)
 
     def test_split_heterogeneous(self):
         m = self.run_cell(f"agreement@{FAULT_STEP}:1:split", hetero=True)

@@ -29,6 +29,7 @@
 namespace varuna {
 namespace {
 
+using ::varuna::testing::IsOk;
 using ::varuna::testing::StatusIs;
 
 constexpr int kSeqLen = 8;
@@ -129,6 +130,7 @@ struct RankResult {
   std::vector<std::pair<std::string, torch::Tensor>> initial;  // before the first step
   bool grads_reset = false;         // every parameter's gradient undefined after the last step
   std::vector<StepTimes> timeline;  // RunOptions::timeline: every step's
+  std::shared_ptr<Varuna> engine;   // RunOptions::keep_engines: this rank's, after the run
 };
 
 struct RunOptions {
@@ -148,6 +150,8 @@ struct RunOptions {
   Precision precision = Precision::kFp32;
   bool timeline = false;         // each rank marks its steps on a StepTimeline
   Recorder* recorder = nullptr;  // records every group's operations
+  std::string faults;            // VARUNA_FAULT's text (Note [Faults] in fault.cc)
+  bool keep_engines = false;     // RankResult::engine
 };
 
 // Trains `topology` with one thread per rank (o.tp per position); returns each process's
@@ -192,6 +196,14 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       opts.precision = o.precision;
       StepTimeline timeline(torch::kCPU);
       if (o.timeline) opts.timeline = &timeline;
+      if (!o.faults.empty()) {
+        absl::StatusOr<std::vector<Fault>> faults = ParseFaults(o.faults);
+        if (!faults.ok()) {
+          out.status = faults.status();
+          return;
+        }
+        opts.faults = FaultInjector(*faults, r, 1);
+      }
       auto engine = Varuna::Create(*std::move(model), topology, r, *std::move(groups), dummy,
                                    o.chunk, torch::kCPU, opts);
       if (!engine.ok()) {
@@ -217,6 +229,15 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
         std::lock_guard<std::mutex> l(started_mu);
         o.recorder->training.store(true);
       }
+      // With keep_engines the engine outlives the thread (RankResult::engine), moved there as
+      // the thread ends, however it ends.
+      struct Keep {
+        std::shared_ptr<Varuna>* to;
+        std::unique_ptr<Varuna>* from;
+        ~Keep() {
+          if (to != nullptr) *to = std::move(*from);
+        }
+      } keep{o.keep_engines ? &out.engine : nullptr, &*engine};
       for (int s = 0; s < o.steps; ++s) {
         if (r == 0 && s == o.die_at_step) return;  // a preempted machine
         const auto t0 = std::chrono::steady_clock::now();
@@ -578,6 +599,48 @@ TEST(EngineTest, ADeadPeerFailsTheSurvivorsWithinTheTimeout) {
     EXPECT_THAT(got[r].status, StatusIs(absl::StatusCode::kDeadlineExceeded, "timed out"))
         << "rank " << r;
     EXPECT_EQ(got[r].losses.size(), 1u) << "rank " << r;
+  }
+}
+
+// Note [Roll forward] (worker/engine/regroup.cc): rank 1 posts step 3's agreement and acts as
+// if it never completed (a split) while ranks 0, 2, 3 apply step 3. With the agreed vector of
+// rank 3 (its stage's replica) it applies step 3 itself and holds bit for bit what it would
+// have after an unbroken step 3: the commit needs no copy of the state.
+TEST(EngineTest, ARankThatMissedTheAgreementRollsForwardBitForBit) {
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused AdamW" : "AdamW");
+    RunOptions o;
+    o.fused = fused;
+    o.clip = 0.05;  // the clip's coefficient comes from the agreed norm
+    const auto want = Train(Uniform(2, 2, 8), o);
+    o.faults = "agreement@3:1:split";
+    o.keep_engines = true;
+    const auto got = Train(Uniform(2, 2, 8), o);
+    for (int r : {0, 2, 3}) ASSERT_THAT(got[r].status, IsOk()) << "rank " << r;
+    EXPECT_THAT(got[1].status, StatusIs(absl::StatusCode::kAborted, "split at step 3"));
+    Varuna& behind = *got[1].engine;
+    EXPECT_EQ(behind.iteration(), 2);
+    EXPECT_EQ(behind.checkpoints().CommitState().pending, 3);
+    const Checkpointer::CommitRecord peer = got[3].engine->checkpoints().CommitState();
+    EXPECT_EQ(peer.agreed, 3);
+    EXPECT_EQ(peer.pending, 0);
+    // Only the pending step, with a vector of the world's size.
+    EXPECT_THAT(behind.RollForward(2, peer.vector),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "step 3's agreement pending"));
+    EXPECT_THAT(behind.RollForward(3, std::vector<double>(3, 0.0)),
+                StatusIs(absl::StatusCode::kInvalidArgument, "3 values"));
+    ASSERT_THAT(behind.RollForward(3, peer.vector), IsOk());
+    EXPECT_EQ(behind.iteration(), 3);
+    EXPECT_EQ(behind.checkpoints().CommitState().agreed, 3);
+    EXPECT_THAT(behind.RollForward(3, peer.vector),
+                StatusIs(absl::StatusCode::kFailedPrecondition, "no agreement pending"));
+    const auto params = behind.view().named_parameters();
+    ASSERT_EQ(params.size(), want[1].params.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i].first, want[1].params[i].first);
+      EXPECT_TRUE(torch::equal(params[i].second, want[1].params[i].second))
+          << params[i].first << " differs from the unbroken run's";
+    }
   }
 }
 

@@ -257,6 +257,12 @@ std::vector<Checkpointer::RestorableStep> Checkpointer::RestorableSteps() const 
   return steps;
 }
 
+Checkpointer::CommitRecord Checkpointer::CommitState() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return CommitRecord{state_->commit.agreed(), state_->commit.agreed_vector(),
+                      state_->commit.pending()};
+}
+
 absl::StatusOr<Checkpointer::HeldState> Checkpointer::HeldAt(int64_t step) const {
   std::lock_guard<std::mutex> lock(state_->mu);
   if (stage_->tp.enabled()) {

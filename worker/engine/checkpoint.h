@@ -91,6 +91,15 @@ class Checkpointer {
   // The steps whose state this rank can hand over: the newest it applied and, while that one
   // is not committed, the one before it (Note [Committed step] in varuna.cc); newest first.
   std::vector<RestorableStep> RestorableSteps() const;
+  // What a morph in place needs of this rank's commit record (Note [Committed step] in
+  // varuna.cc): the newest step whose agreement completed here with its agreed vector, and the
+  // step whose agreement it posted without seeing the result (0: none).
+  struct CommitRecord {
+    int64_t agreed = 0;
+    std::vector<double> vector;
+    int64_t pending = 0;
+  };
+  CommitRecord CommitState() const;
   // The state after `step` (one of RestorableSteps()). Thread-safe against step() on another
   // thread (the state's lock).
   absl::StatusOr<HeldState> HeldAt(int64_t step) const;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -67,6 +68,50 @@ absl::Status StoreSet(const ProcessGroups& groups, const std::string& key,
   return TorchCall(absl::StrCat("writing ", key, " to the rendezvous store"), [&] {
     groups.store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   });
+}
+
+constexpr char kAgreedKey[] = "handover/agreed/";
+constexpr char kPublishedKey[] = "handover/published/";
+
+// Note [Roll forward]: a survivor may have posted step N's agreement and never seen it
+// complete while others did and applied N (a split: Note [Committed step] in varuna.cc). It
+// still holds N's reduced gradients and N - 1's state, and the agreed vector is all N's update
+// needs besides them (the overflow, the norm for the clip, the loss, the stop). So before the
+// offers every survivor publishes the vector of the newest step whose agreement completed on
+// it, every rank waits until all have published, and a rank with N pending applies N with a
+// peer's vector (Varuna::RollForward): the survivors then hold N, with nothing copied per
+// step to make that possible. With no vector for N (nobody saw N complete), every survivor is
+// at N - 1 and the pending gradients are simply dropped with the old engine.
+absl::Status RollForwardIfBehind(Varuna* old_engine, const ProcessGroups& groups, int rank,
+                                 int world) {
+  Checkpointer::CommitRecord mine;
+  if (old_engine != nullptr) mine = old_engine->checkpoints().CommitState();
+  if (mine.agreed > 0 && !mine.vector.empty()) {
+    RETURN_IF_ERROR(StoreSet(groups, absl::StrCat(kAgreedKey, mine.agreed),
+                             std::string(reinterpret_cast<const char*>(mine.vector.data()),
+                                         mine.vector.size() * sizeof(double))));
+  }
+  RETURN_IF_ERROR(StoreSet(groups, absl::StrCat(kPublishedKey, rank), "1"));
+  for (int r = 0; r < world; ++r) {
+    RETURN_IF_ERROR(StoreGet(groups, absl::StrCat(kPublishedKey, r)).status());
+  }
+  if (mine.pending <= 0) return absl::OkStatus();
+  const std::string key = absl::StrCat(kAgreedKey, mine.pending);
+  bool known = false;
+  RETURN_IF_ERROR(TorchCall(absl::StrCat("looking up ", key, " in the rendezvous store"),
+                            [&] { known = groups.store->check({key}); }));
+  if (!known) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::string bytes, StoreGet(groups, key));
+  if (bytes.empty() || bytes.size() % sizeof(double) != 0) {
+    return absl::DataLossError(
+        absl::StrCat(key, " holds ", bytes.size(), " bytes, not a vector of doubles"));
+  }
+  std::vector<double> vector(bytes.size() / sizeof(double));
+  std::memcpy(vector.data(), bytes.data(), bytes.size());
+  RETURN_IF_ERROR(old_engine->RollForward(mine.pending, vector));
+  LOG(INFO) << "rank=" << rank << " rolled forward to step " << mine.pending
+            << " with a peer's agreement (Note [Roll forward])";
+  return absl::OkStatus();
 }
 
 // Every rank's hand-over offer, what each holds, and the step of the newest complete
@@ -271,13 +316,15 @@ int RetiredGroupsAlive() {
   return ReapLocked();
 }
 
-absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
+absl::StatusOr<HandoverStats> HandOver(Varuna* old_engine, Varuna& engine,
                                        const ProcessGroups& groups, int rank,
                                        const std::string& ckpt_dir) {
   if (!groups.store) return absl::FailedPreconditionError("HandOver needs a rendezvous store");
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  // 1. Offers.
+  // 1. A survivor that missed the newest agreement rolls forward (Note [Roll forward]); offers.
+  RETURN_IF_ERROR(
+      RollForwardIfBehind(old_engine, groups, rank, engine.view().topology().world_size()));
   ASSIGN_OR_RETURN(OfferExchange exchange,
                    ExchangeOffers(old_engine, engine, groups, rank, ckpt_dir));
   const std::vector<v1::HandoverOffer>& offers = exchange.offers;

@@ -57,11 +57,13 @@ struct HandoverStats {
   double transfer_s = 0;              // layers moved and read, state adopted
 };
 
-// Collective over the new world (`groups`, `rank`): every rank offers what `old_engine` (null
-// for a joiner) can restore, all agree on the plan (PlanHandover), layers move over
-// groups.world, and `engine` (the new stage, optimizer set) adopts the agreed step.
+// Collective over the new world (`groups`, `rank`): a survivor that missed the newest
+// agreement rolls `old_engine` forward with a peer's (Note [Roll forward] in regroup.cc), every
+// rank offers what `old_engine` (null for a joiner) can restore, all agree on the plan
+// (PlanHandover), layers move over groups.control, and `engine` (the new stage, optimizer set)
+// adopts the agreed step.
 // `ckpt_dir` may be empty (no checkpoint: every layer must be on a live rank).
-absl::StatusOr<HandoverStats> HandOver(const Varuna* old_engine, Varuna& engine,
+absl::StatusOr<HandoverStats> HandOver(Varuna* old_engine, Varuna& engine,
                                        const ProcessGroups& groups, int rank,
                                        const std::string& ckpt_dir);
 

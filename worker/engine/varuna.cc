@@ -477,13 +477,22 @@ torch::Tensor Varuna::LocalGradNormSq(torch::Tensor* stop, int64_t* local_params
 // that is, after every rank applied step N-1: so a rank that completed N's agreement knows N-1
 // is committed, but not N (a link cut in the collective's last phase can leave a peer without
 // the result, so it never applies N: the split of issue 24). Survivors therefore hold at most
-// two consecutive steps, X and X+1. Each rank keeps its pre-update state of the newest step
-// until that step is committed, and a rescue writes both the step it has and, when that one is
-// not committed, the step before it: every survivor then writes X, and the newest complete
-// checkpoint is X+1 when every stage's survivors had it, else X. So a failure at any moment
-// costs at most the step in flight plus the one being committed, never a fallback to an old
-// checkpoint, and the next generation's "auto" resume finds it. The manager compares the
-// saves (Note [Saved steps] in manager/morph/morph_controller.cc) and records them in the morph.
+// two consecutive steps, X and X+1, and every rank still at X has posted X+1's agreement: its
+// reduced gradients of X+1 are on its parameters. Two ways keep a failure from costing more
+// than the step in flight:
+// - In place (the default), nothing is copied per step: each rank keeps the agreed vector of
+//   its newest step (a few doubles) and marks a posted agreement pending until it completes; in
+//   the hand-over a rank at X with X+1 pending applies X+1 with a survivor's vector (Note [Roll
+//   forward] in regroup.cc), so every survivor holds X+1 when any saw it complete.
+// - On the relaunch path (morph_in_place off) a rescue has no peer to ask, so each rank keeps
+//   its pre-update state of the newest step until that step is committed (keep_pre_update: 12
+//   bytes a parameter copied per step), and a rescue writes both the step it has and, when
+//   that one is not committed, the step before it: every survivor then writes X, and the
+//   newest complete checkpoint is X+1 when every stage's survivors had it, else X; the next
+//   generation's "auto" resume finds it. The manager compares the saves (Note [Saved steps] in
+//   manager/morph/morph_controller.cc) and records them in the morph.
+// A job that morphs in place but falls back to a relaunch after a split keeps no pre-update
+// state, so its saves may cover no common step and it resumes from its periodic checkpoint.
 absl::Status Varuna::KeepPreUpdate() {
   if (!options_.keep_pre_update || stage_.topology.world_size() <= 1) return absl::OkStatus();
   StepCommit::PreUpdate pre;
@@ -607,6 +616,10 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     torch::Tensor meta = torch::tensor(vote.Pack(W), torch::kDouble).to(xfer);
     // On a device the step reads back once, here or after the all-reduce (Note [Host syncs]).
     meta.narrow(0, 0, 4).add_(xfer == device_ ? computed : HostRead(computed, &result));
+    {
+      std::lock_guard<std::mutex> state(train_.mu);
+      train_.commit.Posted(taking);  // from here it can roll forward (Note [Committed step])
+    }
     const bool split = faults.Hit(FaultPoint::kAgreement, taking);
     phase.emplace(options_.timeline, StepPhase::kComm);
     if (stage_.topology.world_size() > 1) {
@@ -622,29 +635,59 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // a rescue on another thread sees all of this step or none of it (Note [Rescue]).
     if (xfer == device_) meta = HostRead(meta, &result);
+    const double* v = meta.data_ptr<double>();
     std::lock_guard<std::mutex> state(train_.mu);
-    train_.commit.Agreed(taking);  // Note [Committed step]
-    RETURN_IF_ERROR(KeepPreUpdate());
-    const StepAgreement agreed = StepAgreement::Unpack(meta.data_ptr<double>(), W);
-    result.overflow = agreed.overflow;
-    result.grad_norm = std::sqrt(agreed.norm_sq);
-    result.loss = agreed.loss;
-    result.stop = agreed.stop;
-    result.model_parameters = agreed.params;
-    SetStageTimes(stage_.topology, agreed, &result);
-    const bool skip = fp16 ? train_.scaler.Update(result.overflow) : result.overflow;
-    phase.emplace(options_.timeline, StepPhase::kOptimizer);
-    if (!skip) ApplyUpdate(params, result.grad_norm, taking);
-    // Undefined, not zeroed: the next backward's first gradient is then taken as it is instead
-    // of added to zeros (a memset and an add per parameter saved); a parameter left without
-    // one is given zeros after the pipeline, before the reductions.
-    for (auto& p : params) p.mutable_grad() = torch::Tensor();
-    ++train_.iteration;
-    return absl::OkStatus();
+    return ApplyAgreed(params, std::vector<double>(v, v + meta.numel()), taking, &result);
   });
   RETURN_IF_ERROR(st);
   broken_ = false;
   return result;
+}
+
+absl::Status Varuna::ApplyAgreed(const std::vector<torch::Tensor>& params,
+                                 std::vector<double> vector, int64_t taking, StepResult* result) {
+  const int W = stage_.topology.world_size();
+  if (vector.size() != static_cast<size_t>(StepAgreement::Size(W))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", taking, "'s agreed vector has ", vector.size(), " values, not ",
+                     static_cast<size_t>(StepAgreement::Size(W)), " (a world of ", W, ")"));
+  }
+  const StepAgreement agreed = StepAgreement::Unpack(vector.data(), W);
+  train_.commit.Agreed(taking, std::move(vector));  // Note [Committed step]
+  RETURN_IF_ERROR(KeepPreUpdate());
+  result->overflow = agreed.overflow;
+  result->grad_norm = std::sqrt(agreed.norm_sq);
+  result->loss = agreed.loss;
+  result->stop = agreed.stop;
+  result->model_parameters = agreed.params;
+  SetStageTimes(stage_.topology, agreed, result);
+  const bool fp16 = options_.precision == Precision::kFp16;
+  const bool skip = fp16 ? train_.scaler.Update(result->overflow) : result->overflow;
+  StepTimeline::Scope phase(options_.timeline, StepPhase::kOptimizer);
+  if (!skip) ApplyUpdate(params, result->grad_norm, taking);
+  // Undefined, not zeroed: the next backward's first gradient is then taken as it is instead
+  // of added to zeros (a memset and an add per parameter saved); a parameter left without
+  // one is given zeros after the pipeline, before the reductions.
+  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  ++train_.iteration;
+  return absl::OkStatus();
+}
+
+absl::Status Varuna::RollForward(int64_t step, const std::vector<double>& vector) {
+  std::lock_guard<std::mutex> state(train_.mu);
+  if (train_.commit.pending() != step || train_.iteration != step - 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "rank ", stage_.rank, " cannot roll forward to step ", step, ": it is at step ",
+        train_.iteration, " with ",
+        train_.commit.pending() > 0 ? absl::StrCat("step ", train_.commit.pending(), "'s")
+                                    : std::string("no"),
+        " agreement pending"));
+  }
+  StepResult ignored;
+  return TorchCall(absl::StrCat("rolling forward to step ", step), [&]() -> absl::Status {
+    torch::NoGradGuard no_grad;
+    return ApplyAgreed(view().parameters(), vector, step, &ignored);
+  });
 }
 
 absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {

@@ -69,8 +69,8 @@ struct VarunaOptions {
   // Note [Committed step] in varuna.cc: keep each step's pre-update state until the next
   // step's agreement commits it, so a rescue can save a step every survivor has. Costs a
   // copy of this stage's parameters and optimizer state per step (docs/morphing.md has the
-  // measured cost); the worker turns it on for jobs that can morph (checkpoint.dir set, more
-  // than one rank).
+  // measured cost); the worker turns it on only for jobs on the relaunch path (checkpoint.dir
+  // set, more than one rank, not morphing in place: those roll forward instead).
   bool keep_pre_update = false;
   // Note [Faults] in fault.cc: VARUNA_FAULT's entries for this rank (none in production).
   FaultInjector faults;
@@ -142,6 +142,12 @@ class Varuna {
   // One optimizer step on this pipeline's share of the global batch (global_batch / D samples
   // in the uniform case; view().topology().pipeline(view().replica()).samples in general).
   absl::StatusOr<StepResult> step(const TensorMap& inputs);
+  // Applies step `step`, whose agreement this rank posted but never saw complete (a split, a
+  // peer lost mid-collective: Note [Committed step] in varuna.cc), with `vector`, that step's
+  // agreed vector as a rank that saw it completes holds it (checkpoints().CommitState()). The
+  // reduced gradients are still on the parameters: the update is the one the others applied.
+  // FailedPrecondition when this rank is not one step behind with that agreement pending.
+  absl::Status RollForward(int64_t step, const std::vector<double>& vector);
   // Mean loss per sample over every pipeline's `inputs` (each its own share); no update.
   absl::StatusOr<double> evaluate(const TensorMap& inputs);
   // Fills this stage's layers with load(layer name, layer) before the first step
@@ -183,6 +189,10 @@ class Varuna {
   // With options_.keep_pre_update, the state before this step's update (Note [Committed step]
   // in varuna.cc).
   absl::Status KeepPreUpdate();
+  // Everything after step `taking`'s agreement `vector` is known, under train_.mu: the
+  // commit's record, the scaler, the update, the gradients released, the step counted.
+  absl::Status ApplyAgreed(const std::vector<torch::Tensor>& params, std::vector<double> vector,
+                           int64_t taking, StepResult* result);
   // The update of an agreed step: clipping to options_.clip_grad_norm, the scheduled rate,
   // the optimizer's step.
   void ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm, int64_t taking);

@@ -221,10 +221,12 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
   const JobSpec& spec = in_.spec;
   VarunaOptions opts = base_opts_;
   opts.schedule = schedule;
-  // Note [Committed step] in varuna.cc: only a job that can be rescued or regrouped pays.
+  // Note [Committed step] in varuna.cc: a job that morphs in place copies nothing per step (a
+  // survivor that missed the newest agreement rolls forward in the hand-over); only the
+  // relaunch path's rescue, which has no peer to ask, keeps the pre-update state.
   // Tensor-parallel jobs neither rescue nor regroup (Note [Tensor parallelism]).
   opts.keep_pre_update = spec.checkpoint.commit && t.topology.world_size() > 1 && t.tp_size == 1 &&
-                         (!spec.checkpoint.dir.empty() || in_.args.in_place);
+                         !spec.checkpoint.dir.empty() && !in_.args.in_place;
   opts.faults = std::move(f);
   ASSIGN_OR_RETURN(
       auto e, Varuna::Create(std::move(m), t.topology, t.rank, std::move(g), in_.data->Batch(0, 2),
