@@ -1,11 +1,14 @@
 #!/usr/bin/env python3
 """Benchmark: the cost of committed steps (docs/morphing.md "Committed steps"): bench (b)'s
 GPT and shape (P=1, D=2 on 2 local ranks, global batch 32, micro-batch 16) with checkpoint.dir
-set, `checkpoint.commit: true` (each rank copies its pre-update state every step) against
-`false`, alternated round by round in one run. Per round: median samples/s over the steps
+set, in three modes alternated round by round in one run: `checkpoint.commit: false`; `true`
+on the relaunch path (each rank copies its pre-update state every step); `true` with
+--in_place, as the agent starts a job that morphs in place (nothing copied: a rank that misses
+an agreement rolls forward, Note [Roll forward]). Per round: median samples/s over the steps
 after the warm-up (wall clock) and samples per CPU-second of the whole run (user + system of
-the ranks, from getrusage of the reaped children: VM steal is not billed). Prints a markdown
-table for docs/benchmarks.md; the ratio is commit-on / commit-off (1.0 = free).
+the ranks, from getrusage of the reaped children: VM steal is not billed). The modes' order
+rotates each round. Prints a markdown table for docs/benchmarks.md; the ratios are each
+commit mode / commit off (1.0 = free).
 
 With --instructions, each rank runs under valgrind's callgrind instead, counting only the
 instructions executed inside Varuna::step (the whole step, the copy included): a count that
@@ -24,6 +27,11 @@ import statistics
 import tempfile
 
 from common import ROOT, corpus, harness, median_rate
+
+
+# Mode -> (checkpoint.commit, extra worker flags).
+MODES = {"off": (False, []), "relaunch": (True, []), "in place": (True, ["--in_place"])}
+MODES_LIST = list(MODES)
 
 
 def children_cpu():
@@ -51,36 +59,46 @@ def main():
     parallel = {"stages": 1, "replicas": 2, "micro_batch": 16}
     print(f"GPT {model}, P=1 D=2, global batch 32, micro-batch 16, {args.steps} steps "
           f"(first {args.warmup} skipped), {args.rounds} alternating rounds")
-    print("| round | commit off samples/s | commit on samples/s | on / off | "
-          "off samples/CPU-s | on samples/CPU-s | on / off per CPU-s |")
-    print("|---|---|---|---|---|---|---|")
-    ratios, cpu_ratios = [], []
+    print("| round | off samples/s | relaunch samples/s | in place samples/s | relaunch / off | "
+          "in place / off | off samples/CPU-s | relaunch samples/CPU-s | in place samples/CPU-s |"
+          " relaunch / off per CPU-s | in place / off per CPU-s |")
+    print("|---" * 11 + "|")
+    ratios = {m: [] for m in MODES_LIST[1:]}
+    cpu_ratios = {m: [] for m in MODES_LIST[1:]}
     for rnd in range(1, args.rounds + 1):
         row = {}
-        for commit in (False, True):
-            ckpt = os.path.join(tmp, f"ckpt-{rnd}-{commit}")
+        # The order rotates round by round: on this VM the first run of a round is often slower.
+        k = (rnd - 1) % len(MODES_LIST)
+        for mode in MODES_LIST[k:] + MODES_LIST[:k]:
+            commit, flags = MODES[mode]
+            ckpt = os.path.join(tmp, f"ckpt-{rnd}-{mode.replace(' ', '_')}")
             extra = (f"checkpoint: {{dir: {ckpt}, commit: {'true' if commit else 'false'}}}\n")
-            job = harness.job_yaml(os.path.join(tmp, f"job-{commit}.yaml"), data, model=model,
-                                   train=train, parallel=parallel, extra=extra)
+            job = harness.job_yaml(os.path.join(tmp, f"job-{mode.replace(' ', '_')}.yaml"), data,
+                                   model=model, train=train, parallel=parallel, extra=extra)
             cpu0 = children_cpu()
-            r = harness.run_workers(2, ["--job", job], timeout=1200)
+            r = harness.run_workers(2, ["--job", job] + flags, timeout=1200)
             cpu = children_cpu() - cpu0
             if not r.ok:
-                raise SystemExit(f"commit={commit} failed:\n" + "\n".join(r.outputs))
+                raise SystemExit(f"{mode} failed:\n" + "\n".join(r.outputs))
             rows = [m for m in r.metrics if m.get("rank", 0) == 0] or r.metrics
             rate = median_rate(rows, args.warmup)
             per_cpu = args.steps * 32 / cpu
-            row[commit] = (rate, per_cpu)
-        ratio = row[True][0] / row[False][0]
-        cpu_ratio = row[True][1] / row[False][1]
-        ratios.append(ratio)
-        cpu_ratios.append(cpu_ratio)
-        print(f"| {rnd} | {row[False][0]:.2f} | {row[True][0]:.2f} | {ratio:.3f} | "
-              f"{row[False][1]:.2f} | {row[True][1]:.2f} | {cpu_ratio:.3f} |", flush=True)
-    print(f"| median of rounds | | | **{statistics.median(ratios):.3f}** | | | "
-          f"**{statistics.median(cpu_ratios):.3f}** |")
-    print(f"spread on/off: {min(ratios):.3f}-{max(ratios):.3f} (wall), "
-          f"{min(cpu_ratios):.3f}-{max(cpu_ratios):.3f} (per CPU-s)")
+            row[mode] = (rate, per_cpu)
+        for m in MODES_LIST[1:]:
+            ratios[m].append(row[m][0] / row["off"][0])
+            cpu_ratios[m].append(row[m][1] / row["off"][1])
+        rates = " | ".join(f"{row[m][0]:.2f}" for m in MODES)
+        cpus = " | ".join(f"{row[m][1]:.2f}" for m in MODES)
+        print(f"| {rnd} | {rates} | {ratios['relaunch'][-1]:.3f} | {ratios['in place'][-1]:.3f} "
+              f"| {cpus} | {cpu_ratios['relaunch'][-1]:.3f} | {cpu_ratios['in place'][-1]:.3f} |",
+              flush=True)
+    med = {m: statistics.median(ratios[m]) for m in MODES_LIST[1:]}
+    cmed = {m: statistics.median(cpu_ratios[m]) for m in MODES_LIST[1:]}
+    print(f"| median of rounds | | | | **{med['relaunch']:.3f}** | **{med['in place']:.3f}** | | | | "
+          f"**{cmed['relaunch']:.3f}** | **{cmed['in place']:.3f}** |")
+    for m in MODES_LIST[1:]:
+        print(f"spread {m}/off: {min(ratios[m]):.3f}-{max(ratios[m]):.3f} (wall), "
+              f"{min(cpu_ratios[m]):.3f}-{max(cpu_ratios[m]):.3f} (per CPU-s)")
 
 
 def instructions(args):

@@ -129,6 +129,7 @@ struct RankResult {
   std::map<std::string, ShardSpec> shards;  // tensor parallelism: the sharded parameters
   std::vector<std::pair<std::string, torch::Tensor>> initial;  // before the first step
   bool grads_reset = false;         // every parameter's gradient undefined after the last step
+  int grad_storages = 0;            // distinct storages of the defined gradients after it
   std::vector<StepTimes> timeline;  // RunOptions::timeline: every step's
   std::shared_ptr<Varuna> engine;   // RunOptions::keep_engines: this rank's, after the run
 };
@@ -260,9 +261,12 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
       out.shards = (*engine)->view().sharded_parameters();
       if (o.timeline) out.timeline = timeline.TakeDone(/*wait=*/true);
       out.grads_reset = true;
+      std::set<const void*> storages;
       for (const auto& p : (*engine)->view().parameters()) {
         out.grads_reset = out.grads_reset && !p.grad().defined();
+        if (p.grad().defined()) storages.insert(p.grad().storage().data());
       }
+      out.grad_storages = static_cast<int>(storages.size());
     });
   }
   for (auto& t : threads) t.join();
@@ -298,14 +302,24 @@ TEST(EngineTest, EveryShapeMatchesOneProcess) {
 }
 
 // Note [Host syncs] (worker/engine/varuna.cc): a step reads the device back once, the
-// agreement's result; the gradients are left undefined after it, not zeroed.
+// agreement's result. With one pipeline the gradients are left undefined after it, not
+// zeroed; with several they are views of the data-parallel buckets (Note [Gradients as bucket
+// views] in gradient_reducer.cc): as many storages as buckets, nothing copied beside them.
 TEST(EngineTest, OneHostReadPerStepAndGradientsResetAfterIt) {
-  for (auto [P, D] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}}) {
+  RunOptions o;
+  o.bucket_bytes = 1 << 14;  // several buckets
+  o.first_bucket_bytes = 1 << 12;
+  for (auto [P, D] : std::vector<std::pair<int, int>>{{1, 1}, {2, 2}, {1, 2}}) {
     SCOPED_TRACE(absl::StrCat("P=", P, " D=", D));
-    for (const auto& r : Train(Uniform(P, D, 8), RunOptions())) {
+    for (const auto& r : Train(Uniform(P, D, 8), o)) {
       ASSERT_TRUE(r.status.ok()) << r.status;
       EXPECT_EQ(r.last.host_syncs, 1);
-      EXPECT_TRUE(r.grads_reset);
+      if (D == 1) {
+        EXPECT_TRUE(r.grads_reset);
+      } else {
+        EXPECT_GT(r.buckets, 2);
+        EXPECT_EQ(r.grad_storages, r.buckets);
+      }
     }
   }
 }

@@ -5,6 +5,7 @@
 #include "worker/engine/gradient_reducer.h"
 
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -86,9 +87,12 @@ TEST(GradientReducerTest, FinishSumsEachGradientOverTheGroup) {
 struct ToyStep {
   std::vector<std::vector<torch::Tensor>> grads;  // [rank][parameter]
   std::vector<int> early, buckets;
+  std::vector<int> storages;  // [rank]: distinct storages of the gradients after Finish()
 };
 
-ToyStep RunToyStep(bool overlap, bool tie_last_two) {
+// `views`: PrepareStep() first, so the gradients are views of the buckets (Note [Gradients as
+// bucket views]); else they are the backward's own tensors and the reducer copies.
+ToyStep RunToyStep(bool overlap, bool tie_last_two, bool views = false) {
   constexpr int kRanks = 2;
   torch::manual_seed(7);
   std::vector<torch::Tensor> init;
@@ -100,6 +104,7 @@ ToyStep RunToyStep(bool overlap, bool tie_last_two) {
   out.grads.resize(kRanks);
   out.early.resize(kRanks);
   out.buckets.resize(kRanks);
+  out.storages.resize(kRanks);
   std::vector<std::pair<std::string, std::string>> tied;
   if (tie_last_two) tied.emplace_back("layer3.w", "layer4.w");
   OnRanks(kRanks, [&](int r) {
@@ -116,6 +121,7 @@ ToyStep RunToyStep(bool overlap, bool tie_last_two) {
       for (auto& p : params) v.push_back(p.tensor);
       return v;
     }();
+    if (views) (*reducer)->PrepareStep();
     // Two micro-batches; the hooks post only during the last backward.
     for (int mb = 0; mb < 2; ++mb) {
       torch::Tensor x = inputs[r] * (mb + 1);
@@ -129,7 +135,12 @@ ToyStep RunToyStep(bool overlap, bool tie_last_two) {
     ASSERT_THAT((*reducer)->Finish(), IsOk());
     out.early[r] = (*reducer)->last_early_buckets();
     out.buckets[r] = (*reducer)->num_buckets();
-    for (auto& p : w) out.grads[r].push_back(p.grad().clone());
+    std::set<const void*> storages;
+    for (auto& p : w) {
+      out.grads[r].push_back(p.grad().clone());
+      storages.insert(p.grad().storage().data());
+    }
+    out.storages[r] = static_cast<int>(storages.size());
   });
   return out;
 }
@@ -158,6 +169,28 @@ TEST(GradientReducerTest, EarlyPostedBucketsGiveTheSameSums) {
             << "replicas differ: rank " << r << " parameter " << i;
       }
       if (tie) EXPECT_TRUE(torch::equal(early.grads[r][3], early.grads[r][4]));
+    }
+  }
+}
+
+// Note [Gradients as bucket views] in gradient_reducer.cc: after PrepareStep the backward
+// accumulates into the buckets themselves (one storage per bucket, nothing copied), and the
+// sums are bit for bit the copying path's, overlapped or not, tied or not.
+TEST(GradientReducerTest, GradientsThatAreBucketViewsGiveTheSameSums) {
+  for (bool tie : {false, true}) {
+    for (bool overlap : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(tie ? "tied" : "untied", overlap ? ", overlapped" : ""));
+      const ToyStep copied = RunToyStep(overlap, tie);
+      const ToyStep viewed = RunToyStep(overlap, tie, /*views=*/true);
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_EQ(copied.storages[r], static_cast<int>(kShapes.size())) << "rank " << r;
+        EXPECT_EQ(viewed.storages[r], viewed.buckets[r]) << "rank " << r;
+        EXPECT_LT(viewed.buckets[r], static_cast<int>(kShapes.size()));
+        for (size_t i = 0; i < kShapes.size(); ++i) {
+          EXPECT_TRUE(torch::equal(copied.grads[r][i], viewed.grads[r][i]))
+              << "rank " << r << " parameter " << i;
+        }
+      }
     }
   }
 }

@@ -47,6 +47,7 @@ void GradientReducer::LayOut(const std::vector<ReducedParameter>& params,
       }
       groups_[it->second].params.push_back(static_cast<int>(params_.size()));
     }
+    index_of_.emplace(p.tensor.unsafeGetTensorImpl(), static_cast<int>(params_.size()));
     params_.push_back(p.tensor);
   }
   std::vector<bool> is_tied(params.size(), false);
@@ -56,6 +57,7 @@ void GradientReducer::LayOut(const std::vector<ReducedParameter>& params,
     }
   }
   bucket_of_param_.assign(params_.size(), {-1, -1});
+  grad_view_.assign(params_.size(), torch::Tensor());
   for (size_t gi = 0; gi < groups_.size(); ++gi) {
     Group& g = groups_[gi];
     for (bool tied_pass : {false, true}) {
@@ -80,9 +82,22 @@ void GradientReducer::LayOut(const std::vector<ReducedParameter>& params,
     }
     for (const auto& b : g.bucket_of) {
       int64_t n = 0;
-      for (int i : b) n += params_[i].numel();
-      g.buckets.push_back(torch::empty({n}, torch::dtype(torch::kFloat).device(options_.device)));
+      bool viewable = true;
+      for (int i : b) {
+        n += params_[i].numel();
+        const torch::Tensor& p = params_[i];
+        viewable = viewable && p.scalar_type() == torch::kFloat && p.is_contiguous() &&
+                   p.device() == options_.device;
+      }
+      g.buckets.push_back(torch::zeros({n}, torch::dtype(torch::kFloat).device(options_.device)));
+      g.viewed.push_back(viewable);
       g.missing.push_back(static_cast<int>(b.size()));
+      if (!viewable) continue;
+      int64_t off = 0;
+      for (int i : b) {
+        grad_view_[i] = g.buckets.back().narrow(0, off, params_[i].numel()).view_as(params_[i]);
+        off += params_[i].numel();
+      }
     }
   }
   // The tied copies on this stage (their values were made equal at start-up).
@@ -96,6 +111,42 @@ void GradientReducer::LayOut(const std::vector<ReducedParameter>& params,
     } else if (has_first || has_second) {
       tied_.push_back({has_first ? mine[first] : mine[second], !has_first, torch::Tensor()});
     }
+  }
+}
+
+// Note [Gradients as bucket views]: as DDP's gradient_as_bucket_view, a parameter's gradient
+// is a view of its flat bucket, so the backward accumulates straight into what the all-reduce
+// sums and the sum is already the gradient: nothing is copied in or out (two passes over every
+// gradient per step before), and a gradient costs no memory beside its bucket. The buckets
+// are zeroed once per step before the first backward (one memset each); the first
+// micro-batch's gradient is then added to zeros instead of taken as it is, the price DDP pays
+// too. A bucket whose parameters are not all contiguous fp32 on the bucket's device keeps the
+// copies, and so does a gradient something replaced (checked per parameter by its address);
+// PrepareStep gives it its view back.
+void GradientReducer::PrepareStep() {
+  std::lock_guard<std::mutex> l(mu_);
+  torch::NoGradGuard no_grad;
+  for (Group& g : groups_) {
+    for (size_t b = 0; b < g.buckets.size(); ++b) {
+      if (!g.viewed[b]) continue;
+      g.buckets[b].zero_();
+      for (int i : g.bucket_of[b]) {
+        if (!GradIsView(i)) params_[i].mutable_grad() = grad_view_[i];
+      }
+    }
+  }
+}
+
+bool GradientReducer::GradIsView(int i) const {
+  const torch::Tensor& grad = params_[i].grad();
+  return grad_view_[i].defined() && grad.defined() && grad.data_ptr() == grad_view_[i].data_ptr();
+}
+
+void GradientReducer::ReleaseGradients(const std::vector<torch::Tensor>& params) {
+  for (const torch::Tensor& p : params) {
+    auto it = index_of_.find(p.unsafeGetTensorImpl());
+    if (it != index_of_.end() && grad_view_[it->second].defined()) continue;
+    p.mutable_grad() = torch::Tensor();
   }
 }
 
@@ -187,7 +238,8 @@ void GradientReducer::LaunchReadyBuckets() {
       int64_t off = 0;
       for (int i : g.bucket_of[b]) {
         const int64_t n = params_[i].numel();
-        g.buckets[b].narrow(0, off, n).copy_(params_[i].grad().reshape({-1}));
+        // A gradient that is its view is already there (Note [Gradients as bucket views]).
+        if (!GradIsView(i)) g.buckets[b].narrow(0, off, n).copy_(params_[i].grad().reshape({-1}));
         off += n;
       }
       g.works.push_back(g.pg->AllReduceSum(g.buckets[b], options_.timeout));
@@ -213,7 +265,9 @@ absl::Status GradientReducer::Finish() {
         int64_t off = 0;
         for (int i : g.bucket_of[b]) {
           const int64_t n = params_[i].numel();
-          params_[i].mutable_grad().copy_(g.buckets[b].narrow(0, off, n).view_as(params_[i]));
+          if (!GradIsView(i)) {
+            params_[i].mutable_grad().copy_(g.buckets[b].narrow(0, off, n).view_as(params_[i]));
+          }
           off += n;
         }
       }

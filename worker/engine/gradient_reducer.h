@@ -5,6 +5,8 @@
 // buckets, the gradient-accumulator hooks and the all-reduces are its own.
 //
 // Per training step, on the engine's thread:
+//   reducer->PrepareStep(); // before the first backward: zeroes the buckets, which are the
+//                           //   gradients (Note [Gradients as bucket views])
 //   reducer->Arm();         // right before the step's last backward: the hooks post buckets
 //   ...last backward...     //   as their gradients become final (Note [Overlapped all-reduce])
 //   reducer->ReduceTied();  // sums tied copies' gradients (Note [Tied weights])
@@ -18,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -58,6 +61,14 @@ class GradientReducer {
   GradientReducer(const GradientReducer&) = delete;
   GradientReducer& operator=(const GradientReducer&) = delete;
 
+  // Before the step's first backward: one memset per bucket, and every parameter whose
+  // gradient lives in a bucket (Note [Gradients as bucket views] in gradient_reducer.cc) given
+  // its view again if something replaced it.
+  void PrepareStep();
+  // After the update: releases the gradients of `params` (undefined: the next backward takes
+  // its first gradient as it is) except those that are views of a bucket, which stay until
+  // the next PrepareStep zeroes them.
+  void ReleaseGradients(const std::vector<torch::Tensor>& params);
   // From now until Finish() or Abort(), the hooks post each bucket once its gradients are
   // final. Call right before the step's last backward (earlier ones still accumulate).
   void Arm();
@@ -87,6 +98,8 @@ class GradientReducer {
     std::vector<int> params;                  // indices into params_, layer order
     std::vector<std::vector<int>> bucket_of;  // params per flat bucket, in launch order
     std::vector<torch::Tensor> buckets;
+    // Per bucket: its parameters' gradients are views of it (nothing copied in or out).
+    std::vector<bool> viewed;
     // Per step: gradients still missing per bucket, the next bucket to post, works posted.
     std::vector<int> missing;
     size_t next = 0;
@@ -105,12 +118,16 @@ class GradientReducer {
               const std::vector<std::pair<std::string, std::string>>& tied);
   void RegisterHooks();
   void OnGradReady(int param);
-  void LaunchReadyBuckets();   // mu_ held
-  void ResetStep(bool abort);  // mu_ held
+  bool GradIsView(int i) const;  // params_[i]'s gradient is its bucket's view
+  void LaunchReadyBuckets();     // mu_ held
+  void ResetStep(bool abort);    // mu_ held
 
   std::vector<torch::Tensor> params_;
   std::vector<Group> groups_;
   std::vector<std::pair<int, int>> bucket_of_param_;  // (group, bucket) per params_ index
+  // Per params_ index: the view of its bucket that is its gradient (undefined: copied).
+  std::vector<torch::Tensor> grad_view_;
+  std::unordered_map<const void*, int> index_of_;  // params_ index by TensorImpl
   std::vector<Tied> tied_;
   ProcessGroupPtr tied_group_;
   GradientReducerOptions options_;

@@ -570,6 +570,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   if (!faults.empty()) {
     run.after_first_forward = [&faults, taking] { faults.Hit(FaultPoint::kPipeline, taking); };
   }
+  RETURN_IF_ERROR(TorchCall("zeroing the gradient buckets", [&] { reducer_->PrepareStep(); }));
   absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
   if (!piped.ok()) {
     reducer_->Abort();
@@ -667,8 +668,9 @@ absl::Status Varuna::ApplyAgreed(const std::vector<torch::Tensor>& params,
   if (!skip) ApplyUpdate(params, result->grad_norm, taking);
   // Undefined, not zeroed: the next backward's first gradient is then taken as it is instead
   // of added to zeros (a memset and an add per parameter saved); a parameter left without
-  // one is given zeros after the pipeline, before the reductions.
-  for (auto& p : params) p.mutable_grad() = torch::Tensor();
+  // one is given zeros after the pipeline, before the reductions. Gradients that are views of
+  // a data-parallel bucket stay (Note [Gradients as bucket views] in gradient_reducer.cc).
+  reducer_->ReleaseGradients(params);
   ++train_.iteration;
   return absl::OkStatus();
 }
