@@ -15,6 +15,7 @@
 
 #include "tests/testing/status_matchers.h"
 #include "worker/dist/process_group.h"
+#include "worker/dist/read_back.h"
 #include "worker/engine/regroup.h"
 
 namespace varuna {
@@ -111,6 +112,46 @@ TEST(RetiredGroupsTest, ACollectiveInFlightKeepsItsGenerationUntilItEnds) {
   EXPECT_EQ(RetiredGroupsAlive(), 0);
   RetireGroups(std::move(g[1]));
   EXPECT_EQ(RetiredGroupsAlive(), 0);
+}
+
+// Note [NCCL waits] (worker/dist/read_back.cc): the host meets the device only where it reads
+// a result, polling with the job's timeout; on expiry the generation's works are aborted (an
+// NCCL communicator's kernels with them), and a regroup's abort ends the poll at once.
+TEST(WaitPollingTest, ReturnsOnceDoneAndNamesATimeoutAfterAbortingTheGroups) {
+  auto abort = std::make_shared<AbortSignal>();
+  int polls = 0;
+  WaitPolling([&] { return ++polls >= 5; }, abort.get(), std::chrono::seconds(5), "a read");
+  EXPECT_EQ(polls, 5);
+  EXPECT_FALSE(abort->aborted());
+
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    WaitPolling([] { return false; }, abort.get(), std::chrono::milliseconds(100), "a read");
+    ADD_FAILURE() << "a poll that never ends returned";
+  } catch (const std::runtime_error& e) {
+    EXPECT_THAT(e.what(), ::testing::HasSubstr("a read: timed out after 100 ms"));
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_GE(s, 0.1);
+  EXPECT_LT(s, 2.0);
+  EXPECT_TRUE(abort->aborted()) << "the groups were not aborted on expiry";
+
+  // Aborted (a regroup): the next poll ends at once, whatever the timeout.
+  const auto t1 = std::chrono::steady_clock::now();
+  EXPECT_THROW(
+      {
+        try {
+          WaitPolling([] { return false; }, abort.get(), std::chrono::minutes(5), "a read");
+        } catch (const std::runtime_error& e) {
+          EXPECT_THAT(e.what(), ::testing::HasSubstr("regrouping"));
+          throw;
+        }
+      },
+      std::runtime_error);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 1.0);
+  // A host tensor is read as it is.
+  const torch::Tensor t = torch::arange(3);
+  EXPECT_TRUE(ReadBack(t, abort.get(), std::chrono::seconds(1)).equal(t));
 }
 
 }  // namespace

@@ -246,6 +246,24 @@ TEST(TimelineOutTest, AnUnwritableFileIsNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, "/nonexistent/dir/t.jsonl"));
 }
 
+// A write that fails mid-run (here every write: /dev/full) warns and turns the timeline off;
+// training goes on, every call says OK, and the steps the engine still marks are dropped as
+// they end instead of piling up.
+TEST(TimelineOutTest, AFailedWriteMidRunTurnsTheTimelineOffNotTheRun) {
+  if (!std::ifstream("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  ASSERT_OK_AND_ASSIGN(auto out, TimelineOut::Open("/dev/full", 0, /*trace_steps=*/2, torch::kCPU));
+  for (int64_t step = 1; step <= 5; ++step) {
+    ASSERT_THAT(out->BeforeStep(step, 1, 5), IsOk()) << "step " << step;
+    {
+      StepTimeline::Scope f(out->timeline(), StepPhase::kForward);
+      torch::mm(torch::ones({8, 8}), torch::ones({8, 8}));
+    }
+    ASSERT_THAT(out->AfterStep(step, 1, 0.1), IsOk()) << "step " << step;
+    EXPECT_TRUE(out->timeline()->TakeDone(/*wait=*/true).empty()) << "step " << step;
+  }
+  EXPECT_THAT(out->Finish(), IsOk());
+}
+
 // A failed step's spans are dropped; the next step starts clean.
 TEST(StepTimelineTest, AFailedStepIsDropped) {
   StepTimeline t(torch::kCPU);

@@ -58,13 +58,19 @@ std::mutex& GlooPostMutex() {
 class C10dWork : public Work {
  public:
   // `abort` null: plain waits. `sliced`: a collective whose wait is taken in slices so that
-  // `abort` can end it (Note [Aborting waits]).
-  C10dWork(c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<AbortSignal> abort, bool sliced)
-      : w_(std::move(w)), abort_(std::move(abort)), sliced_(sliced) {}
+  // `abort` can end it (Note [Aborting waits]). `on_stream`: an NCCL work, waited on by the
+  // current stream, not the host (Note [NCCL waits] in read_back.cc).
+  C10dWork(c10::intrusive_ptr<c10d::Work> w, std::shared_ptr<AbortSignal> abort, bool sliced,
+           bool on_stream)
+      : w_(std::move(w)), abort_(std::move(abort)), sliced_(sliced), on_stream_(on_stream) {}
   void Wait(std::chrono::milliseconds timeout) override {
     if (abort_ && abort_->aborted()) {
       Abort();
       throw std::runtime_error("wait aborted: the job is regrouping");
+    }
+    if (on_stream_) {
+      w_->synchronize();  // with a timeout, c10d's wait would block the host
+      return;
     }
     if (!sliced_) {
       w_->wait(timeout);
@@ -110,6 +116,7 @@ class C10dWork : public Work {
   c10::intrusive_ptr<c10d::Work> w_;
   const std::shared_ptr<AbortSignal> abort_;
   const bool sliced_;
+  const bool on_stream_;
 };
 
 template <typename PG>
@@ -161,7 +168,7 @@ class C10dGroup : public ProcessGroup {
     return post();
   }
   WorkPtr Registered(c10::intrusive_ptr<c10d::Work> w, bool sliced) {
-    WorkPtr out = std::make_shared<C10dWork>(std::move(w), abort_, sliced);
+    WorkPtr out = std::make_shared<C10dWork>(std::move(w), abort_, sliced, backend_ == "nccl");
     if (abort_) abort_->Register(out);
     return out;
   }
@@ -236,15 +243,16 @@ class GlooFactory : public ProcessGroupFactory {
 };
 
 #ifdef VARUNA_WITH_NCCL
-// Blocking wait makes Work::wait honour its timeout and abort the communicator on expiry, so
-// a dead peer fails the survivors' collectives instead of hanging them (morphing relies on it).
+// No blocking wait: works are waited on the stream, and the host's reads of results poll with
+// the job's timeout and abort the communicators on expiry (Note [NCCL waits] in read_back.cc),
+// so c10d's watchdog must not tear the process down first: a survivor is rescued or
+// regrouped.
 class NcclFactory : public ProcessGroupFactory {
  public:
   NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout,
               std::shared_ptr<AbortSignal> abort, torch::Device device)
       : store_(std::move(store)), timeout_(timeout), abort_(std::move(abort)), device_(device) {
-    setenv("TORCH_NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
-    setenv("NCCL_BLOCKING_WAIT", "1", /*overwrite=*/0);
+    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", /*overwrite=*/0);
   }
   Backend backend() const override { return Backend::kNccl; }
   absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,

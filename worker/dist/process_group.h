@@ -51,8 +51,9 @@ using WorkPtr = std::shared_ptr<Work>;
 // point-to-point works (gloo supports that) and makes every wait on its collectives throw
 // within 50 ms (gloo's collectives cannot be aborted, so a wait is taken in slices and the
 // operation is left to end on its own timeout; the groups are then kept alive until it does,
-// never destroyed while it runs: Note [Retired groups] in worker/engine/regroup.cc). NCCL waits are
-// not sliced: its blocking wait aborts the communicator when a wait times out.
+// never destroyed while it runs: Note [Retired groups] in worker/engine/regroup.cc). NCCL works
+// are waited on the stream; the host's reads poll and abort (Note [NCCL waits] in
+// worker/dist/read_back.cc).
 class AbortSignal {
  public:
   void Abort();

@@ -1,5 +1,8 @@
 #include "worker/engine/checkpoint.h"
 
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include <torch/serialize.h>
 #include <yaml-cpp/yaml.h>
 
@@ -158,10 +161,48 @@ int64_t Checkpointer::committed_step() const {
   return state_->commit.Committed(state_->iteration, stage_->topology.world_size());
 }
 
+// Note [Rescue copies]: a rescue copies this rank's state to the host while its step may be
+// stuck in a collective that waits for a dead peer. On the compute stream those copies would
+// queue behind that collective and wait for its timeout (or forever). The state does not
+// change after its last update (the next one needs the state's lock, which the snapshot holds),
+// so the copies need only that update to be done: each change to the state records
+// TrainingState::changed on the compute stream, and the snapshot runs on a side stream from
+// the pool that waits for that event and nothing else. Periodic checkpoints and the relaunch
+// path's pre-update copy take the same road (they too then skip whatever the compute stream
+// has queued since).
+namespace {
+
+const c10::Event* ChangedEvent(const TrainingState& state) {
+  return state.changed ? &*state.changed : nullptr;
+}
+
+torch::Device StageDevice(const RankStage& stage) {
+  return stage.named_params.empty() ? torch::Device(torch::kCPU)
+                                    : stage.named_params.front().second.device();
+}
+
+}  // namespace
+
+void MarkStateChanged(TrainingState& state, torch::Device device) {
+  if (device.is_cpu()) return;
+  if (!state.changed) state.changed.emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);
+  c10::impl::VirtualGuardImpl impl(device.type());
+  state.changed->record(impl.getStream(device));
+}
+
 absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              torch::optim::Optimizer& optimizer,
-                                             const std::vector<bool>& mine) {
+                                             const std::vector<bool>& mine,
+                                             const c10::Event* after) {
   LayerSnapshot snapshot;
+  std::optional<c10::StreamGuard> side;
+  if (after != nullptr && after->device_type() != c10::DeviceType::CPU) {
+    c10::impl::VirtualGuardImpl impl(after->device_type());
+    const c10::Stream stream = impl.getStreamFromGlobalPool(
+        c10::Device(after->device_type(), after->device_index()), /*isHighPriority=*/true);
+    after->block(stream);
+    side.emplace(stream);
+  }
   RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
     for (size_t i = 0; i < stage.layers.size(); ++i) {
       if (!mine[i]) continue;
@@ -242,7 +283,8 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir,
   const std::string path = CheckpointPath(dir, state_->iteration);
   if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return state_->iteration;  // already saved
   ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(*stage_, *state_->optimizer,
-                                                 std::vector<bool>(stage_->layers.size(), true)));
+                                                 std::vector<bool>(stage_->layers.size(), true),
+                                                 ChangedEvent(*state_)));
   RETURN_IF_ERROR(WriteRescue(dir, state_->iteration, snapshot, CommonJson({stage_->rank}, info)));
   return state_->iteration;
 }
@@ -275,7 +317,8 @@ absl::StatusOr<Checkpointer::HeldState> Checkpointer::HeldAt(int64_t step) const
   if (step == state_->iteration) {
     if (!state_->optimizer) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
     ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer,
-                                              std::vector<bool>(stage_->layers.size(), true)));
+                                              std::vector<bool>(stage_->layers.size(), true),
+                                              ChangedEvent(*state_)));
     out.loss_scale = state_->scaler.scale();
     out.clean_steps = state_->scaler.clean_steps();
   } else if (const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(step)) {
@@ -308,6 +351,7 @@ absl::Status Checkpointer::Adopt(const HeldState& state) {
   }
   state_->scaler.Restore(state.loss_scale, state.clean_steps);
   state_->iteration = state.step;
+  MarkStateChanged(*state_, StageDevice(*stage_));
   state_->commit.Start(
       state.step);  // every rank of the generation adopted it (Note [Committed step])
   return absl::OkStatus();
@@ -361,7 +405,8 @@ absl::Status Checkpointer::Save(const std::string& dir,
   bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   LayerSnapshot snapshot;
   if (writer) {
-    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer, mine));
+    ASSIGN_OR_RETURN(snapshot,
+                     SnapshotLayers(*stage_, *state_->optimizer, mine, ChangedEvent(*state_)));
     // Every tp rank of a writer gathers; its tp rank 0 writes the full tensors.
     if (stage_->tp.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
   }
@@ -525,6 +570,7 @@ absl::StatusOr<int64_t> Checkpointer::Load(const std::string& ckpt_path) {
   state_->scaler.Restore(common.loss_scale, common.clean_steps);
   state_->iteration = step;
   state_->commit.Start(step);  // Note [Committed step] in varuna.cc: every rank loaded it
+  MarkStateChanged(*state_, StageDevice(*stage_));
   LOG(INFO) << "rank=" << stage_->rank << " loaded " << ckpt_path << " (written by "
             << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
                                          : common.pipelines)

@@ -30,9 +30,14 @@ absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::stri
 
 // The layers of `stage` marked in `mine` (one flag per layer), each with its optimizer state in
 // `optimizer`, copied to the CPU in the checkpoint's per-layer format, keyed by checkpoint file.
+// With `after` (TrainingState::changed), on a device, the copies run on a side stream behind
+// that event alone (Note [Rescue copies] in checkpoint.cc).
 absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              torch::optim::Optimizer& optimizer,
-                                             const std::vector<bool>& mine);
+                                             const std::vector<bool>& mine,
+                                             const c10::Event* after = nullptr);
+// Records `state.changed` on `device`'s current stream (nothing on the CPU). Under state.mu.
+void MarkStateChanged(TrainingState& state, torch::Device device);
 
 // Saves, rescues, loads and hands over one rank's stage: Varuna::checkpoints(). It owns the
 // background upload (Note [Background upload] in checkpoint.cc) and what the last rescue wrote;

@@ -5,12 +5,14 @@
 // (worker/engine/checkpoint.h) reads the first and reads and restores the second; callers ask
 // questions through an EngineView (Varuna::view()).
 
+#include <c10/core/Event.h>
 #include <torch/torch.h>
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,7 +64,11 @@ struct TrainingState {
   DynamicLossScaler scaler;
   int64_t iteration = 0;
   StepCommit commit;  // Note [Committed step] in varuna.cc
-  std::mutex mu;      // parameters, optimizer, scaler, iteration, commit
+  // On a device: recorded on the compute stream after every change to the state (an update, a
+  // load, an adoption), so snapshots copy behind it alone (Note [Rescue copies] in
+  // checkpoint.cc). Empty on the CPU and before the first change.
+  std::optional<c10::Event> changed;
+  std::mutex mu;  // parameters, optimizer, scaler, iteration, commit, changed
 };
 
 // Read-only answers about one rank's engine that do not change once Varuna::Create() returns:

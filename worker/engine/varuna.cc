@@ -13,6 +13,7 @@
 #include "common/pipeline/partition.h"
 #include "worker/dist/comm.h"
 #include "worker/dist/device.h"
+#include "worker/dist/read_back.h"
 #include "worker/dist/torch_status.h"
 #include "worker/engine/fused_adamw.h"
 #include "worker/engine/step_agreement.h"
@@ -28,9 +29,9 @@ namespace {
 // Every read the step makes goes through here and is counted (StepResult::host_syncs, each
 // step's metrics line); engine_test holds the count at 1 for P=1 D=1. (A pipeline's
 // activations through the host, gloo beside a GPU, are the transport's, not counted.)
-torch::Tensor HostRead(const torch::Tensor& t, StepResult* result) {
+torch::Tensor HostRead(const torch::Tensor& t, const ProcessGroups& groups, StepResult* result) {
   ++result->host_syncs;
-  return t.cpu();
+  return ReadBack(t, groups.abort.get(), groups.timeout);  // Note [NCCL waits] in read_back.cc
 }
 
 constexpr int kMetaTag = 2, kTieTag = 3;
@@ -58,7 +59,11 @@ absl::Status AgreeOnStartup(const ProcessGroups& groups, torch::Device xfer,
   absl::Status reduced = AllReduceSum(groups.world, flag, groups.timeout);
   if (!local.ok()) return local;
   RETURN_IF_ERROR(reduced);
-  if (flag[0].item<double>() > 0) {
+  double failed = 0;
+  RETURN_IF_ERROR(TorchCall("the start-up agreement", [&] {
+    failed = ReadBack(flag[0], groups.abort.get(), groups.timeout).item<double>();
+  }));
+  if (failed > 0) {
     return absl::AbortedError("another rank failed during start-up (its log names the problem)");
   }
   return absl::OkStatus();
@@ -352,7 +357,10 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
     absl::Status r =
         RecvBlocking(stage_.groups.links.act_in, meta_tensor, 0, kMetaTag, stage_.groups.timeout);
     if (st.ok()) st = r;
-    meta_tensor = meta_tensor.cpu();
+    absl::Status read = TorchCall("the dry run's boundary shapes", [&] {
+      meta_tensor = ReadBack(meta_tensor, stage_.groups.abort.get(), stage_.groups.timeout);
+    });
+    if (st.ok()) st = read;
     in_meta.assign(meta_tensor.data_ptr<int64_t>(),
                    meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
     if (st.ok() && in_meta[0] < 0) {
@@ -497,7 +505,8 @@ absl::Status Varuna::KeepPreUpdate() {
   if (!options_.keep_pre_update || stage_.topology.world_size() <= 1) return absl::OkStatus();
   StepCommit::PreUpdate pre;
   ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(stage_, *train_.optimizer,
-                                              std::vector<bool>(stage_.layers.size(), true)));
+                                              std::vector<bool>(stage_.layers.size(), true),
+                                              train_.changed ? &*train_.changed : nullptr));
   pre.step = train_.iteration;
   pre.loss_scale = train_.scaler.scale();
   pre.clean_steps = train_.scaler.clean_steps();
@@ -616,7 +625,8 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     const torch::Device xfer = TransferDevice(stage_.groups, device_);
     torch::Tensor meta = torch::tensor(vote.Pack(W), torch::kDouble).to(xfer);
     // On a device the step reads back once, here or after the all-reduce (Note [Host syncs]).
-    meta.narrow(0, 0, 4).add_(xfer == device_ ? computed : HostRead(computed, &result));
+    meta.narrow(0, 0, 4).add_(xfer == device_ ? computed
+                                              : HostRead(computed, stage_.groups, &result));
     {
       std::lock_guard<std::mutex> state(train_.mu);
       train_.commit.Posted(taking);  // from here it can roll forward (Note [Committed step])
@@ -635,7 +645,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
     faults.Hit(FaultPoint::kAfterAgreement, taking);
     // From here on only local state changes (scaler, parameters, optimizer, iteration):
     // a rescue on another thread sees all of this step or none of it (Note [Rescue]).
-    if (xfer == device_) meta = HostRead(meta, &result);
+    if (xfer == device_) meta = HostRead(meta, stage_.groups, &result);
     const double* v = meta.data_ptr<double>();
     std::lock_guard<std::mutex> state(train_.mu);
     return ApplyAgreed(params, std::vector<double>(v, v + meta.numel()), taking, &result);
@@ -672,6 +682,7 @@ absl::Status Varuna::ApplyAgreed(const std::vector<torch::Tensor>& params,
   // a data-parallel bucket stay (Note [Gradients as bucket views] in gradient_reducer.cc).
   reducer_->ReleaseGradients(params);
   ++train_.iteration;
+  MarkStateChanged(train_, device_);  // Note [Rescue copies] in checkpoint.cc
   return absl::OkStatus();
 }
 
@@ -703,7 +714,13 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
   for (auto& l : stage_.layers) l->train();
   RETURN_IF_ERROR(piped.status());
-  const double loss = piped->loss();
+  double loss = 0;
+  RETURN_IF_ERROR(TorchCall("the evaluation loss", [&] {
+    if (piped->loss_sum.defined()) {
+      loss = ReadBack(piped->loss_sum, stage_.groups.abort.get(), stage_.groups.timeout)
+                 .item<double>();
+    }
+  }));
   const double n = static_cast<double>(inputs.begin()->second.size(0));
   auto t = torch::tensor({view().is_last_stage() ? loss : 0.0, view().is_last_stage() ? n : 0.0},
                          torch::kDouble)
@@ -711,9 +728,13 @@ absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
   std::vector<torch::Tensor> v{t};
   if (stage_.topology.world_size() > 1)
     RETURN_IF_ERROR(AllReduceSum(stage_.groups.world, v, stage_.groups.timeout));
-  v[0] = v[0][0] / v[0][1];
+  double mean = 0;
+  RETURN_IF_ERROR(TorchCall("the evaluation's sum", [&] {
+    const torch::Tensor sum = ReadBack(v[0], stage_.groups.abort.get(), stage_.groups.timeout);
+    mean = sum[0].item<double>() / sum[1].item<double>();
+  }));
   broken_ = false;
-  return v[0].item<double>();
+  return mean;
 }
 
 }  // namespace varuna

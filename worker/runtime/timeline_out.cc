@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 
 namespace varuna {
@@ -34,6 +35,39 @@ absl::StatusOr<std::unique_ptr<TimelineOut>> TimelineOut::Open(const std::string
 }
 
 absl::Status TimelineOut::BeforeStep(int64_t step, int64_t first, int64_t last) {
+  return off_ ? absl::OkStatus() : Survive(TryBeforeStep(step, first, last));
+}
+
+absl::Status TimelineOut::AfterStep(int64_t step, int host_syncs, double step_s) {
+  if (!off_) return Survive(TryAfterStep(step, host_syncs, step_s));
+  // Off: the engine still marks its steps; they are dropped as they end.
+  timeline_.EndStep(step, host_syncs, step_s);
+  timeline_.TakeDone(/*wait=*/false);
+  return absl::OkStatus();
+}
+
+absl::Status TimelineOut::Finish() {
+  if (off_) {
+    timeline_.DropEnded();
+    return absl::OkStatus();
+  }
+  return Survive(TryFinish());
+}
+
+absl::Status TimelineOut::Survive(const absl::Status& s) {
+  if (s.ok()) return s;
+  LOG(WARNING) << "the step timeline stops here (" << path_ << "): " << s.message()
+               << "; training goes on";
+  off_ = true;
+  if (trace_) {
+    absl::StatusOr<TraceSummary> ignored = trace_->Stop(/*wait=*/false);
+    trace_.reset();
+  }
+  timeline_.DropEnded();
+  return absl::OkStatus();
+}
+
+absl::Status TimelineOut::TryBeforeStep(int64_t step, int64_t first, int64_t last) {
   if (trace_steps_ <= 0 || traced_ || trace_) return absl::OkStatus();
   // Past the first step (allocations, autotuning) when the run has room for it.
   const int64_t start = last - first + 1 > trace_steps_ ? first + 1 : first;
@@ -44,7 +78,7 @@ absl::Status TimelineOut::BeforeStep(int64_t step, int64_t first, int64_t last) 
   return absl::OkStatus();
 }
 
-absl::Status TimelineOut::AfterStep(int64_t step, int host_syncs, double step_s) {
+absl::Status TimelineOut::TryAfterStep(int64_t step, int host_syncs, double step_s) {
   timeline_.EndStep(step, host_syncs, step_s);
   if (trace_) ++trace_done_;
   RETURN_IF_ERROR(Write(/*wait=*/false));
@@ -52,7 +86,7 @@ absl::Status TimelineOut::AfterStep(int64_t step, int host_syncs, double step_s)
   return absl::OkStatus();
 }
 
-absl::Status TimelineOut::Finish() {
+absl::Status TimelineOut::TryFinish() {
   RETURN_IF_ERROR(Write(/*wait=*/!failed_));
   if (failed_) timeline_.DropEnded();
   if (trace_) RETURN_IF_ERROR(StopTrace(/*wait=*/!failed_));

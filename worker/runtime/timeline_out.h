@@ -34,6 +34,10 @@ class TimelineOut {
                                                            int process_rank, int64_t trace_steps,
                                                            torch::Device device);
   StepTimeline* timeline() { return &timeline_; }
+  // The three calls below never fail the run: an error mid-run (the disk full, the profiler
+  // refusing) is logged once as a warning and the timeline stops there, while training goes
+  // on (what was written stays). They return OK for that reason.
+  //
   // Before step `step` of a run whose steps are first..last: starts the trace on its first
   // step (the run's second, past the warm-up, when the run is long enough).
   absl::Status BeforeStep(int64_t step, int64_t first, int64_t last);
@@ -54,8 +58,13 @@ class TimelineOut {
  private:
   TimelineOut(int rank, int64_t trace_steps, torch::Device device)
       : rank_(rank), trace_steps_(trace_steps), device_(device), timeline_(device) {}
+  absl::Status TryBeforeStep(int64_t step, int64_t first, int64_t last);
+  absl::Status TryAfterStep(int64_t step, int host_syncs, double step_s);
+  absl::Status TryFinish();
   absl::Status Write(bool wait);
   absl::Status StopTrace(bool wait = true);
+  // An error mid-run: warns once and turns the timeline off (off_). Returns OK.
+  absl::Status Survive(const absl::Status& s);
 
   const int rank_;
   const int64_t trace_steps_;
@@ -67,6 +76,7 @@ class TimelineOut {
   int64_t trace_first_ = 0, trace_done_ = 0;  // steps traced so far
   bool traced_ = false;                       // the trace has run
   bool failed_ = false;                       // a step failed since the last Finish
+  bool off_ = false;                          // an error turned the timeline off
 };
 
 }  // namespace varuna
