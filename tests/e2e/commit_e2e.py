@@ -103,7 +103,9 @@ class CommitTest(unittest.TestCase):
         self.assertEqual(bool(m.get("in_place")), self.in_place(), m)
         if self.in_place():
             self.assertGreaterEqual(int(m["resumed_from"]), FAULT_STEP - 2, m)
-            if stage_lost:  # the hand-over reads the lost stage from the checkpoint
+            # "relaunch": lost only on the relaunch path (a fault in the rescue; in place the
+            # survivor regroups without one).
+            if stage_lost is True:  # the hand-over reads the lost stage from the checkpoint
                 self.assertGreater(int(m.get("checkpoint_bytes_read", 0)), 0, m)
         else:
             self.assertGreaterEqual(int(m.get("committed_step", 0)), FAULT_STEP - 2, m)
@@ -215,7 +217,7 @@ if os.environ.get("VARUNA_COMMIT_MATRIX"):
         add_matrix_cell(f"rescue_save_{action}",
                         f"update@{FAULT_STEP}:3:kill,rescue_save@{FAULT_STEP}:1:{action}",
                         timeout_s=10 if action == "freeze" else 30, every_steps=1,
-                        stage_lost=True)
+                        stage_lost="relaunch")
 
 
 class SoakTest(unittest.TestCase):
