@@ -172,16 +172,16 @@ int64_t Checkpointer::committed_step() const {
 // has queued since).
 namespace {
 
-const c10::Event* ChangedEvent(const TrainingState& state) {
-  return state.changed ? &*state.changed : nullptr;
-}
-
 torch::Device StageDevice(const RankStage& stage) {
   return stage.named_params.empty() ? torch::Device(torch::kCPU)
                                     : stage.named_params.front().second.device();
 }
 
 }  // namespace
+
+const c10::Event* ChangedEvent(const TrainingState& state) {
+  return state.changed ? &*state.changed : nullptr;
+}
 
 void MarkStateChanged(TrainingState& state, torch::Device device) {
   if (device.is_cpu()) return;

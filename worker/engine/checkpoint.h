@@ -38,6 +38,8 @@ absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              const c10::Event* after = nullptr);
 // Records `state.changed` on `device`'s current stream (nothing on the CPU). Under state.mu.
 void MarkStateChanged(TrainingState& state, torch::Device device);
+// `state.changed` for SnapshotLayers' `after`, or null before the first change (or on the CPU).
+const c10::Event* ChangedEvent(const TrainingState& state);
 
 // Saves, rescues, loads and hands over one rank's stage: Varuna::checkpoints(). It owns the
 // background upload (Note [Background upload] in checkpoint.cc) and what the last rescue wrote;

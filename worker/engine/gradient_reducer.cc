@@ -47,7 +47,6 @@ void GradientReducer::LayOut(const std::vector<ReducedParameter>& params,
       }
       groups_[it->second].params.push_back(static_cast<int>(params_.size()));
     }
-    index_of_.emplace(p.tensor.unsafeGetTensorImpl(), static_cast<int>(params_.size()));
     params_.push_back(p.tensor);
   }
   std::vector<bool> is_tied(params.size(), false);
@@ -142,11 +141,9 @@ bool GradientReducer::GradIsView(int i) const {
   return grad_view_[i].defined() && grad.defined() && grad.data_ptr() == grad_view_[i].data_ptr();
 }
 
-void GradientReducer::ReleaseGradients(const std::vector<torch::Tensor>& params) {
-  for (const torch::Tensor& p : params) {
-    auto it = index_of_.find(p.unsafeGetTensorImpl());
-    if (it != index_of_.end() && grad_view_[it->second].defined()) continue;
-    p.mutable_grad() = torch::Tensor();
+void GradientReducer::ReleaseGradients() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grad_view_[i].defined()) params_[i].mutable_grad() = torch::Tensor();
   }
 }
 

@@ -20,7 +20,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -65,10 +64,10 @@ class GradientReducer {
   // gradient lives in a bucket (Note [Gradients as bucket views] in gradient_reducer.cc) given
   // its view again if something replaced it.
   void PrepareStep();
-  // After the update: releases the gradients of `params` (undefined: the next backward takes
-  // its first gradient as it is) except those that are views of a bucket, which stay until
-  // the next PrepareStep zeroes them.
-  void ReleaseGradients(const std::vector<torch::Tensor>& params);
+  // After the update: releases the stage's gradients (undefined: the next backward takes its
+  // first gradient as it is) except those that are views of a bucket, which stay until the
+  // next PrepareStep zeroes them.
+  void ReleaseGradients();
   // From now until Finish() or Abort(), the hooks post each bucket once its gradients are
   // final. Call right before the step's last backward (earlier ones still accumulate).
   void Arm();
@@ -127,7 +126,6 @@ class GradientReducer {
   std::vector<std::pair<int, int>> bucket_of_param_;  // (group, bucket) per params_ index
   // Per params_ index: the view of its bucket that is its gradient (undefined: copied).
   std::vector<torch::Tensor> grad_view_;
-  std::unordered_map<const void*, int> index_of_;  // params_ index by TensorImpl
   std::vector<Tied> tied_;
   ProcessGroupPtr tied_group_;
   GradientReducerOptions options_;

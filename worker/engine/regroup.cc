@@ -71,7 +71,8 @@ absl::Status StoreSet(const ProcessGroups& groups, const std::string& key,
 }
 
 constexpr char kAgreedKey[] = "handover/agreed/";
-constexpr char kPublishedKey[] = "handover/published/";
+constexpr char kPublishedKey[] = "handover/published";
+constexpr char kAllPublishedKey[] = "handover/all_published";
 
 // Note [Roll forward]: a survivor may have posted step N's agreement and never seen it
 // complete while others did and applied N (a split: Note [Committed step] in varuna.cc). It
@@ -91,10 +92,12 @@ absl::Status RollForwardIfBehind(Varuna* old_engine, const ProcessGroups& groups
                              std::string(reinterpret_cast<const char*>(mine.vector.data()),
                                          mine.vector.size() * sizeof(double))));
   }
-  RETURN_IF_ERROR(StoreSet(groups, absl::StrCat(kPublishedKey, rank), "1"));
-  for (int r = 0; r < world; ++r) {
-    RETURN_IF_ERROR(StoreGet(groups, absl::StrCat(kPublishedKey, r)).status());
-  }
+  // One counter, and the last to publish says so: O(world) store requests, not O(world^2).
+  int64_t published = 0;
+  RETURN_IF_ERROR(TorchCall("counting the published agreements",
+                            [&] { published = groups.store->add(kPublishedKey, 1); }));
+  if (published == world) RETURN_IF_ERROR(StoreSet(groups, kAllPublishedKey, "1"));
+  RETURN_IF_ERROR(StoreGet(groups, kAllPublishedKey).status());
   if (mine.pending <= 0) return absl::OkStatus();
   const std::string key = absl::StrCat(kAgreedKey, mine.pending);
   bool known = false;

@@ -506,7 +506,7 @@ absl::Status Varuna::KeepPreUpdate() {
   StepCommit::PreUpdate pre;
   ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(stage_, *train_.optimizer,
                                               std::vector<bool>(stage_.layers.size(), true),
-                                              train_.changed ? &*train_.changed : nullptr));
+                                              ChangedEvent(train_)));
   pre.step = train_.iteration;
   pre.loss_scale = train_.scaler.scale();
   pre.clean_steps = train_.scaler.clean_steps();
@@ -680,7 +680,7 @@ absl::Status Varuna::ApplyAgreed(const std::vector<torch::Tensor>& params,
   // of added to zeros (a memset and an add per parameter saved); a parameter left without
   // one is given zeros after the pipeline, before the reductions. Gradients that are views of
   // a data-parallel bucket stay (Note [Gradients as bucket views] in gradient_reducer.cc).
-  reducer_->ReleaseGradients(params);
+  reducer_->ReleaseGradients();
   ++train_.iteration;
   MarkStateChanged(train_, device_);  // Note [Rescue copies] in checkpoint.cc
   return absl::OkStatus();
