@@ -191,6 +191,15 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   ASSIGN_OR_RETURN(YAML::Node n, LoadMetadata(what, what));
   if (doc != nullptr) *doc = n;
   CheckpointCommon c;
+  c.format = 1;
+  if (n["format"]) {
+    ASSIGN_OR_RETURN(c.format, Get<int>(n, "format", what));
+    if (c.format < 1 || c.format > kCheckpointFormat) {
+      return Damaged(absl::StrCat(what, ": format ", c.format,
+                                  " is not one this build reads (1 to ", kCheckpointFormat,
+                                  "; a newer varuna wrote it?)"));
+    }
+  }
   ASSIGN_OR_RETURN(c.step, Get<int64_t>(n, "step", what));
   ASSIGN_OR_RETURN(c.global_batch, Get<int64_t>(n, "global_batch", what));
   ASSIGN_OR_RETURN(c.stages, Get<int>(n, "stages", what));
@@ -333,7 +342,7 @@ absl::Status VerifyFiles(const std::string& ckpt_path, const YAML::Node& files,
 absl::Status CheckLayersCovered(const CheckpointCommon& common,
                                 const std::set<std::string>& covered) {
   for (const auto& l : common.layers) {
-    const std::string rel = absl::StrCat("layers/", l, ".pt");
+    const std::string rel = LayerFileOf(common.format, l);
     if (!covered.count(rel)) return Damaged(absl::StrCat("no writer recorded ", rel));
   }
   return absl::OkStatus();
@@ -376,7 +385,7 @@ absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,
     absl::Status st = c.status();
     if (st.ok() && first &&
         (c->step != first->step || c->global_batch != first->global_batch ||
-         c->layers != first->layers)) {
+         c->layers != first->layers || c->format != first->format)) {
       st = Damaged(absl::StrCat(file, " disagrees with the other rescuers"));
     }
     std::set<std::string> mine;
@@ -492,14 +501,18 @@ absl::StatusOr<std::optional<int64_t>> ResolveResumeStep(
                    newest_reason, "); refusing to start over (remove them to start fresh)"));
 }
 
+std::string LayerFileOf(int format, const std::string& layer) {
+  return absl::StrCat("layers/", layer, format == 1 ? ".pt" : ".safetensors");
+}
+
 std::string FormatCheckpointCommon(const CheckpointCommon& c,
                                    const std::map<std::string, std::string>& info) {
   std::string json = absl::StrFormat(
-      "{\"format\": 1, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
+      "{\"format\": %d, \"step\": %d, \"global_batch\": %d, \"stages\": %d, \"replicas\": %d,\n"
       " \"world\": %d, \"micro_batch\": %d, \"stage_to_rank_map\": \"%s\", \"pipelines\": "
       "\"%s\",\n \"loss_scale\": %.17g, \"clean_steps\": %d,\n \"writers\": [",
-      c.step, c.global_batch, c.stages, c.replicas, c.world, c.micro_batch, c.stage_to_rank_map,
-      c.pipelines, c.loss_scale, c.clean_steps);
+      c.format, c.step, c.global_batch, c.stages, c.replicas, c.world, c.micro_batch,
+      c.stage_to_rank_map, c.pipelines, c.loss_scale, c.clean_steps);
   for (size_t i = 0; i < c.writers.size(); ++i) absl::StrAppend(&json, i ? ", " : "", c.writers[i]);
   json += "],\n \"layers\": [";
   for (size_t i = 0; i < c.layers.size(); ++i) {

@@ -3,8 +3,11 @@
 // The on-disk checkpoint layout (docs/checkpoints.md), without LibTorch:
 //
 //   DIR/varuna_ckpt_<step>/            step = optimizer steps completed
-//     common.json                      written by rank 0: step, config, scaler, spec, writers
-//     layers/<layer name>.pt           one file per layer: parameters, buffers, optimizer state
+//     common.json                      written by rank 0: format, step, config, scaler, spec,
+//                                      writers
+//     layers/<layer name>.safetensors  one file per layer: parameters, buffers, optimizer state
+//                                      (format 2; format 1, still read: layers/<name>.pt, a
+//                                      pickled dict)
 //     manifest.rank<R>.json            per writer: every file it wrote, size and CRC-32
 //     complete.rank<R>                 per writer, written last (after fsync of the rest)
 //
@@ -57,7 +60,11 @@ inline constexpr uint64_t kMaxCheckpointFileBytes = uint64_t{1} << 40;
 
 // common.json, read and checked: step >= 1 and equal to the directory's, writers and layers
 // non-empty, unique and in range, layer names plain. DataLoss naming the problem otherwise.
+// The layer files' format this build writes; it reads 1 and 2 (LayerFileOf).
+inline constexpr int kCheckpointFormat = 2;
+
 struct CheckpointCommon {
+  int format = kCheckpointFormat;  // 1 when common.json has no "format" (none ever lacked it)
   int64_t step = 0;
   int64_t global_batch = 0;
   int stages = 0;
@@ -74,8 +81,11 @@ struct CheckpointCommon {
   int micro_batch = 0;
   std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)
 };
-// common.json's text for `c` (format 1), with `info` added as string fields (the worker
-// records the job spec there as model_spec). The one writer of the format; the reader is
+// A layer's file, relative to the checkpoint directory, in `format`:
+// "layers/<layer>.safetensors" (2) or "layers/<layer>.pt" (1).
+std::string LayerFileOf(int format, const std::string& layer);
+// common.json's text for `c` (its format field included), with `info` added as string fields (the
+// worker records the job spec there as model_spec). The one writer of the format; the reader is
 // ReadCheckpointCommon.
 std::string FormatCheckpointCommon(const CheckpointCommon& c,
                                    const std::map<std::string, std::string>& info);

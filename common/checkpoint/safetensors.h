@@ -13,7 +13,9 @@
 // the problem, never a crash or an out-of-range read (bench/fuzz.sh safetensors_fuzz).
 //
 // The writer streams: it takes every tensor's name, dtype and shape first, writes the header,
-// then the tensors' bytes one at a time in that order, so memory stays one tensor.
+// then the tensors' bytes one at a time in that order, so memory stays one tensor. It
+// computes the file's CRC-32 as the bytes go out and starts the disk's writeback behind them
+// (Note [Writes at disk speed] in safetensors.cc).
 // Its output is canonical: compact JSON, "__metadata__" first, tensors in the order given, the
 // header padded with spaces to a multiple of 8 (the golden file in tests/common/checkpoint is
 // made by an independent Python writer with the same rules).
@@ -83,11 +85,13 @@ class SafetensorsReader {
 
 class SafetensorsWriter {
  public:
-  // Creates `path` (via a temporary name, renamed by Finish) and writes the header for
-  // `tensors` (names unique, dtypes known, shapes non-negative; begin/end are ignored).
+  // Creates `path` (via a temporary name unique to this process and `writer`, renamed by
+  // Finish) and writes the header for `tensors` (names unique, dtypes known, shapes
+  // non-negative; begin/end are ignored).
   static absl::StatusOr<SafetensorsWriter> Create(const std::string& path,
                                                   std::vector<SafetensorsEntry> tensors,
-                                                  const std::map<std::string, std::string>& meta);
+                                                  const std::map<std::string, std::string>& meta,
+                                                  int writer = 0);
   SafetensorsWriter(SafetensorsWriter&& o) noexcept;
   SafetensorsWriter& operator=(SafetensorsWriter&& o) noexcept;
   SafetensorsWriter(const SafetensorsWriter&) = delete;
@@ -99,6 +103,9 @@ class SafetensorsWriter {
   absl::Status Append(absl::string_view name, const void* data, uint64_t bytes);
   // Checks every tensor was written, fsyncs, renames into place.
   absl::Status Finish();
+  // The CRC-32 (zlib's) and size of every byte written so far: after Finish(), the file's.
+  uint32_t crc32() const { return crc_; }
+  uint64_t size() const { return written_; }
   // The header's text for `tensors` (offsets assigned in order), padded; for tests and sizing.
   static std::string HeaderFor(std::vector<SafetensorsEntry>* tensors,
                                const std::map<std::string, std::string>& meta);
@@ -110,6 +117,12 @@ class SafetensorsWriter {
   std::vector<SafetensorsEntry> tensors_;
   size_t next_ = 0;
   uint64_t done_ = 0;  // bytes of tensors_[next_] written so far
+  uint64_t written_ = 0;
+  uint64_t flushed_ = 0;  // writeback started up to here
+  uint32_t crc_ = 0;
+
+  // Writes, checksums and starts writeback (Note [Writes at disk speed]).
+  absl::Status Put(const void* data, uint64_t bytes);
 };
 
 }  // namespace varuna

@@ -3,11 +3,15 @@
 Run from the build directory: python3 ../tests/e2e/checkpoint_e2e.py [TestClass]
 """
 
+import hashlib
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import zlib
 
 sys.path.insert(0, os.path.dirname(__file__))
 from lib import harness  # noqa: E402
@@ -122,14 +126,14 @@ class DamageTest(CheckpointFixture):
                 f.write(text)
 
         damages = {
-            "flipped": ("layers/blocks.1.pt", flip, "checksum"),
+            "flipped": ("layers/blocks.1.safetensors", flip, "checksum"),
             "manifest_type": ("manifest.rank0.json", retype_size, "'size'"),
-            "fifo_layer": ("layers/head.pt", fifo, "not a regular file"),
+            "fifo_layer": ("layers/head.safetensors", fifo, "not a regular file"),
             "no_step": ("common.json", drop_step, "'step' is missing"),
             "empty_lists": ("common.json", empty_lists, "lists no writers"),
-            "truncated": ("layers/head.pt", truncate, "bytes, manifest says"),
+            "truncated": ("layers/head.safetensors", truncate, "bytes, manifest says"),
             "no_marker": ("complete.rank1", os.remove, "never finished"),
-            "no_file": ("layers/embed.pt", os.remove, "missing file"),
+            "no_file": ("layers/embed.safetensors", os.remove, "missing file"),
         }
         for name, (rel, damage, reason) in damages.items():
             dst = self.copy_ckpt(src, [2, 4], "ck_" + name)
@@ -157,7 +161,7 @@ class DamageTest(CheckpointFixture):
         self.assertIn(left, [["varuna_ckpt_3", "varuna_ckpt_4"],
                              ["varuna_ckpt_2", "varuna_ckpt_3", "varuna_ckpt_4"]])
         tool = os.path.join(harness.BIN_DIR, "varuna-ckpt")
-        flip_path = os.path.join(ck, "varuna_ckpt_4", "layers", "head.pt")
+        flip_path = os.path.join(ck, "varuna_ckpt_4", "layers", "head.safetensors")
         with open(flip_path, "r+b") as f:
             f.seek(100)
             b = f.read(1)
@@ -170,7 +174,7 @@ class DamageTest(CheckpointFixture):
         self.assertIn("COMPLETE", lines[2])
         bad = subprocess.run([tool, "verify", ck], capture_output=True, text=True)
         self.assertEqual(bad.returncode, 1)
-        self.assertIn("layers/head.pt fails its checksum", bad.stderr)
+        self.assertIn("layers/head.safetensors fails its checksum", bad.stderr)
         good = subprocess.run([tool, "verify", ck, "3"], capture_output=True, text=True)
         self.assertEqual(good.returncode, 0)
 
@@ -182,6 +186,90 @@ class DamageTest(CheckpointFixture):
                                       "--resume_step", "latest"])
         self.assertFalse(res.ok)
         self.assertIn("none is complete", res.outputs[0].strip().splitlines()[-1])
+
+
+FORMAT1 = os.path.join(os.path.dirname(__file__), "testdata", "ckpt_format1")
+SMALL = {"layers": 2, "d_model": 16, "heads": 2}  # the model of FORMAT1's job
+
+
+def convert_format1(src, dst):
+    """FORMAT1's checkpoint rewritten in format 2 by independent tools: torch.load reads the
+    pickled layers, safetensors.torch.save_file writes them, zlib.crc32 the manifests."""
+    import torch
+    from safetensors.torch import save_file
+    shutil.copytree(src, dst)
+    with open(os.path.join(dst, "common.json")) as f:
+        common = json.load(f)
+    common["format"] = 2
+    with open(os.path.join(dst, "common.json"), "w") as f:
+        json.dump(common, f)
+    for name in os.listdir(dst):
+        if not name.startswith("manifest."):
+            continue
+        with open(os.path.join(dst, name)) as f:
+            files = json.load(f)["files"]
+        for entry in files:
+            if entry["path"].endswith(".pt"):
+                old = os.path.join(dst, entry["path"])
+                entry["path"] = entry["path"][:-3] + ".safetensors"
+                save_file({k: v.contiguous() for k, v in torch.load(old, weights_only=False).items()},
+                          os.path.join(dst, entry["path"]), metadata={"format": "pt"})
+                os.remove(old)
+            with open(os.path.join(dst, entry["path"]), "rb") as f:
+                data = f.read()
+            entry["size"], entry["crc32"] = len(data), zlib.crc32(data)
+        with open(os.path.join(dst, name), "w") as f:
+            json.dump({"files": files}, f)
+
+
+class FormatTest(CheckpointFixture):
+    """Format 2 (layer files of raw tensor bytes, safetensors) is what a save writes, and
+    checkpoints of format 1 (pickled layer files, tests/e2e/testdata/ckpt_format1, written by
+    the last build that wrote them) still load, to the value."""
+
+    def test_format1_loads_and_format2_round_trips(self):
+        import torch
+        from safetensors.torch import load_file
+        with open(os.path.join(FORMAT1, "losses.json")) as f:
+            recorded = json.load(f)
+        old = self.copy_ckpt(FORMAT1, 2, "ck_format1")
+        # A: resume the format-1 checkpoint for steps 3-6, saving 4 and 6 in format 2.
+        a = self.run_config(self.ckpt_job("fmt_a", old, 2, 6, model=SMALL), 2, 1,
+                            extra=["--resume_step", "latest"])
+        self.assertEqual([m["step"] for m in a.metrics], [3, 4, 5, 6])
+        with open(self.data, "rb") as f:
+            if hashlib.sha256(f.read()).hexdigest() == recorded["corpus_sha256"]:
+                # The run that wrote the fixture went on to steps 3 and 4 (on another machine,
+                # maybe: close, not bit-equal).
+                self.assertClose(a.losses()[:2], [recorded["losses"]["3"],
+                                                  recorded["losses"]["4"]], 1e-5,
+                                 "resumed from format 1 vs the run that wrote it")
+        ck4 = os.path.join(old, "varuna_ckpt_4")
+        with open(os.path.join(ck4, "common.json")) as f:
+            common = json.load(f)
+        self.assertEqual(common["format"], 2)
+        self.assertEqual(sorted(os.listdir(os.path.join(ck4, "layers"))),
+                         sorted(f"{layer}.safetensors" for layer in common["layers"]))
+        # Our files are safetensors as Python reads them: the same keys, shapes and dtypes
+        # as the format-1 files.
+        for layer in common["layers"]:
+            mine = load_file(os.path.join(ck4, "layers", f"{layer}.safetensors"))
+            theirs = torch.load(os.path.join(FORMAT1, "varuna_ckpt_2", "layers", f"{layer}.pt"),
+                                weights_only=False)
+            self.assertEqual({k: (v.shape, v.dtype) for k, v in mine.items()},
+                             {k: (v.shape, v.dtype) for k, v in theirs.items()}, layer)
+        # B: format 2 round-trips exactly: resuming step 4 gives A's steps 5-6 bit for bit.
+        b = self.run_config(self.ckpt_job("fmt_b", self.copy_ckpt(old, 4, "ck_fmt_b"), 0, 6,
+                                          model=SMALL), 2, 1, extra=["--resume_step", "latest"])
+        self.assertEqual(b.losses(), a.losses()[2:])
+        # C: the format-1 reader loads exactly what torch.load reads: the fixture converted to
+        # format 2 by independent tools resumes to A's losses bit for bit.
+        conv = os.path.join(self.tmp, "ck_converted")
+        convert_format1(os.path.join(FORMAT1, "varuna_ckpt_2"),
+                        os.path.join(conv, "varuna_ckpt_2"))
+        c = self.run_config(self.ckpt_job("fmt_c", conv, 0, 6, model=SMALL), 2, 1,
+                            extra=["--resume_step", "latest"])
+        self.assertEqual(c.losses(), a.losses())
 
 
 class SignalTest(CheckpointFixture):
@@ -220,6 +308,8 @@ class SignalTest(CheckpointFixture):
         self.assertEqual([m["step"] for m in resumed.metrics], [stopped + 1, end])
         ref = self.run_config(self.job("sig_ref", train={"steps": end}), 2, 2).losses()
         self.assertClose(resumed.losses(), ref[stopped:], 1e-4, "resume after SIGUSR1")
+
+
 
 
 if __name__ == "__main__":

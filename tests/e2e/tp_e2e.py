@@ -137,7 +137,7 @@ class ResumeTest(CheckpointFixture):
         first = harness.run_workers(2, ["--job", job, "--stage_to_rank_map", "0;"])
         self.assertTrue(first.ok, "\n".join(o[-2000:] for o in first.outputs))
         self.assertClose(first.losses(), full, 1e-4, "tp 2 run")
-        layer = os.path.join(src, "varuna_ckpt_2", "layers", "blocks.0.pt")
+        layer = os.path.join(src, "varuna_ckpt_2", "layers", "blocks.0.safetensors")
         self.assertTrue(os.path.exists(layer))
         for name, tp, p, d in [("tp1", 1, 1, 1), ("tp1_2x2", 1, 2, 2), ("tp4", 4, 1, 1)]:
             dst = self.copy_ckpt(src, 2, f"ck_{name}")

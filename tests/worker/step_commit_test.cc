@@ -14,7 +14,7 @@ StepCommit::PreUpdate Pre(int64_t step) {
   p.loss_scale = 1024;
   c10::Dict<std::string, at::Tensor> layer;
   layer.insert("weight", torch::ones({2}));
-  p.layers.emplace_back("layers/embed.pt", layer);
+  p.layers.emplace_back("embed", layer);
   return p;
 }
 

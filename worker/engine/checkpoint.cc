@@ -21,6 +21,7 @@
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_store.h"
 #include "worker/dist/torch_status.h"
+#include "worker/models/layer_file.h"
 
 namespace varuna {
 namespace {
@@ -28,23 +29,40 @@ namespace {
 // The optimizer's key for a parameter's state: the address of its TensorImpl.
 void* StateKey(const torch::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
+// `t` on the host for a snapshot, as `dtype` (Note [Rescue copies]): a CPU tensor itself when
+// `borrow` (the caller writes it before the state changes again) or else a copy; a device
+// tensor's copy into pinned memory, queued on the current stream (the caller synchronizes it).
+at::Tensor OnHost(const at::Tensor& t, bool borrow, at::ScalarType dtype) {
+  const at::Tensor d = t.detach();
+  if (d.device().is_cpu()) {
+    if (d.scalar_type() != dtype) return d.to(dtype);
+    return borrow ? d : d.clone();
+  }
+  at::Tensor host =
+      at::empty(d.sizes(), d.options().device(torch::kCPU).dtype(dtype).pinned_memory(true));
+  host.copy_(d, /*non_blocking=*/true);
+  return host;
+}
+at::Tensor OnHost(const at::Tensor& t, bool borrow) { return OnHost(t, borrow, t.scalar_type()); }
+
 // Optimizer state of one parameter as named tensors ("<kind>.<field>").
 void SaveOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
-                        const std::string& name, c10::Dict<std::string, at::Tensor>* out) {
+                        const std::string& name, bool borrow,
+                        c10::Dict<std::string, at::Tensor>* out) {
   auto it = opt.state().find(StateKey(p));
   if (it == opt.state().end()) return;
   auto* s = it->second.get();
   if (auto* a = dynamic_cast<torch::optim::AdamWParamState*>(s)) {
     out->insert("opt." + name + ".step", torch::tensor(a->step()));
-    out->insert("opt." + name + ".exp_avg", a->exp_avg().cpu().clone());
-    out->insert("opt." + name + ".exp_avg_sq", a->exp_avg_sq().cpu().clone());
+    out->insert("opt." + name + ".exp_avg", OnHost(a->exp_avg(), borrow));
+    out->insert("opt." + name + ".exp_avg_sq", OnHost(a->exp_avg_sq(), borrow));
   } else if (auto* b = dynamic_cast<torch::optim::AdamParamState*>(s)) {
     out->insert("opt." + name + ".step", torch::tensor(b->step()));
-    out->insert("opt." + name + ".exp_avg", b->exp_avg().cpu().clone());
-    out->insert("opt." + name + ".exp_avg_sq", b->exp_avg_sq().cpu().clone());
+    out->insert("opt." + name + ".exp_avg", OnHost(b->exp_avg(), borrow));
+    out->insert("opt." + name + ".exp_avg_sq", OnHost(b->exp_avg_sq(), borrow));
   } else if (auto* g = dynamic_cast<torch::optim::SGDParamState*>(s)) {
     if (g->momentum_buffer().defined()) {
-      out->insert("opt." + name + ".momentum_buffer", g->momentum_buffer().cpu().clone());
+      out->insert("opt." + name + ".momentum_buffer", OnHost(g->momentum_buffer(), borrow));
     }
   }
 }
@@ -72,8 +90,6 @@ void LoadOptimizerState(torch::optim::Optimizer& opt, const torch::Tensor& p,
     opt.state()[StateKey(p)] = std::move(s);
   }
 }
-
-std::string ToBytes(const std::vector<char>& v) { return std::string(v.begin(), v.end()); }
 
 // The per-layer keys that hold a slice of a sharded parameter with tensor parallelism: the
 // parameter and its optimizer state of SaveOptimizerState's shapes (Adam's step is a scalar).
@@ -192,9 +208,10 @@ void MarkStateChanged(TrainingState& state, torch::Device device) {
 
 absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              torch::optim::Optimizer& optimizer,
-                                             const std::vector<bool>& mine,
-                                             const c10::Event* after) {
+                                             const std::vector<bool>& mine, const c10::Event* after,
+                                             bool borrow) {
   LayerSnapshot snapshot;
+  const torch::Device device = StageDevice(stage);
   std::optional<c10::StreamGuard> side;
   if (after != nullptr && after->device_type() != c10::DeviceType::CPU) {
     c10::impl::VirtualGuardImpl impl(after->device_type());
@@ -208,13 +225,17 @@ absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
       if (!mine[i]) continue;
       c10::Dict<std::string, at::Tensor> d;
       for (const auto& p : stage.layers[i]->named_parameters(/*recurse=*/true)) {
-        d.insert("param." + p.key(), p.value().detach().to(torch::kCPU, torch::kFloat).clone());
-        SaveOptimizerState(optimizer, p.value(), p.key(), &d);
+        d.insert("param." + p.key(), OnHost(p.value(), borrow, torch::kFloat));
+        SaveOptimizerState(optimizer, p.value(), p.key(), borrow, &d);
       }
       for (const auto& b : stage.layers[i]->named_buffers(/*recurse=*/true)) {
-        d.insert("buffer." + b.key(), b.value().detach().cpu().clone());
+        d.insert("buffer." + b.key(), OnHost(b.value(), borrow));
       }
-      snapshot.emplace_back(absl::StrCat("layers/", stage.layer_names[i], ".pt"), std::move(d));
+      snapshot.emplace_back(stage.layer_names[i], std::move(d));
+    }
+    if (!device.is_cpu()) {  // the pinned copies were queued: wait for them
+      c10::impl::VirtualGuardImpl impl(device.type());
+      impl.getStream(device).synchronize();
     }
   }));
   return snapshot;
@@ -284,7 +305,7 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir,
   if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return state_->iteration;  // already saved
   ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(*stage_, *state_->optimizer,
                                                  std::vector<bool>(stage_->layers.size(), true),
-                                                 ChangedEvent(*state_)));
+                                                 ChangedEvent(*state_), /*borrow=*/true));
   RETURN_IF_ERROR(WriteRescue(dir, state_->iteration, snapshot, CommonJson({stage_->rank}, info)));
   return state_->iteration;
 }
@@ -329,12 +350,7 @@ absl::StatusOr<Checkpointer::HeldState> Checkpointer::HeldAt(int64_t step) const
     return absl::NotFoundError(absl::StrCat("rank ", stage_->rank, " holds no state of step ", step,
                                             " (it is at step ", state_->iteration, ")"));
   }
-  // Snapshots are keyed by their checkpoint file ("layers/<name>.pt").
-  for (auto& [rel, dict] : snapshot) {
-    std::string name = rel.substr(std::string("layers/").size());
-    name.resize(name.size() - 3);
-    out.layers.emplace(std::move(name), std::move(dict));
-  }
+  for (auto& [name, dict] : snapshot) out.layers.emplace(std::move(name), std::move(dict));
   return out;
 }
 
@@ -365,12 +381,10 @@ absl::Status Checkpointer::WriteRescue(const std::string& dir, int64_t step,
   std::filesystem::create_directories(path + "/layers", ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
   std::vector<FileDigest> written;
-  for (const auto& [rel, dict] : layers) {
-    std::string bytes;
-    RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
-                              [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
-    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(path, "/", rel), bytes, stage_->rank));
-    written.push_back(DigestBytes(rel, bytes));
+  for (const auto& [layer, dict] : layers) {
+    ASSIGN_OR_RETURN(FileDigest d, WriteLayerFile(path, LayerFileOf(kCheckpointFormat, layer), dict,
+                                                  stage_->rank));
+    written.push_back(std::move(d));
   }
   return WriteRescueRecord(path, stage_->rank, common_json, written);
 }
@@ -405,8 +419,10 @@ absl::Status Checkpointer::Save(const std::string& dir,
   bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   LayerSnapshot snapshot;
   if (writer) {
-    ASSIGN_OR_RETURN(snapshot,
-                     SnapshotLayers(*stage_, *state_->optimizer, mine, ChangedEvent(*state_)));
+    // Written before this returns (no tempdir): the state's own CPU tensors, no copy (the
+    // state's lock is held throughout).
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer, mine,
+                                              ChangedEvent(*state_), /*borrow=*/tempdir.empty()));
     // Every tp rank of a writer gathers; its tp rank 0 writes the full tensors.
     if (stage_->tp.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
   }
@@ -423,12 +439,11 @@ absl::Status Checkpointer::Save(const std::string& dir,
   auto write_all = [path, stage_path, writer, rank, upload, json,
                     snapshot = std::move(snapshot)]() -> absl::Status {
     std::vector<FileDigest> written;
-    for (const auto& [rel, dict] : snapshot) {
-      std::string bytes;
-      RETURN_IF_ERROR(TorchCall(absl::StrCat("serializing ", rel),
-                                [&] { bytes = ToBytes(torch::pickle_save(dict)); }));
-      RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(stage_path, "/", rel), bytes, rank));
-      written.push_back(DigestBytes(rel, bytes));
+    for (const auto& [layer, dict] : snapshot) {
+      ASSIGN_OR_RETURN(
+          FileDigest d,
+          WriteLayerFile(stage_path, LayerFileOf(kCheckpointFormat, layer), dict, rank));
+      written.push_back(std::move(d));
     }
     if (!json.empty()) {
       RETURN_IF_ERROR(WriteFileAtomic(stage_path + "/common.json", json, rank));
@@ -469,26 +484,6 @@ absl::Status Checkpointer::Wait() {
   absl::Status st = upload_.status;
   upload_.status = absl::OkStatus();
   return st;
-}
-
-absl::StatusOr<c10::Dict<std::string, at::Tensor>> UnpickleLayer(const std::vector<char>& bytes,
-                                                                 const std::string& what) {
-  c10::Dict<std::string, at::Tensor> in;
-  RETURN_IF_ERROR(TorchCall(absl::StrCat("loading ", what), [&] {
-    auto d = torch::pickle_load(bytes).toGenericDict();
-    for (const auto& e : d) in.insert(e.key().toStringRef(), e.value().toTensor());
-  }));
-  return in;
-}
-
-absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::string& file,
-                                                                 int64_t* bytes_read) {
-  auto data = ReadRegularFile(file, kMaxCheckpointFileBytes, "checkpoint layer");
-  if (!data.ok()) return absl::DataLossError(std::string(data.status().message()));
-  if (bytes_read != nullptr) *bytes_read += static_cast<int64_t>(data->size());
-  std::vector<char> bytes(data->begin(), data->end());
-  data->clear();
-  return UnpickleLayer(bytes, file);
 }
 
 absl::Status Checkpointer::GatherShards(const std::vector<bool>& mine,
@@ -563,7 +558,8 @@ absl::StatusOr<int64_t> Checkpointer::Load(const std::string& ckpt_path) {
         stage_->topology.global_batch(), " (it must not change across a resume)"));
   }
   for (size_t i = 0; i < stage_->layers.size(); ++i) {
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", stage_->layer_names[i], ".pt");
+    const std::string file =
+        absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, stage_->layer_names[i]));
     ASSIGN_OR_RETURN(auto in, ReadLayerFile(file, nullptr));
     RETURN_IF_ERROR(LoadLayer(i, in, file));
   }

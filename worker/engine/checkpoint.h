@@ -18,24 +18,21 @@
 #include "worker/engine/engine_state.h"
 #include "worker/engine/fault.h"
 #include "worker/engine/step_commit.h"
+#include "worker/models/layer_file.h"
 
 namespace varuna {
 
-// One layer's state in the checkpoint's per-layer format (parameters, optimizer state,
-// buffers), from pickled bytes or a layer file (adding its size to `bytes_read` if given).
-absl::StatusOr<c10::Dict<std::string, at::Tensor>> UnpickleLayer(const std::vector<char>& bytes,
-                                                                 const std::string& what);
-absl::StatusOr<c10::Dict<std::string, at::Tensor>> ReadLayerFile(const std::string& file,
-                                                                 int64_t* bytes_read);
-
 // The layers of `stage` marked in `mine` (one flag per layer), each with its optimizer state in
-// `optimizer`, copied to the CPU in the checkpoint's per-layer format, keyed by checkpoint file.
-// With `after` (TrainingState::changed), on a device, the copies run on a side stream behind
-// that event alone (Note [Rescue copies] in checkpoint.cc).
+// `optimizer`, on the host in the checkpoint's per-layer format, keyed by layer name: copies,
+// or with `borrow` the CPU state's own tensors (for a caller that writes them before the state
+// changes again). A device's tensors are copied into pinned memory; with `after`
+// (TrainingState::changed) the copies run on a side stream behind that event alone (Note
+// [Rescue copies] in checkpoint.cc).
 absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              torch::optim::Optimizer& optimizer,
                                              const std::vector<bool>& mine,
-                                             const c10::Event* after = nullptr);
+                                             const c10::Event* after = nullptr,
+                                             bool borrow = false);
 // Records `state.changed` on `device`'s current stream (nothing on the CPU). Under state.mu.
 void MarkStateChanged(TrainingState& state, torch::Device device);
 // `state.changed` for SnapshotLayers' `after`, or null before the first change (or on the CPU).

@@ -233,9 +233,14 @@ absl::Status MoveLayers(const Handover& plan, const std::optional<Checkpointer::
 // Reads the layers of `plan.reads` for this rank from the checkpoint at `ckpt_path`.
 absl::Status ReadCheckpointLayers(const Handover& plan, const std::string& ckpt_path, int rank,
                                   Checkpointer::HeldState* state, HandoverStats* stats) {
+  int format = 0;  // the checkpoint's layer-file format, read with the first layer wanted
   for (const auto& read : plan.reads) {
     if (read.dst != rank) continue;
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", read.layer, ".pt");
+    if (format == 0) {
+      ASSIGN_OR_RETURN(CheckpointCommon common, ReadCheckpointCommon(ckpt_path));
+      format = common.format;
+    }
+    const std::string file = absl::StrCat(ckpt_path, "/", LayerFileOf(format, read.layer));
     ASSIGN_OR_RETURN(auto dict, ReadLayerFile(file, &stats->checkpoint_bytes_read));
     state->layers.emplace(read.layer, std::move(dict));
   }

@@ -18,7 +18,7 @@
 
 namespace varuna {
 
-// A stage's layers in the checkpoint's per-layer format, by checkpoint file name.
+// A stage's layers in the checkpoint's per-layer format, by layer name.
 using LayerSnapshot = std::vector<std::pair<std::string, c10::Dict<std::string, at::Tensor>>>;
 
 class StepCommit {

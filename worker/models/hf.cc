@@ -18,7 +18,9 @@
 #include "common/base/safe_file.h"
 #include "common/base/status_macros.h"
 #include "common/checkpoint/checkpoint_store.h"
+#include "common/checkpoint/safetensors.h"
 #include "worker/dist/torch_status.h"
+#include "worker/models/layer_file.h"
 
 namespace varuna {
 namespace {
@@ -40,10 +42,11 @@ bool IsTiedSecond(const ModelSpec& spec, const std::string& name) {
   return false;
 }
 
-// Note [Mapped layer files]: a checkpoint layer file (torch::pickle_save of a dict: a zip
-// whose data.pkl names storages data/0, data/1, ...) is mapped read-only, and each storage is
-// handed to the unpickler as a view of the mapping (a DeserializationStorageContext filled
-// beforehand), so loading copies nothing and only the pages of tensors actually read become
+// Note [Mapped layer files]: a checkpoint layer file is mapped read-only and its tensors are
+// views of the mapping: in format 2 (safetensors) at the offsets its header gives; in format 1
+// (torch::pickle_save of a dict: a zip whose data.pkl names storages data/0, data/1, ...) each
+// storage is handed to the unpickler as a view (a DeserializationStorageContext filled
+// beforehand). So loading copies nothing and only the pages of tensors actually read become
 // resident. Export touches the parameters and never the optimizer state beside them, a
 // piece at a time, and gives each piece's pages back once written (MappedLayer::Release), so
 // its memory is a piece, not a layer.
@@ -63,6 +66,21 @@ class MappedLayer {
     if (m->base_ == MAP_FAILED) {
       m->base_ = nullptr;
       return absl::InternalError(absl::StrCat("cannot map ", path));
+    }
+    if (absl::EndsWith(path, ".safetensors")) {
+      // Format 2: the header gives every tensor's place in the file, checked against its size.
+      absl::StatusOr<SafetensorsReader> reader = SafetensorsReader::Open(path);
+      if (!reader.ok()) return absl::DataLossError(std::string(reader.status().message()));
+      for (const SafetensorsEntry& e : reader->tensors()) {
+        if (e.end > m->size_) return absl::DataLossError(absl::StrCat(path, ": the file shrank"));
+        ASSIGN_OR_RETURN(at::ScalarType type, ScalarTypeOf(e.dtype));
+        RETURN_IF_ERROR(TorchCall(absl::StrCat("reading ", path), [&] {
+          m->dict_.insert(e.name, torch::from_blob(static_cast<char*>(m->base_) + e.begin, e.shape,
+                                                   torch::TensorOptions().dtype(type)));
+        }));
+      }
+      ::madvise(m->base_, m->size_, MADV_SEQUENTIAL);
+      return m;
     }
     RETURN_IF_ERROR(TorchCall(absl::StrCat("reading ", path), [&]() -> absl::Status {
       caffe2::serialize::PyTorchStreamReader reader(path);
@@ -181,7 +199,8 @@ absl::StatusOr<std::vector<ExportItem>> ListExportItems(const std::string& ckpt_
                                                         HfExportStats* stats) {
   std::vector<ExportItem> items;
   for (size_t l = 0; l < common.layers.size(); ++l) {
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", common.layers[l], ".pt");
+    const std::string file =
+        absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, common.layers[l]));
     ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
     uint64_t layer_bytes = 0;
     for (const auto& [key, t] : mapped->Params()) {
@@ -258,7 +277,8 @@ absl::Status WriteExportShards(const std::string& ckpt_path, const CheckpointCom
   size_t in_this_shard = 0;
   for (size_t i = 0; i < items.size();) {
     const size_t l = items[i].layer;
-    const std::string file = absl::StrCat(ckpt_path, "/layers/", common.layers[l], ".pt");
+    const std::string file =
+        absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, common.layers[l]));
     ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
     const auto params = mapped->Params();
     for (; i < items.size() && items[i].layer == l; ++i) {

@@ -30,22 +30,23 @@ class CheckpointStoreTest : public ::testing::Test {
   }
   void TearDown() override { fs::remove_all(dir_); }
 
-  // A two-writer checkpoint with one layer file each, complete unless told otherwise.
-  void Write(int64_t step, bool complete = true, std::string common = "") {
+  // A two-writer checkpoint with one layer file each, complete unless told otherwise; the
+  // layer files end in `ext` (".pt": format 1, which a common.json without "format" is).
+  void Write(int64_t step, bool complete = true, std::string common = "",
+             const std::string& ext = ".pt") {
     const std::string path = CheckpointPath(dir_.string(), step);
     fs::create_directories(path + "/layers");
     if (common.empty()) common = Common(step, "[0, 1]", "[\"a\", \"b\"]");
+    const std::string a = "layers/a" + ext, b = "layers/b" + ext;
     ASSERT_THAT(WriteFileAtomic(path + "/common.json", common, 0), IsOk());
-    ASSERT_THAT(WriteFileAtomic(path + "/layers/a.pt", std::string(1000, 'a'), 0), IsOk());
-    ASSERT_THAT(WriteFileAtomic(path + "/layers/b.pt", std::string(500, 'b'), 1), IsOk());
-    ASSERT_THAT(WriteManifestAndMarker(path, 0,
-                                       {DigestBytes("common.json", common),
-                                        DigestBytes("layers/a.pt", std::string(1000, 'a'))}),
-                IsOk());
+    ASSERT_THAT(WriteFileAtomic(path + "/" + a, std::string(1000, 'a'), 0), IsOk());
+    ASSERT_THAT(WriteFileAtomic(path + "/" + b, std::string(500, 'b'), 1), IsOk());
+    ASSERT_THAT(
+        WriteManifestAndMarker(
+            path, 0, {DigestBytes("common.json", common), DigestBytes(a, std::string(1000, 'a'))}),
+        IsOk());
     if (complete) {
-      ASSERT_THAT(
-          WriteManifestAndMarker(path, 1, {DigestBytes("layers/b.pt", std::string(500, 'b'))}),
-          IsOk());
+      ASSERT_THAT(WriteManifestAndMarker(path, 1, {DigestBytes(b, std::string(500, 'b'))}), IsOk());
     }
   }
   std::string Path(int64_t step) { return CheckpointPath(dir_.string(), step); }
@@ -83,10 +84,11 @@ TEST_F(CheckpointStoreTest, FormattedCommonReadsBack) {
   c.writers = {0, 1};
   c.layers = {"a", "b"};
   const std::string spec = "model: {kind: \"gpt\"}\nname: a\\b";
-  Write(7, true, FormatCheckpointCommon(c, {{"model_spec", spec}}));
+  Write(7, true, FormatCheckpointCommon(c, {{"model_spec", spec}}), ".safetensors");
   EXPECT_THAT(VerifyCheckpoint(Path(7)), IsOk());
   auto back = ReadCheckpointCommon(Path(7));
   ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->format, kCheckpointFormat);
   EXPECT_EQ(back->step, 7);
   EXPECT_EQ(back->world, 2);
   EXPECT_EQ(back->pipelines, "0,1|2");
@@ -95,6 +97,29 @@ TEST_F(CheckpointStoreTest, FormattedCommonReadsBack) {
   EXPECT_EQ(back->writers, c.writers);
   EXPECT_EQ(back->layers, c.layers);
   EXPECT_EQ(back->model_spec, "model: {kind: \"gpt\"} name: a\\b");  // newlines become spaces
+}
+
+// The layer files a checkpoint must hold follow its format: format 1 (no "format" field, or
+// 1) is layers/<l>.pt, format 2 layers/<l>.safetensors; a format this build does not know is
+// damage that names it, not a guess.
+TEST_F(CheckpointStoreTest, LayerFilesFollowTheFormat) {
+  EXPECT_EQ(LayerFileOf(1, "blocks.0"), "layers/blocks.0.pt");
+  EXPECT_EQ(LayerFileOf(2, "blocks.0"), "layers/blocks.0.safetensors");
+  auto common = [](int step, const std::string& format) {
+    return absl::StrCat("{", format, "\"step\": ", step,
+                        ", \"global_batch\": 8, \"stages\": 2, \"replicas\": 1, \"loss_scale\": 1, "
+                        "\"clean_steps\": 0, \"writers\": [0, 1], \"layers\": [\"a\", \"b\"]}");
+  };
+  Write(1, true, common(1, "\"format\": 1, "), ".pt");
+  EXPECT_THAT(VerifyCheckpoint(Path(1)), IsOk());
+  Write(2, true, common(2, "\"format\": 2, "), ".safetensors");
+  EXPECT_THAT(VerifyCheckpoint(Path(2)), IsOk());
+  Write(3, true, common(3, "\"format\": 2, "), ".pt");
+  EXPECT_THAT(VerifyCheckpoint(Path(3)),
+              StatusIs(absl::StatusCode::kDataLoss, "no writer recorded layers/a.safetensors"));
+  Write(4, true, common(4, "\"format\": 3, "), ".safetensors");
+  EXPECT_THAT(VerifyCheckpoint(Path(4)),
+              StatusIs(absl::StatusCode::kDataLoss, "format 3 is not one this build reads"));
 }
 
 TEST_F(CheckpointStoreTest, DamageIsNamed) {
