@@ -7,8 +7,8 @@ A GPT of ~25M parameters (8 layers, d_model 512): with AdamW state a checkpoint 
 One process.
   (1) synchronous, each round: dd writes three files the size of a checkpoint, one step
       time apart, keeping them (as checkpoints are kept), and a 3-step run saves after every
-      step (checkpoint.dir only); the log line "blocked training for X s (thread cpu Y s)" is
-      one whole save (snapshot, format, write, checksums, fsync, rename, manifest). Save i is
+      step (checkpoint.dir only); the log line "blocked training for X s (cpu Y s)" is one
+      whole save (Y: the process's CPU time, helper threads included) (snapshot, format, write, checksums, fsync, rename, manifest). Save i is
       compared with dd's file i: a shared VM disk takes a first burst much faster than the
       writes that follow it. dd and the run swap order every round.
   (2) background (--background): checkpoint.tempdir on the same disk, saves at steps 3 and 6
@@ -64,7 +64,7 @@ def run(args, base, data, name, train, ckpt):
                               timeout=900)
     assert res.ok, res.outputs[0][-3000:]
     saves = [(float(w), float(c)) for w, c in re.findall(
-        r"blocked training for ([\d.]+) s \(thread cpu ([\d.]+) s\)", res.outputs[0])]
+        r"blocked training for ([\d.]+) s \((?:thread )?cpu ([\d.]+) s\)", res.outputs[0])]
     last = max(int(d.split("_")[-1]) for d in os.listdir(ck) if d.startswith("varuna_ckpt_"))
     size = dir_mb(os.path.join(ck, f"varuna_ckpt_{last}"))
     shutil.rmtree(ck, ignore_errors=True)
@@ -85,7 +85,7 @@ def main():
     train = {"global_batch": 2, "steps": 3, "schedule": "constant"}
 
     print("| round | order | dd MB/s (3 files) | save s (3 saves) | save MB/s (3 saves) | "
-          "save / dd, each | MB per thread-CPU-s (median) |")
+          "save / dd, each | MB per CPU-s (median) |")
     print("|---|---|---|---|---|---|---|")
     first, later, size, pause = [], [], 306, 0.35
     for r in range(args.rounds):

@@ -21,7 +21,9 @@
 // made by an independent Python writer with the same rules).
 
 #include <cstdint>
+#include <future>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 #include "absl/strings/string_view.h"
@@ -118,11 +120,28 @@ class SafetensorsWriter {
   size_t next_ = 0;
   uint64_t done_ = 0;  // bytes of tensors_[next_] written so far
   uint64_t written_ = 0;
-  uint64_t flushed_ = 0;  // writeback started up to here
+  uint64_t flushed_ = 0;  // buffered: writeback started up to here
   uint32_t crc_ = 0;
+  // Direct I/O (Note [Writes at disk speed]): bytes gather in one of two aligned buffers and
+  // go to the disk a full buffer at a time, on a helper thread, while the other fills; null
+  // when writing through the page cache.
+  struct FreeDeleter {
+    void operator()(char* p) const;
+  };
+  std::unique_ptr<char, FreeDeleter> stage_;  // two buffers of kPiece bytes
+  int current_ = 0;                           // the one filling
+  uint64_t staged_ = 0;                       // bytes in it
+  uint64_t file_offset_ = 0;                  // where it goes
+  std::future<absl::Status> in_flight_;       // the other one's write
 
-  // Writes, checksums and starts writeback (Note [Writes at disk speed]).
+  // Checksums and writes (Note [Writes at disk speed]).
   absl::Status Put(const void* data, uint64_t bytes);
+  // Writes the filling buffer: a full one directly, on a helper thread, once the other's write
+  // is done; at the end (`last`) its aligned part directly and the tail through the page
+  // cache, and waits for both.
+  absl::Status WriteStage(bool last);
+  // The outcome of the write in flight (OK if none).
+  absl::Status WaitInFlight();
 };
 
 }  // namespace varuna

@@ -312,5 +312,83 @@ class SignalTest(CheckpointFixture):
 
 
 
+def dd_mb_per_s(directory, nbytes):
+    """The disk's own write speed for `nbytes` in `directory`: dd with conv=fsync."""
+    path = os.path.join(directory, "dd.bin")
+    mb = max(1, nbytes // 1048576)
+    out = subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={mb}",
+                          "conv=fsync"], capture_output=True, text=True, check=True).stderr
+    os.remove(path)
+    return mb * 1048576 / 1e6 / float(out.split(" copied, ")[1].split(" s")[0])
+
+
+class PreemptionTest(CheckpointFixture):
+    """A whole-job preemption: every rank is told to stop at once (what the manager sends every
+    rank when every node of the job is under notice, and what Slurm's first SIGTERM means to a
+    worker; docs/morphing.md). The state, which needs N seconds at 0.8x the disk's own speed
+    (dd conv=fsync, the faster of two runs just before), is on disk and complete inside a
+    notice of 2N: the step in flight, the stop's agreement and the save all fit."""
+
+    # 2 stages of one block each (d_model 1024): ~25M parameters, ~300 MB with AdamW's two
+    # moments. Steps of 2 sequences of 4 tokens keep the step short beside the save, as a
+    # GPU's is (0.19 s against ~8 s for a 1.3B model's 15.6 GB).
+    MODEL = {"layers": 2, "d_model": 1024, "heads": 8, "seq_len": 4}
+    STATE_BYTES = 309_000_000
+
+    def test_save_finishes_inside_twice_its_disk_time(self):
+        # The bound is a time on a shared 2-core VM: it must hold in one of two whole runs
+        # (each one's figures are printed); every other check holds in both.
+        tries = []
+        for attempt in range(2):
+            tries.append(self.preempt_once(attempt))
+            if tries[-1][0] < 2 * tries[-1][1]:
+                return
+        self.fail("notice to saved took " + "; ".join(
+            f"{took:.2f} s against 2N = {2 * n:.2f} s ({what})" for took, n, what in tries))
+
+    def preempt_once(self, attempt):
+        dd = max(dd_mb_per_s(self.tmp, self.STATE_BYTES) for _ in range(2))
+        ck = os.path.join(self.tmp, f"ck_preempt{attempt}")
+        job = self.job(f"preempt{attempt}", model=self.MODEL,
+                       train={"steps": 100000, "global_batch": 2}, parallel={"micro_batch": 1},
+                       extra=f"checkpoint: {{dir: {ck}}}\n")
+        t0 = time.time()
+        procs, logs, metrics = harness.start_workers(
+            2, ["--job", job, "--stage_to_rank_map", harness.stage_map(2, 1)])
+        while time.time() - t0 < 120:
+            if os.path.exists(metrics):
+                with open(metrics) as f:
+                    if sum(1 for _ in f) >= 5:
+                        break
+            time.sleep(0.05)
+        time.sleep(0.03)  # somewhere inside a step
+        t_notice = time.time()
+        for p in procs:
+            p.send_signal(signal.SIGUSR1)
+        res = harness.wait_workers(procs, logs, metrics, 120, t0)
+        self.assertEqual(res.returncodes, [0, 0], "\n".join(o[-2000:] for o in res.outputs))
+        stopped = res.metrics[-1]["step"]
+        self.assertEqual(os.listdir(ck), [f"varuna_ckpt_{stopped}"])
+        path = os.path.join(ck, f"varuna_ckpt_{stopped}")
+        verify = subprocess.run([os.path.join(harness.BIN_DIR, "varuna-ckpt"), "verify", ck],
+                                capture_output=True, text=True)
+        self.assertEqual(verify.returncode, 0, verify.stdout + verify.stderr)
+        done = max(os.stat(os.path.join(path, m)).st_mtime
+                   for m in os.listdir(path) if m.startswith("complete.rank"))
+        nbytes = sum(os.path.getsize(os.path.join(root, f))
+                     for root, _, files in os.walk(path) for f in files)
+        n = nbytes / 1e6 / (0.8 * dd)
+        took = done - t_notice
+        saves = [line.split("blocked training for ")[1] for out in res.outputs
+                 for line in out.splitlines() if "blocked training for" in line]
+        step_s = sorted(m["step_time_s"] for m in res.metrics)
+        what = (f"state {nbytes / 1e6:.0f} MB, dd {dd:.0f} MB/s, N = {n:.3f} s; notice to "
+                f"complete checkpoint {took:.3f} s (x{took / n:.2f} N); the saves {saves}; "
+                f"median step {step_s[len(step_s) // 2]:.3f} s")
+        print(what)
+        shutil.rmtree(ck)
+        return took, n, what
+
+
 if __name__ == "__main__":
     main()

@@ -380,20 +380,16 @@ absl::Status Checkpointer::WriteRescue(const std::string& dir, int64_t step,
   std::error_code ec;
   std::filesystem::create_directories(path + "/layers", ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
-  std::vector<FileDigest> written;
-  for (const auto& [layer, dict] : layers) {
-    ASSIGN_OR_RETURN(FileDigest d, WriteLayerFile(path, LayerFileOf(kCheckpointFormat, layer), dict,
-                                                  stage_->rank));
-    written.push_back(std::move(d));
-  }
+  ASSIGN_OR_RETURN(std::vector<FileDigest> written, WriteLayerFiles(path, layers, stage_->rank));
   return WriteRescueRecord(path, stage_->rank, common_json, written);
 }
 
-// Note [Background upload]: the training thread only snapshots the state (tensor copies, a
-// few hundred MB/s of memcpy). Serialization, the local write and, with a tempdir, the copy to
-// `dir` run on a background thread, which writes the manifest and marker only after every
-// file landed and was fsynced. Training continues meanwhile; the next checkpoint (or Wait())
-// waits for it. Without a tempdir the same work runs inline.
+// Note [Background upload]: the training thread writes this rank's files (Note [Writes at disk
+// speed] in common/checkpoint/safetensors.cc, from the state itself: no copy). Without a
+// tempdir they go to `dir` and the manifest and marker follow at once. With one they go to
+// local disk, and a background thread copies them to `dir` (each checked against the CRC taken
+// while writing it) and writes the manifest and marker only after every file landed and was
+// fsynced. Training continues meanwhile; the next checkpoint (or Wait()) waits for it.
 absl::Status Checkpointer::Save(const std::string& dir,
                                 const std::map<std::string, std::string>& info,
                                 const std::string& tempdir, bool shard) {
@@ -419,10 +415,10 @@ absl::Status Checkpointer::Save(const std::string& dir,
   bool writer = std::find(mine.begin(), mine.end(), true) != mine.end();
   LayerSnapshot snapshot;
   if (writer) {
-    // Written before this returns (no tempdir): the state's own CPU tensors, no copy (the
-    // state's lock is held throughout).
+    // Written before this returns (to `dir`, or to the tempdir the upload reads): the state's
+    // own CPU tensors, no copy (the state's lock is held throughout).
     ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer, mine,
-                                              ChangedEvent(*state_), /*borrow=*/tempdir.empty()));
+                                              ChangedEvent(*state_), /*borrow=*/true));
     // Every tp rank of a writer gathers; its tp rank 0 writes the full tensors.
     if (stage_->tp.enabled()) RETURN_IF_ERROR(GatherShards(mine, &snapshot));
   }
@@ -436,24 +432,29 @@ absl::Status Checkpointer::Save(const std::string& dir,
   }
   const int rank = stage_->rank;
   const bool upload = !tempdir.empty();
-  auto write_all = [path, stage_path, writer, rank, upload, json,
-                    snapshot = std::move(snapshot)]() -> absl::Status {
-    std::vector<FileDigest> written;
-    for (const auto& [layer, dict] : snapshot) {
-      ASSIGN_OR_RETURN(
-          FileDigest d,
-          WriteLayerFile(stage_path, LayerFileOf(kCheckpointFormat, layer), dict, rank));
-      written.push_back(std::move(d));
+  std::vector<FileDigest> written;
+  absl::Status local = [&]() -> absl::Status {
+    if (writer) {
+      ASSIGN_OR_RETURN(written, WriteLayerFiles(stage_path, snapshot, rank));
     }
     if (!json.empty()) {
       RETURN_IF_ERROR(WriteFileAtomic(stage_path + "/common.json", json, rank));
       written.push_back(DigestBytes("common.json", json));
     }
+    return absl::OkStatus();
+  }();
+  snapshot.clear();
+  if (!local.ok()) {
+    if (upload) std::filesystem::remove_all(stage_path, ec);
+    return local;
+  }
+  auto write_all = [path, stage_path, writer, rank, upload,
+                    written = std::move(written)]() -> absl::Status {
     if (upload) {
       for (const FileDigest& f : written) {
         std::ifstream in(absl::StrCat(stage_path, "/", f.path), std::ios::binary);
         std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        // The local copy is checked against the digest taken from memory before upload.
+        // The local copy is checked against the digest taken while writing it.
         if (DigestBytes(f.path, bytes).crc32 != f.crc32) {
           return absl::DataLossError(absl::StrCat("local copy of ", f.path, " was corrupted"));
         }

@@ -2,7 +2,10 @@
 
 #include <torch/serialize.h>
 
+#include <atomic>
 #include <map>
+#include <system_error>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -68,6 +71,34 @@ absl::StatusOr<FileDigest> WriteLayerFile(const std::string& root, const std::st
   RETURN_IF_ERROR(w.Finish());
   RETURN_IF_ERROR(SyncFile(path));  // the rename reaches the disk too
   return FileDigest{rel, w.size(), w.crc32()};
+}
+
+absl::StatusOr<std::vector<FileDigest>> WriteLayerFiles(
+    const std::string& root, const std::vector<std::pair<std::string, LayerDict>>& layers,
+    int writer) {
+  std::vector<absl::StatusOr<FileDigest>> written(layers.size(), absl::UnknownError("not written"));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < layers.size();) {
+      written[i] = WriteLayerFile(root, LayerFileOf(kCheckpointFormat, layers[i].first),
+                                  layers[i].second, writer);
+    }
+  };
+  std::thread other;
+  if (layers.size() > 1) {
+    try {
+      other = std::thread(work);
+    } catch (const std::system_error&) {  // one at a time, then
+    }
+  }
+  work();
+  if (other.joinable()) other.join();
+  std::vector<FileDigest> out;
+  for (auto& w : written) {
+    if (!w.ok()) return w.status();
+    out.push_back(*std::move(w));
+  }
+  return out;
 }
 
 absl::StatusOr<LayerDict> UnpickleLayer(const std::vector<char>& bytes, const std::string& what) {

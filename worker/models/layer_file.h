@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -30,6 +31,14 @@ absl::StatusOr<at::ScalarType> ScalarTypeOf(absl::string_view safetensors_dtype)
 // CRC-32 is taken from the bytes as they are written (no read-back).
 absl::StatusOr<FileDigest> WriteLayerFile(const std::string& root, const std::string& rel,
                                           const LayerDict& layer, int writer);
+
+// Every layer of `layers` (layer name, its dict) written as WriteLayerFile does, as
+// `root`/layers/<name>.safetensors, two files at a time: a file's last piece and its fsyncs
+// leave the disk idle, which the other file's writes fill (Note [Writes at disk speed] in
+// common/checkpoint/safetensors.cc). The digests in `layers`' order, or the first error.
+absl::StatusOr<std::vector<FileDigest>> WriteLayerFiles(
+    const std::string& root, const std::vector<std::pair<std::string, LayerDict>>& layers,
+    int writer);
 
 // Reads a layer file of either format (by its name's extension), adding its size to
 // `bytes_read` if given. A file that lies about its contents is DataLoss naming the problem.

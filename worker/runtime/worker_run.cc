@@ -35,10 +35,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// CPU time of the calling thread (a synchronous checkpoint's cost beside its wall time).
-double ThreadCpuSeconds() {
+// CPU time of this process (a synchronous checkpoint's cost beside its wall time: training
+// waits meanwhile, so it is the save's, helper threads included).
+double ProcessCpuSeconds() {
   timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
@@ -414,11 +415,11 @@ absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
   const bool periodic = c.every_steps > 0 && step % c.every_steps == 0;
   if (c.dir.empty() || !(periodic || stop)) return absl::OkStatus();
   const auto c0 = Clock::now();
-  const double cpu0 = ThreadCpuSeconds();
+  const double cpu0 = ProcessCpuSeconds();
   RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, ckpt_info_, c.tempdir, c.shard));
   LOG(INFO) << in_.who << " checkpoint step=" << step << " blocked training for "
-            << absl::StrFormat("%.3f", Seconds(c0)) << " s (thread cpu "
-            << absl::StrFormat("%.3f", ThreadCpuSeconds() - cpu0) << " s)"
+            << absl::StrFormat("%.3f", Seconds(c0)) << " s (cpu "
+            << absl::StrFormat("%.3f", ProcessCpuSeconds() - cpu0) << " s)"
             << (c.tempdir.empty() ? "" : " (upload continues)");
   if (in_.topo.rank == 0 && in_.topo.tp_rank == 0) {
     for (int64_t old : PruneCheckpoints(c.dir, c.keep)) {
