@@ -20,6 +20,9 @@ TEST_F(ControlPlaneTest, AProfileJobStoresAProfileThatPlansLaterJobs) {
   EXPECT_THAT(Get(plain->id()).plan_source(), HasSubstr("placement rule (no profile of 'gpt"));
   EXPECT_EQ(Get(plain->id()).predicted_step_s(), 0);
   Cancel(plain->id());
+  // The stops reach the agents asynchronously: beat once every worker is gone, not before (a
+  // beat that ran ahead of an agent's stop left its exits unreported, and the wait timed out).
+  ASSERT_TRUE(Eventually([&] { return TotalAlive() == 0; }));
   BeatAll();
   ASSERT_TRUE(WaitState(plain->id(), v1::CANCELLED));
 
