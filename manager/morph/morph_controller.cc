@@ -297,9 +297,10 @@ void MorphController::SetPhase(Job& job, v1::MorphState::Phase phase) {
   m.set_phase_since(now);
 }
 
-bool MorphController::AllRanksGone(const Job& job) const {
+bool MorphController::AllRanksGone(const Job& job, bool frozen_gone) const {
   std::set<int> exited;
   for (const auto& e : job.rec.exits()) exited.insert(e.rank());
+  if (frozen_gone) exited.insert(job.gen.frozen.begin(), job.gen.frozen.end());
   const auto& lost = job.rec.morph().lost_nodes();
   for (const auto& p : job.info().placement()) {
     if (exited.count(p.rank())) continue;
@@ -372,7 +373,8 @@ void MorphController::Advance(Job& job) {
         lifecycle_->Succeed(job);
         return;
       }
-      if (AllRanksGone(job)) {
+      if (AllRanksGone(job, /*frozen_gone=*/true)) {
+        // Every saver is done; a frozen rank is stopped (and killed) in STOPPING.
         SetPhase(job, v1::MorphState::STOPPING);
         jobs_->Persist(job);
         break;  // STOPPING next time round (or right below)

@@ -70,7 +70,10 @@ class MorphController final : public JobMorphing {
   static bool EveryNodeLeaving(const Job& job, const std::set<std::string>& leaving);
   std::string RelaunchReason(const Job& job, const Cause& cause) const;
   void AdoptSurvivors(Job& job, const v1::JobInfo& old);
-  bool AllRanksGone(const Job& job) const;
+  // Every rank exited or sits on a lost or dead node; with `frozen_gone`, a rank whose process
+  // is stopped (Note [Frozen workers] in agent/in_place.cc) counts as gone too: it will save
+  // nothing, so the save phase stops waiting for it, while STOPPING still stops (and kills) it.
+  bool AllRanksGone(const Job& job, bool frozen_gone = false) const;
   // Every rank exited, parked (a graceful morph in place) or frozen, and one parked.
   bool AllRanksGoneOrParked(const Job& job) const;
   bool FinishedTraining(const Job& job) const;

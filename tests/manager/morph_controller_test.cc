@@ -140,6 +140,45 @@ TEST_F(MorphControllerTest, GracefulSaveTimesOutToAbortThenToStop) {
   for (const auto& p : Job(id).info().placement()) EXPECT_NE(p.node(), "d");
 }
 
+// A rank frozen during the morph (SIGSTOP in its rescue save: Note [Frozen workers] in
+// agent/in_place.cc) will save nothing: once every other rank has saved and exited, the morph
+// moves on at once instead of waiting out morph_save_timeout, and the frozen rank is still
+// stopped (SIGTERM, SIGKILL after the grace) before the relaunch.
+TEST_F(MorphControllerTest, AFrozenRankDoesNotHoldTheSave) {
+  const std::string id = RunningJob();
+  for (int i = 0; i < 11; ++i) {  // d is lost: a, b, c are asked to save
+    Advance(absl::Seconds(1));
+    for (const std::string n : {"a", "b", "c"}) Beat(n, RanksOn(id, n, true));
+    Tick();
+  }
+  ASSERT_EQ(Phase(id), v1::MorphState::SAVING);
+  agents_.AnswerCheckpoints();
+  std::vector<v1::WorkerStatus> frozen = RanksOn(id, "c", true);
+  ASSERT_EQ(frozen.size(), 1u);
+  frozen[0].set_frozen(true);
+  Beat("c", frozen);
+  SaveAndExit(id, {"a", "b"});
+  Tick();
+  EXPECT_NE(Phase(id), v1::MorphState::SAVING) << "waits for a rank that cannot save";
+  const size_t stops_before = agents_.stops.size();
+  Advance(absl::Seconds(6));
+  for (const std::string n : {"a", "b"}) Beat(n, {});
+  Beat("c", frozen);
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::STOPPING);  // c still runs: it is stopped first
+  EXPECT_GT(agents_.stops.size(), stops_before);
+  bool stopped_c = false;
+  for (const auto& s : agents_.stops) stopped_c = stopped_c || s.address == "c:7071";
+  EXPECT_TRUE(stopped_c);
+  Beat("c", {Worker(id, frozen[0].rank(), false, 0, 9)});  // the agent killed it
+  Tick();
+  Advance(config_.morph_coalesce + absl::Seconds(1));
+  Tick();
+  EXPECT_EQ(Phase(id), v1::MorphState::LAUNCHING);
+  EXPECT_LT(Job(id).rec.morph().record().phases().at("save"),
+            absl::ToDoubleSeconds(config_.morph_save_timeout));
+}
+
 TEST_F(MorphControllerTest, SecondTriggerJoinsTheMorphAndTheHigherPriorityReasonWins) {
   const std::string id = RunningJob();
   // a's rank saved after losing a peer (priority 1) ...
