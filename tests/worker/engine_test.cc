@@ -20,6 +20,7 @@
 
 #include "common/base/status_macros.h"
 #include "tests/testing/status_matchers.h"
+#include "tests/worker/tiny_gpt.h"
 #include "worker/dist/thread_process_group.h"
 #include "worker/engine/fused_adamw.h"
 #include "worker/engine/step_timeline.h"
@@ -32,31 +33,12 @@ namespace {
 using ::varuna::testing::IsOk;
 using ::varuna::testing::StatusIs;
 
-constexpr int kSeqLen = 8;
-
 ModelSpec GptSpec(int heads = 2, double dropout = 0) {
-  ModelSpec spec;
-  spec.layers = 4;
-  spec.d_model = 32;
-  spec.heads = heads;
-  spec.dropout = dropout;
-  spec.seq_len = kSeqLen;
-  spec.vocab = 64;
-  return spec;
+  return testing::TinyGptSpec(heads, dropout);
 }
-
-// A fixed global batch: sample i of every step is the same on every shape.
-TensorMap Batch(int64_t step, int64_t n) {
-  torch::manual_seed(1000 + step);
-  auto ids = torch::randint(0, 64, {n, kSeqLen + 1}, torch::kLong);
-  return {{"input_ids", ids.narrow(1, 0, kSeqLen).contiguous()},
-          {"labels", ids.narrow(1, 1, kSeqLen).contiguous()}};
-}
-
+TensorMap Batch(int64_t step, int64_t n) { return testing::TinyBatch(step, n); }
 TensorMap Slice(const TensorMap& m, int64_t start, int64_t len) {
-  TensorMap out;
-  for (const auto& [k, t] : m) out[k] = t.narrow(0, start, len);
-  return out;
+  return testing::SliceBatch(m, start, len);
 }
 
 // Every operation of every group, by group name and process (Note [Pipeline links]).

@@ -41,7 +41,12 @@ class Receiver {
   Receiver(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout,
            torch::Device device = torch::kCPU)
       : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout), device_(device) {}
-  ~Receiver() { Join().IgnoreError(); }
+  // Aborts what is outstanding first: destroyed mid-step (an exception unwinding its owner),
+  // it must not wait for tensors nobody will take.
+  ~Receiver() {
+    Abort();
+    Join().IgnoreError();
+  }
 
   // Starts receiving `specs.size()` tensors on a background thread.
   void Start(std::vector<TensorSpec> specs);
@@ -76,7 +81,12 @@ class Sender {
   static constexpr int kWindow = 4;
   Sender(ProcessGroupPtr pg, int peer, int tag, std::chrono::milliseconds timeout)
       : pg_(std::move(pg)), peer_(peer), tag_(tag), timeout_(timeout) {}
-  ~Sender() { Join().IgnoreError(); }
+  // Aborts first: destroyed mid-step, its thread would wait forever for tensors that the
+  // unwound owner will never queue.
+  ~Sender() {
+    Abort();
+    Join().IgnoreError();
+  }
 
   // Starts a thread that will send exactly `count` tensors.
   void Start(int count);

@@ -133,6 +133,10 @@ bool FaultInjector::Hit(FaultPoint point, int64_t step) const {
                      : f.action == FaultAction::kFreeze ? " freeze"
                                                         : " split");
     google::FlushLogFiles(google::GLOG_INFO);
+    if (f.action != FaultAction::kSplit && actor_) {
+      actor_(f);
+      continue;
+    }
     if (f.action == FaultAction::kKill) {
       kill(getpid(), SIGKILL);
       pause();

@@ -6,6 +6,7 @@
 // No LibTorch: the engine calls Hit() at its points.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,8 +65,15 @@ class FaultInjector {
   // return then). Returns true for a split at this point (the caller acts it out).
   bool Hit(FaultPoint point, int64_t step) const;
 
+  // Ranks as threads (tests/worker/fault_matrix_test.cc): a kill or a freeze is acted out by
+  // `actor` instead of a signal to the whole process. A kill's actor must not return (it
+  // throws); a freeze's blocks as long as the test wants and then acts as a kill.
+  using Actor = std::function<void(const Fault&)>;
+  void set_actor(Actor actor) { actor_ = std::move(actor); }
+
  private:
   std::vector<Fault> faults_;  // only this rank's, of this generation
+  Actor actor_;
 };
 
 }  // namespace varuna
