@@ -5,7 +5,7 @@ one-process run (1e-4 relative), the morph record naming the committed step and 
 survivor saved, and no worker left behind.
 
 Every point x action is tested with ranks as threads in seconds (ctest fault_matrix_test,
-tests/worker/fault_matrix_test.cc); here real processes, agents and the manager's record run
+tests/worker/engine/fault_matrix_test.cc); here real processes, agents and the manager's record run
 the two hardest cells on each path: the split whose stage has no other survivor, and the split
 on heterogeneous pipelines. scripts/chaos.sh --matrix runs every cell here too."""
 

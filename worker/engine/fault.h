@@ -65,7 +65,7 @@ class FaultInjector {
   // return then). Returns true for a split at this point (the caller acts it out).
   bool Hit(FaultPoint point, int64_t step) const;
 
-  // Ranks as threads (tests/worker/fault_matrix_test.cc): a kill or a freeze is acted out by
+  // Ranks as threads (tests/worker/engine/fault_matrix_test.cc): a kill or a freeze is acted out by
   // `actor` instead of a signal to the whole process. A kill's actor must not return (it
   // throws); a freeze's blocks as long as the test wants and then acts as a kill.
   using Actor = std::function<void(const Fault&)>;

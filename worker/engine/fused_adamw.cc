@@ -18,7 +18,7 @@ namespace varuna {
 // fused AdamW does, and the host's count is kept in AdamWParamState for checkpoints. The update
 // is the same formula as torch::optim::AdamW (decoupled decay p *= 1 - lr*wd; bias-corrected
 // moments; eps added after the sqrt); in fp32 it equals the frontend's to about 1e-7 per step
-// (tests/worker/fused_adamw_test.cc). A gradient scale (the clip factor's inverse) can be
+// (tests/worker/engine/fused_adamw_test.cc). A gradient scale (the clip factor's inverse) can be
 // folded in (set_next_grad_scale): the kernel divides the gradients by it as it reads them.
 // An overflowed step never reaches step() (the engine skips it on every rank alike), so the
 // kernel's found_inf is not used.

@@ -17,7 +17,7 @@ namespace varuna {
 // expanding k and v to every query head (../shared/reference/gpu-perf.md). On a GPU it runs
 // flash, memory-efficient or cuDNN attention; the backend is logged once per device type
 // (AttentionBackend: at::_fused_sdp_choice). The result equals the explicit computation to
-// rounding (tests/worker/attention_test.cc; the Hugging Face parity tests hold 1e-5). Its
+// rounding (tests/worker/models/attention_test.cc; the Hugging Face parity tests hold 1e-5). Its
 // dropout draws from the device generator, which recompute replays. The explicit form stays
 // for tensor-parallel heads with dropout, whose draws must agree across ranks
 // (HeadSliceDropout in tensor_parallel.h).

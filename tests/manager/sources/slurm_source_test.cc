@@ -26,7 +26,7 @@ using ::testing::IsEmpty;
 using ::testing::Pair;
 
 std::string ReadTestdata(const std::string& name) {
-  std::ifstream in(std::string(VARUNA_SOURCE_DIR) + "/tests/manager/testdata/" + name);
+  std::ifstream in(std::string(VARUNA_SOURCE_DIR) + "/tests/manager/sources/testdata/" + name);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
