@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -15,8 +16,10 @@
 #include <iterator>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -182,6 +185,22 @@ std::string Agent::JobDir(const std::string& job_id) const {
   return absl::StrCat(config_.work_dir, "/jobs/", job_id);
 }
 
+namespace {
+
+// The uid of a Unix user name; unknown (a test's launcher runs no such user): this process's,
+// so the worker's files must be this process's own.
+uid_t UidOf(const std::string& user) {
+  struct passwd pw {};
+  struct passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  if (::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
+    return found->pw_uid;
+  }
+  return ::geteuid();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   const std::string who = absl::StrCat("job=", req.job_id(), " gen=", req.generation());
   RETURN_IF_ERROR(ValidateLaunch(req, config_.slots, config_.name));
@@ -221,6 +240,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
                         absl::StrCat("launch ", who, ": ", user.status().message()));
   }
   const std::string run_as = *user;
+  const uid_t run_as_uid = UidOf(run_as);
   const std::string job_dir = JobDir(req.job_id());
   const std::string gen_dir = absl::StrCat(job_dir, "/gen", req.generation());
   std::error_code ec;
@@ -259,6 +279,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     w.rank = r.rank();
     w.log_path = absl::StrCat(job_dir, "/rank", r.rank(), ".log");
     w.progress_path = absl::StrCat(gen_dir, "/progress.rank", r.rank());
+    w.uid = run_as_uid;
     fs::remove(w.progress_path, ec);
 
     ProcessSpec spec;
@@ -384,6 +405,21 @@ absl::StatusOr<v1::FetchLogsResponse> Agent::FetchLogs(const v1::FetchLogsReques
   return resp;
 }
 
+namespace {
+
+// The newest line the launcher wrote into a rank's log ("varuna-agent: ..."), or "".
+std::string LaunchFailure(const std::string& log_path) {
+  auto tail = ReadRegularFileSlice(log_path, -4096, 4096, "log");
+  if (!tail.ok()) return "";
+  std::vector<absl::string_view> lines = absl::StrSplit(tail->data, '\n', absl::SkipEmpty());
+  for (auto it = lines.rbegin(); it != lines.rend(); ++it) {
+    if (absl::StartsWith(*it, "varuna-agent: ")) return std::string(it->substr(0, 500));
+  }
+  return "";
+}
+
+}  // namespace
+
 void Agent::Reap() {
   for (const ProcessExit& e : launcher_->Reap()) {
     standbys_.Forget(e.pid);
@@ -396,6 +432,10 @@ void Agent::Reap() {
       w.exited_at = absl::ToDoubleSeconds(clock_->Now() - absl::UnixEpoch());
       report_.MarkUrgent();
       ReadProgress(w);  // its last lines (how it ended) go with the exit
+      if (w.error.empty() && (e.exit_code == 126 || e.exit_code == 127) && e.signal == 0) {
+        // It never ran: the launcher wrote why (Note [Launch failures] in process_launcher.cc).
+        w.error = LaunchFailure(w.log_path);
+      }
       LOG(INFO) << "job=" << w.job_id << " gen=" << w.generation << " rank=" << w.rank
                 << " exited with " << DescribeExit(e.exit_code, e.signal);
       AppendToRegularFile(w.log_path,
@@ -415,7 +455,12 @@ void Agent::Reap() {
 void Agent::ReadProgress(Worker& w) {
   constexpr int64_t kMaxRead = 256 << 10;
   static_assert(kMaxRead > kMaxEventLineBytes, "a read must hold a whole line");
-  auto slice = ReadRegularFileSlice(w.progress_path, w.progress_offset, kMaxRead, "progress file");
+  // Note [Files a job wrote]: the worker's directory is its own, so anything in it may be a
+  // link or a hard link planted to make the agent (root) read another file: read only the
+  // regular file itself, owned by the worker's user.
+  const fs::path progress(w.progress_path);
+  auto slice = ReadOwnedFileSlice(progress.parent_path().string(), progress.filename().string(),
+                                  w.uid, w.progress_offset, kMaxRead, "progress file");
   if (!slice.ok() || slice->data.empty()) return;
   const size_t end = slice->data.rfind('\n');
   if (end == std::string::npos) {
@@ -448,12 +493,12 @@ void Agent::ReadProgress(Worker& w) {
         break;
       case v1::WorkerEvent::kProfile: {
         // Only the file this generation's worker was told to write (never a path of its own).
-        const std::string expected =
-            absl::StrCat(fs::path(w.progress_path).parent_path().string(), "/profile.json");
-        auto text = event->profile().path() == expected
-                        ? ReadRegularFile(expected, kMaxProfileTransferBytes, "profile")
-                        : absl::StatusOr<std::string>(absl::InvalidArgumentError(
-                              "profile path is not the one the agent chose"));
+        const std::string dir = fs::path(w.progress_path).parent_path().string();
+        auto text =
+            event->profile().path() == dir + "/profile.json"
+                ? ReadOwnedFile(dir, "profile.json", w.uid, kMaxProfileTransferBytes, "profile")
+                : absl::StatusOr<std::string>(
+                      absl::InvalidArgumentError("profile path is not the one the agent chose"));
         if (text.ok()) {
           w.profile_json = *std::move(text);
         } else {

@@ -122,6 +122,7 @@ class Agent {
     std::string profile_json;  // a profile job's result (rank 0), sent on every heartbeat
     std::string log_path;
     std::string progress_path;
+    uid_t uid = 0;  // the worker's user: its files are read only if it owns them
     absl::Time kill_at = absl::InfiniteFuture();  // set once a stop was requested
     // The worker's events (Note [Worker protocol] in common/launch/worker_protocol.cc), read
     // incrementally from this offset.

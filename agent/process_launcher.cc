@@ -23,6 +23,14 @@
 namespace varuna {
 namespace {
 
+// `prefix`, the name of `err` and a newline to `fd`; async-signal-safe (a forked child).
+void WriteReason(int fd, const std::string& prefix, int err) {
+  (void)!write(fd, prefix.data(), prefix.size());
+  const char* name = strerrordesc_np(err);
+  if (name != nullptr) (void)!write(fd, name, strlen(name));
+  (void)!write(fd, "\n", 1);
+}
+
 // Resolves argv[0] against PATH in the parent: only async-signal-safe calls after fork.
 std::string ResolveProgram(const std::string& name, const std::map<std::string, std::string>& env) {
   if (name.find('/') != std::string::npos) return name;
@@ -141,6 +149,15 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
     }
   }
   const WorkerIdentity* as = *identity ? &**identity : nullptr;
+  // Note [Launch failures]: between fork and exec only async-signal-safe calls, so each reason
+  // is written here and the child adds the error's name; the manager reads the log's tail.
+  const std::string user_name = as != nullptr ? spec.user : std::string("the agent's user");
+  const std::string no_user =
+      absl::StrCat("varuna-agent: cannot switch to the worker user ", user_name, ": ");
+  const std::string no_cwd = absl::StrCat("varuna-agent: the worker user ", user_name,
+                                          " cannot enter the working directory ", spec.cwd, ": ");
+  const std::string no_exec =
+      absl::StrCat("varuna-agent: the worker user ", user_name, " cannot run ", program, ": ");
 
   absl::MutexLock lock(&mu_);
   const pid_t pid = fork();
@@ -153,10 +170,12 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
     // Credentials first: changing them clears the parent-death signal set below.
     if (as != nullptr && (setgroups(as->groups.size(), as->groups.data()) != 0 ||
                           setgid(as->gid) != 0 || setuid(as->uid) != 0)) {
-      const char msg[] = "varuna-agent: cannot switch to the worker user\n";
-      (void)!write(log_fd, msg, sizeof(msg) - 1);
+      WriteReason(log_fd, no_user, errno);
       _exit(126);
     }
+    // What the job creates is its user's alone (a checkpoint directory's mode is the job's
+    // business: docs/operations.md "Who workers run as").
+    umask(077);
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != parent) _exit(127);  // the agent died before prctl
     sigset_t none;
@@ -166,11 +185,14 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
     dup2(log_fd, STDERR_FILENO);
     const int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-    if (!spec.cwd.empty() && chdir(spec.cwd.c_str()) != 0) _exit(126);
+    if (!spec.cwd.empty() && chdir(spec.cwd.c_str()) != 0) {
+      WriteReason(STDERR_FILENO, no_cwd, errno);
+      _exit(126);
+    }
     execve(program.c_str(), argv.data(), envp.data());
-    const char msg[] = "varuna-agent: exec failed\n";
-    (void)!write(STDERR_FILENO, msg, sizeof(msg) - 1);
-    _exit(127);
+    const int exec_errno = errno;
+    WriteReason(STDERR_FILENO, no_exec, exec_errno);
+    _exit(exec_errno == ENOENT ? 127 : 126);
   }
   setpgid(pid, pid);  // also from the parent, so a signal right away reaches the group
   close(log_fd);

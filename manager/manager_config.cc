@@ -43,6 +43,11 @@ absl::Status ManagerConfig::Validate() const {
   }
   RETURN_IF_ERROR(ValidateStragglers(stragglers, "manager config stragglers", true));
   if (slurm.enabled()) RETURN_IF_ERROR(slurm.Validate());
+  if (!advertise.empty()) {
+    if (absl::Status a = CheckPeerAddress(advertise); !a.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("manager: --advertise: ", a.message()));
+    }
+  }
   if (!etcd_endpoints.empty()) {
     if (lease_ttl < absl::Seconds(2) || lease_ttl > absl::Seconds(60)) {
       return absl::InvalidArgumentError("manager: lease_ttl_s must be in [2, 60]");

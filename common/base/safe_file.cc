@@ -114,6 +114,14 @@ absl::StatusOr<int> OpenRegularFileBeneath(const std::string& root, const std::s
   return FinishOpen(fd, &before, not_regular);
 }
 
+namespace {
+
+// Up to `max_bytes` of the open `fd` from `offset`; closes it.
+absl::StatusOr<FileSlice> SliceOf(int fd, const struct stat& st, int64_t offset, int64_t max_bytes,
+                                  const std::string& what);
+
+}  // namespace
+
 absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,
                                                int64_t max_bytes, const std::string& what) {
   auto fd = OpenRegularFile(path, what);
@@ -123,6 +131,47 @@ absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t 
     ::close(*fd);
     return absl::DataLossError(absl::StrCat(what, " '", path, "': stat failed"));
   }
+  return SliceOf(*fd, st, offset, max_bytes, what);
+}
+
+absl::StatusOr<FileSlice> ReadOwnedFileSlice(const std::string& dir, const std::string& name,
+                                             uid_t owner, int64_t offset, int64_t max_bytes,
+                                             const std::string& what) {
+  if (name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " name '", name, "' has a '/'"));
+  }
+  auto fd = OpenRegularFileBeneath(dir, name, what);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  if (::fstat(*fd, &st) != 0) {
+    ::close(*fd);
+    return absl::DataLossError(absl::StrCat(what, " '", dir, "/", name, "': stat failed"));
+  }
+  if (st.st_uid != owner && st.st_uid != ::geteuid()) {
+    ::close(*fd);
+    return absl::PermissionDeniedError(
+        absl::StrCat(what, " '", dir, "/", name, "' is owned by uid ", st.st_uid,
+                     ", not by its writer's uid ", owner, ": not read"));
+  }
+  return SliceOf(*fd, st, offset, max_bytes, what);
+}
+
+absl::StatusOr<std::string> ReadOwnedFile(const std::string& dir, const std::string& name,
+                                          uid_t owner, int64_t max_bytes, const std::string& what) {
+  auto slice = ReadOwnedFileSlice(dir, name, owner, 0, max_bytes + 1, what);
+  if (!slice.ok()) return slice.status();
+  if (slice->size > max_bytes || static_cast<int64_t>(slice->data.size()) > max_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " '", dir, "/", name, "' has ", std::max<int64_t>(slice->size, slice->data.size()),
+        " bytes; the limit is ", max_bytes));
+  }
+  return std::move(slice->data);
+}
+
+namespace {
+
+absl::StatusOr<FileSlice> SliceOf(int fd, const struct stat& st, int64_t offset, int64_t max_bytes,
+                                  const std::string& what) {
   FileSlice slice;
   slice.size = st.st_size;
   // A negative offset counts from the end (the last -offset bytes).
@@ -130,12 +179,14 @@ absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t 
   slice.offset = std::clamp<int64_t>(offset, 0, slice.size);
   const int64_t n =
       std::clamp<int64_t>(slice.size - slice.offset, 0, std::max<int64_t>(max_bytes, 0));
-  auto data = ReadAt(*fd, slice.offset, n, what);
-  ::close(*fd);
+  auto data = ReadAt(fd, slice.offset, n, what);
+  ::close(fd);
   if (!data.ok()) return data.status();
   slice.data = *std::move(data);
   return slice;
 }
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max_bytes,
                                             const std::string& what) {

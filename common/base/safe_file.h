@@ -5,6 +5,8 @@
 // caller), only regular files are read, and every read is bounded. Everything that reads
 // outside data goes through here; docs/architecture.md "Hardening".
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 
@@ -37,6 +39,17 @@ struct FileSlice {
 // A negative `offset` reads from that many bytes before the end.
 absl::StatusOr<FileSlice> ReadRegularFileSlice(const std::string& path, int64_t offset,
                                                int64_t max_bytes, const std::string& what);
+
+// A file that a less trusted user wrote, read by a more trusted one (the agent, as root, reading
+// a worker's progress file or profile): `name` directly inside `dir` (no link followed, the
+// last component included: OpenRegularFileBeneath), a regular file owned by `owner` or by this
+// process's user (a hard link to someone else's file is refused too). Nothing of the file's
+// content is ever put in an error.
+absl::StatusOr<FileSlice> ReadOwnedFileSlice(const std::string& dir, const std::string& name,
+                                             uid_t owner, int64_t offset, int64_t max_bytes,
+                                             const std::string& what);
+absl::StatusOr<std::string> ReadOwnedFile(const std::string& dir, const std::string& name,
+                                          uid_t owner, int64_t max_bytes, const std::string& what);
 
 // OK if `path` is a readable regular file (nothing is read).
 absl::Status CheckRegularFile(const std::string& path, const std::string& what);

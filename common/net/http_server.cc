@@ -568,9 +568,11 @@ HttpServer::Response HttpServer::Impl::Respond(const Connection& c) const {
     return JsonError(403, "Host header not allowed (use an IP address or localhost)");
   }
   if (c.route == nullptr) return {404, "text/plain", "not found\n", {}};
+  std::optional<std::string> principal;
   if (c.route->access == Access::kToken && o_.authorize) {
     const std::string token = BearerToken(head.Header("authorization"));
-    if (token.empty() || !o_.authorize(token)) {
+    if (!token.empty()) principal = o_.authorize(token);
+    if (!principal) {
       Response r = JsonError(401, token.empty() ? "this server needs a bearer token"
                                                 : "the token is not in the tokens file");
       r.headers.emplace_back("WWW-Authenticate", "Bearer realm=\"varuna\"");
@@ -580,6 +582,7 @@ HttpServer::Response HttpServer::Impl::Respond(const Connection& c) const {
   Request req;
   req.path = head.path;
   req.params = head.params;
+  req.principal = principal.value_or("");
   std::smatch m;
   if (std::regex_match(req.path, m, c.route->pattern)) {
     for (size_t i = 1; i < m.size(); ++i) req.matches.push_back(m[i].str());

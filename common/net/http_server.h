@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <regex>
 #include <string>
 #include <string_view>
@@ -30,6 +31,7 @@ class HttpServer {
     std::string path;
     std::map<std::string, std::string> params;  // query parameters
     std::vector<std::string> matches;           // the pattern's capture groups
+    std::string principal;  // who the authorizer said the bearer token is ("" without one)
   };
   struct Response {
     int status = 200;
@@ -49,8 +51,9 @@ class HttpServer {
     // HTTPS with these (PEM paths: the daemon's own certificate and key); plain HTTP if empty.
     std::string tls_cert_file;
     std::string tls_key_file;
-    // True if a bearer token may call kToken routes; unset: every route is public.
-    std::function<bool(const std::string& token)> authorize;
+    // Who a bearer token is (Request::principal), or nullopt when it may not call kToken
+    // routes; unset: every route is public.
+    std::function<std::optional<std::string>(const std::string& token)> authorize;
     int max_connections_per_peer = 32;
     int max_connections = 512;
     std::chrono::milliseconds head_deadline{5000};    // accept (and TLS handshake) to full head

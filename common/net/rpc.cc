@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -135,6 +136,31 @@ absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& add
     host = host.substr(1, host.size() - 2);
   }
   return std::make_pair(host, port);
+}
+
+absl::Status CheckPeerAddress(const std::string& address) {
+  auto bad = [&](const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "address '", absl::CHexEscape(address.substr(0, 300)), "' ", why,
+        " (want HOST:PORT: a host name, an IPv4 address or [IPv6], and a port 1-65535)"));
+  };
+  if (address.size() > 261) return bad("is too long");
+  const size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 1 || port > 65535) {
+    return bad("has no port");
+  }
+  const std::string host = address.substr(0, colon);
+  const bool bracketed = host.size() >= 3 && host.front() == '[' && host.back() == ']';
+  const std::string inner = bracketed ? host.substr(1, host.size() - 2) : host;
+  for (char c : inner) {
+    const bool ok = absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' ||
+                    c == '_' || (bracketed && c == ':');
+    if (!ok) return bad("has a character a host name cannot have");
+  }
+  if (inner.empty() || inner.front() == '-' || inner.front() == '.') return bad("has no host");
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StartedServer> StartServer(const std::string& listen,

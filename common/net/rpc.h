@@ -68,6 +68,12 @@ void SetDeadline(grpc::ClientContext* ctx, absl::Duration timeout);
 // Splits "host:port" (IPv6 as "[::1]:port"). InvalidArgument naming the text otherwise.
 absl::StatusOr<std::pair<std::string, int>> SplitHostPort(const std::string& address);
 
+// An address one daemon gives others to dial (a manager's --advertise, the leader it names in
+// gRPC metadata): HOST:PORT of at most 261 characters, the host a name, an IPv4 address or a
+// bracketed IPv6 one (letters, digits, '.', '-', '_', ':' inside brackets), the port 1-65535.
+// InvalidArgument otherwise, with the text C-escaped.
+absl::Status CheckPeerAddress(const std::string& address);
+
 // Starts a server on `listen` (port 0 picks one) with `services`; returns the server and
 // the address it is reachable at ("host:actual_port"). `advertise_host` replaces a wildcard
 // listen host (0.0.0.0, [::]) in the returned address; empty = this machine's hostname.

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/net/proto_json.h"
+#include "manager/api/access.h"
 #include "manager/api/web_assets.h"
 
 namespace varuna {
@@ -26,6 +27,8 @@ int HttpStatus(const absl::Status& s) {
       return 400;
     case absl::StatusCode::kFailedPrecondition:
       return 409;
+    case absl::StatusCode::kPermissionDenied:
+      return 403;
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kDeadlineExceeded:
       return 503;
@@ -120,9 +123,30 @@ HttpServer::Handler Gated(std::function<absl::Status()> gate, HttpServer::Handle
   };
 }
 
+using CallerOf = std::function<TokenTable::Caller(const std::string&)>;
+
+// A job route (Note [Roles] in access.cc): the handler runs only for the job's owner or an admin.
+HttpServer::Handler Owned(EventLoop& loop, ManagerApi& m, const CallerOf& caller_of,
+                          HttpServer::Handler handler) {
+  return [&loop, &m, caller_of, handler](const Request& req) -> Response {
+    const TokenTable::Caller caller = caller_of ? caller_of(req.principal) : TokenTable::Caller{};
+    if (caller.role != TokenTable::Role::kAdmin) {
+      auto job = loop.RunSync([&] { return m.GetJob(req.matches[0]); });
+      if (!job.ok()) return Json(job);
+      absl::Status may = Authorize(caller, ApiAction::kReadJob, job->id(), job->submitted_by());
+      if (!may.ok()) return JsonError(403, std::string(may.message()));
+    }
+    return handler(req);
+  };
+}
+
 void Register(HttpServer& http, EventLoop& loop, ManagerApi& m, const MetricsRegistry& metrics,
-              bool open_metrics, std::function<absl::Status()> gate) {
+              bool open_metrics, std::function<absl::Status()> gate, CallerOf caller_of) {
   using Access = HttpServer::Access;
+  auto caller = [caller_of](const Request& req) {
+    return caller_of ? caller_of(req.principal) : TokenTable::Caller{};
+  };
+  auto owned = [&](HttpServer::Handler h) { return Owned(loop, m, caller_of, std::move(h)); };
   http.Get(
       "/metrics",
       [&metrics](const Request&) -> Response {
@@ -151,42 +175,57 @@ void Register(HttpServer& http, EventLoop& loop, ManagerApi& m, const MetricsReg
              return Response{200, "application/json", ProtoJson(r), {}};
            }));
   // Paged like ListJobs (Note [Pages] in manager_api.cc): ?page_size=N&page_token=T.
-  http.Get("/api/v1/jobs", Gated(gate, [&](const Request& req) {
+  http.Get("/api/v1/jobs", Gated(gate, [&, caller](const Request& req) {
              v1::ListJobsRequest q;
              q.set_page_size(
                  static_cast<int32_t>(std::clamp<int64_t>(ParamInt(req, "page_size", 0), 0, 1000)));
              if (auto it = req.params.find("page_token"); it != req.params.end())
                q.set_page_token(it->second);
-             return Json(loop.RunSync([&] { return m.ListJobs(q); }));
+             auto r = loop.RunSync([&] { return m.ListJobs(q); });
+             if (r.ok()) {
+               const TokenTable::Caller who = caller(req);
+               for (v1::JobInfo& j : *r->mutable_jobs()) {
+                 if (!MayReadJob(who, j)) RedactForOthers(&j);
+               }
+             }
+             return Json(r);
            }));
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64}))", Gated(gate, [&](const Request& req) {
-             return Json(loop.RunSync([&] { return m.GetJob(req.matches[0]); }));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64}))", Gated(gate, [&, caller](const Request& req) {
+             auto r = loop.RunSync([&] { return m.GetJob(req.matches[0]); });
+             if (r.ok() && !MayReadJob(caller(req), *r)) RedactForOthers(&*r);
+             return Json(r);
            }));
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/metrics)", Gated(gate, [&](const Request& req) {
-             v1::GetMetricsRequest q;
-             q.set_job_id(req.matches[0]);
-             q.set_after_step(ParamInt(req, "after_step", 0));
-             return Json(loop.RunSync([&] { return m.GetMetrics(q); }));
-           }));
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/stages)", Gated(gate, [&](const Request& req) {
-             return Json(loop.RunSync([&] { return m.GetStages(req.matches[0]); }));
-           }));
-  http.Get(
-      R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/events)", Gated(gate, [&](const Request& req) {
-        if (auto job = loop.RunSync([&] { return m.GetJob(req.matches[0]); }); !job.ok()) {
-          return Json(job);
-        }
-        v1::ListEventsRequest q;
-        q.set_job_id(req.matches[0]);
-        q.set_after_seq(ParamInt(req, "after_seq", 0));
-        return Response{
-            200, "application/json", ProtoJson(loop.RunSync([&] { return m.ListEvents(q); })), {}};
-      }));
-  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/logs)", Gated(gate, [&](const Request& req) {
-             const int tail =
-                 static_cast<int>(std::clamp<int64_t>(ParamInt(req, "tail", 20), 1, 200));
-             return Logs(loop, m, req.matches[0], tail);
-           }));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/metrics)",
+           Gated(gate, owned([&](const Request& req) {
+                   v1::GetMetricsRequest q;
+                   q.set_job_id(req.matches[0]);
+                   q.set_after_step(ParamInt(req, "after_step", 0));
+                   return Json(loop.RunSync([&] { return m.GetMetrics(q); }));
+                 })));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/stages)",
+           Gated(gate, owned([&](const Request& req) {
+                   return Json(loop.RunSync([&] { return m.GetStages(req.matches[0]); }));
+                 })));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/events)",
+           Gated(gate, owned([&](const Request& req) {
+                   if (auto job = loop.RunSync([&] { return m.GetJob(req.matches[0]); });
+                       !job.ok()) {
+                     return Json(job);
+                   }
+                   v1::ListEventsRequest q;
+                   q.set_job_id(req.matches[0]);
+                   q.set_after_seq(ParamInt(req, "after_seq", 0));
+                   return Response{200,
+                                   "application/json",
+                                   ProtoJson(loop.RunSync([&] { return m.ListEvents(q); })),
+                                   {}};
+                 })));
+  http.Get(R"(/api/v1/jobs/([A-Za-z0-9._-]{1,64})/logs)",
+           Gated(gate, owned([&](const Request& req) {
+                   const int tail =
+                       static_cast<int>(std::clamp<int64_t>(ParamInt(req, "tail", 20), 1, 200));
+                   return Logs(loop, m, req.matches[0], tail);
+                 })));
   http.Get(R"(/api/v1/.*)", [](const Request& req) {
     return JsonError(404, absl::StrCat("no API endpoint ", req.path));
   });
@@ -208,9 +247,9 @@ ManagerHttp::ManagerHttp(EventLoop* loop, ManagerApi api)
 ManagerHttp::~ManagerHttp() = default;
 
 absl::Status ManagerHttp::Start(const HttpServer::Options& options, bool open_metrics,
-                                std::function<absl::Status()> gate) {
+                                std::function<absl::Status()> gate, CallerOf caller_of) {
   http_ = std::make_unique<HttpServer>();
-  Register(*http_, *loop_, api_, registry_, open_metrics, std::move(gate));
+  Register(*http_, *loop_, api_, registry_, open_metrics, std::move(gate), std::move(caller_of));
   return http_->Start(options);
 }
 

@@ -14,6 +14,7 @@
 #include "common/net/http_server.h"
 #include "common/net/metrics.h"
 #include "manager/api/manager_api.h"
+#include "manager/api/tokens.h"
 #include "manager/state/manager_metrics.h"
 
 namespace varuna {
@@ -33,8 +34,11 @@ class ManagerHttp {
   // files needs a bearer token when `options` has an authorizer; /metrics too unless
   // `open_metrics`. `gate`: with several managers, OK only on the leader (the API answers 503
   // elsewhere).
+  // `caller_of`: who a request's principal (the token's name) is, for the roles (Note [Roles]
+  // in access.cc); null: every caller is an admin.
   absl::Status Start(const HttpServer::Options& options, bool open_metrics,
-                     std::function<absl::Status()> gate = nullptr);
+                     std::function<absl::Status()> gate = nullptr,
+                     std::function<TokenTable::Caller(const std::string&)> caller_of = nullptr);
   void Stop();
   // HOST:PORT, "" before Start.
   std::string address() const { return http_ ? http_->address() : ""; }

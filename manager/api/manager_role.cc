@@ -67,6 +67,14 @@ absl::Status ManagerRole::Gate(grpc::CallbackServerContext* ctx) const {
   const LeaderElection::Leader l = election_->leader();
   const std::string me = election_->me();
   if (!l.address.empty() && l.address != me) {
+    // Note [Leader address]: the address comes from etcd, written by whoever leads; gRPC aborts
+    // the process on a metadata value that is not printable ASCII, so only a checked one is
+    // passed on (a leader's own --advertise is checked at its start too).
+    if (absl::Status usable = CheckPeerAddress(l.address); !usable.ok()) {
+      return absl::UnavailableError(absl::StrCat("varuna-manager ", me,
+                                                 " is a standby; the leader (term ", l.term,
+                                                 ") advertises an unusable ", usable.message()));
+    }
     if (ctx != nullptr) ctx->AddTrailingMetadata("varuna-leader", l.address);
     return absl::UnavailableError(absl::StrCat(
         "varuna-manager ", me, " is a standby; the leader is ", l.address, " (term ", l.term, ")"));

@@ -1,5 +1,6 @@
 #include "manager/api/manager_server.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -9,6 +10,7 @@
 #include "common/net/http_request.h"
 #include "common/net/rpc.h"
 #include "glog/logging.h"
+#include "manager/api/access.h"
 #include "manager/api/tokens.h"
 #include "varuna/v1/control.grpc.pb.h"
 
@@ -140,20 +142,28 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* ctx,
                                      const v1::ListJobsRequest* req,
                                      v1::ListJobsResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
-    return OnLoop(loop_, ctx, [=] {
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=, user = *user] {
       auto r = api_.ListJobs(*req);
-      if (r.ok()) *resp = *std::move(r);
-      return r.status();
+      if (!r.ok()) return r.status();
+      *resp = *std::move(r);
+      for (v1::JobInfo& j : *resp->mutable_jobs()) {
+        if (!MayReadJob(user, j)) RedactForOthers(&j);
+      }
+      return absl::OkStatus();
     });
   }
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* ctx, const v1::GetJobRequest* req,
                                    v1::GetJobResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
-    return OnLoop(loop_, ctx, [=] {
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=, user = *user] {
       auto r = api_.GetJob(req->job_id());
-      if (r.ok()) *resp->mutable_job() = *r;
-      return r.status();
+      if (!r.ok()) return r.status();
+      *resp->mutable_job() = *r;
+      if (!MayReadJob(user, *r)) RedactForOthers(resp->mutable_job());
+      return absl::OkStatus();
     });
   }
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* ctx,
@@ -162,6 +172,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     auto user = Admit(ctx);
     if (!user.ok()) return Refuse(ctx, user.status());
     return OnLoop(loop_, ctx, [=, user = *user] {
+      RETURN_IF_ERROR(MayAct(user, ApiAction::kCancelJob, req->job_id()));
       auto r = api_.Cancel(req->job_id(), user.name);
       if (r.ok()) *resp->mutable_job() = *r;
       return r.status();
@@ -169,9 +180,14 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
   grpc::ServerUnaryReactor* GetLogs(grpc::CallbackServerContext* ctx, const v1::GetLogsRequest* req,
                                     v1::GetLogsResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    loop_->Post([=] {
+    loop_->Post([=, user = *user] {
+      if (absl::Status may = MayAct(user, ApiAction::kReadJob, req->job_id()); !may.ok()) {
+        reactor->Finish(ToGrpcStatus(may));
+        return;
+      }
       api_.GetLogs(*req, [reactor, resp](absl::StatusOr<v1::GetLogsResponse> r) {
         if (r.ok()) *resp = *std::move(r);
         reactor->Finish(ToGrpcStatus(r.status()));
@@ -192,7 +208,9 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* DrainNode(grpc::CallbackServerContext* ctx,
                                       const v1::DrainNodeRequest* req,
                                       v1::DrainNodeResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    if (auto may = Authorize(*user, ApiAction::kManageNodes); !may.ok()) return Refuse(ctx, may);
     return OnLoop(loop_, ctx, [=] {
       auto r = api_.Drain(req->node(), req->undo());
       if (r.ok()) *resp->mutable_node() = *r;
@@ -202,8 +220,10 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* PreemptNode(grpc::CallbackServerContext* ctx,
                                         const v1::PreemptNodeRequest* req,
                                         v1::PreemptNodeResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
-    const std::string by = Authenticate(*ctx).value_or(TokenTable::Caller{}).name;
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    if (auto may = Authorize(*user, ApiAction::kManageNodes); !may.ok()) return Refuse(ctx, may);
+    const std::string by = user->name;
     return OnLoop(loop_, ctx, [=] {
       if (req->in_ms() < 0 || req->in_ms() > int64_t{86400} * 1000 * 365) {
         return absl::InvalidArgumentError("preempt: in_ms must be in [0, one year]");
@@ -220,17 +240,29 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   grpc::ServerUnaryReactor* ListEvents(grpc::CallbackServerContext* ctx,
                                        const v1::ListEventsRequest* req,
                                        v1::ListEventsResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
-    return OnLoop(loop_, ctx, [=] {
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=, user = *user] {
+      if (!req->job_id().empty()) RETURN_IF_ERROR(MayAct(user, ApiAction::kReadJob, req->job_id()));
       *resp = api_.ListEvents(*req);
+      // A user sees the nodes' events and its own jobs'.
+      auto* events = resp->mutable_events();
+      events->erase(std::remove_if(events->begin(), events->end(),
+                                   [&](const v1::Event& e) {
+                                     return !e.job_id().empty() &&
+                                            !MayAct(user, ApiAction::kReadJob, e.job_id()).ok();
+                                   }),
+                    events->end());
       return absl::OkStatus();
     });
   }
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* ctx,
                                        const v1::GetMetricsRequest* req,
                                        v1::GetMetricsResponse* resp) override {
-    if (auto user = Admit(ctx); !user.ok()) return Refuse(ctx, user.status());
-    return OnLoop(loop_, ctx, [=] {
+    auto user = Admit(ctx);
+    if (!user.ok()) return Refuse(ctx, user.status());
+    return OnLoop(loop_, ctx, [=, user = *user] {
+      RETURN_IF_ERROR(MayAct(user, ApiAction::kReadJob, req->job_id()));
       auto r = api_.GetMetrics(*req);
       if (r.ok()) *resp = *std::move(r);
       return r.status();
@@ -270,6 +302,15 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
   }
 
  private:
+  // On the loop: whether `user` may act on job `id` (Note [Roles] in access.cc); a job that
+  // does not exist is the API's own NOT_FOUND.
+  absl::Status MayAct(const TokenTable::Caller& user, ApiAction action,
+                      const std::string& id) const {
+    if (user.role == TokenTable::Role::kAdmin) return absl::OkStatus();
+    absl::StatusOr<v1::JobInfo> job = api_.GetJob(id);
+    if (!job.ok()) return job.status();
+    return Authorize(user, action, id, job->submitted_by());
+  }
   // The gate (a standby names the leader), then the token.
   absl::StatusOr<TokenTable::Caller> Admit(grpc::CallbackServerContext* ctx) const {
     RETURN_IF_ERROR(role_->Gate(ctx));
@@ -322,6 +363,11 @@ absl::Status ManagerServer::Start() {
   if (!config_.tokens_file.empty()) {
     ASSIGN_OR_RETURN(tokens, TokenTable::Load(config_.tokens_file));
     LOG(INFO) << "manager: " << tokens->size() << " tokens from " << config_.tokens_file;
+    if (!tokens->roles()) {
+      LOG(WARNING) << "manager: no line of " << config_.tokens_file
+                   << " says admin, so every token may do everything (cancel and read any job, "
+                      "drain nodes); give lines a role: NAME TOKEN USER|- admin|user";
+    }
   }
   RETURN_IF_ERROR(
       role_.Open(tls, [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); }));
@@ -365,12 +411,15 @@ absl::Status ManagerServer::Start() {
     o.allow_remote = config_.http_allow_remote;
     o.tls_cert_file = config_.tls.cert;
     o.tls_key_file = config_.tls.key;
+    std::function<TokenTable::Caller(const std::string&)> caller_of;
     if (http_tokens) {
-      o.authorize = [http_tokens](const std::string& t) {
-        return http_tokens->Lookup(t).has_value();
+      o.authorize = [http_tokens](const std::string& t) { return http_tokens->Lookup(t); };
+      caller_of = [http_tokens](const std::string& name) {
+        return http_tokens->ByName(name).value_or(
+            TokenTable::Caller{name, "", TokenTable::Role::kUser});
       };
     }
-    RETURN_IF_ERROR(http_->Start(o, config_.http_open_metrics, gate));
+    RETURN_IF_ERROR(http_->Start(o, config_.http_open_metrics, gate, std::move(caller_of)));
     LOG(INFO) << "manager dashboard and /metrics on " << (http_->tls() ? "https" : "http") << "://"
               << http_->address() << "/" << (http_tokens ? " (bearer tokens)" : "");
   }

@@ -1,5 +1,7 @@
 #include "manager/api/tokens.h"
 
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
@@ -35,6 +37,7 @@ bool IsUnixUserName(const std::string& s) {
 
 absl::StatusOr<TokenTable> TokenTable::Parse(const std::string& text, const std::string& name) {
   TokenTable t;
+  std::map<std::string, std::pair<Role, int>> roles;  // name -> role, its first line
   int line_no = 0;
   for (absl::string_view raw : absl::StrSplit(text, '\n')) {
     ++line_no;
@@ -46,17 +49,37 @@ absl::StatusOr<TokenTable> TokenTable::Parse(const std::string& text, const std:
       return absl::InvalidArgumentError(
           absl::StrCat("tokens file ", name, " line ", line_no, ": ", why));
     };
-    if (words.size() != 2 && words.size() != 3) return bad("expected 'NAME TOKEN [USER]'");
+    if (words.size() < 2 || words.size() > 4) {
+      return bad("expected 'NAME TOKEN [USER|-] [admin|user]'");
+    }
     if (words[1].size() < 16) return bad("token is shorter than 16 characters");
-    Caller caller{words[0], words.size() == 3 ? words[2] : ""};
-    if (words.size() == 3 && !IsUnixUserName(caller.unix_user)) {
+    Caller caller{words[0], words.size() >= 3 && words[2] != "-" ? words[2] : "", Role::kUser};
+    if (!caller.unix_user.empty() && !IsUnixUserName(caller.unix_user)) {
       return bad(absl::StrCat("'", caller.unix_user,
-                              "' is not a Unix user name ([a-z_][a-z0-9_-]*, at most 32)"));
+                              "' is not a Unix user name ([a-z_][a-z0-9_-]*, at most 32) or '-'"));
+    }
+    if (words.size() == 4) {
+      if (words[3] == "admin") {
+        caller.role = Role::kAdmin;
+        t.roles_ = true;
+      } else if (words[3] != "user") {
+        return bad(absl::StrCat("role '", words[3], "' is neither admin nor user"));
+      }
+    }
+    auto [named, fresh] = roles.emplace(caller.name, std::make_pair(caller.role, line_no));
+    if (!fresh && named->second.first != caller.role) {
+      return bad(absl::StrCat("'", caller.name, "' is ",
+                              caller.role == Role::kAdmin ? "an admin" : "a user",
+                              " here but not on line ", named->second.second,
+                              " (every line of one name has the same role)"));
     }
     if (!t.by_token_.emplace(words[1], std::move(caller)).second) return bad("token listed twice");
   }
   if (t.by_token_.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("tokens file ", name, " has no tokens"));
+  }
+  if (!t.roles_) {
+    for (auto& [token, caller] : t.by_token_) caller.role = Role::kAdmin;
   }
   return t;
 }
@@ -73,6 +96,13 @@ std::optional<TokenTable::Caller> TokenTable::Find(const std::string& token) con
     if (ConstantTimeEqual(t, token)) found = caller;
   }
   return found;
+}
+
+std::optional<TokenTable::Caller> TokenTable::ByName(const std::string& name) const {
+  for (const auto& [t, caller] : by_token_) {
+    if (caller.name == name) return caller;
+  }
+  return std::nullopt;
 }
 
 }  // namespace varuna

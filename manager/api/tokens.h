@@ -1,9 +1,13 @@
 #pragma once
 
 // Bearer tokens for varunactl and the HTTP API -> manager (docs/operations.md "Security"). The
-// tokens file has one "NAME TOKEN [USER]" per line (# comments, blank lines); the name is
-// recorded on the jobs that token submits or cancels, and USER (a Unix user name) is who the
-// agents run those jobs' workers as (each agent only if its --allowed_worker_users has it).
+// tokens file has one "NAME TOKEN [USER|-] [admin|user]" per line (# comments, blank lines);
+// the name is recorded on the jobs that token submits or cancels, USER (a Unix user name; "-"
+// for none) is who the agents run those jobs' workers as (each agent only if its
+// --allowed_worker_users has it), and the role is what the token may do (Note [Roles] in
+// manager/api/access.cc). A role needs all four words; a line without one is a user's. A file
+// in which no line says admin gives every token the admin role (how files without roles
+// behaved), and TokenTable::roles() says so.
 
 #include <map>
 #include <optional>
@@ -22,9 +26,11 @@ class TokenTable {
   static absl::StatusOr<TokenTable> Parse(const std::string& text, const std::string& name);
   static absl::StatusOr<TokenTable> Load(const std::string& path);
 
+  enum class Role { kUser, kAdmin };
   struct Caller {
     std::string name;
-    std::string unix_user;  // "" = none given
+    std::string unix_user;     // "" = none given
+    Role role = Role::kAdmin;  // without a tokens file every caller is an admin
   };
   // Who a token belongs to; compares every known token in constant time.
   std::optional<Caller> Find(const std::string& token) const;
@@ -32,10 +38,15 @@ class TokenTable {
     auto c = Find(token);
     return c ? std::optional<std::string>(c->name) : std::nullopt;
   }
+  // The caller of a token name (every line of one name has the same role).
+  std::optional<Caller> ByName(const std::string& name) const;
   size_t size() const { return by_token_.size(); }
+  // Whether some line says admin: roles are enforced. Without, every token is an admin.
+  bool roles() const { return roles_; }
 
  private:
   std::map<std::string, Caller> by_token_;  // token -> caller
+  bool roles_ = false;
 };
 
 }  // namespace varuna

@@ -4,6 +4,7 @@
 #include "agent/process_launcher.h"
 
 #include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <pwd.h>
 #include <signal.h>
@@ -13,7 +14,11 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/launch/worker_channel.h"
@@ -147,6 +152,7 @@ TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
   struct stat st {};
   ASSERT_EQ(stat((gen + "/progress").c_str(), &st), 0) << "the worker can write its directory";
   EXPECT_EQ(st.st_uid, uid);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "workers start with umask 077";
 
   spec.user = "root";
   EXPECT_THAT(launcher_.Launch(spec),
@@ -159,6 +165,43 @@ TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
   spec.argv = {"/bin/true"};
   EXPECT_THAT(launcher_.Launch(spec), IsOk());
   ASSERT_TRUE(Eventually([&] { return !launcher_.Reap().empty(); }));
+}
+
+// Note [Launch failures] in agent/process_launcher.cc: a worker that cannot start says why in
+// its log (the agent puts that line in the exit's reason): a working directory it cannot
+// enter, a program it cannot run.
+TEST_F(ProcessLauncherTest, AStartThatFailsSaysWhyInTheLog) {
+  auto run = [&](ProcessSpec spec) {
+    spec.env = {{"PATH", "/usr/bin:/bin"}};
+    spec.log_path = dir_ + "/log";
+    std::filesystem::remove(spec.log_path);
+    absl::StatusOr<int> pid = launcher_.Launch(spec);
+    EXPECT_THAT(pid, IsOk());
+    std::vector<ProcessExit> exits;
+    EXPECT_TRUE(Eventually([&] {
+      exits = launcher_.Reap();
+      return !exits.empty();
+    }));
+    std::ifstream in(spec.log_path);
+    std::string log((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    return std::make_pair(exits.empty() ? -1 : exits[0].exit_code, log);
+  };
+  ProcessSpec no_dir;
+  no_dir.argv = {"/bin/true"};
+  no_dir.cwd = dir_ + "/missing";
+  auto [code, log] = run(no_dir);
+  EXPECT_EQ(code, 126);
+  EXPECT_THAT(log, ::testing::HasSubstr("cannot enter the working directory " + dir_ +
+                                        "/missing: No such file or directory"));
+  // Executable, but its interpreter is missing: only execve finds out.
+  const std::string script = dir_ + "/bad-interpreter.sh";
+  std::ofstream(script) << "#!/nonexistent/sh\n";
+  chmod(script.c_str(), 0755);
+  ProcessSpec no_exec;
+  no_exec.argv = {script};
+  std::tie(code, log) = run(no_exec);
+  EXPECT_EQ(code, 127);
+  EXPECT_THAT(log, ::testing::HasSubstr("cannot run " + script + ": No such file or directory"));
 }
 
 }  // namespace

@@ -96,10 +96,11 @@ class HttpServerTest : public ::testing::Test {
     });
     http_.Get(R"(/echo/([a-z]+))", [](const HttpServer::Request& r) -> HttpServer::Response {
       auto it = r.params.find("q");
-      return {200,
-              "text/plain",
-              absl::StrCat(r.matches[0], "|", it == r.params.end() ? "" : it->second),
-              {}};
+      return {
+          200,
+          "text/plain",
+          absl::StrCat(r.matches[0], "|", it == r.params.end() ? "" : it->second, "|", r.principal),
+          {}};
     });
     http_.Get("/slow", [this](const HttpServer::Request&) -> HttpServer::Response {
       release_.wait();
@@ -159,7 +160,7 @@ TEST_F(HttpServerTest, ServesRoutesWithDecodedPathsAndParams) {
   Start();
   const std::string r = Get(port_, "/echo/abc?q=x%20y");
   EXPECT_EQ(Status(r), 200) << r;
-  EXPECT_EQ(Body(r), "abc|x y");
+  EXPECT_EQ(Body(r), "abc|x y|");
   EXPECT_THAT(r, HasSubstr("Connection: close"));
   EXPECT_EQ(Status(Get(port_, "/nope")), 404);
   EXPECT_EQ(Status(Exchange(port_, "POST /open HTTP/1.1\r\nHost: a\r\n\r\n")), 405);
@@ -262,13 +263,18 @@ TEST_F(HttpServerTest, HealthIsAnsweredWhileSlowPeersAndBusyHandlersHoldEverythi
 
 TEST_F(HttpServerTest, TokenRoutesNeedTheBearerToken) {
   HttpServer::Options o;
-  o.authorize = [](const std::string& t) { return t == "good-token-0123456789"; };
+  o.authorize = [](const std::string& t) -> std::optional<std::string> {
+    if (t == "good-token-0123456789") return "good";
+    return std::nullopt;
+  };
   Start(o);
   const std::string none = Get(port_, "/echo/a");
   EXPECT_EQ(Status(none), 401);
   EXPECT_THAT(none, HasSubstr("WWW-Authenticate: Bearer"));
   EXPECT_EQ(Status(Get(port_, "/echo/a", "Authorization: Bearer wrong\r\n")), 401);
-  EXPECT_EQ(Status(Get(port_, "/echo/a", "Authorization: Bearer good-token-0123456789\r\n")), 200);
+  const std::string good = Get(port_, "/echo/a", "Authorization: Bearer good-token-0123456789\r\n");
+  EXPECT_EQ(Status(good), 200);
+  EXPECT_THAT(good, HasSubstr("a||good"));  // the handler knows who the token is
   EXPECT_EQ(Status(Get(port_, "/open")), 200);
   EXPECT_EQ(Status(Get(port_, "/healthz")), 200);
 }

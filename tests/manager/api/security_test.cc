@@ -552,6 +552,38 @@ TEST(AgentHardeningTest, AFifoInPlaceOfTheProgressFileOrLogDoesNotFreezeTheAgent
   std::filesystem::remove_all(dir);
 }
 
+// Note [Leader address] in manager/api/manager_role.cc: an address one daemon hands others
+// (--advertise, the leader a standby names in gRPC metadata, which aborts the process on a
+// value that is not printable ASCII) is checked: a manager refuses to start with a bad one.
+TEST(PeerAddressTest, OnlyAddressesOthersCanDialAreAdvertised) {
+  for (const char* good :
+       {"10.0.0.1:7070", "mgr.example.com:7070", "[::1]:7070", "node_1:1", "m-2:65535"}) {
+    EXPECT_THAT(CheckPeerAddress(good), IsOk()) << good;
+  }
+  const std::pair<std::string, std::string> bad[] = {
+      {"mgr:0", "no port"},
+      {"mgr", "no port"},
+      {":7070", "no port"},
+      {"mgr\xc3\xa9:7070", "mgr\\xc3\\xa9:7070"},  // named escaped
+      {"a b:1", "character"},
+      {"mgr\n:1", "character"},
+      {"[::1]x:1", "character"},
+      {"-mgr:1", "no host"},
+      {std::string(300, 'a') + ":1", "too long"},
+  };
+  for (const auto& [address, why] : bad) {
+    EXPECT_THAT(CheckPeerAddress(address), StatusIs(absl::StatusCode::kInvalidArgument, why))
+        << address;
+  }
+  ManagerConfig config;
+  config.listen = "127.0.0.1:7070";
+  config.state_dir = "/var/lib/varuna-manager";
+  config.advertise = "mgr\xc3\xa9:7070";
+  EXPECT_THAT(config.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "--advertise"));
+  config.advertise = "mgr.example.com:7070";
+  EXPECT_THAT(config.Validate(), IsOk());
+}
+
 TEST(ConfigFileTest, HostileConfigFilesAreErrorsNamingTheKey) {
   const std::string dir = MakeTempDir();
   auto write = [&](const std::string& text) {
@@ -693,8 +725,8 @@ TEST(TokenTableTest, ParsesAndLooksUp) {
   EXPECT_FALSE(t->Lookup("").has_value());
   EXPECT_THAT(TokenTable::Parse("alice short\n", "f").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "line 1"));
-  EXPECT_THAT(TokenTable::Parse("a b c d\n", "f").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "NAME TOKEN [USER]"));
+  EXPECT_THAT(TokenTable::Parse("a b c d e\n", "f").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "NAME TOKEN [USER|-] [admin|user]"));
   // A third word is the Unix user the token's jobs run as (Note [Worker user]).
   auto u = TokenTable::Parse("alice 0123456789abcdef0 alice_ml\nbob fedcba98765432100\n", "f");
   ASSERT_THAT(u.status(), IsOk());
