@@ -506,10 +506,11 @@ void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
   }
   if ((s == v1::STARTING || s == v1::RUNNING) && (exit_code != 0 || signal != 0)) {
     if (job.gen.pending_failure.empty()) {
-      job.gen.pending_failure =
-          absl::StrCat("rank ", rank, " on node ", node, " ",
-                       signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
-                                   : absl::StrCat("exited with code ", exit_code));
+      job.gen.pending_failure = absl::StrCat(
+          "rank ", rank, " on node ", node, " ",
+          signal != 0 ? absl::StrCat("was killed by ", SignalName(signal))
+                      : absl::StrCat("exited with code ", exit_code),
+          job.gen.worker_error.empty() ? "" : absl::StrCat(": ", job.gen.worker_error));
       job.gen.fail_at = clock_->Now() + 2 * nodes_->heartbeat_period();
     }
     jobs_->Persist(job);

@@ -101,6 +101,26 @@ TEST_F(JobControllerTest, BadInputExitFailsAtOnceEvenWhenTheJobCouldMorph) {
   EXPECT_FALSE(Job(id).morphing());
 }
 
+// A worker that never started (Note [Launch failures] in agent/process_launcher.cc): the
+// launcher's reason, which the agent sends as the worker's error, is the job's.
+TEST_F(JobControllerTest, AFailureCarriesTheWorkersReason) {
+  AddNode("a", 1);
+  const std::string id = Submit(Spec("parallel: {stages: 1}\nmorphing: false"));
+  AnswerLaunches();
+  v1::WorkerStatus w = Worker(id, 0, false, 126);
+  w.set_error(
+      "varuna-agent: the worker user varuna cannot enter the working directory /srv: "
+      "Permission denied");
+  Beat("a", {w});
+  Advance(absl::Seconds(3));
+  Beat("a", {w});
+  Tick();
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(),
+              HasSubstr("exited with code 126: varuna-agent: the worker user varuna cannot enter "
+                        "the working directory /srv: Permission denied"));
+}
+
 TEST_F(JobControllerTest, CancelStopsTheWorkersAndEndsWhenTheyAreGone) {
   AddNode("a", 2);
   const std::string id = Submit(Spec());
