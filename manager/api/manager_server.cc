@@ -1,6 +1,7 @@
 #include "manager/api/manager_server.h"
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -245,14 +246,16 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
     return OnLoop(loop_, ctx, [=, user = *user] {
       if (!req->job_id().empty()) RETURN_IF_ERROR(MayAct(user, ApiAction::kReadJob, req->job_id()));
       *resp = api_.ListEvents(*req);
-      // A user sees the nodes' events and its own jobs'.
+      // A user sees the nodes' events and its own jobs' (each job looked up once).
+      std::map<std::string, bool> hidden;
+      auto hide = [&](const v1::Event& e) {
+        if (e.job_id().empty()) return false;
+        auto [it, fresh] = hidden.emplace(e.job_id(), false);
+        if (fresh) it->second = !MayAct(user, ApiAction::kReadJob, e.job_id()).ok();
+        return it->second;
+      };
       auto* events = resp->mutable_events();
-      events->erase(std::remove_if(events->begin(), events->end(),
-                                   [&](const v1::Event& e) {
-                                     return !e.job_id().empty() &&
-                                            !MayAct(user, ApiAction::kReadJob, e.job_id()).ok();
-                                   }),
-                    events->end());
+      events->erase(std::remove_if(events->begin(), events->end(), hide), events->end());
       return absl::OkStatus();
     });
   }

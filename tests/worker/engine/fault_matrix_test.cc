@@ -7,9 +7,11 @@
 //   job resumes from the newest complete checkpoint;
 // - in place: the survivors and a joiner in each lost rank's place form a new world and
 //   HandOver (worker/engine/regroup.h) agrees the step and moves the layers.
-// A kill here closes the rank's "sockets" at once (ThreadWorld::Kill); a freeze keeps the rank
-// silent until every other rank is done, so its peers wait out their timeout. Each cell takes
-// seconds; one real process cell per path stays in tests/e2e/commit_e2e.py.
+// A kill here closes the rank's "sockets" at once (ThreadWorld::Kill); a freeze stops the rank
+// where it is, holding what it holds, until every other rank is done, and the survivors' waits
+// are aborted a moment later, as the manager does once the agent reports the rank frozen (no
+// cell depends on a timeout). Each cell takes well under a second; one real process cell per
+// path stays in tests/e2e/commit_e2e.py.
 
 #include <chrono>
 #include <condition_variable>
@@ -50,8 +52,9 @@ namespace fs = std::filesystem;
 constexpr int kWorld = 4;  // 2 stages x 2 replicas: ranks 1 and 3 hold stage 1
 constexpr int64_t kSteps = 6;
 constexpr int64_t kFaultStep = 4;
-constexpr auto kFaultTimeout = std::chrono::milliseconds(2000);  // what a freeze costs
-constexpr auto kTimeout = std::chrono::milliseconds(30000);
+constexpr auto kTimeout = std::chrono::milliseconds(30000);  // no cell waits for it
+// From a freeze to the survivors' abort: the agent's report and the manager's reconfigure.
+constexpr auto kFrozenNoticed = std::chrono::milliseconds(200);
 
 struct RankGone {};  // a kill's actor throws it: the rank's thread ends there
 
@@ -208,17 +211,20 @@ std::vector<Survivor> Interrupt(const Cell& cell, Path path, const std::string& 
       Survivor& me = out[r];
       FaultInjector injector(*faults, r, 1);
       injector.set_actor([&](const Fault& f) {
-        if (f.action == FaultAction::kFreeze) {  // silent until every other rank is done
+        if (f.action == FaultAction::kFreeze) {  // stopped until every other rank is done
           done(&counted);
+          std::this_thread::sleep_for(kFrozenNoticed);
+          world->Kill();
           std::unique_lock<std::mutex> l(mu);
           cv.wait_for(l, std::chrono::seconds(60), [&] { return running == 0; });
+          throw RankGone{};
         }
         world->Kill();
         throw RankGone{};
       });
       ThreadFactory factory(world);
       try {
-        auto engine = Build(factory, r, kFaultTimeout, std::move(injector),
+        auto engine = Build(factory, r, kTimeout, std::move(injector),
                             /*keep_pre_update=*/path == Path::kRelaunch);
         if (!engine.ok()) {
           me.status = engine.status();
