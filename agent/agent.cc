@@ -283,9 +283,9 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     fs::remove(w.progress_path, ec);
 
     ProcessSpec spec;
-    spec.control_fifo = absl::StrCat(gen_dir, "/control.rank", r.rank());
-    RankProcess process = RankContract(contract, r.rank(), r.local_rank(), w.progress_path,
-                                       spec.control_fifo, base_env);
+    spec.control_pipe = true;
+    RankProcess process =
+        RankContract(contract, r.rank(), r.local_rank(), w.progress_path, base_env);
     spec.argv = std::move(process.argv);
     spec.env = std::move(process.env);
     spec.user = run_as;
@@ -365,7 +365,7 @@ v1::CheckpointResponse Agent::Checkpoint(const v1::CheckpointRequest& req) {
     if (key.first != req.job_id() || !w.running) continue;
     if (req.generation() != 0 && w.generation != req.generation()) continue;
     // A graceful save is the worker's stop (checkpoint at the step boundary, exit 0), an abort
-    // its checkpoint_now; each by the control FIFO, else by the signal that always meant it.
+    // its checkpoint_now; each by the control pipe, else by the signal that always meant it.
     v1::AgentCommand command;
     if (req.abort_step()) {
       command.mutable_checkpoint_now();

@@ -4,6 +4,7 @@
 #include <grp.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -19,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/launch/worker_protocol.h"
 
 namespace varuna {
 namespace {
@@ -42,6 +44,20 @@ std::string ResolveProgram(const std::string& name, const std::map<std::string, 
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "";
+}
+
+// The control pipe (Note [Worker protocol] in common/launch/worker_protocol.cc): `fds` its
+// ends, the write end non-blocking with the agent's first (empty) line in it; `env` names the
+// descriptor the child will find the read end at.
+absl::Status MakeControlPipe(int fds[2], std::map<std::string, std::string>* env) {
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  fcntl(fds[1], F_SETFL, O_NONBLOCK);
+  (void)!write(fds[1], "\n", 1);
+  (*env)[kControlFdEnv] = absl::StrCat(kControlFd);
+  env->erase(kControlFifoEnv);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -130,6 +146,22 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
       return st;
     }
   }
+  // The control pipe (Note [Worker protocol] in common/launch/worker_protocol.cc): the child
+  // gets the read end as kControlFd; the agent keeps the write end and puts an empty line in,
+  // which tells it when the worker listens. Without it the worker gets signals only.
+  int control[2] = {-1, -1};
+  if (spec.control_pipe) {
+    if (absl::Status st = MakeControlPipe(control, &env); !st.ok()) {
+      close(log_fd);
+      return st;
+    }
+  }
+  const auto close_control = [&] {
+    for (int& fd : control) {
+      if (fd >= 0) close(fd);
+      fd = -1;
+    }
+  };
   std::vector<std::string> env_strings;
   for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
   std::vector<char*> argv, envp;
@@ -138,16 +170,6 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   const pid_t parent = getpid();
-  // The control FIFO (Note [Worker protocol] in common/launch/worker_protocol.cc), made fresh:
-  // whatever the job's code left at that path goes. Without it the worker gets signals only.
-  bool has_fifo = false;
-  if (!spec.control_fifo.empty()) {
-    unlink(spec.control_fifo.c_str());
-    has_fifo = mkfifo(spec.control_fifo.c_str(), 0600) == 0;
-    if (has_fifo && *identity) {
-      has_fifo = lchown(spec.control_fifo.c_str(), (*identity)->uid, (*identity)->gid) == 0;
-    }
-  }
   const WorkerIdentity* as = *identity ? &**identity : nullptr;
   // Note [Launch failures]: between fork and exec only async-signal-safe calls, so each reason
   // is written here and the child adds the error's name; the manager reads the log's tail.
@@ -163,6 +185,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   const pid_t pid = fork();
   if (pid < 0) {
     close(log_fd);
+    close_control();
     return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
   }
   if (pid == 0) {
@@ -183,8 +206,13 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
     sigprocmask(SIG_SETMASK, &none, nullptr);
     dup2(log_fd, STDOUT_FILENO);
     dup2(log_fd, STDERR_FILENO);
-    const int devnull = open("/dev/null", O_RDONLY);
+    const int devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
+    if (control[0] == kControlFd) {
+      fcntl(kControlFd, F_SETFD, 0);
+    } else if (control[0] >= 0) {
+      dup2(control[0], kControlFd);
+    }
     if (!spec.cwd.empty() && chdir(spec.cwd.c_str()) != 0) {
       WriteReason(STDERR_FILENO, no_cwd, errno);
       _exit(126);
@@ -196,8 +224,9 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   }
   setpgid(pid, pid);  // also from the parent, so a signal right away reaches the group
   close(log_fd);
+  if (control[0] >= 0) close(control[0]);
   live_.push_back(pid);
-  if (has_fifo) control_fifo_[pid] = spec.control_fifo;
+  if (control[1] >= 0) control_[pid] = Control{control[1], false};
   return static_cast<int>(pid);
 }
 
@@ -209,50 +238,52 @@ absl::Status RealProcessLauncher::Signal(int pid, int sig) {
   return absl::OkStatus();
 }
 
-absl::Status RealProcessLauncher::SendCommand(int pid, const std::string& line) {
-  std::string path;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = control_fifo_.find(pid);
-    if (it == control_fifo_.end()) {
-      return absl::UnimplementedError(absl::StrCat("process ", pid, " has no control FIFO"));
-    }
-    path = it->second;
+bool RealProcessLauncher::ListeningLocked(Control& c) {
+  if (!c.listening) {
+    int unread = 0;
+    c.listening = ioctl(c.fd, FIONREAD, &unread) == 0 && unread == 0;
   }
+  return c.listening;
+}
+
+bool RealProcessLauncher::Listening(int pid) {
+  absl::MutexLock lock(&mu_);
+  auto it = control_.find(pid);
+  return it != control_.end() && ListeningLocked(it->second);
+}
+
+absl::Status RealProcessLauncher::SendCommand(int pid, const std::string& line) {
   const std::string l = absl::StrCat(line, "\n");
   if (l.size() > PIPE_BUF) {
     return absl::InvalidArgumentError(
         absl::StrCat("command of ", l.size(), " bytes is over PIPE_BUF (", PIPE_BUF, ")"));
   }
-  // Non-blocking: ENXIO at once when no process holds the FIFO for reading. The job's code
-  // can write in its directory, so refuse a symlink or anything but a FIFO at that path.
-  const int fd = open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-  if (fd < 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "control FIFO ", path, ": ", errno == ENXIO ? "nothing reads it" : std::strerror(errno)));
+  absl::MutexLock lock(&mu_);
+  auto it = control_.find(pid);
+  if (it == control_.end()) {
+    return absl::UnimplementedError(absl::StrCat("process ", pid, " has no control pipe"));
   }
-  struct stat st {};
-  if (fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("control path ", path, " is not a FIFO"));
+  // Until the worker took the first line it may never read (a program that ignores the
+  // channel): the caller signals instead, as it would have to anyway.
+  if (!ListeningLocked(it->second)) {
+    return absl::UnavailableError(absl::StrCat("control pipe of ", pid, ": nothing reads it"));
   }
-  // The reader may close between the open and the write: EPIPE, not a SIGPIPE that would end
-  // the agent. Blocked for this thread only, and a pending one is taken before unblocking.
+  // The reader may be gone: EPIPE, not a SIGPIPE that would end the agent. Blocked for this
+  // thread only, and a pending one is taken before unblocking.
   sigset_t pipe_set, old_set;
   sigemptyset(&pipe_set);
   sigaddset(&pipe_set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &pipe_set, &old_set);
-  const ssize_t n = write(fd, l.data(), l.size());
+  const ssize_t n = write(it->second.fd, l.data(), l.size());
   const int err = errno;
   if (n < 0 && err == EPIPE) {
     const timespec zero{0, 0};
     sigtimedwait(&pipe_set, nullptr, &zero);
   }
   pthread_sigmask(SIG_SETMASK, &old_set, nullptr);
-  close(fd);
   if (n != static_cast<ssize_t>(l.size())) {  // PIPE_BUF bytes are written whole or not at all
     return absl::UnavailableError(
-        absl::StrCat("control FIFO ", path, ": ", err == EAGAIN ? "full" : std::strerror(err)));
+        absl::StrCat("control pipe of ", pid, ": ", err == EAGAIN ? "full" : std::strerror(err)));
   }
   return absl::OkStatus();
 }
@@ -274,11 +305,11 @@ std::vector<ProcessExit> RealProcessLauncher::Reap() {
       exits.push_back(e);
       // The worker's own children may outlive it; they share its process group.
       kill(-r, SIGKILL);
-      ForgetControlFifo(r);
+      ForgetControl(r);
       it = live_.erase(it);
     } else if (r < 0 && errno == ECHILD) {
       exits.push_back(ProcessExit{*it, 0, SIGKILL});
-      ForgetControlFifo(*it);
+      ForgetControl(*it);
       it = live_.erase(it);
     } else {
       ++it;
@@ -287,11 +318,16 @@ std::vector<ProcessExit> RealProcessLauncher::Reap() {
   return exits;
 }
 
-void RealProcessLauncher::ForgetControlFifo(int pid) {
-  auto it = control_fifo_.find(pid);
-  if (it == control_fifo_.end()) return;
-  unlink(it->second.c_str());
-  control_fifo_.erase(it);
+void RealProcessLauncher::ForgetControl(int pid) {
+  auto it = control_.find(pid);
+  if (it == control_.end()) return;
+  close(it->second.fd);
+  control_.erase(it);
+}
+
+RealProcessLauncher::~RealProcessLauncher() {
+  absl::MutexLock lock(&mu_);
+  for (auto& [pid, c] : control_) close(c.fd);
 }
 
 }  // namespace varuna

@@ -22,12 +22,13 @@ struct ProcessSpec {
   std::map<std::string, std::string> env;  // the whole environment
   std::string log_path;                    // stdout and stderr are appended here
   std::string cwd;                         // empty = the agent's
-  // Where to make the FIFO the agent's commands go through (Note [Worker protocol] in
-  // common/launch/worker_protocol.cc); empty = none. It is removed when the process is reaped.
-  std::string control_fifo;
+  // Give the process a pipe the agent's commands go through (Note [Worker protocol] in
+  // common/launch/worker_protocol.cc): its read end as file descriptor 3, named in
+  // VARUNA_CONTROL_FD. Closed when the process is reaped.
+  bool control_pipe = false;
   // Note [Worker user] in agent/launch_request.h: the Unix user to run as, when the launcher runs
   // as root ("" = as the launcher itself; ignored when it is not root). Root (uid 0) only with
-  // allow_root. `owned_paths` (and the control FIFO) are given to that user first.
+  // allow_root. `owned_paths` are given to that user first.
   std::string user;
   bool allow_root = false;
   std::vector<std::string> owned_paths;
@@ -69,13 +70,16 @@ class ProcessLauncher {
   // Returns the processes that ended since the last call. Never blocks.
   virtual std::vector<ProcessExit> Reap() = 0;
   // Writes one command line (common/launch/worker_protocol.h, without its newline) to the
-  // control FIFO of `pid`. Never blocks. Errors mean the command did not arrive and the
-  // caller should signal instead: UnavailableError when nothing reads the FIFO (a program
-  // that ignores it, a worker still starting) or it is full; UnimplementedError where there
-  // is no channel (this default, and a process launched without control_fifo).
+  // control pipe of `pid`. Never blocks. Errors mean the command did not arrive and the
+  // caller should signal instead: UnavailableError when the process does not read the pipe
+  // (a program that ignores it, a worker still starting; Listening) or it is full;
+  // UnimplementedError where there is no channel (this default, and a process launched
+  // without control_pipe).
   virtual absl::Status SendCommand(int pid, const std::string& line) {
     return absl::UnimplementedError("no control channel");
   }
+  // Whether `pid` reads its control pipe yet (it took the agent's first, empty line).
+  virtual bool Listening(int pid) { return false; }
 };
 
 // fork/exec. Children die with the agent (PR_SET_PDEATHSIG), so a killed agent leaves no
@@ -86,12 +90,19 @@ class RealProcessLauncher final : public ProcessLauncher {
   absl::Status Signal(int pid, int sig) override;
   std::vector<ProcessExit> Reap() override;
   absl::Status SendCommand(int pid, const std::string& line) override;
+  bool Listening(int pid) override;
+  ~RealProcessLauncher() override;
 
  private:
+  struct Control {
+    int fd = -1;             // the pipe's write end, non-blocking
+    bool listening = false;  // the process drained the first line
+  };
   absl::Mutex mu_;
   std::vector<int> live_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<int, std::string> control_fifo_ ABSL_GUARDED_BY(mu_);  // pid -> path
-  void ForgetControlFifo(int pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::flat_hash_map<int, Control> control_ ABSL_GUARDED_BY(mu_);  // pid -> its pipe
+  bool ListeningLocked(Control& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetControl(int pid) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace varuna

@@ -1,6 +1,5 @@
 #include "agent/standby_pool.h"
 
-#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -34,13 +33,7 @@ void StandbyPool::Keep(int running) {
     standbys_.pop_back();
   }
   for (Standby& sb : standbys_) {
-    if (sb.ready) continue;
-    // Opening a FIFO for writing without blocking succeeds only once a reader holds it.
-    const int fd = open(sb.fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
-    if (fd >= 0) {
-      sb.ready = true;
-      close(fd);
-    }
+    if (!sb.ready) sb.ready = launcher_->Listening(sb.pid);  // LibTorch is loaded
   }
   // Fill only slots that stayed free a while: right after workers exit (a relaunch about to
   // start, a job ending) a standby loading LibTorch would only compete with the launch.
@@ -59,8 +52,8 @@ void StandbyPool::Keep(int running) {
     spec.argv = {options_.worker_binary, "--standby"};
     spec.env = AgentEnvironment();
     if (!spec.env.count("OMP_NUM_THREADS")) spec.env["OMP_NUM_THREADS"] = "1";
-    spec.control_fifo = absl::StrCat(dir, "/control", seq);
-    spec.env[kControlFifoEnv] = spec.control_fifo;
+    spec.control_pipe = true;
+    spec.env[kStandbyDirEnv] = dir;
     if (!node_addr_.empty()) spec.env["VARUNA_NODE_ADDR"] = node_addr_;
     spec.env["VARUNA_NODE"] = options_.node;
     spec.log_path = absl::StrCat(dir, "/standby", seq, ".log");
@@ -75,7 +68,7 @@ void StandbyPool::Keep(int running) {
       return;
     }
     failed_ = false;
-    standbys_.push_back({*pid, spec.control_fifo});
+    standbys_.push_back({*pid, dir});
   }
 }
 
@@ -102,18 +95,19 @@ absl::StatusOr<int> StandbyPool::Take(const ProcessSpec& spec, const std::string
   for (const auto& [k, v] : env) (*start.mutable_env())[k] = v;
   start.set_cwd(spec.cwd);
   start.set_log_path(spec.log_path);
-  // The start file stays the agent's (StandbyStartPath): the job's user gets the FIFO below
-  // and could send a StartCommand of its own, but only this file can be named in one.
-  const std::string path = StandbyStartPath(sb.fifo, sb.pid);
+  // The start file stays the agent's (StandbyStartPath): once the standby is the job's user,
+  // its processes could reach the control pipe through /proc, but only this file can be
+  // named in a StartCommand.
+  const std::string path = StandbyStartPath(sb.dir, sb.pid);
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   fs::permissions(fs::path(path).parent_path(), fs::perms::owner_all, ec);
   absl::Status st =
       ec ? absl::InternalError(absl::StrCat("standby start directory: ", ec.message()))
          : WriteFileAtomic(path, ProtoJson(start), 0);
-  // What a launched worker gets from the launcher: its generation's directory, its log and
-  // its control FIFO belong to the user it runs as.
-  if (st.ok() && *as) st = GiveToUser(**as, {gen_dir, spec.log_path, sb.fifo});
+  // What a launched worker gets from the launcher: its generation's directory and its log
+  // belong to the user it runs as.
+  if (st.ok() && *as) st = GiveToUser(**as, {gen_dir, spec.log_path});
   v1::AgentCommand c;
   c.mutable_start()->set_spec_path(path);
   absl::StatusOr<std::string> line = SerializeAgentCommand(c);

@@ -1,7 +1,7 @@
 #pragma once
 
 // Note [Standby workers] in worker/runtime/standby.cc: the agent keeps warm varuna-worker
-// processes (LibTorch loaded, waiting on a control FIFO) in slots that stayed free a while,
+// processes (LibTorch loaded, waiting on their control pipe) in slots that stayed free a while,
 // and a launch takes one instead of starting a process. The pool: its size kept (Keep),
 // one handed to a launch (Take), one that exited forgotten (Forget), all stopped at shutdown.
 // On the agent's event loop, like the agent.
@@ -46,8 +46,8 @@ class StandbyPool {
  private:
   struct Standby {
     int pid = 0;
-    std::string fifo;
-    bool ready = false;  // it reads its FIFO: LibTorch is loaded
+    std::string dir;     // VARUNA_STANDBY_DIR
+    bool ready = false;  // it reads its control pipe: LibTorch is loaded
   };
 
   const Options options_;

@@ -46,17 +46,20 @@ def standby(worker, tmp):
     for s in (first, second):
         s["proc"].kill()
         s["proc"].wait()
-        os.unlink(s["fifo"])
+        os.close(s["pipe"])
     return {"ready_s": first["ready_s"], "cpu_s": cpu, **mem}
 
 
 def start_standby(worker, tmp):
-    fifo = os.path.join(tmp, f"fifo-{time.monotonic_ns()}")
-    os.mkfifo(fifo)
-    env = dict(os.environ, VARUNA_CONTROL_FIFO=fifo, GLOG_logtostderr="1")
+    # As the agent starts one: a control pipe's read end inherited (VARUNA_CONTROL_FD) and a
+    # directory for its start file.
+    r, w = os.pipe()
+    env = dict(os.environ, VARUNA_CONTROL_FD=str(r), VARUNA_STANDBY_DIR=tmp,
+               GLOG_logtostderr="1")
     t0 = time.monotonic()
     p = subprocess.Popen([worker, "--standby"], env=env, stderr=subprocess.PIPE,
-                         stdout=subprocess.DEVNULL)
+                         stdout=subprocess.DEVNULL, pass_fds=(r,))
+    os.close(r)
     buf, ready = b"", None
     deadline = t0 + 120
     while time.monotonic() < deadline:
@@ -75,8 +78,9 @@ def start_standby(worker, tmp):
     if ready is None:
         p.kill()
         p.wait()
+        os.close(w)
         raise RuntimeError(f"{worker} --standby never got ready:\n{buf.decode(errors='replace')}")
-    return {"proc": p, "fifo": fifo, "ready_s": ready}
+    return {"proc": p, "pipe": w, "ready_s": ready}
 
 
 def first_step(worker, tmp, corpus):

@@ -9,7 +9,7 @@
 namespace varuna {
 
 RankProcess RankContract(const LaunchContract& c, int rank, int local_rank,
-                         const std::string& progress_file, const std::string& control_fifo,
+                         const std::string& progress_file,
                          std::map<std::string, std::string> base_env) {
   RankProcess p;
   std::map<std::string, std::string>& env = p.env;
@@ -30,7 +30,6 @@ RankProcess RankContract(const LaunchContract& c, int rank, int local_rank,
   env["RANK"] = absl::StrCat(rank);
   env["LOCAL_RANK"] = absl::StrCat(local_rank);
   env[kProgressFileEnv] = progress_file;
-  env[kControlFifoEnv] = control_fifo;
 
   const bool worker = c.entrypoint.empty();
   std::vector<std::string>& argv = p.argv;

@@ -53,12 +53,12 @@ struct RankProcess {
   std::map<std::string, std::string> env;  // over the launcher's own environment
 };
 
-// The process of rank `rank` (`local_rank` on this node), with `progress_file` and
-// `control_fifo` (the worker protocol's two channels, worker_protocol.h), over `base_env`
+// The process of rank `rank` (`local_rank` on this node), with `progress_file` (the worker
+// protocol's events; its command pipe is the launcher's, worker_protocol.h), over `base_env`
 // (the launcher's environment and the request's extra variables; OMP_NUM_THREADS defaults
 // to 1).
 RankProcess RankContract(const LaunchContract& c, int rank, int local_rank,
-                         const std::string& progress_file, const std::string& control_fifo,
+                         const std::string& progress_file,
                          std::map<std::string, std::string> base_env);
 
 // torchrun's variables for a worker that regroups into `generation` of `world_size`

@@ -57,6 +57,20 @@ absl::StatusOr<std::unique_ptr<AgentCommandListener>> AgentCommandListener::Star
     ::close(fd);
     return absl::FailedPreconditionError(absl::StrCat("control path ", path, " is not a FIFO"));
   }
+  return Adopt(fd, generation, std::move(handler));
+}
+
+absl::StatusOr<std::unique_ptr<AgentCommandListener>> AgentCommandListener::Adopt(int fd,
+                                                                                  int generation,
+                                                                                  Handler handler) {
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISFIFO(st.st_mode)) {
+    if (fd >= 0) ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("control channel (file descriptor ", fd, ") is not a pipe or FIFO"));
+  }
+  ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+  ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
   int wake[2];
   if (::pipe2(wake, O_CLOEXEC | O_NONBLOCK) != 0) {
     ::close(fd);
@@ -98,11 +112,15 @@ void AgentCommandListener::Run() {
     }
     if (fds[1].revents != 0) return;
     if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
-      LOG(ERROR) << "control channel: FIFO error; commands stop (signals still work)";
+      LOG(ERROR) << "control channel: error; commands stop (signals still work)";
       return;
     }
     const ssize_t n = ::read(fifo_fd_, buf, sizeof(buf));
-    if (n <= 0) continue;  // EAGAIN, EINTR; a FIFO held read-write never reads EOF
+    if (n == 0) {  // a pipe whose writer is gone (a FIFO held read-write never ends)
+      LOG(WARNING) << "control channel: the agent closed it; commands stop";
+      return;
+    }
+    if (n < 0) continue;  // EAGAIN, EINTR
     for (ssize_t i = 0; i < n; ++i) {
       if (buf[i] != '\n') {
         if (skipping) continue;
@@ -123,6 +141,7 @@ void AgentCommandListener::Run() {
 }
 
 void AgentCommandListener::HandleLine(const std::string& line) {
+  if (line.empty() || line == "\r") return;  // the agent's first line (Note [Worker protocol])
   absl::StatusOr<v1::AgentCommand> command = ParseAgentCommand(line);
   if (!command.ok()) {
     LOG(WARNING) << "control channel: " << command.status().message() << "; line skipped";

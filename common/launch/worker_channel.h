@@ -2,7 +2,7 @@
 
 // The worker's end of the worker <-> agent protocol (Note [Worker protocol] in
 // worker_protocol.cc): events appended to the progress file, commands read from the agent's
-// FIFO. Plain POSIX, so any training program can use it; varuna-worker does.
+// pipe (or a FIFO). Plain POSIX, so any training program can use it; varuna-worker does.
 
 #include <atomic>
 #include <functional>
@@ -23,9 +23,10 @@ absl::Status AppendWorkerEvent(v1::WorkerEvent event);
 // The same to an explicit file.
 absl::Status AppendWorkerEventTo(const std::string& path, v1::WorkerEvent event);
 
-// Reads AgentCommand lines from the agent's FIFO on its own thread and hands each valid
-// command to a handler. Bad lines (too long, not a command, another generation's) are logged
-// and skipped. Destroying it stops and joins the thread at once.
+// Reads AgentCommand lines from the agent's pipe (or a FIFO) on its own thread and hands each
+// valid command to a handler. Empty lines are skipped; bad lines (too long, not a command,
+// another generation's) are logged and skipped. Destroying it stops and joins the thread at
+// once and closes what it read from.
 class AgentCommandListener {
  public:
   // Called on the listener's thread, one command at a time; it must not block for long.
@@ -36,6 +37,10 @@ class AgentCommandListener {
   // `generation` are dropped (`generation` 0: any). Errors: `path` is missing or not a FIFO.
   static absl::StatusOr<std::unique_ptr<AgentCommandListener>> Start(const std::string& path,
                                                                      int generation,
+                                                                     Handler handler);
+  // Reads the pipe (or FIFO) open at `fd`, which it owns from now on (closed on error too, and
+  // close-on-exec from now on). Errors: `fd` is not open or not a pipe.
+  static absl::StatusOr<std::unique_ptr<AgentCommandListener>> Adopt(int fd, int generation,
                                                                      Handler handler);
   ~AgentCommandListener();
   AgentCommandListener(const AgentCommandListener&) = delete;

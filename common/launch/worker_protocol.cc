@@ -27,14 +27,18 @@ namespace varuna {
 //   every heartbeat, from an offset it keeps (Note [Progress file] in agent.cc). A file, not a
 //   socket: nothing is lost while the agent is busy or restarting, and a worker that writes
 //   nothing (a user program) still runs.
-// - Agent -> worker: AgentCommand lines written to a FIFO the agent makes next to the
-//   progress file and names in VARUNA_CONTROL_FIFO (gen<g>/control.rank<r>). The worker holds
-//   it open read-write from start-up (so it never sees end-of-file, whoever writes), and a
-//   thread reads it (AgentCommandListener, worker_channel.h). The agent opens it write-only
-//   and non-blocking per command: when no process holds it (a program that ignores the
-//   channel, a worker still loading) the open fails at once and the agent sends the signal
-//   that has always meant the same (stop: SIGUSR1, checkpoint_now: SIGUSR2). A command line
-//   is at most PIPE_BUF bytes with its newline, so it arrives whole.
+// - Agent -> worker: AgentCommand lines written to a pipe the agent makes for each process it
+//   starts; the worker inherits the read end as file descriptor 3 (VARUNA_CONTROL_FD=3) and a
+//   thread reads it (AgentCommandListener, worker_channel.h). A pipe, not a path: no other
+//   process can open it (a FIFO in the job's directory could be written by any process of the
+//   job's uid, and a forged reconfigure sends a worker to another host), and commands sent
+//   while a worker still loads wait in the pipe. The agent writes an empty line first and
+//   sends commands only once the pipe has been drained: until then (a program that ignores
+//   the channel, a worker still loading) SendCommand fails at once and the agent sends the
+//   signal that has always meant the same (stop: SIGUSR1, checkpoint_now: SIGUSR2). A
+//   command line is at most PIPE_BUF bytes with its newline, so it arrives whole. A worker
+//   started by hand may name a FIFO in VARUNA_CONTROL_FIFO instead, which it holds open
+//   read-write (so it never sees end-of-file).
 //
 // Every line is bounded (kMaxEventLineBytes, kMaxCommandLineBytes) and parsed only here.
 // Event lines in the flat form user programs have always written ({"step": 7, "loss": 2.5},
@@ -486,10 +490,8 @@ const char* CommandKindName(const v1::AgentCommand& command) {
   return "none";
 }
 
-std::string StandbyStartPath(const std::string& fifo, int pid) {
-  const size_t slash = fifo.rfind('/');
-  const std::string dir = slash == std::string::npos ? "." : fifo.substr(0, slash);
-  return absl::StrCat(dir, "/start/", pid, ".json");
+std::string StandbyStartPath(const std::string& dir, int pid) {
+  return absl::StrCat(dir.empty() ? "." : dir, "/start/", pid, ".json");
 }
 
 }  // namespace varuna

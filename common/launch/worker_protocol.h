@@ -22,7 +22,12 @@ namespace varuna {
 
 // The environment variables the agent sets for every worker process.
 inline constexpr char kProgressFileEnv[] = "VARUNA_PROGRESS_FILE";  // events, appended
-inline constexpr char kControlFifoEnv[] = "VARUNA_CONTROL_FIFO";    // commands, a FIFO
+// Commands: the read end of a pipe the agent made, inherited as file descriptor kControlFd
+// (Note [Worker protocol] in worker_protocol.cc). A FIFO's path in kControlFifoEnv does the
+// same for a worker started by hand or by a test.
+inline constexpr char kControlFdEnv[] = "VARUNA_CONTROL_FD";
+inline constexpr int kControlFd = 3;
+inline constexpr char kControlFifoEnv[] = "VARUNA_CONTROL_FIFO";
 
 // Byte budgets, newline excluded. An event line is bounded so that the agent's reads are; a
 // command line fits one atomic write to a pipe (PIPE_BUF, 4096, with its newline).
@@ -55,9 +60,10 @@ absl::StatusOr<v1::AgentCommand> ParseAgentCommand(absl::string_view line);
 // The name of a command's kind ("stop", "checkpoint_now", "reconfigure"; "none").
 const char* CommandKindName(const v1::AgentCommand& command);
 
-// Where the agent writes the StandbyStart of the standby worker `pid` whose control FIFO is
-// `fifo`: DIR/start/PID.json next to the FIFO, in a directory only the agent's user may
-// enter (Note [Standby workers] in worker/runtime/standby.cc).
-std::string StandbyStartPath(const std::string& fifo, int pid);
+// Where the agent writes the StandbyStart of the standby worker `pid` it started in `dir`
+// (VARUNA_STANDBY_DIR): DIR/start/PID.json, in a directory only the agent's user may enter
+// (Note [Standby workers] in worker/runtime/standby.cc).
+inline constexpr char kStandbyDirEnv[] = "VARUNA_STANDBY_DIR";
+std::string StandbyStartPath(const std::string& dir, int pid);
 
 }  // namespace varuna

@@ -101,12 +101,12 @@ class AgentProtocolTest : public ::testing::Test {
   std::unique_ptr<Agent> agent_;
 };
 
-TEST_F(AgentProtocolTest, EveryWorkerGetsItsOwnControlFifoNextToItsProgressFile) {
+TEST_F(AgentProtocolTest, EveryWorkerGetsAControlPipeAndAProgressFile) {
   for (int r : {0, 1}) {
     const ProcessSpec& spec = Rank(r).spec;
     const std::string gen = absl::StrCat(dir_, "/jobs/j/gen4");
-    EXPECT_EQ(spec.control_fifo, absl::StrCat(gen, "/control.rank", r));
-    EXPECT_EQ(spec.env.at(kControlFifoEnv), spec.control_fifo);
+    EXPECT_TRUE(spec.control_pipe);
+    EXPECT_EQ(spec.env.count(kControlFifoEnv), 0u);
     EXPECT_EQ(spec.env.at(kProgressFileEnv), absl::StrCat(gen, "/progress.rank", r));
   }
 }

@@ -1,5 +1,6 @@
-// RealProcessLauncher's control FIFO with real processes: the command reaches a worker that
-// listens (AgentCommandListener, the worker's end), and says so when nothing listens.
+// RealProcessLauncher with real processes: its control pipe (the command reaches a worker that
+// listens, AgentCommandListener being the worker's end, and says so when nothing listens), the
+// worker user, and the reasons a start that fails writes.
 
 #include "agent/process_launcher.h"
 
@@ -42,16 +43,23 @@ class ProcessLauncherTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  // Starts `sleep 60` with a control FIFO; returns its pid.
-  int StartSleeper() {
+  // Starts `sleep 60` (with a control pipe unless `pipe` is false); returns its pid.
+  int StartSleeper(bool pipe = true) {
     ProcessSpec spec;
     spec.argv = {"/bin/sleep", "60"};
     spec.env = {{"PATH", "/usr/bin:/bin"}};
     spec.log_path = dir_ + "/log";
-    spec.control_fifo = fifo_;
+    spec.control_pipe = pipe;
     absl::StatusOr<int> pid = launcher_.Launch(spec);
     EXPECT_THAT(pid, IsOk());
-    return pid.ok() ? *pid : -1;
+    if (!pid.ok()) return -1;
+    // Until exec the child's descriptors are the agent's.
+    EXPECT_TRUE(Eventually([&] {
+      std::error_code ec;
+      return std::filesystem::read_symlink(absl::StrCat("/proc/", *pid, "/exe"), ec).filename() ==
+             "sleep";
+    }));
+    return *pid;
   }
   void KillAndReap(int pid) {
     ASSERT_THAT(launcher_.Signal(pid, SIGKILL), IsOk());
@@ -59,63 +67,81 @@ class ProcessLauncherTest : public ::testing::Test {
   }
 
   std::string dir_;
-  std::string fifo_ = "";
   RealProcessLauncher launcher_;
 };
 
 TEST_F(ProcessLauncherTest, CommandsReachAListeningWorkerAndFailFastOtherwise) {
-  fifo_ = dir_ + "/control.rank0";
-  std::ofstream(fifo_) << "left by the job";  // replaced by a fresh FIFO at launch
   const int pid = StartSleeper();
+  // The read end is the child's file descriptor 3, named in its environment.
+  const std::string fd3 = absl::StrCat("/proc/", pid, "/fd/", kControlFd);
   struct stat st {};
-  ASSERT_EQ(stat(fifo_.c_str(), &st), 0);
+  ASSERT_EQ(stat(fd3.c_str(), &st), 0);
   EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  std::ifstream environ(absl::StrCat("/proc/", pid, "/environ"));
+  std::string env((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(env, ::testing::HasSubstr(absl::StrCat(kControlFdEnv, "=", kControlFd)));
   v1::AgentCommand stop;
   stop.mutable_stop();
   const std::string line = *SerializeAgentCommand(stop);
 
-  // `sleep` never opens it: the agent learns at once and signals instead.
+  // `sleep` never reads it: the agent learns at once and signals instead.
+  EXPECT_FALSE(launcher_.Listening(pid));
   EXPECT_THAT(launcher_.SendCommand(pid, line),
               StatusIs(absl::StatusCode::kUnavailable, "nothing reads it"));
 
-  // The worker's end, as varuna-worker holds it.
+  // The worker's end, as varuna-worker holds it (here through /proc, as root can).
   std::atomic<int> stops{0};
   ASSERT_OK_AND_ASSIGN(auto listener,
-                       AgentCommandListener::Start(fifo_, 0, [&](const v1::AgentCommand& c) {
-                         if (c.has_stop()) ++stops;
-                       }));
+                       AgentCommandListener::Adopt(open(fd3.c_str(), O_RDONLY | O_NONBLOCK), 0,
+                                                   [&](const v1::AgentCommand& c) {
+                                                     if (c.has_stop()) ++stops;
+                                                   }));
+  ASSERT_TRUE(Eventually([&] { return launcher_.Listening(pid); })) << "the first line taken";
   ASSERT_THAT(launcher_.SendCommand(pid, line), IsOk());
   ASSERT_THAT(launcher_.SendCommand(pid, line), IsOk());
   EXPECT_TRUE(Eventually([&] { return stops.load() == 2; }));
+  EXPECT_EQ(listener->handled(), 2) << "the agent's empty first line is no command";
   EXPECT_THAT(launcher_.SendCommand(pid, std::string(5000, 'x')),
               StatusIs(absl::StatusCode::kInvalidArgument, "PIPE_BUF"));
   listener.reset();
-  // The listener closed: nothing reads it again (no SIGPIPE for the agent).
-  EXPECT_THAT(launcher_.SendCommand(pid, line), StatusIs(absl::StatusCode::kUnavailable, ""));
 
   KillAndReap(pid);
-  EXPECT_FALSE(std::filesystem::exists(fifo_)) << "removed with its process";
   EXPECT_THAT(launcher_.SendCommand(pid, line),
-              StatusIs(absl::StatusCode::kUnimplemented, "no control FIFO"));
+              StatusIs(absl::StatusCode::kUnimplemented, "no control pipe"));
 }
 
-TEST_F(ProcessLauncherTest, AFifoReplacedByTheJobIsNotWrittenTo) {
-  fifo_ = dir_ + "/control.rank0";
+// No path in the job's directory reaches a worker's commands (Note [Worker protocol] in
+// common/launch/worker_protocol.cc).
+TEST_F(ProcessLauncherTest, TheControlChannelIsNoPathTheJobCanOpen) {
   const int pid = StartSleeper();
-  ASSERT_EQ(unlink(fifo_.c_str()), 0);
-  std::ofstream(fifo_) << "";
-  EXPECT_THAT(launcher_.SendCommand(pid, "{\"stop\":{}}"),
-              StatusIs(absl::StatusCode::kUnavailable, "not a FIFO"));
-  EXPECT_EQ(std::filesystem::file_size(fifo_), 0u);
-  ASSERT_EQ(unlink(fifo_.c_str()), 0);
-  ASSERT_EQ(symlink("/dev/null", fifo_.c_str()), 0);
-  EXPECT_THAT(launcher_.SendCommand(pid, "{\"stop\":{}}"),
-              StatusIs(absl::StatusCode::kUnavailable, ""));
+  std::ifstream environ(absl::StrCat("/proc/", pid, "/environ"));
+  std::string env((std::istreambuf_iterator<char>(environ)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(env, ::testing::Not(::testing::HasSubstr(kControlFifoEnv)));
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    EXPECT_FALSE(std::filesystem::is_fifo(e.path())) << e.path();
+  }
   KillAndReap(pid);
 }
 
-TEST_F(ProcessLauncherTest, WithoutAControlFifoThereIsNoChannel) {
+TEST_F(ProcessLauncherTest, AFullPipeIsReportedNotWaitedOn) {
   const int pid = StartSleeper();
+  const std::string fd3 = absl::StrCat("/proc/", pid, "/fd/", kControlFd);
+  // Take the first line by hand, then never read again.
+  const int reader = open(fd3.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  char c;
+  ASSERT_EQ(read(reader, &c, 1), 1);
+  ASSERT_TRUE(launcher_.Listening(pid));
+  const std::string line(4000, ' ');  // a valid size; the content does not matter here
+  absl::Status st;
+  for (int i = 0; i < 100 && st.ok(); ++i) st = launcher_.SendCommand(pid, line);
+  EXPECT_THAT(st, StatusIs(absl::StatusCode::kUnavailable, "full"));
+  close(reader);
+  KillAndReap(pid);
+}
+
+TEST_F(ProcessLauncherTest, WithoutAControlPipeThereIsNoChannel) {
+  const int pid = StartSleeper(/*pipe=*/false);
   EXPECT_THAT(launcher_.SendCommand(pid, "{\"stop\":{}}"),
               StatusIs(absl::StatusCode::kUnimplemented, ""));
   KillAndReap(pid);
@@ -131,13 +157,12 @@ TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
   chmod(dir_.c_str(), 0755);  // the log and the owned dir live here
   const std::string gen = dir_ + "/gen1";
   std::filesystem::create_directories(gen);
-  fifo_ = gen + "/control.rank0";
   ProcessSpec spec;
   spec.argv = {"/bin/sh", "-c", "id -u; echo $HOME $USER; touch progress"};
   spec.env = {{"PATH", "/usr/bin:/bin"}, {"USER", "root"}};
   spec.log_path = dir_ + "/log";
   spec.cwd = gen;
-  spec.control_fifo = fifo_;
+  spec.control_pipe = true;
   spec.user = "varuna";
   spec.owned_paths = {gen};
   absl::StatusOr<int> pid = launcher_.Launch(spec);

@@ -89,13 +89,23 @@ void ProcessState::InstallSignalHandlers(bool under_slurm) {
 }
 
 std::unique_ptr<AgentCommandListener> ListenToAgent() {
-  const std::optional<std::string> path = GetEnv(kControlFifoEnv);
-  if (!path || path->empty()) return nullptr;
   int generation = 0;
   if (auto g = GetEnv("VARUNA_GENERATION"); g && !absl::SimpleAtoi(*g, &generation)) {
     generation = 0;
   }
-  auto listener = AgentCommandListener::Start(*path, generation, OnAgentCommand);
+  // Note [Worker protocol] in common/launch/worker_protocol.cc: the agent's pipe, or a FIFO
+  // named by whoever started this worker by hand.
+  absl::StatusOr<std::unique_ptr<AgentCommandListener>> listener;
+  if (const std::optional<std::string> fd = GetEnv(kControlFdEnv); fd && !fd->empty()) {
+    int n = -1;
+    if (!absl::SimpleAtoi(*fd, &n)) n = -1;
+    listener = AgentCommandListener::Adopt(n, generation, OnAgentCommand);
+  } else if (const std::optional<std::string> path = GetEnv(kControlFifoEnv);
+             path && !path->empty()) {
+    listener = AgentCommandListener::Start(*path, generation, OnAgentCommand);
+  } else {
+    return nullptr;
+  }
   if (!listener.ok()) {
     LOG(WARNING) << listener.status().message() << "; the agent's commands come as signals only";
     return nullptr;

@@ -32,9 +32,9 @@ struct ProcessState {
   static_assert(std::atomic<bool>::is_always_lock_free, "flags set by signal handlers");
 };
 
-// The agent's control FIFO (VARUNA_CONTROL_FIFO), its commands setting ProcessState, or null:
-// without it (a worker run by hand, a FIFO that cannot be opened) the agent's signals still
-// work.
+// The agent's control pipe (VARUNA_CONTROL_FD, or a FIFO in VARUNA_CONTROL_FIFO), its
+// commands setting ProcessState, or null: without it (a worker run by hand, a FIFO that
+// cannot be opened) the agent's signals still work.
 std::unique_ptr<AgentCommandListener> ListenToAgent();
 
 }  // namespace varuna

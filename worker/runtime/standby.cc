@@ -21,6 +21,7 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
@@ -39,18 +40,18 @@ namespace varuna {
 // Note [Standby workers]: a morph's fresh worker (a replacement, a joiner) would pay a
 // process start-up (LibTorch loads in about 0.7 CPU-s, more when several start on one
 // machine) before its rendezvous. The agent keeps `--standby_workers` processes started
-// ahead: each has loaded LibTorch and waits on its control FIFO. A root agent's standbys wait
+// ahead: each has loaded LibTorch and waits on its control pipe. A root agent's standbys wait
 // as root, so one pool serves jobs of every Unix user (Note [Worker user] in
 // agent/launch_request.h); they run nothing of a job's before they drop to its user. To use one,
 // the agent writes the launch it stands in for (argv, the whole environment, directory, log, the
 // credentials to take) to the standby's start file (StandbyStartPath: in a directory only the
 // agent's user can enter, since it holds the job's environment and decides the credentials), gives
-// the generation's directory, the log and the standby's FIFO to the job's user, and sends a
-// StartCommand. The standby takes no other start file (the FIFO is the user's by then, so
-// anyone running as that user could send one), and deletes it once read. The standby closes its
+// the generation's directory and the log to the job's user, and sends a StartCommand. The
+// standby takes no other start file (once it is the job's user, that user's processes can
+// reach its pipe through /proc), and deletes it once read. The standby closes its
 // listener, takes the credentials (as the launcher's child does before exec: groups, gid, uid; then
 // the parent-death signal again, which a change of credentials clears), takes the environment (its
-// control FIFO stays its own), changes directory, appends its output to the rank's log and runs
+// control pipe stays its own), changes directory, appends its output to the rank's log and runs
 // RunWorker as a launched worker would. Its PID is the worker's. The agent fills free slots that
 // stayed free for 2 s with new standbys (not while a relaunch is about to start processes of its
 // own); with 0 there are none and launches start processes.
@@ -78,16 +79,21 @@ absl::Status Become(const v1::StandbyCredentials& c, pid_t parent) {
 
 absl::Status RunStandby() {
   const pid_t parent = getppid();
-  const std::optional<std::string> fifo = GetEnv(kControlFifoEnv);
-  if (!fifo || fifo->empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("--standby needs ", kControlFifoEnv, " (the agent starts standbys)"));
+  const std::optional<std::string> dir = GetEnv(kStandbyDirEnv);
+  const std::optional<std::string> fd_text = GetEnv(kControlFdEnv);
+  int fd = -1;
+  if (!dir || dir->empty() || !fd_text || !absl::SimpleAtoi(*fd_text, &fd)) {
+    return absl::FailedPreconditionError(absl::StrCat("--standby needs ", kStandbyDirEnv, " and ",
+                                                      kControlFdEnv,
+                                                      " (the agent starts standbys)"));
   }
   std::mutex mu;
   std::optional<std::string> spec_path;
   {
+    // A copy: the pipe itself stays open for RunWorker, and what the agent sends between the
+    // two listeners waits in it.
     ASSIGN_OR_RETURN(auto listener,
-                     AgentCommandListener::Start(*fifo, 0, [&](const v1::AgentCommand& c) {
+                     AgentCommandListener::Adopt(dup(fd), 0, [&](const v1::AgentCommand& c) {
                        if (c.kind_case() != v1::AgentCommand::kStart) return;
                        std::lock_guard<std::mutex> l(mu);
                        spec_path = c.start().spec_path();
@@ -100,20 +106,20 @@ absl::Status RunStandby() {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(2));
     }
-  }  // the listener closes: RunWorker opens the FIFO again
-  // Only the agent's own start file for this process (Note [Standby workers]): once the FIFO
-  // is the job user's, a StartCommand may come from that user too.
-  const std::string expected = StandbyStartPath(*fifo, getpid());
+  }  // the listener closes its copy: RunWorker reads the pipe again
+  // Only the agent's own start file for this process (Note [Standby workers]): once this
+  // process is the job's user, that user's processes can reach its pipe too.
+  const std::string expected = StandbyStartPath(*dir, getpid());
   if (*spec_path != expected) {
     return absl::PermissionDeniedError(absl::StrCat("standby: start file '", *spec_path,
                                                     "' refused: only ", expected, " is taken"));
   }
   struct stat dir_st {};
-  const std::string dir = expected.substr(0, expected.rfind('/'));
-  if (lstat(dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode) || dir_st.st_uid != geteuid() ||
-      (dir_st.st_mode & 077) != 0) {
+  const std::string start_dir = expected.substr(0, expected.rfind('/'));
+  if (lstat(start_dir.c_str(), &dir_st) != 0 || !S_ISDIR(dir_st.st_mode) ||
+      dir_st.st_uid != geteuid() || (dir_st.st_mode & 077) != 0) {
     return absl::PermissionDeniedError(
-        absl::StrCat("standby: ", dir, " must be a directory only this user can enter"));
+        absl::StrCat("standby: ", start_dir, " must be a directory only this user can enter"));
   }
   absl::StatusOr<std::string> read = ReadRegularFile(expected, 1 << 20, "standby start file");
   unlink(expected.c_str());
@@ -143,7 +149,7 @@ absl::Status RunStandby() {
   }
   clearenv();
   for (const auto& [k, v] : start.env()) setenv(k.c_str(), v.c_str(), /*overwrite=*/1);
-  setenv(kControlFifoEnv, fifo->c_str(), /*overwrite=*/1);
+  setenv(kControlFdEnv, fd_text->c_str(), /*overwrite=*/1);
   if (!start.cwd().empty() && chdir(start.cwd().c_str()) != 0) {
     return absl::FailedPreconditionError(absl::StrCat("standby: cannot enter ", start.cwd()));
   }

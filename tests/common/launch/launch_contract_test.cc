@@ -42,7 +42,7 @@ LaunchContract TwoByTwo() {
 }
 
 TEST(LaunchContractTest, WhatTheAgentWritesTheWorkerReadsBack) {
-  const RankProcess p = RankContract(TwoByTwo(), 3, 1, "/p", "/f", {{"PATH", "/bin"}});
+  const RankProcess p = RankContract(TwoByTwo(), 3, 1, "/p", {{"PATH", "/bin"}});
   ASSERT_OK_AND_ASSIGN(WorkerArgs a, ParseWorkerArgs(p.argv));
   EXPECT_EQ(a.job_path, "/var/lib/varuna/jobs/7/gen3/job.yaml");
   EXPECT_EQ(a.rank, 3);
@@ -75,7 +75,7 @@ TEST(LaunchContractTest, WhatTheAgentWritesTheWorkerReadsBack) {
       {"VARUNA_NODE_ADDR", "10.0.0.2"},
       {"VARUNA_RESUME_STEP", "auto"},
       {kProgressFileEnv, "/p"},
-      {kControlFifoEnv, "/f"}};
+  };
   EXPECT_EQ(p.env, want);
 }
 
@@ -86,7 +86,7 @@ TEST(LaunchContractTest, PipelinesJoinersProfilesAndTensorParallel) {
   c.join_in_place = true;
   c.tp_size = 2;
   c.profile = true;
-  const RankProcess p = RankContract(c, 0, 0, "/p", "/f", {{"OMP_NUM_THREADS", "8"}});
+  const RankProcess p = RankContract(c, 0, 0, "/p", {{"OMP_NUM_THREADS", "8"}});
   ASSERT_OK_AND_ASSIGN(WorkerArgs a, ParseWorkerArgs(p.argv));
   EXPECT_EQ(a.pipelines, "0,3,6:4;0,6:4");
   EXPECT_FALSE(a.stage_to_rank_map.has_value());
@@ -103,7 +103,7 @@ TEST(LaunchContractTest, AnEntrypointGetsThePlanInItsEnvironment) {
   LaunchContract c = TwoByTwo();
   c.entrypoint = {"python3", "train.py"};
   c.tp_size = 2;
-  const RankProcess p = RankContract(c, 1, 1, "/p", "/f", {});
+  const RankProcess p = RankContract(c, 1, 1, "/p", {});
   EXPECT_EQ(p.argv, (std::vector<std::string>{"python3", "train.py", "--rank=1", "--local_rank=1",
                                               "--stage_to_rank_map=0,2;1,3;", "--chunk_size=2",
                                               "--batch-size=12"}));

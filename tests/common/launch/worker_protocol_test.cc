@@ -2,15 +2,19 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -401,6 +405,36 @@ TEST_F(WorkerChannelTest, ListenerRefusesWhatIsNotAFifo) {
   std::ofstream(file) << "x";
   EXPECT_THAT(AgentCommandListener::Start(file, 0, [](const v1::AgentCommand&) {}),
               StatusIs(absl::StatusCode::kFailedPrecondition, "not a FIFO"));
+  EXPECT_THAT(
+      AgentCommandListener::Adopt(open(file.c_str(), O_RDONLY), 0, [](const v1::AgentCommand&) {}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "not a pipe"));
+  EXPECT_THAT(AgentCommandListener::Adopt(-1, 0, [](const v1::AgentCommand&) {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "not a pipe"));
+}
+
+// The agent's pipe (Note [Worker protocol]): its empty first line is no command, and a pipe
+// whose writer (the agent) is gone ends the thread instead of spinning on end-of-file.
+TEST_F(WorkerChannelTest, APipesFirstLineIsSkippedAndItsEndStopsTheListener) {
+  int p[2];
+  ASSERT_EQ(pipe(p), 0);
+  std::atomic<int> stops{0};
+  ASSERT_OK_AND_ASSIGN(auto listener,
+                       AgentCommandListener::Adopt(p[0], 0, [&](const v1::AgentCommand& c) {
+                         if (c.has_stop()) ++stops;
+                       }));
+  const std::string lines = "\n{\"stop\":{}}\n";
+  ASSERT_EQ(write(p[1], lines.data(), lines.size()), static_cast<ssize_t>(lines.size()));
+  ASSERT_TRUE(Eventually([&] { return stops.load() == 1; }));
+  close(p[1]);
+  struct rusage before {};
+  getrusage(RUSAGE_SELF, &before);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  struct rusage after {};
+  getrusage(RUSAGE_SELF, &after);
+  const double cpu_s = (after.ru_utime.tv_sec - before.ru_utime.tv_sec) +
+                       (after.ru_utime.tv_usec - before.ru_utime.tv_usec) / 1e6;
+  EXPECT_LT(cpu_s, 0.1) << "the listener spins on a closed pipe";
+  EXPECT_EQ(listener->handled(), 1);
 }
 
 }  // namespace
