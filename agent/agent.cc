@@ -106,6 +106,13 @@ absl::Status AgentConfig::Validate() const {
   if (notice_poll_period < absl::Milliseconds(10)) {
     return absl::InvalidArgumentError("agent: notice_poll_period_s must be >= 0.01");
   }
+  if (absl::StatusOr<UidRange> r = ParseUidRange(allowed_worker_uids); !r.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent: --allowed_worker_uids: ", r.status().message()));
+  }
+  if (job_dir_retention < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("agent: job_dir_retention_s must be >= 0");
+  }
   return absl::OkStatus();
 }
 
@@ -125,6 +132,8 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
         if (key == "worker_binary") return str(&c->worker_binary);
         if (key == "worker_user") return str(&c->worker_user);
         if (key == "allowed_worker_users") return ReadInto(v, what, key, &c->allowed_worker_users);
+        if (key == "allowed_worker_uids") return str(&c->allowed_worker_uids);
+        if (key == "job_dir_retention_s") return seconds(&c->job_dir_retention);
         if (key == "allow_root_workers") return ReadInto(v, what, key, &c->allow_root_workers);
         if (key == "labels") return ReadInto(v, what, key, &c->labels);
         if (key == "heartbeat_period_s") return seconds(&c->heartbeat_period);
@@ -146,7 +155,8 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* c) {
             what, ": unknown key '", key,
             "' (known: name, manager, listen, http_listen, http_allow_remote, advertise_host, "
             "slots, work_dir, "
-            "worker_binary, worker_user, allowed_worker_users, allow_root_workers, "
+            "worker_binary, worker_user, allowed_worker_users, allowed_worker_uids, "
+            "allow_root_workers, job_dir_retention_s, "
             "labels, heartbeat_period_s, stop_grace_s, rpc_timeout_s, tls_ca, tls_cert, tls_key, "
             "tls_manager_name, allow_insecure, preemption_notice_file, preemption_notice_url, "
             "cloud_vm_name, "
@@ -185,11 +195,78 @@ std::string Agent::JobDir(const std::string& job_id) const {
   return absl::StrCat(config_.work_dir, "/jobs/", job_id);
 }
 
+// Note [Job directories]: work_dir/jobs/ID holds a job's rank logs (the agent's, 0600) and a
+// directory per generation (genN: the spec copy, the progress files, the workers' working
+// directory), which the launcher gives to the job's uid with mode 0700; the spec (its env:
+// may hold secrets) is 0600 and the job's too. ID itself is 0711: the job's uid can reach
+// its generation without listing anything, other uids see nothing. What workers create is
+// 0600 (umask 077). A job's directory goes --job_dir_retention_s (default a week) after
+// its last worker here exited (SweepJobDirs), removed without following any link the job
+// planted (RemoveTreeNoFollow).
+absl::Status Agent::MakeGenerationDir(const std::string& job_dir, const std::string& gen_dir,
+                                      const std::string& spec_path, const std::string& yaml,
+                                      const std::string& run_as) {
+  std::error_code ec;
+  fs::create_directories(gen_dir, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(absl::StrCat("cannot create ", gen_dir, ": ", ec.message()));
+  }
+  fs::permissions(job_dir, fs::perms::owner_all | fs::perms::group_exec | fs::perms::others_exec,
+                  ec);
+  if (!ec) fs::permissions(gen_dir, fs::perms::owner_all, fs::perm_options::replace, ec);
+  if (ec) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot restrict ", job_dir, ": ", ec.message()));
+  }
+  // Written beside and renamed over: a running worker of this generation may have put
+  // anything at spec_path, and opening that for writing could block (a FIFO).
+  RETURN_IF_ERROR(WriteFileAtomic(spec_path, yaml, 0));
+  if (::chmod(spec_path.c_str(), 0600) != 0) {
+    return absl::InternalError(absl::StrCat("cannot restrict ", spec_path, ": ", strerror(errno)));
+  }
+  // The job's at once: a repeated launch rewrites it while ranks it started still read it. A
+  // user that does not resolve is the launcher's to report.
+  absl::StatusOr<std::optional<WorkerIdentity>> as =
+      ResolveWorkerUser(run_as, config_.allow_root_workers);
+  if (as.ok() && *as) RETURN_IF_ERROR(GiveToUser(**as, {spec_path}));
+  return absl::OkStatus();
+}
+
+int SweepJobDirs(const std::string& jobs_dir, absl::Duration retention, absl::Time now,
+                 const std::set<std::string>& keep) {
+  if (retention <= absl::ZeroDuration()) return 0;
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(jobs_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string id = it->path().filename().string();
+    if (keep.count(id) || !it->is_directory(ec) || it->is_symlink(ec)) continue;
+    // The newest change: the directory itself and the agent's logs in it (an exit's banner).
+    struct stat st {};
+    if (::lstat(it->path().c_str(), &st) != 0) continue;
+    int64_t newest = st.st_mtime;
+    std::error_code ec2;
+    for (fs::directory_iterator f(it->path(), ec2), fend; !ec2 && f != fend; f.increment(ec2)) {
+      if (::lstat(f->path().c_str(), &st) == 0) newest = std::max<int64_t>(newest, st.st_mtime);
+    }
+    if (now - absl::FromUnixSeconds(newest) < retention) continue;
+    if (absl::Status s = RemoveTreeNoFollow(it->path().string()); !s.ok()) {
+      LOG(WARNING) << "job directory not removed: " << s.message();
+      continue;
+    }
+    LOG(INFO) << "job=" << id << " directory removed (no worker for " << retention << ")";
+    ++removed;
+  }
+  return removed;
+}
+
 namespace {
 
 // The uid of a Unix user name; unknown (a test's launcher runs no such user): this process's,
 // so the worker's files must be this process's own.
 uid_t UidOf(const std::string& user) {
+  if (::geteuid() != 0 || user.empty()) return ::geteuid();  // as the agent (launch_request.h)
+  uint32_t uid = 0;
+  if (user[0] == '#' && absl::SimpleAtoi(user.substr(1), &uid)) return uid;  // a tenant's
   struct passwd pw {};
   struct passwd* found = nullptr;
   std::vector<char> buf(16384);
@@ -233,8 +310,9 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   }
 
   // Note [Worker user] in agent/launch_request.h.
-  absl::StatusOr<std::string> user = WorkerUser(req, config_.allowed_worker_users,
-                                                config_.allow_root_workers, config_.worker_user);
+  absl::StatusOr<std::string> user =
+      WorkerUser(req, config_.allowed_worker_users, *ParseUidRange(config_.allowed_worker_uids),
+                 config_.allow_root_workers, config_.worker_user);
   if (!user.ok()) {
     return absl::Status(user.status().code(),
                         absl::StrCat("launch ", who, ": ", user.status().message()));
@@ -243,18 +321,12 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
   const uid_t run_as_uid = UidOf(run_as);
   const std::string job_dir = JobDir(req.job_id());
   const std::string gen_dir = absl::StrCat(job_dir, "/gen", req.generation());
-  std::error_code ec;
-  fs::create_directories(gen_dir, ec);
-  if (ec) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("launch ", who, ": cannot create ", gen_dir, ": ", ec.message()));
-  }
   const std::string spec_path = gen_dir + "/job.yaml";
-  // Written beside and renamed over: a running worker of this generation may have put
-  // anything at spec_path, and opening that for writing could block (a FIFO).
-  if (absl::Status s = WriteFileAtomic(spec_path, req.spec_yaml(), 0); !s.ok()) {
-    return absl::InternalError(absl::StrCat("launch ", who, ": ", s.message()));
+  if (absl::Status s = MakeGenerationDir(job_dir, gen_dir, spec_path, req.spec_yaml(), run_as);
+      !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("launch ", who, ": ", s.message()));
   }
+  std::error_code ec;
 
   LaunchContract contract = ContractOf(req);
   contract.master_port = master_port;
@@ -290,7 +362,7 @@ absl::StatusOr<v1::LaunchResponse> Agent::Launch(const v1::LaunchRequest& req) {
     spec.env = std::move(process.env);
     spec.user = run_as;
     spec.allow_root = config_.allow_root_workers;
-    spec.owned_paths = {gen_dir};
+    spec.owned_paths = {gen_dir, spec_path};
     spec.log_path = w.log_path;
     spec.cwd = req.entrypoint().empty() || req.code_dir().empty() ? gen_dir : req.code_dir();
     AppendToRegularFile(
@@ -633,6 +705,17 @@ void Agent::Tick() {
   CheckNoticeFile();
   standbys_.Keep(running_workers());
   const absl::Time now = clock_->Now();
+  if (now - last_sweep_ >= absl::Minutes(1)) {  // Note [Job directories]
+    last_sweep_ = now;
+    std::set<std::string> running;
+    for (const auto& [key, w] : workers_) {
+      if (w.running) running.insert(key.first);
+    }
+    if (SweepJobDirs(config_.work_dir + "/jobs", config_.job_dir_retention, absl::Now(), running) >
+        0) {
+      ForgetJobsWithoutDirs();
+    }
+  }
   // A parked or stopped worker starts a morph: tell the manager now, not at the next period.
   for (auto& [key, w] : workers_) {
     if (!w.running) continue;
@@ -664,6 +747,17 @@ int Agent::StopAll() {
 void Agent::KillAll() {
   for (auto& [key, w] : workers_) {
     if (w.running) launcher_->Signal(w.pid, SIGKILL).IgnoreError();
+  }
+}
+
+void Agent::ForgetJobsWithoutDirs() {
+  std::error_code ec;
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    if (!it->second.running && !fs::exists(JobDir(it->first.first), ec)) {
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

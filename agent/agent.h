@@ -16,6 +16,7 @@
 #include "agent/process_launcher.h"
 #include "agent/standby_pool.h"
 #include "common/base/clock.h"
+#include "common/launch/tenant_uid.h"
 #include "common/net/rpc.h"
 #include "varuna/v1/control.pb.h"
 #include "varuna/v1/worker.pb.h"
@@ -36,7 +37,13 @@ struct AgentConfig {
   // Note [Worker user] in agent/launch_request.h: who the workers run as when the agent is root.
   std::string worker_user = "varuna";
   std::vector<std::string> allowed_worker_users;  // a token's USER must be listed here
-  bool allow_root_workers = false;  // also: workers without a token user run as the agent
+  // A tenant's uid (Note [Tenant uids] in common/launch/tenant_uid.cc) must be in this range
+  // ("none": no tenant uids); it matches the manager's tenant_uids default.
+  std::string allowed_worker_uids = kDefaultTenantUids;
+  bool allow_root_workers = false;  // also: workers without a token user or uid run as the agent
+  // A finished job's directory under work_dir/jobs (its specs, logs, progress files) is removed
+  // this long after its last worker exited (Note [Job directories] in agent.cc); 0 = never.
+  absl::Duration job_dir_retention = absl::Hours(24 * 7);
   std::map<std::string, std::string> labels;
   absl::Duration heartbeat_period = absl::Seconds(1);
   absl::Duration stop_grace = absl::Seconds(10);  // SIGTERM -> SIGKILL
@@ -74,6 +81,12 @@ absl::Status LoadAgentConfigFile(const std::string& path, AgentConfig* config);
 std::map<std::string, std::string> AgentEnvironment();
 // Whether the process is stopped (Note [Frozen workers] in agent/in_place.cc).
 bool ProcessStopped(int pid);
+
+// Removes each directory under `jobs_dir` not named in `keep` (jobs with a running worker) whose
+// newest change (the directory, the files directly in it) is `retention` or more before `now`
+// (Note [Job directories] in agent.cc); returns how many went. 0 retention: none.
+int SweepJobDirs(const std::string& jobs_dir, absl::Duration retention, absl::Time now,
+                 const std::set<std::string>& keep);
 
 class Agent {
  public:
@@ -143,6 +156,11 @@ class Agent {
   using Key = std::pair<std::string, int>;  // job, rank
 
   void Reap();
+  absl::Status MakeGenerationDir(const std::string& job_dir, const std::string& gen_dir,
+                                 const std::string& spec_path, const std::string& yaml,
+                                 const std::string& run_as);
+  // Exited workers of jobs whose directory SweepJobDirs removed are reported no more.
+  void ForgetJobsWithoutDirs();
   // Sends the running workers `req.adopt()` names a ReconfigureCommand and files them under
   // their new rank and generation; returns the new ranks adopted (Note [Morph in place]).
   std::set<int> Adopt(const v1::LaunchRequest& req, int master_port);
@@ -161,6 +179,7 @@ class Agent {
   ProcessLauncher* const launcher_;
   std::map<Key, Worker> workers_;
   std::map<std::string, int> newest_generation_;  // per job
+  absl::Time last_sweep_ = absl::InfinitePast();  // of job directories
   std::map<std::string, int> master_port_;        // "job/gen" -> port chosen here
   HeartbeatReport report_;
   AgentMetrics* metrics_ = nullptr;

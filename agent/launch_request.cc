@@ -88,7 +88,8 @@ LaunchContract ContractOf(const v1::LaunchRequest& req) {
 
 absl::StatusOr<std::string> WorkerUser(const v1::LaunchRequest& req,
                                        const std::vector<std::string>& allowed_worker_users,
-                                       bool allow_root_workers, const std::string& worker_user) {
+                                       const UidRange& allowed_worker_uids, bool allow_root_workers,
+                                       const std::string& worker_user) {
   if (!req.run_as_user().empty()) {
     const auto& ok = allowed_worker_users;
     if (std::find(ok.begin(), ok.end(), req.run_as_user()) == ok.end()) {
@@ -97,6 +98,15 @@ absl::StatusOr<std::string> WorkerUser(const v1::LaunchRequest& req,
                                                       "' (not in its --allowed_worker_users)"));
     }
     return req.run_as_user();
+  }
+  if (req.run_as_uid() != 0) {
+    if (!allowed_worker_uids.Contains(req.run_as_uid())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "this agent does not run workers as uid ", req.run_as_uid(),
+          " (the tenant's; not in its --allowed_worker_uids ", allowed_worker_uids.ToString(),
+          ", which should match the manager's tenant_uids)"));
+    }
+    return absl::StrCat("#", req.run_as_uid());
   }
   return allow_root_workers ? std::string() : worker_user;
 }

@@ -39,6 +39,12 @@ ABSL_FLAG(std::string, worker_user, "",
           "run as root, start workers as this Unix user (default varuna; ignored when not root)");
 ABSL_FLAG(std::string, allowed_worker_users, "",
           "comma-separated Unix users a job's token may ask its workers to run as");
+ABSL_FLAG(std::string, allowed_worker_uids, "",
+          "FIRST-LAST: the uids a tenant's workers may run as (default 1900000000-1900999999, "
+          "the manager's tenant_uids default; none: no tenant uids)");
+ABSL_FLAG(int64_t, job_dir_retention_s, -1,
+          "remove a finished job's directory (specs, logs) this long after its last worker "
+          "exited (default a week; 0 = never)");
 ABSL_FLAG(bool, allow_root_workers, false,
           "allow workers to run as root; workers of a token without a user then run as the "
           "agent itself");
@@ -98,6 +104,12 @@ int Run() {
   if (auto v = absl::GetFlag(FLAGS_worker_user); !v.empty()) config.worker_user = v;
   if (auto v = absl::GetFlag(FLAGS_allowed_worker_users); !v.empty()) {
     config.allowed_worker_users = absl::StrSplit(v, ',', absl::SkipEmpty());
+  }
+  if (auto v = absl::GetFlag(FLAGS_allowed_worker_uids); !v.empty()) {
+    config.allowed_worker_uids = v;
+  }
+  if (auto v = absl::GetFlag(FLAGS_job_dir_retention_s); v >= 0) {
+    config.job_dir_retention = absl::Seconds(v);
   }
   if (absl::GetFlag(FLAGS_allow_root_workers)) config.allow_root_workers = true;
   if (auto v = absl::GetFlag(FLAGS_tls_ca); !v.empty()) config.tls.ca = v;

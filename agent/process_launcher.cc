@@ -18,6 +18,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/launch/worker_protocol.h"
@@ -65,6 +66,17 @@ absl::Status MakeControlPipe(int fds[2], std::map<std::string, std::string>* env
 absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::string& user,
                                                                 bool allow_root) {
   if (geteuid() != 0 || user.empty()) return std::nullopt;
+  if (user[0] == '#') {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(user.substr(1), &uid) || uid == 0 || uid == static_cast<uint32_t>(-1)) {
+      return absl::InvalidArgumentError(absl::StrCat("worker uid '", user, "' is not a user's"));
+    }
+    WorkerIdentity id;
+    id.uid = uid;
+    id.gid = uid;
+    id.name = absl::StrCat("uid", uid);
+    return std::optional<WorkerIdentity>(std::move(id));
+  }
   struct passwd pw {};
   struct passwd* found = nullptr;
   std::vector<char> buf(16384);
@@ -95,9 +107,10 @@ absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::strin
   return std::optional<WorkerIdentity>(std::move(id));
 }
 
-void SetUserEnvironment(const WorkerIdentity& id, std::map<std::string, std::string>* env) {
+void SetUserEnvironment(const WorkerIdentity& id, const std::string& home,
+                        std::map<std::string, std::string>* env) {
   (*env)["USER"] = (*env)["LOGNAME"] = id.name;
-  (*env)["HOME"] = id.home;
+  (*env)["HOME"] = id.home.empty() ? home : id.home;
 }
 
 absl::Status GiveToUser(const WorkerIdentity& id, const std::vector<std::string>& paths) {
@@ -140,7 +153,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   }
   std::map<std::string, std::string> env = spec.env;
   if (*identity) {
-    SetUserEnvironment(**identity, &env);
+    SetUserEnvironment(**identity, spec.owned_paths.empty() ? spec.cwd : spec.owned_paths[0], &env);
     if (absl::Status st = GiveToUser(**identity, spec.owned_paths); !st.ok()) {
       close(log_fd);
       return st;
@@ -173,7 +186,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   const WorkerIdentity* as = *identity ? &**identity : nullptr;
   // Note [Launch failures]: between fork and exec only async-signal-safe calls, so each reason
   // is written here and the child adds the error's name; the manager reads the log's tail.
-  const std::string user_name = as != nullptr ? spec.user : std::string("the agent's user");
+  const std::string user_name = as != nullptr ? as->name : std::string("the agent's user");
   const std::string no_user =
       absl::StrCat("varuna-agent: cannot switch to the worker user ", user_name, ": ");
   const std::string no_cwd = absl::StrCat("varuna-agent: the worker user ", user_name,

@@ -44,14 +44,17 @@ struct WorkerIdentity {
   std::string home;
 };
 
-// nullopt: run as the caller (it is not root, or `user` is empty). Errors name the problem:
-// no such user, or root without `allow_root`.
+// nullopt: run as the caller (it is not root, or `user` is empty). "#UID" is a tenant's uid
+// (Note [Tenant uids] in common/launch/tenant_uid.cc): no passwd entry, gid = uid, no other
+// groups, no home. Errors name the problem: no such user, or root without `allow_root`.
 absl::StatusOr<std::optional<WorkerIdentity>> ResolveWorkerUser(const std::string& user,
                                                                 bool allow_root);
 
-// What a process started as `id` gets: USER, LOGNAME and HOME in `env`, and `paths` (which
-// the agent made) given to it, never following a link the job may have planted.
-void SetUserEnvironment(const WorkerIdentity& id, std::map<std::string, std::string>* env);
+// What a process started as `id` gets: USER, LOGNAME and HOME in `env` (`home` where the
+// user has none), and `paths` (which the agent made) given to it, never following a link the
+// job may have planted.
+void SetUserEnvironment(const WorkerIdentity& id, const std::string& home,
+                        std::map<std::string, std::string>* env);
 absl::Status GiveToUser(const WorkerIdentity& id, const std::vector<std::string>& paths);
 
 struct ProcessExit {

@@ -86,7 +86,7 @@ absl::StatusOr<int> StandbyPool::Take(const ProcessSpec& spec, const std::string
   for (const auto& a : spec.argv) start.add_argv(a);
   std::map<std::string, std::string> env = spec.env;
   if (*as) {
-    SetUserEnvironment(**as, &env);
+    SetUserEnvironment(**as, gen_dir, &env);
     v1::StandbyCredentials* become = start.mutable_become();
     become->set_uid((*as)->uid);
     become->set_gid((*as)->gid);
@@ -105,9 +105,11 @@ absl::StatusOr<int> StandbyPool::Take(const ProcessSpec& spec, const std::string
   absl::Status st =
       ec ? absl::InternalError(absl::StrCat("standby start directory: ", ec.message()))
          : WriteFileAtomic(path, ProtoJson(start), 0);
-  // What a launched worker gets from the launcher: its generation's directory and its log
-  // belong to the user it runs as.
-  if (st.ok() && *as) st = GiveToUser(**as, {gen_dir, spec.log_path});
+  // What a launched worker gets from the launcher (its generation's directory and spec), and
+  // its log, which the standby opens as that user, belong to the user it runs as.
+  std::vector<std::string> give = spec.owned_paths;  // the generation's directory, its spec
+  give.push_back(spec.log_path);
+  if (st.ok() && *as) st = GiveToUser(**as, give);
   v1::AgentCommand c;
   c.mutable_start()->set_spec_path(path);
   absl::StatusOr<std::string> line = SerializeAgentCommand(c);

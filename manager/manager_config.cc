@@ -41,6 +41,9 @@ absl::Status ManagerConfig::Validate() const {
     return absl::InvalidArgumentError(
         "manager: forget_dead_after_s must be at least the time to DEAD");
   }
+  if (absl::StatusOr<UidRange> r = ParseUidRange(tenant_uids); !r.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("manager: tenant_uids: ", r.status().message()));
+  }
   RETURN_IF_ERROR(ValidateStragglers(stragglers, "manager config stragglers", true));
   if (slurm.enabled()) RETURN_IF_ERROR(slurm.Validate());
   if (!advertise.empty()) {
@@ -166,6 +169,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "tls_cert") return str(&c->tls.cert);
         if (key == "tls_key") return str(&c->tls.key);
         if (key == "tokens_file") return str(&c->tokens_file);
+        if (key == "tenant_uids") return str(&c->tenant_uids);
         if (key == "allow_insecure") return num(&c->allow_insecure);
         if (key == "http_allow_remote") return num(&c->http_allow_remote);
         if (key == "http_open_metrics") return num(&c->http_open_metrics);
@@ -193,7 +197,8 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "dead_after_missed, stop_grace_s, start_timeout_s, agent_rpc_timeout_s, "
             "forget_dead_after_s, max_pending_jobs_per_user, max_finished_jobs, "
             "finished_job_ttl_s, max_nodes, max_slots_per_node, machine_list, check_job_files, "
-            "tls_ca, tls_cert, tls_key, tokens_file, allow_insecure, morph_save_timeout_s, "
+            "tls_ca, tls_cert, tls_key, tokens_file, tenant_uids, allow_insecure, "
+            "morph_save_timeout_s, "
             "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place, "
             "stragglers, slurm, etcd_endpoints, etcd_prefix, lease_ttl_s, etcd_flush_s, "
             "advertise)"));

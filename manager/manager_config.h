@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/launch/tenant_uid.h"
 #include "common/net/rpc.h"
 #include "common/spec/job_spec.h"
 #include "manager/jobs/job_options.h"
@@ -50,7 +51,11 @@ struct ManagerConfig {
   // Security (docs/operations.md "Security"): mutual TLS with agents, bearer tokens for
   // varunactl. Empty = plaintext / no tokens, allowed only on loopback or with allow_insecure.
   TlsFiles tls;
-  std::string tokens_file;  // lines "NAME TOKEN [USER]"
+  std::string tokens_file;  // lines "NAME TOKEN [USER|-] [admin|user]"
+  // Note [Tenant uids] in common/launch/tenant_uid.cc: the uids of token names without a Unix
+  // user ("none": those run as each agent's --worker_user). FIRST-LAST; it matches the
+  // agents' --allowed_worker_uids default.
+  std::string tenant_uids = kDefaultTenantUids;
   bool allow_insecure = false;
   // Morphing (docs/morphing.md): how long workers get to save before the manager stops
   // waiting, how long after the last trigger the re-plan waits for more (coalescing), how

@@ -1,5 +1,6 @@
 #include "common/base/safe_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -210,7 +211,7 @@ absl::Status CheckRegularFile(const std::string& path, const std::string& what) 
 
 absl::Status AppendToRegularFile(const std::string& path, const std::string& text) {
   const int fd = ::open(path.c_str(),
-                        O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0644);
+                        O_WRONLY | O_APPEND | O_CREAT | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return absl::InternalError(absl::StrCat("cannot open ", path, ": ", Errno()));
   struct stat st;
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -239,6 +240,66 @@ absl::Status CheckRelativePathInside(const std::string& relative, const std::str
   if (relative.front() == '/') return bad("is absolute");
   for (absl::string_view part : absl::StrSplit(relative, '/')) {
     if (part == "..") return bad("leaves its directory ('..')");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Empties the directory open at `dir` (which it closes), depth first.
+absl::Status EmptyDirectory(int dir, const std::string& path, int depth) {
+  DIR* d = ::fdopendir(dir);
+  if (d == nullptr) {
+    ::close(dir);
+    return absl::InternalError(absl::StrCat("cannot list ", path, ": ", Errno()));
+  }
+  absl::Status status;
+  std::vector<std::string> names;
+  while (struct dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  for (const std::string& name : names) {
+    const std::string child = absl::StrCat(path, "/", name);
+    if (::unlinkat(::dirfd(d), name.c_str(), 0) == 0 || errno == ENOENT) continue;
+    if (errno != EISDIR && errno != EPERM) {
+      status.Update(absl::InternalError(absl::StrCat("cannot remove ", child, ": ", Errno())));
+      continue;
+    }
+    // A directory: opened without following a link, so a link swapped in is only unlinked.
+    const int sub = ::openat(::dirfd(d), name.c_str(),
+                             O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+    if (sub < 0) {
+      if (::unlinkat(::dirfd(d), name.c_str(), 0) != 0 && errno != ENOENT) {
+        status.Update(absl::InternalError(absl::StrCat("cannot open ", child, ": ", Errno())));
+      }
+      continue;
+    }
+    if (depth > 64) {
+      ::close(sub);
+      status.Update(absl::InternalError(absl::StrCat(child, ": nested too deep")));
+      continue;
+    }
+    status.Update(EmptyDirectory(sub, child, depth + 1));
+    if (::unlinkat(::dirfd(d), name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT) {
+      status.Update(absl::InternalError(absl::StrCat("cannot remove ", child, ": ", Errno())));
+    }
+  }
+  ::closedir(d);
+  return status;
+}
+
+}  // namespace
+
+absl::Status RemoveTreeNoFollow(const std::string& path) {
+  const int dir = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir < 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("cannot open ", path, ": ", Errno()));
+  }
+  RETURN_IF_ERROR(EmptyDirectory(dir, path, 0));
+  if (::rmdir(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::InternalError(absl::StrCat("cannot remove ", path, ": ", Errno()));
   }
   return absl::OkStatus();
 }

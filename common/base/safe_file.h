@@ -54,9 +54,15 @@ absl::StatusOr<std::string> ReadOwnedFile(const std::string& dir, const std::str
 // OK if `path` is a readable regular file (nothing is read).
 absl::Status CheckRegularFile(const std::string& path, const std::string& what);
 
-// Appends `text` to `path` (created if missing) unless it exists as something other than a
-// regular file; never blocks on a FIFO and never follows a symlink at the last component.
+// Appends `text` to `path` (created if missing, mode 0600) unless it exists as something other
+// than a regular file; never blocks on a FIFO and never follows a symlink at the last component.
 absl::Status AppendToRegularFile(const std::string& path, const std::string& text);
+
+// Removes the directory tree at `path` without ever following a symlink in it, even one that
+// another process swaps in for a directory while the removal runs (each directory is opened
+// beneath its parent's descriptor with O_NOFOLLOW). A missing `path` is OK; errors name what
+// could not be removed.
+absl::Status RemoveTreeNoFollow(const std::string& path);
 
 // Rejects relative paths that could leave their root: absolute, empty, "..", NUL bytes.
 absl::Status CheckRelativePathInside(const std::string& relative, const std::string& what);

@@ -65,6 +65,7 @@ void RedactForOthers(v1::JobInfo* job) {
   job->clear_morphs();
   job->clear_loss();
   job->clear_run_as_user();
+  job->clear_run_as_uid();
   job->clear_cancelled_by();
 }
 

@@ -14,9 +14,10 @@ ManagerApi::ManagerApi(Manager* manager, AgentClientPool* agents)
     : manager_(manager), agents_(agents) {}
 
 absl::StatusOr<v1::JobInfo> ManagerApi::Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                               const std::string& user, const std::string& run_as) {
+                                               const std::string& user, const std::string& run_as,
+                                               uint32_t run_as_uid) {
   const Manager::Parts p = manager_->parts();
-  auto r = p.job_controller->Submit(req, std::move(spec), user, run_as);
+  auto r = p.job_controller->Submit(req, std::move(spec), user, run_as, run_as_uid);
   if (r.ok() && p.metrics != nullptr) p.metrics->AddJob(r->id());
   return r;
 }

@@ -133,7 +133,7 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
         return;
       }
       loop_->Post([this, reactor, req, resp, user, spec = *std::move(spec)]() mutable {
-        auto r = api_.Submit(*req, std::move(spec), user.name, user.unix_user);
+        auto r = api_.Submit(*req, std::move(spec), user.name, user.unix_user, user.uid);
         if (r.ok()) *resp->mutable_job() = *r;
         reactor->Finish(ToGrpcStatus(r.status()));
       });
@@ -365,7 +365,11 @@ absl::Status ManagerServer::Start() {
   std::optional<TokenTable> tokens;
   if (!config_.tokens_file.empty()) {
     ASSIGN_OR_RETURN(tokens, TokenTable::Load(config_.tokens_file));
-    LOG(INFO) << "manager: " << tokens->size() << " tokens from " << config_.tokens_file;
+    ASSIGN_OR_RETURN(const UidRange uids, ParseUidRange(config_.tenant_uids));
+    RETURN_IF_ERROR(tokens->AssignTenantUids(uids));
+    LOG(INFO) << "manager: " << tokens->size() << " tokens from " << config_.tokens_file
+              << "; token names without a Unix user run as uids of their own in "
+              << uids.ToString();
     if (!tokens->roles()) {
       LOG(WARNING) << "manager: no line of " << config_.tokens_file
                    << " says admin, so every token may do everything (cancel and read any job, "

@@ -84,6 +84,23 @@ absl::StatusOr<TokenTable> TokenTable::Parse(const std::string& text, const std:
   return t;
 }
 
+absl::Status TokenTable::AssignTenantUids(const UidRange& range) {
+  std::map<uint32_t, std::string> owner;  // uid -> tenant
+  for (auto& [token, caller] : by_token_) {
+    caller.uid = 0;
+    if (range.empty() || !caller.unix_user.empty()) continue;
+    caller.uid = TenantUid(caller.name, range);
+    auto [it, fresh] = owner.emplace(caller.uid, caller.name);
+    if (!fresh && it->second != caller.name) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tenants '", it->second, "' and '", caller.name, "' would share uid ", caller.uid,
+          " of tenant_uids ", range.ToString(),
+          ": rename one of them in the tokens file, or give tenant_uids another range"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<TokenTable> TokenTable::Load(const std::string& path) {
   auto text = ReadRegularFile(path, 1 << 20, "tokens file");
   if (!text.ok()) return text.status();

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/launch/tenant_uid.h"
 
 namespace varuna {
 
@@ -31,6 +32,7 @@ class TokenTable {
     std::string name;
     std::string unix_user;     // "" = none given
     Role role = Role::kAdmin;  // without a tokens file every caller is an admin
+    uint32_t uid = 0;          // without unix_user: the tenant's uid (0 = none; AssignTenantUids)
   };
   // Who a token belongs to; compares every known token in constant time.
   std::optional<Caller> Find(const std::string& token) const;
@@ -43,6 +45,10 @@ class TokenTable {
   size_t size() const { return by_token_.size(); }
   // Whether some line says admin: roles are enforced. Without, every token is an admin.
   bool roles() const { return roles_; }
+  // Gives every name's tokens without a Unix user the tenant's uid in `range` (Note [Tenant
+  // uids] in common/launch/tenant_uid.cc; an empty range: none). Errors name two tenants
+  // whose uids meet.
+  absl::Status AssignTenantUids(const UidRange& range);
 
  private:
   std::map<std::string, Caller> by_token_;  // token -> caller

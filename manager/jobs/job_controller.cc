@@ -167,7 +167,7 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
 
 absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, JobSpec spec,
                                                   const std::string& user,
-                                                  const std::string& run_as) {
+                                                  const std::string& run_as, uint32_t run_as_uid) {
   if (!req.request_id().empty()) {
     if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
   }
@@ -184,6 +184,7 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, 
   info.set_reason("waiting for slots");
   info.set_submitted_by(user);
   info.set_run_as_user(run_as);
+  if (run_as.empty()) info.set_run_as_uid(run_as_uid);
   info.set_profile_job(req.profile());
   Job& added = jobs_->Add(std::move(job));
   LOG(INFO) << "job=" << added.info().id() << " submitted name=" << added.spec.name
@@ -306,6 +307,7 @@ v1::LaunchRequest JobController::MakeLaunch(const Job& job, const std::string& n
   req.set_stage_to_rank_map(info.stage_to_rank_map());
   req.set_pipelines(info.pipelines());
   req.set_run_as_user(info.run_as_user());
+  req.set_run_as_uid(info.run_as_uid());
   req.set_micro_batch(info.micro_batch());
   // A profile job's shape is one sample per slot (the worker ignores it).
   req.set_per_replica_batch(

@@ -76,9 +76,11 @@ class JobController final : public JobLifecycle {
   // Queues an admitted job (`spec` from JobAdmission::Admit) once JobAdmission::Check lets it
   // (a repeated request_id returns its job instead). `user` is the token's name ("" without
   // tokens), recorded on the job; `run_as` the Unix user its token maps to (the agents run
-  // its workers as that user; "" = their default). Never touches the filesystem.
+  // its workers as that user; "" = their default), else `run_as_uid` the tenant's uid (Note
+  // [Tenant uids] in common/launch/tenant_uid.cc; 0 = none). Never touches the filesystem.
   absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
-                                     const std::string& user, const std::string& run_as = "");
+                                     const std::string& user, const std::string& run_as = "",
+                                     uint32_t run_as_uid = 0);
   absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user);
   // Places pending jobs, in submission order, on the free schedulable slots.
   void Schedule();

@@ -1,5 +1,5 @@
 // The agent's end of the worker protocol (Note [Worker protocol] in
-// common/launch/worker_protocol.cc): commands over the control FIFO with signals as the
+// common/launch/worker_protocol.cc): commands over the control pipe with signals as the
 // fallback, and progress lines of both forms through the codec.
 
 #include "agent/agent.h"
@@ -7,9 +7,12 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <sys/stat.h>
 #include <cmath>
 #include <filesystem>
+
 #include <fstream>
 #include <map>
 #include <memory>
@@ -18,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/base/status_macros.h"
 #include "common/launch/worker_protocol.h"
 #include "tests/testing/fake_clock.h"
 #include "tests/testing/status_matchers.h"
@@ -312,8 +316,8 @@ TEST_F(AgentProtocolTest, AWorkerNotAdoptedIsKilledWhenASurvivorTakesItsRank) {
 TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) {
   const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_user_test_", getpid());
   std::filesystem::remove_all(dir);
-  auto launch_as = [&](AgentConfig c,
-                       const std::string& token_user) -> absl::StatusOr<std::string> {
+  auto launch_as = [&](AgentConfig c, const std::string& token_user,
+                       uint32_t uid = 0) -> absl::StatusOr<std::string> {
     c.name = "a";
     c.manager = "127.0.0.1:1";
     c.work_dir = dir;
@@ -328,10 +332,12 @@ TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) 
     launch.set_world_size(1);
     launch.add_ranks()->set_rank(0);
     launch.set_run_as_user(token_user);
+    launch.set_run_as_uid(uid);
     auto r = agent.Launch(launch);
     if (!r.ok()) return r.status();
     const ProcessSpec& spec = launcher.procs_.at(100).spec;
-    EXPECT_EQ(spec.owned_paths, std::vector<std::string>{dir + "/jobs/j/gen1"});
+    EXPECT_EQ(spec.owned_paths,
+              (std::vector<std::string>{dir + "/jobs/j/gen1", dir + "/jobs/j/gen1/job.yaml"}));
     return spec.user + (spec.allow_root ? " (root allowed)" : "");
   };
   AgentConfig c;
@@ -346,6 +352,98 @@ TEST(AgentWorkerUserTest, TokenUsersOnlyFromTheAllowListAndRootOnlyWhenAllowed) 
   c.allow_root_workers = true;
   EXPECT_EQ(launch_as(c, "").value_or("?"), " (root allowed)");  // as the agent itself
   EXPECT_EQ(launch_as(c, "carol").value_or("?"), "carol (root allowed)");
+  std::filesystem::remove_all(dir);
+}
+
+// A tenant's uid (Note [Tenant uids] in common/launch/tenant_uid.cc) wherever the token has
+// no user of its own, even with --allow_root_workers; only inside --allowed_worker_uids.
+TEST(AgentWorkerUserTest, ATenantRunsAsItsOwnUidOnlyInsideTheAllowedRange) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_uid_test_", getpid());
+  std::filesystem::remove_all(dir);
+  auto launch_as = [&](AgentConfig c, const std::string& user,
+                       uint32_t uid) -> absl::StatusOr<std::string> {
+    c.name = "a";
+    c.manager = "127.0.0.1:1";
+    c.work_dir = dir;
+    c.slots = 1;
+    FakeClock clock;
+    RecordingLauncher launcher;
+    Agent agent(c, &clock, &launcher);
+    v1::LaunchRequest launch;
+    launch.set_job_id("j");
+    launch.set_generation(1);
+    launch.set_spec_yaml("x: 1");
+    launch.set_world_size(1);
+    launch.add_ranks()->set_rank(0);
+    launch.set_run_as_user(user);
+    launch.set_run_as_uid(uid);
+    ASSIGN_OR_RETURN(auto r, agent.Launch(launch));
+    return launcher.procs_.at(100).spec.user;
+  };
+  AgentConfig c;
+  EXPECT_EQ(launch_as(c, "", 1900000123).value_or("?"), "#1900000123");
+  c.allow_root_workers = true;
+  EXPECT_EQ(launch_as(c, "", 1900000123).value_or("?"), "#1900000123") << "never root";
+  c.allowed_worker_users = {"bob"};
+  EXPECT_EQ(launch_as(c, "bob", 0).value_or("?"), "bob") << "a token's user comes first";
+  auto outside = launch_as(c, "", 1000);
+  EXPECT_EQ(outside.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(outside.status().message()),
+              HasSubstr("uid 1000 (the tenant's; not in its --allowed_worker_uids "
+                        "1900000000-1900999999"));
+  c.allowed_worker_uids = "none";
+  EXPECT_EQ(launch_as(c, "", 1900000123).status().code(), absl::StatusCode::kPermissionDenied);
+  std::filesystem::remove_all(dir);
+}
+
+// Note [Job directories] in agent/agent.cc: what other uids cannot see, and how long it stays.
+TEST(AgentJobDirTest, AJobsFilesAreItsOwnAndGoAfterTheRetention) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_jobdir_", getpid());
+  std::filesystem::remove_all(dir);
+  AgentConfig c;
+  c.name = "a";
+  c.manager = "127.0.0.1:1";
+  c.work_dir = dir;
+  c.slots = 1;
+  FakeClock clock;
+  RecordingLauncher launcher;
+  Agent agent(c, &clock, &launcher);
+  v1::LaunchRequest launch;
+  launch.set_job_id("7");
+  launch.set_generation(1);
+  launch.set_spec_yaml("env: {SECRET: x}");
+  launch.set_world_size(1);
+  launch.add_ranks()->set_rank(0);
+  ASSERT_THAT(agent.Launch(launch), IsOk());
+  const std::string job = dir + "/jobs/7", gen = job + "/gen1";
+  auto mode = [](const std::string& p) {
+    struct stat st {};
+    EXPECT_EQ(lstat(p.c_str(), &st), 0) << p;
+    return st.st_mode & 07777;
+  };
+  EXPECT_EQ(mode(job), 0711u);
+  EXPECT_EQ(mode(gen), 0700u);
+  EXPECT_EQ(mode(gen + "/job.yaml"), 0600u);
+  EXPECT_EQ(mode(job + "/rank0.log"), 0600u);
+  EXPECT_EQ(launcher.procs_.at(100).spec.owned_paths,
+            (std::vector<std::string>{gen, gen + "/job.yaml"}));
+
+  // Something the job planted: a link out of its directory. The sweep removes the link only.
+  const std::string outside = dir + "/outside";
+  std::filesystem::create_directories(outside);
+  std::ofstream(outside + "/keep") << "x";
+  std::filesystem::create_directory_symlink(outside, gen + "/link");
+  std::filesystem::create_directories(job + "/gen2/a/b");
+  std::ofstream(job + "/gen2/a/b/f") << "y";
+  const absl::Time now = absl::Now();
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24), {}), 0);
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24 * 8), {"7"}), 0)
+      << "a job with a running worker stays";
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::ZeroDuration(), now + absl::Hours(24 * 800), {}), 0)
+      << "0: never";
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24 * 8), {}), 1);
+  EXPECT_FALSE(std::filesystem::exists(job));
+  EXPECT_TRUE(std::filesystem::exists(outside + "/keep"));
   std::filesystem::remove_all(dir);
 }
 

@@ -192,6 +192,41 @@ TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
   ASSERT_TRUE(Eventually([&] { return !launcher_.Reap().empty(); }));
 }
 
+// A tenant's uid (Note [Tenant uids] in common/launch/tenant_uid.cc) needs no passwd entry:
+// gid = uid, no other groups, HOME the generation's directory it was given.
+TEST_F(ProcessLauncherTest, ATenantUidRunsWithoutAPasswdEntry) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  chmod(dir_.c_str(), 0755);
+  const std::string gen = dir_ + "/gen1";
+  std::filesystem::create_directories(gen);
+  ProcessSpec spec;
+  spec.argv = {"/bin/sh", "-c", "id -u; id -g; id -G; echo $HOME $USER; touch progress"};
+  spec.env = {{"PATH", "/usr/bin:/bin"}};
+  spec.log_path = dir_ + "/log";
+  spec.cwd = gen;
+  spec.user = "#1900000123";
+  spec.owned_paths = {gen};
+  ASSERT_THAT(launcher_.Launch(spec), IsOk());
+  ASSERT_TRUE(Eventually([&] { return !launcher_.Reap().empty(); }));
+  std::ifstream log(dir_ + "/log");
+  std::string uid, gid, groups, home_user;
+  std::getline(log, uid);
+  std::getline(log, gid);
+  std::getline(log, groups);
+  std::getline(log, home_user);
+  EXPECT_EQ(uid, "1900000123");
+  EXPECT_EQ(gid, "1900000123");
+  EXPECT_EQ(groups, "1900000123");
+  EXPECT_EQ(home_user, gen + " uid1900000123");
+  struct stat st {};
+  ASSERT_EQ(stat((gen + "/progress").c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, 1900000123u);
+  for (const char* bad : {"#0", "#x", "#"}) {
+    spec.user = bad;
+    EXPECT_THAT(launcher_.Launch(spec), StatusIs(absl::StatusCode::kInvalidArgument, "uid")) << bad;
+  }
+}
+
 // Note [Launch failures] in agent/process_launcher.cc: a worker that cannot start says why in
 // its log (the agent puts that line in the exit's reason): a working directory it cannot
 // enter, a program it cannot run.

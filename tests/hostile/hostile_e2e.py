@@ -34,6 +34,59 @@ from lib.cluster import Cluster, CTL, wait_for, write_job  # noqa: E402
 from lib.harness import free_port  # noqa: E402
 
 BOB = "bob-token-0123456789abcdef"  # maps to a Unix user no agent allows
+MALLORY = "mallory-token-0123456789ab"  # another tenant: a uid of her own
+
+# What a tenant's job tries against every other job's worker on its node: each must fail.
+ATTACK = r"""
+import errno, json, os, sys
+me = os.getuid()
+found, tried = [], {}
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().split(b"\0")
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        continue
+    if uid == me or not cmd[0].endswith(b"varuna-worker") or b"--job" not in cmd:
+        continue
+    pid = int(pid)
+    spec = cmd[cmd.index(b"--job") + 1].decode()
+    gen = os.path.dirname(spec)
+    job = os.path.dirname(gen)
+    found.append(pid)
+    def attempt(name, fn):
+        try:
+            fn()
+            tried[f"{pid} {name}"] = "ALLOWED"
+        except OSError as e:
+            tried[f"{pid} {name}"] = errno.errorcode.get(e.errno, str(e.errno))
+    attempt("read its spec", lambda: open(spec).read())
+    attempt("list its generation", lambda: os.listdir(gen))
+    attempt("list its job directory", lambda: os.listdir(job))
+    attempt("read its log", lambda: open(os.path.join(job, "rank0.log")).read())
+    attempt("write its directory", lambda: open(os.path.join(gen, "planted"), "w"))
+    attempt("append to its progress file",
+            lambda: open(os.path.join(gen, "progress.rank0"), "a").write('{"step": 99999}\n'))
+    attempt("read its environment", lambda: open(f"/proc/{pid}/environ", "rb").read())
+    attempt("read its memory", lambda: open(f"/proc/{pid}/mem", "rb").read(1))
+    attempt("open its control pipe",
+            lambda: os.open(f"/proc/{pid}/fd/3", os.O_WRONLY | os.O_NONBLOCK))
+    attempt("open the old control FIFO",
+            lambda: os.open(os.path.join(gen, "control.rank0"), os.O_WRONLY | os.O_NONBLOCK))
+    attempt("signal it", lambda: os.kill(pid, 0))
+with open(sys.argv[1] + ".tmp", "w") as f:
+    json.dump({"uid": me, "victims": found, "tried": tried}, f)
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+"""
+
+
+def tenant_uid(name, first=1900000000, last=1900999999):
+    """The manager's uid for a token name without a Unix user (common/launch/tenant_uid.cc)."""
+    h = 14695981039346656037
+    for c in name.encode():
+        h = ((h ^ c) * 1099511628211) % (1 << 64)
+    return first + h % (last - first + 1)
 
 
 def skip_reason():
@@ -77,14 +130,13 @@ class HostileTest(unittest.TestCase):
         cls.http = free_port()
         cls.c = Cluster(
             agents=2, slots=4, secure=True, worker_user="varuna",
-            tokens=[f"bob {BOB} bob"],
+            tokens=[f"bob {BOB} bob", f"mallory {MALLORY}"],
             manager_config=(f"http_listen: 127.0.0.1:{cls.http}\nmax_pending_jobs_per_user: 3\n"
                             "check_job_files: false\n"),
             agent_args={"node1": ["--preemption_notice_url",
                                   f"http://127.0.0.1:{cls.meta.server_address[1]}/metadata",
                                   "--cloud_vm_name", "this-vm"]})
         try:
-            os.chmod(cls.c.dir, 0o755)  # the workers (user varuna) read the corpus here
             cls.base = f"https://127.0.0.1:{cls.http}"
             cls.ca = os.path.join(cls.c.certs, "ca.pem")
             job = write_job(cls.c, "victim.yaml", steps=100000, parallel={"replicas": 2})
@@ -208,7 +260,9 @@ class HostileTest(unittest.TestCase):
                 continue
             if cmd and cmd[0].endswith(b"varuna-worker") and self.c.dir.encode() in b" ".join(cmd):
                 uids.add(uid)
-        self.assertEqual(uids, {pwd.getpwnam("varuna").pw_uid})
+        # alice's token names no Unix user: her jobs run as her own uid, not the agents' shared
+        # worker user (docs/operations.md "Who workers run as").
+        self.assertEqual(uids, {tenant_uid("alice")})
         job = write_job(self.c, "bobs.yaml", steps=2, parallel={"stages": 1, "replicas": 1})
         r = subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca, "--token", BOB,
                             "-o", "json", "submit", job], capture_output=True, text=True,
@@ -217,6 +271,36 @@ class HostileTest(unittest.TestCase):
         bobs = json.loads(r.stdout)["id"]
         wait_for(lambda: self.c.status(bobs)["state"] == "FAILED", 90, "bob's job to be refused")
         self.assertIn("allowed_worker_users", self.c.status(bobs).get("reason", ""))
+        self.assert_victim_unharmed()
+
+    def test_tenants_cannot_reach_each_others_jobs(self):
+        """Issue 47: one job read another's spec (its env: secrets), memory and log, wrote into
+        its directory and progress file, and forged commands through its control FIFO. Now
+        every tenant has a uid of its own, a job's directory is its uid's alone, and commands
+        go through a pipe no path leads to."""
+        script = os.path.join(self.c.dir, "attack.py")
+        with open(script, "w") as f:
+            f.write(ATTACK)
+        out = os.path.join(self.c.dir, "attack.json")
+        job = write_job(self.c, "attack.yaml", steps=1, parallel={"stages": 1, "replicas": 1},
+                        extra=f"entrypoint: [/usr/bin/python3, {script}, {out}]\n")
+        r = subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca, "--token",
+                            MALLORY, "-o", "json", "submit", job], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        attack = json.loads(r.stdout)["id"]
+        try:
+            wait_for(lambda: os.path.exists(out), 90, "the attack to run")
+        except AssertionError:
+            raise AssertionError(f"{self.c.status(attack)}\n"
+                                 f"{self.c.ctl('logs', attack, check=None).stdout}")
+        with open(out) as f:
+            result = json.load(f)
+        self.assertEqual(result["uid"], tenant_uid("mallory"))
+        self.assertNotEqual(result["uid"], tenant_uid("alice"))
+        self.assertTrue(result["victims"], "the victim's workers run on every node")
+        allowed = [k for k, v in result["tried"].items() if v == "ALLOWED"]
+        self.assertEqual(allowed, [], result["tried"])
         self.assert_victim_unharmed()
 
     def test_notices_another_vms_event_is_not_ours(self):

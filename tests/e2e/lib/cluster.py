@@ -37,17 +37,23 @@ class Cluster:
                  tokens=None, port=None):
         """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
         secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
-        then sends the CA and `self.token`. worker_user: the agents' --worker_user (default:
-        workers run as the agent, --allow_root_workers). tokens: extra tokens-file lines."""
+        then sends the CA and `self.token`; alice's jobs run as her tenant uid (docs/operations.md
+        "Who workers run as"). worker_user: the agents' --worker_user (default: workers run as
+        the agent, --allow_root_workers). tokens: extra tokens-file lines."""
         self.worker_user = worker_user
         self.dir = tempfile.mkdtemp(prefix="varuna-cp-")
+        # Workers of another uid (a tenant's, --worker_user) read the corpus, enter the agents'
+        # work_dirs and make checkpoint directories here, as in /tmp; the secrets (tokens,
+        # keys) keep modes of their own.
+        os.chmod(self.dir, 0o1777)
         self.certs = os.path.join(self.dir, "certs") if secure else None
         self.token = "alice-token-0123456789" if secure else None
         if secure:
             subprocess.run([MAKE_CERTS, self.certs, "varuna-manager=127.0.0.1"] +
                            [f"node{i}=127.0.0.1" for i in range(agents)], check=True,
                            stdout=subprocess.DEVNULL)
-            with open(os.path.join(self.dir, "tokens"), "w") as f:
+            with open(os.open(os.path.join(self.dir, "tokens"), os.O_WRONLY | os.O_CREAT, 0o600),
+                      "w") as f:
                 f.write(f"alice {self.token}\n" + "".join(t + "\n" for t in tokens or []))
         self.port = port or free_port()
         self.address = f"{manager_host}:{self.port}"

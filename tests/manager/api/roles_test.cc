@@ -77,6 +77,25 @@ TEST(TokenRolesTest, FourWordLinesGiveRolesAndEveryLineOfANameAgrees) {
   }
 }
 
+// Note [Tenant uids] in common/launch/tenant_uid.cc: every name without a Unix user gets its
+// own uid; two names that would meet on one stop the manager's start, naming both.
+TEST(TokenRolesTest, NamesWithoutAUnixUserGetUidsOfTheirOwn) {
+  auto t = TokenTable::Parse(absl::StrCat("root ", kRootToken, " - admin\nalice ", kAliceToken,
+                                          " alice_ml user\nbob ", kBobToken, "\n"),
+                             "f");
+  ASSERT_THAT(t.status(), IsOk());
+  const UidRange range = *ParseUidRange(kDefaultTenantUids);
+  ASSERT_THAT(t->AssignTenantUids(range), IsOk());
+  EXPECT_EQ(t->Find(kRootToken)->uid, TenantUid("root", range));
+  EXPECT_EQ(t->Find(kBobToken)->uid, TenantUid("bob", range));
+  EXPECT_EQ(t->Find(kAliceToken)->uid, 0u) << "alice_ml is her Unix user";
+  ASSERT_THAT(t->AssignTenantUids(UidRange{}), IsOk());
+  EXPECT_EQ(t->Find(kBobToken)->uid, 0u) << "tenant_uids: none";
+  EXPECT_THAT(t->AssignTenantUids(*ParseUidRange("5000-5000")),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "tenants 'bob' and 'root' would share uid 5000"));
+}
+
 TEST(AuthorizeTest, EveryActionByRoleAndOwner) {
   const TokenTable::Caller admin{"root", "", Role::kAdmin};
   const TokenTable::Caller alice{"alice", "", Role::kUser};
@@ -325,6 +344,9 @@ TEST_F(ApiRolesTest, OthersSeeASummaryOfAJobAndNoneOfItsEvents) {
   EXPECT_FALSE(own.cancelled_by().empty());
   EXPECT_TRUE(other.cancelled_by().empty());
   EXPECT_EQ(admin.cancelled_by(), own.cancelled_by());
+  // Her tokens name no Unix user: the job carries her tenant uid (Note [Tenant uids]).
+  EXPECT_EQ(own.run_as_uid(), TenantUid("alice", *ParseUidRange(kDefaultTenantUids)));
+  EXPECT_EQ(other.run_as_uid(), 0u);
   // Events of alice's job reach alice and the admin only.
   auto events = [&](const std::string& token) {
     grpc::ClientContext ctx;
