@@ -15,7 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "agent/agent_server.h"
+#include "agent/process_launcher.h"
 #include "common/base/logging.h"
+#include "common/launch/tenant_uid.h"
 #include "glog/logging.h"
 
 ABSL_FLAG(std::string, manager, "", "varuna-manager address HOST:PORT");
@@ -72,6 +74,41 @@ ABSL_FLAG(int, slurm_grace_s, 30,
           "its workers have checkpointed and left, or the time is up. 0: SIGTERM stops at once");
 
 namespace {
+
+// A root agent's workers run as another user (Note [Worker user] in agent/launch_request.h),
+// who must be able to enter --work_dir (their generations live there) and run the worker
+// binary: if --worker_user cannot, refuse to start naming both, instead of every rank of every
+// job exiting with code 126. Tenant uids (--allowed_worker_uids) are only warned about: a
+// cluster without tokens never uses them, and their launches say why they fail.
+bool CheckWorkersCanStart(const varuna::AgentConfig& config) {
+  if (geteuid() != 0) return true;  // workers run as the agent itself
+  if (!config.allow_root_workers) {
+    auto user = varuna::ResolveWorkerUser(config.worker_user, false);
+    if (user.ok() && *user) {
+      absl::Status s = varuna::CheckUserCanUse(**user, config.work_dir, config.worker_binary);
+      if (!s.ok()) {
+        std::cerr << "varuna-agent: " << s.message()
+                  << ": workers would fail to start; give --work_dir a directory and "
+                     "--worker_binary a program --worker_user can reach (e.g. "
+                     "/var/lib/varuna-agent and /usr/local/bin/varuna-worker), or another "
+                     "--worker_user\n";
+        return false;
+      }
+    }
+  }
+  auto range = varuna::ParseUidRange(config.allowed_worker_uids);
+  if (range.ok() && !range->empty()) {
+    auto tenant = varuna::ResolveWorkerUser(absl::StrCat("#", range->first), false);
+    if (tenant.ok() && *tenant) {
+      absl::Status s = varuna::CheckUserCanUse(**tenant, config.work_dir, config.worker_binary);
+      if (!s.ok()) {
+        LOG(WARNING) << "tenants' jobs (uids " << range->ToString()
+                     << ") will not start here: " << s.message();
+      }
+    }
+  }
+  return true;
+}
 
 std::string Hostname() {
   char name[256] = {};
@@ -149,6 +186,7 @@ int Run() {
               << ec.message() << "\n";
     return 2;
   }
+  if (!CheckWorkersCanStart(config)) return 2;
 
   // SIGTERM/SIGINT are taken by sigwait below; every thread inherits the mask.
   sigset_t stop_signals;

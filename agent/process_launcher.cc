@@ -123,6 +123,53 @@ absl::Status GiveToUser(const WorkerIdentity& id, const std::vector<std::string>
   return absl::OkStatus();
 }
 
+absl::Status CheckUserCanUse(const WorkerIdentity& id, const std::string& dir,
+                             const std::string& program) {
+  int answer[2];
+  if (pipe2(answer, O_CLOEXEC) != 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("pipe2: ", std::strerror(errno)));
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(answer[0]);
+    close(answer[1]);
+    return absl::ResourceExhaustedError(absl::StrCat("fork: ", std::strerror(errno)));
+  }
+  if (pid == 0) {  // async-signal-safe calls only: [which, errno] to the parent
+    int reply[2] = {0, 0};
+    if (setgroups(id.groups.size(), id.groups.data()) != 0 || setgid(id.gid) != 0 ||
+        setuid(id.uid) != 0) {
+      reply[0] = 1;
+    } else if (access(dir.c_str(), X_OK) != 0) {
+      reply[0] = 2;
+    } else if (access(program.c_str(), X_OK) != 0) {
+      reply[0] = 3;
+    }
+    reply[1] = errno;
+    (void)!write(answer[1], reply, sizeof(reply));
+    _exit(0);
+  }
+  close(answer[1]);
+  int reply[2] = {0, 0};
+  const ssize_t n = read(answer[0], reply, sizeof(reply));
+  close(answer[0]);
+  waitpid(pid, nullptr, 0);
+  if (n != static_cast<ssize_t>(sizeof(reply))) {
+    return absl::InternalError(absl::StrCat("could not check what ", id.name, " can use"));
+  }
+  const std::string who = absl::StrCat("the worker user ", id.name, " (uid ", id.uid, ")");
+  const char* why = std::strerror(reply[1]);
+  switch (reply[0]) {
+    case 1:
+      return absl::PermissionDeniedError(absl::StrCat("cannot switch to ", who, ": ", why));
+    case 2:
+      return absl::PermissionDeniedError(absl::StrCat(who, " cannot enter ", dir, ": ", why));
+    case 3:
+      return absl::PermissionDeniedError(absl::StrCat(who, " cannot run ", program, ": ", why));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   if (spec.argv.empty()) return absl::InvalidArgumentError("empty command");
   const std::string program = ResolveProgram(spec.argv[0], spec.env);

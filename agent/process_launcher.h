@@ -57,6 +57,12 @@ void SetUserEnvironment(const WorkerIdentity& id, const std::string& home,
                         std::map<std::string, std::string>* env);
 absl::Status GiveToUser(const WorkerIdentity& id, const std::vector<std::string>& paths);
 
+// Whether `id` can enter `dir` and run `program` (through every directory above them), asked
+// as that user in a child process. Errors (PermissionDenied) name the user, its uid, the path
+// and why: what a worker started as `id` would fail on at once.
+absl::Status CheckUserCanUse(const WorkerIdentity& id, const std::string& dir,
+                             const std::string& program);
+
 struct ProcessExit {
   int pid = 0;
   int exit_code = 0;  // valid when signal == 0

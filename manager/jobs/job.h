@@ -40,8 +40,12 @@ struct Generation {
   int64_t newest_step = 0;          // newest step this generation reported
   std::vector<bool> counted_steps;  // steps the metrics took (StepSeries::Record)
   std::string worker_error;         // the first error line a worker wrote
-  double last_ready_at = 0;         // the workers' clock: when the last rank reported ready
-  double first_step_at = 0;         // ... and when the first step after resumed_from ended
+  // Note [Launch failures that repeat] in job_controller.cc: ranks that never started (rank ->
+  // "rank R on node N: reason"), and when the morph they hold back starts anyway.
+  std::map<int, std::string> launch_failed;
+  absl::Time launch_settle_at = absl::InfiniteFuture();
+  double last_ready_at = 0;  // the workers' clock: when the last rank reported ready
+  double first_step_at = 0;  // ... and when the first step after resumed_from ended
   // A profile job's report was handled (stored, or refused with worker_error set).
   bool profile_handled = false;
   bool profile_stored = false;

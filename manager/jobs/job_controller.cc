@@ -145,7 +145,7 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   }
   if (w.state() != v1::WORKER_RUNNING) {
     RecordExit(job, w.rank(), w.exit_code(), w.signal(), node, w.saved_step(), w.committed_step(),
-               w.also_saved_step());
+               w.also_saved_step(), w.error());
     return;
   }
   // A stopped process (Note [Frozen workers] in agent/in_place.cc) is lost now; a parked worker
@@ -449,9 +449,23 @@ void JobController::SendStops(Job& job) {
   }
 }
 
+// Note [Launch failures that repeat]: a rank that exits 126 or 127 with the launcher's reason
+// ("varuna-agent: the worker user ... cannot enter ...": Note [Launch failures] in
+// agent/process_launcher.cc) never ran. A morph would place the job on the same machines,
+// which fail the same way: once 20 morphs over 160 generations. So a launch failure does not
+// start a morph at once: the manager waits up to three heartbeats for the generation's other
+// ranks. If every rank failed to start, the job fails with the first reason and no morph;
+// else the held morph starts (one node's problem: the others ran).
+namespace {
+bool IsLaunchFailure(int exit_code, int signal, const std::string& error) {
+  return signal == 0 && (exit_code == 126 || exit_code == 127) &&
+         absl::StartsWith(error, "varuna-agent: ");
+}
+}  // namespace
+
 void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
                                const std::string& node, int64_t saved_step, int64_t committed_step,
-                               int64_t also_saved_step) {
+                               int64_t also_saved_step, const std::string& error) {
   for (const auto& e : job.rec.exits()) {
     if (e.rank() == rank) return;  // already known
   }
@@ -479,6 +493,20 @@ void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
       return;
     }
     const std::string who = absl::StrCat("rank ", rank, " on node ", node);
+    if (IsLaunchFailure(exit_code, signal, error) && job.gen.ready.empty()) {
+      job.gen.launch_failed[rank] = absl::StrCat(who, ": ", error);
+      if (static_cast<int>(job.gen.launch_failed.size()) >= job.info().placement_size()) {
+        Fail(job, absl::StrCat("no rank could start (", job.gen.launch_failed.size(), " of ",
+                               job.info().placement_size(),
+                               "), so no morph: ", job.gen.launch_failed.begin()->second));
+        return;
+      }
+      if (job.gen.launch_settle_at == absl::InfiniteFuture()) {
+        job.gen.launch_settle_at =
+            clock_->Now() + std::max(absl::Seconds(3), 3 * nodes_->heartbeat_period());
+      }
+      return;
+    }
     if (exit_code != 0 || signal != 0) {
       Cause c;
       if (signal == 0 && exit_code == kExitRescued) {
@@ -668,7 +696,16 @@ void JobController::Tick() {
                now >= job.gen.fail_at) {
       SettleFailure(job);
     } else if (s == v1::CANCELLING && now - job.last_stop_sent > absl::Seconds(5)) {
-      SendStops(job);  // in case a Stop was lost; agents ignore repeats
+      SendStops(job);                              // in case a Stop was lost; agents ignore repeats
+    } else if (now >= job.gen.launch_settle_at) {  // Note [Launch failures that repeat]
+      job.gen.launch_settle_at = absl::InfiniteFuture();
+      if (Active(s) && !job.morphing() && morph_->Allowed(job)) {
+        Cause c;
+        c.reason = job.gen.launch_failed.begin()->second;
+        c.priority = 2;
+        morph_->Trigger(job, c);
+        morph_->Advance(job);
+      }
     }
     morph_->Tick(job);
   }

@@ -89,8 +89,10 @@ class JobController final : public JobLifecycle {
   // A survivor of an older generation that a morph in place adopts: only its step records
   // (steps it applied before it parked, which the new generation continues from).
   void OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w);
+  // `error`: the rank's own error line (WorkerStatus.error; a launcher's reason).
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
-                  int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0);
+                  int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0,
+                  const std::string& error = "");
   // A node its jobs must move off, lost or leaving (Note [Node gone]).
   void OnNodeGone(const NodeTable::Gone& gone);
   // Launch timeouts, held failures, repeated stops, morph timers, progress flush.

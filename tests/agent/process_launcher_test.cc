@@ -192,6 +192,29 @@ TEST_F(ProcessLauncherTest, RunsWorkersAsTheWorkerUserAndRootOnlyWhenAllowed) {
   ASSERT_TRUE(Eventually([&] { return !launcher_.Reap().empty(); }));
 }
 
+// What the agent asks at start (CheckWorkersCanStart in agent/main.cc): can the worker user
+// enter the work directory and run the worker binary?
+TEST_F(ProcessLauncherTest, CheckUserCanUseNamesTheUserAndThePath) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to switch users";
+  chmod(dir_.c_str(), 0755);
+  const std::string open_dir = dir_ + "/open", private_dir = dir_ + "/private";
+  std::filesystem::create_directories(open_dir + "/work");
+  std::filesystem::create_directories(private_dir + "/work");
+  chmod(private_dir.c_str(), 0700);
+  ASSERT_OK_AND_ASSIGN(std::optional<WorkerIdentity> tenant,
+                       ResolveWorkerUser("#1900000123", false));
+  EXPECT_THAT(CheckUserCanUse(*tenant, open_dir + "/work", "/bin/true"), IsOk());
+  EXPECT_THAT(CheckUserCanUse(*tenant, private_dir + "/work", "/bin/true"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       "the worker user uid1900000123 (uid 1900000123) cannot enter " +
+                           private_dir + "/work: Permission denied"));
+  const std::string program = private_dir + "/varuna-worker";
+  std::ofstream(program) << "#!/bin/sh\n";
+  chmod(program.c_str(), 0755);
+  EXPECT_THAT(CheckUserCanUse(*tenant, open_dir + "/work", program),
+              StatusIs(absl::StatusCode::kPermissionDenied, "cannot run " + program));
+}
+
 // A tenant's uid (Note [Tenant uids] in common/launch/tenant_uid.cc) needs no passwd entry:
 // gid = uid, no other groups, HOME the generation's directory it was given.
 TEST_F(ProcessLauncherTest, ATenantUidRunsWithoutAPasswdEntry) {

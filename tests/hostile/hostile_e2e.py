@@ -18,10 +18,12 @@ import json
 import os
 import pwd
 import re
+import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
@@ -30,7 +32,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from lib.cluster import Cluster, CTL, wait_for, write_job  # noqa: E402
+from lib.cluster import AGENT, Cluster, CTL, wait_for, write_job  # noqa: E402
 from lib.harness import free_port  # noqa: E402
 
 BOB = "bob-token-0123456789abcdef"  # maps to a Unix user no agent allows
@@ -301,6 +303,44 @@ class HostileTest(unittest.TestCase):
         self.assertTrue(result["victims"], "the victim's workers run on every node")
         allowed = [k for k, v in result["tried"].items() if v == "ALLOWED"]
         self.assertEqual(allowed, [], result["tried"])
+        self.assert_victim_unharmed()
+
+    def test_failures_an_agent_its_workers_cannot_use_refuses_to_start(self):
+        """Issue 47: a root agent under a private directory made every rank exit 126 with no
+        reason and the job morph 20 times. Now the agent refuses to start, naming both."""
+        private = tempfile.mkdtemp(prefix="varuna-private-")  # 0700, root's
+        try:
+            work = os.path.join(private, "work")
+            r = subprocess.run([AGENT, "--manager", self.c.address, "--listen", "127.0.0.1:0",
+                                "--name", "strayed", "--work_dir", work, "--worker_user",
+                                "varuna"], capture_output=True, text=True, timeout=60)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertIn(f"the worker user varuna (uid {pwd.getpwnam('varuna').pw_uid}) "
+                          f"cannot enter {work}: Permission denied", r.stderr)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
+
+    def test_failures_a_launch_every_rank_fails_ends_the_job_with_its_reason(self):
+        """A code_dir the job's uid cannot enter: no rank starts, so the job fails at once
+        with the launcher's reason instead of morphing on the same machines."""
+        private = tempfile.mkdtemp(prefix="varuna-code-")  # 0700, root's
+        try:
+            job = write_job(self.c, "nocode.yaml", steps=5, parallel={"stages": 2},
+                            extra=f"entrypoint: [/bin/true]\ncode_dir: {private}\n"
+                            f"checkpoint: {{dir: {self.c.dir}/ckpt-nocode}}\n")  # it may morph
+            t0 = time.monotonic()
+            jid = json.loads(self.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+            wait_for(lambda: self.c.status(jid)["state"] == "FAILED", 60, "the job to fail")
+            took = time.monotonic() - t0
+            st = self.c.status(jid)
+            self.assertIn("no rank could start", st["reason"])
+            self.assertIn(f"cannot enter the working directory {private}: Permission denied",
+                          st["reason"])
+            self.assertEqual(st.get("morphs", []), [], st)
+            self.assertEqual(st["generation"], 1, st)
+            self.assertLess(took, 60)
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
         self.assert_victim_unharmed()
 
     def test_notices_another_vms_event_is_not_ours(self):

@@ -121,6 +121,45 @@ TEST_F(JobControllerTest, AFailureCarriesTheWorkersReason) {
                         "the working directory /srv: Permission denied"));
 }
 
+// Note [Launch failures that repeat] in manager/jobs/job_controller.cc: when no rank could
+// start, a morph would only fail the same way on the same machines: the job fails at once.
+TEST_F(JobControllerTest, ALaunchFailureOfEveryRankFailsTheJobWithoutAMorph) {
+  AddNode("a", 2);
+  const std::string id = Submit(MorphSpec());
+  AnswerLaunches();
+  const std::string why =
+      "varuna-agent: the worker user uid1900000001 cannot enter the working directory /srv: "
+      "Permission denied";
+  v1::WorkerStatus r0 = Worker(id, 0, false, 126), r1 = Worker(id, 1, false, 126);
+  r0.set_error(why);
+  r1.set_error(why);
+  Beat("a", {r0, Worker(id, 1, true)});
+  EXPECT_NE(State(id), v1::FAILED) << "the other rank may still start";
+  EXPECT_FALSE(Job(id).morphing());
+  Beat("a", {r0, r1});
+  EXPECT_EQ(State(id), v1::FAILED);
+  EXPECT_THAT(Job(id).info().reason(),
+              HasSubstr("no rank could start (2 of 2), so no morph: rank 0 on node a: " + why));
+  EXPECT_EQ(Job(id).info().morphs_size(), 0);
+}
+
+// ... but when the other ranks started, it was one node's problem: the held morph starts.
+TEST_F(JobControllerTest, ALaunchFailureOfSomeRanksMorphsAfterTheOthersReport) {
+  AddNode("a", 2);
+  const std::string id = Submit(MorphSpec());
+  AnswerLaunches();
+  v1::WorkerStatus r0 = Worker(id, 0, false, 127);
+  r0.set_error("varuna-agent: the worker user varuna cannot run /opt/w: No such file or directory");
+  Beat("a", {r0, Worker(id, 1, true)});
+  Tick();
+  EXPECT_FALSE(Job(id).morphing());
+  Advance(absl::Seconds(4));
+  Beat("a", {r0, Worker(id, 1, true)});
+  Tick();
+  EXPECT_TRUE(Job(id).morphing());
+  EXPECT_THAT(Job(id).rec.morph().record().reason(), HasSubstr("cannot run /opt/w"));
+}
+
 TEST_F(JobControllerTest, CancelStopsTheWorkersAndEndsWhenTheyAreGone) {
   AddNode("a", 2);
   const std::string id = Submit(Spec());
