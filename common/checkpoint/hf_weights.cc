@@ -1,8 +1,12 @@
 #include "common/checkpoint/hf_weights.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <map>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/json_text.h"
 #include "common/base/safe_file.h"
@@ -11,15 +15,71 @@
 
 namespace varuna {
 
+// Note [Files of a model directory]: a model directory is the user's, and the tools that read
+// it may run as root (varuna-ckpt as an admin). Hugging Face's own cache is made of links
+// (snapshots/REV/model.safetensors -> ../../blobs/SHA), so links are followed, but only to
+// files beneath the directory, or beneath the cached repository for a snapshot: the file
+// actually opened (/proc/self/fd) is checked, not the name, so a link swapped in between
+// cannot lead elsewhere, and a shard or tokenizer file linked to /etc/shadow is refused.
+absl::StatusOr<int> OpenModelFile(const std::string& dir, const std::string& name,
+                                  const std::string& what) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " '", name, "' is not a file of the directory ", dir));
+  }
+  std::filesystem::path root(dir);
+  if (root.has_parent_path() && root.parent_path().filename() == "snapshots") {
+    root = root.parent_path().parent_path();
+  }
+  std::error_code ec;
+  const std::filesystem::path real_root = std::filesystem::canonical(root, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat(what, ": ", dir, ": ", ec.message()));
+  ASSIGN_OR_RETURN(const int fd, OpenRegularFile(absl::StrCat(dir, "/", name), what));
+  const std::filesystem::path opened =
+      std::filesystem::read_symlink(absl::StrCat("/proc/self/fd/", fd), ec);
+  if (ec || !absl::StartsWith(opened.string(), real_root.string() + "/")) {
+    ::close(fd);
+    return absl::PermissionDeniedError(absl::StrCat(
+        what, " '", name, "' of ", dir, " links outside ", real_root.string(), ": refused"));
+  }
+  return fd;
+}
+
+namespace {
+
+// The reader of the model file `name` of `dir` (OpenModelFile), through the descriptor it
+// checked.
+absl::StatusOr<SafetensorsReader> OpenShard(const std::string& dir, const std::string& name) {
+  ASSIGN_OR_RETURN(const int fd, OpenModelFile(dir, name, "safetensors file"));
+  absl::StatusOr<SafetensorsReader> r = SafetensorsReader::Open(absl::StrCat("/proc/self/fd/", fd));
+  ::close(fd);
+  if (!r.ok()) {
+    const std::string fd_path = absl::StrCat("/proc/self/fd/", fd);
+    std::string message(r.status().message());
+    for (size_t at; (at = message.find(fd_path)) != std::string::npos;) {
+      message.replace(at, fd_path.size(), absl::StrCat(dir, "/", name));
+    }
+    return absl::Status(r.status().code(), message);
+  }
+  r->set_path(absl::StrCat(dir, "/", name));
+  return r;
+}
+
+}  // namespace
+
 absl::StatusOr<HfWeights> HfWeights::Open(const std::string& dir) {
   HfWeights w;
   const std::string index_path = dir + "/model.safetensors.index.json";
   if (!CheckRegularFile(index_path, "index").ok()) {
-    ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::Open(dir + "/model.safetensors"));
+    ASSIGN_OR_RETURN(SafetensorsReader r, OpenShard(dir, "model.safetensors"));
     w.shards_.push_back(std::make_shared<SafetensorsReader>(std::move(r)));
     return w;
   }
-  ASSIGN_OR_RETURN(std::string text, ReadRegularFile(index_path, 64 << 20, "safetensors index"));
+  ASSIGN_OR_RETURN(const int index_fd, OpenModelFile(dir, "model.safetensors.index.json", "index"));
+  absl::StatusOr<std::string> read =
+      ReadRegularFile(absl::StrCat("/proc/self/fd/", index_fd), 64 << 20, "safetensors index");
+  ::close(index_fd);
+  ASSIGN_OR_RETURN(std::string text, std::move(read));
   ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(text, index_path));
   if (!root.IsMap() || !root["weight_map"] || !root["weight_map"].IsMap()) {
     return absl::DataLossError(absl::StrCat(index_path, ": no weight_map object"));
@@ -39,7 +99,7 @@ absl::StatusOr<HfWeights> HfWeights::Open(const std::string& dir) {
       return absl::DataLossError(
           absl::StrCat(index_path, ": shard '", file, "' is not a file of the directory"));
     }
-    ASSIGN_OR_RETURN(SafetensorsReader r, SafetensorsReader::Open(dir + "/" + file));
+    ASSIGN_OR_RETURN(SafetensorsReader r, OpenShard(dir, file));
     for (const SafetensorsEntry& e : r.tensors()) {
       if (!seen.insert(e.name).second) {
         return absl::DataLossError(absl::StrCat(dir, ": tensor '", e.name, "' is in two shards"));

@@ -28,6 +28,13 @@ class HfWeights {
   std::vector<std::shared_ptr<SafetensorsReader>> shards_;
 };
 
+// Opens the file `name` of the model directory `dir` for reading (Note [Files of a model
+// directory] in hf_weights.cc): a regular file that is, or links to, a file beneath `dir`, or
+// beneath the repository of a Hugging Face cache snapshot (.../models--org--name/snapshots/REV,
+// whose files link to ../../blobs). Errors name the file and the directory, never its content.
+absl::StatusOr<int> OpenModelFile(const std::string& dir, const std::string& name,
+                                  const std::string& what);
+
 // Hugging Face's index file: {"metadata": {"total_size": N}, "weight_map": {name: file}}.
 std::string HfIndexJson(uint64_t total_size,
                         const std::vector<std::pair<std::string, std::string>>& weight_map);

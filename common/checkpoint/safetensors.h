@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 #include "absl/strings/string_view.h"
 
@@ -71,6 +72,8 @@ class SafetensorsReader {
   ~SafetensorsReader();
 
   const std::string& path() const { return path_; }
+  // The path messages name (one opened through /proc/self/fd is named by what it was).
+  void set_path(std::string path) { path_ = std::move(path); }
   const std::vector<SafetensorsEntry>& tensors() const { return header_.tensors; }
   const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
   const SafetensorsEntry* Find(absl::string_view name) const;

@@ -92,11 +92,48 @@ class Fixture(unittest.TestCase):
                         "\n".join(o[-3000:] for o in res.outputs))
         return res
 
-    def export(self, ckpt, step, out, *extra):
+    def export(self, ckpt, step, out, *extra, ok=True):
         r = subprocess.run([CKPT, "export", ckpt, str(step), "--format", "hf", "--out", out,
                             *extra], capture_output=True, text=True, timeout=120)
+        if ok:
+            self.assertEqual(r.returncode, 0, r.stderr)
+            return r.stdout
+        return r
+
+    def export_refuses_what_the_job_planted(self, ckpt, tok):
+        """Hostile cases of issue 47 (an admin exports a tenant's checkpoint): the checkpoint
+        names a tokenizer directory the job controls, whose file now links to a secret of
+        the admin's; a link waits at the export's temporary name for a file of the admin's."""
+        secret = os.path.join(self.tmp, "admin-secret")
+        with open(secret, "w") as f:
+            f.write("SECRET-MARKER\n")
+        os.chmod(secret, 0o600)
+        out = os.path.join(self.tmp, "export-planted-" + os.path.basename(tok))
+        os.makedirs(out, exist_ok=True)
+        victim = os.path.join(self.tmp, "admin-file")
+        with open(victim, "w") as f:
+            f.write("untouched\n")
+        os.symlink(victim, os.path.join(out, "config.json.tmp.0"))
+        good = os.path.join(tok, "tokenizer.json")
+        os.rename(good, good + ".real")
+        os.symlink(secret, good)
+        try:
+            r = self.export(ckpt, 2, out, ok=False)
+        finally:
+            os.unlink(good)
+            os.rename(good + ".real", good)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn(f"tokenizer file 'tokenizer.json' of {tok} links outside", r.stderr)
+        self.assertNotIn("SECRET-MARKER", r.stdout + r.stderr)
+        self.assertFalse(os.path.exists(os.path.join(out, "tokenizer.json")))
+        with open(victim) as f:
+            self.assertEqual(f.read(), "untouched\n", "the planted temporary was replaced")
+        self.assertTrue(os.path.exists(os.path.join(out, "config.json")))
+        # A good export says where the tokenizer came from: the checkpoint's word.
+        r = self.export(ckpt, 2, out, ok=False)
         self.assertEqual(r.returncode, 0, r.stderr)
-        return r.stdout
+        self.assertIn(f"the tokenizer files came from {tok}, the directory the checkpoint names",
+                      r.stderr)
 
 
 class ImportExportTest(Fixture):
@@ -118,7 +155,11 @@ class ImportExportTest(Fixture):
         self.assertLess(losses[2], losses[0], "it trains")
         # Export after 2 steps: the reference on the export computes step 3's loss.
         out = os.path.join(self.tmp, f"export-{kind}-{os.path.basename(src)}")
+        os.chmod(os.path.join(tok, "tokenizer.json"), 0o640)
         self.export(ckpt, 2, out)
+        self.assertEqual(os.stat(os.path.join(out, "tokenizer.json")).st_mode & 0o777, 0o640,
+                         "a copied tokenizer file keeps its mode")
+        self.export_refuses_what_the_job_planted(ckpt, tok)
         got = hf_models.reference_loss(out, ids, labels)
         self.assertLessEqual(abs(got - losses[2]), 1e-5 * abs(got),
                              f"{kind}: export reloads at {got}, the system said {losses[2]}")

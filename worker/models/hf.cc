@@ -319,14 +319,26 @@ absl::Status WriteExportShards(const std::string& ckpt_path, const CheckpointCom
 }
 
 // Copies the tokenizer's files found in `tokenizer` to `out`, counting them in
-// stats->tokenizer_files (a warning when there are none).
+// stats->tokenizer_files (a warning when there are none). Only regular files of that
+// directory (Note [Files of a model directory] in common/checkpoint/hf_weights.cc: not a link
+// to /etc/shadow), each keeping its mode; an export run as root copies nothing the
+// directory's owner could not have put there.
 absl::Status CopyTokenizerFiles(const std::string& tokenizer, const std::string& out,
                                 HfExportStats* stats) {
   for (const char* name : kTokenizerFiles) {
-    const std::string from = absl::StrCat(tokenizer, "/", name);
-    if (!CheckRegularFile(from, "tokenizer file").ok()) continue;
-    ASSIGN_OR_RETURN(std::string bytes, ReadRegularFile(from, 1 << 30, "tokenizer file"));
-    RETURN_IF_ERROR(WriteFileAtomic(absl::StrCat(out, "/", name), bytes, 0));
+    if (!CheckRegularFile(absl::StrCat(tokenizer, "/", name), "tokenizer file").ok()) continue;
+    ASSIGN_OR_RETURN(const int fd, OpenModelFile(tokenizer, name, "tokenizer file"));
+    struct stat st {};
+    const mode_t mode = ::fstat(fd, &st) == 0 ? (st.st_mode & 0777) : 0644;
+    absl::StatusOr<std::string> bytes =
+        ReadRegularFile(absl::StrCat("/proc/self/fd/", fd), 1 << 30, "tokenizer file");
+    ::close(fd);
+    if (!bytes.ok()) return bytes.status();
+    const std::string to = absl::StrCat(out, "/", name);
+    RETURN_IF_ERROR(WriteFileAtomic(to, *bytes, 0));
+    if (::chmod(to.c_str(), mode) != 0) {
+      return absl::InternalError(absl::StrCat("cannot set the mode of ", to));
+    }
     ++stats->tokenizer_files;
   }
   if (stats->tokenizer_files == 0) {
@@ -404,6 +416,9 @@ absl::StatusOr<HfExportStats> ExportHf(const std::string& ckpt_path, const std::
   RETURN_IF_ERROR(WriteFileAtomic(out + "/config.json", config, 0));
   const std::string tokenizer =
       options.tokenizer_dir.empty() ? common.tokenizer_dir : options.tokenizer_dir;
+  // The checkpoint's word, written by the job: whoever runs the export should know whose
+  // directory it copies from (varuna-ckpt warns).
+  if (options.tokenizer_dir.empty()) stats.tokenizer_from_checkpoint = tokenizer;
   if (!tokenizer.empty()) RETURN_IF_ERROR(CopyTokenizerFiles(tokenizer, out, &stats));
   return stats;
 }

@@ -38,6 +38,8 @@ struct HfExportStats {
   uint64_t bytes = 0;                // tensor data written
   uint64_t largest_layer_bytes = 0;  // the largest layer's parameters, in the output dtype
   int tokenizer_files = 0;
+  // The tokenizer directory when it came from the checkpoint (the job's word), not the caller.
+  std::string tokenizer_from_checkpoint;
 };
 
 // Writes checkpoint `ckpt_path` (a complete varuna_ckpt_<step>) as a Hugging Face directory

@@ -105,6 +105,12 @@ int Export(const std::string& dir, const std::vector<int64_t>& steps, int argc, 
       st->shards == 1 ? "" : "s", st->largest_layer_bytes / 1e6,
       st->tokenizer_files > 0 ? absl::StrCat(", ", st->tokenizer_files, " tokenizer files").c_str()
                               : "");
+  if (st->tokenizer_files > 0 && !st->tokenizer_from_checkpoint.empty()) {
+    std::fprintf(stderr,
+                 "varuna-ckpt: warning: the tokenizer files came from %s, the directory the "
+                 "checkpoint names (the job's word); give --tokenizer_dir to choose it\n",
+                 st->tokenizer_from_checkpoint.c_str());
+  }
   return 0;
 }
 

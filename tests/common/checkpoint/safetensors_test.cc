@@ -237,5 +237,38 @@ TEST_F(SafetensorsTest, ShardIndexThatLiesIsRefused) {
   EXPECT_THAT(HfIndexJson(44, {{"a", "f"}}), ::testing::HasSubstr("\"total_size\": 44"));
 }
 
+// Note [Files of a model directory] in common/checkpoint/hf_weights.cc: links are followed
+// within the directory, or within a cached repository for a snapshot, never out of it.
+TEST_F(SafetensorsTest, ModelFilesLinkOnlyWithinTheirDirectoryOrCachedRepository) {
+  // Hugging Face's cache: snapshots/REV/model.safetensors -> ../../blobs/SHA.
+  const fs::path repo = dir_ / "models--org--tiny";
+  fs::create_directories(repo / "blobs");
+  fs::create_directories(repo / "snapshots" / "abc");
+  fs::copy_file(kGolden, repo / "blobs" / "f00d");
+  fs::create_symlink("../../blobs/f00d", repo / "snapshots" / "abc" / "model.safetensors");
+  ASSERT_OK_AND_ASSIGN(HfWeights cached, HfWeights::Open((repo / "snapshots" / "abc").string()));
+  EXPECT_EQ(cached.Names().size(), 5u);
+
+  // A plain directory whose shard links elsewhere (a secret of whoever runs the tool).
+  const fs::path plain = dir_ / "plain", secret = dir_ / "secret";
+  fs::create_directories(plain);
+  fs::copy_file(kGolden, secret);
+  fs::create_symlink(secret, plain / "model.safetensors");
+  EXPECT_THAT(HfWeights::Open(plain.string()).status(),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       "'model.safetensors' of " + plain.string() + " links outside"));
+  // A link inside the directory is fine.
+  fs::remove(plain / "model.safetensors");
+  fs::copy_file(kGolden, plain / "real.safetensors");
+  fs::create_symlink("real.safetensors", plain / "model.safetensors");
+  EXPECT_THAT(HfWeights::Open(plain.string()).status(), IsOk());
+  // The same rule for any file a tool copies out of one (a tokenizer's).
+  fs::create_symlink("/etc/shadow", plain / "tokenizer.json");
+  EXPECT_THAT(OpenModelFile(plain.string(), "tokenizer.json", "tokenizer file").status(),
+              StatusIs(absl::StatusCode::kPermissionDenied, "links outside"));
+  EXPECT_THAT(OpenModelFile(plain.string(), "../secret", "tokenizer file").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "not a file of the directory"));
+}
+
 }  // namespace
 }  // namespace varuna
