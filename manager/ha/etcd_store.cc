@@ -30,13 +30,29 @@ etcdserverpb::RequestOp DeleteOp(const std::string& key, bool prefix = false) {
   return op;
 }
 
+// Records under `prefix`, parsed; a corrupt one is QuarantineCorrupt's.
+template <typename T>
+std::vector<T> ParseRecords(const std::vector<EtcdKv>& kvs, const std::string& prefix) {
+  std::vector<T> out;
+  for (const EtcdKv& kv : kvs) {
+    T rec;
+    const std::string id = kv.key.substr(std::min(prefix.size(), kv.key.size()));
+    if (rec.ParseFromString(kv.value) ||
+        QuarantineCorrupt(absl::StrCat("etcd ", kv.key), id, kv.value.size(), &rec)) {
+      out.push_back(std::move(rec));
+    }
+  }
+  return out;
+}
+
 template <typename T>
 absl::StatusOr<std::vector<T>> ParseAll(const std::vector<EtcdKv>& kvs, const std::string& what) {
   std::vector<T> out;
   for (const EtcdKv& kv : kvs) {
     T rec;
-    if (!rec.ParseFromString(kv.value)) {
-      return absl::DataLossError(absl::StrCat("etcd: a corrupt ", what, " at ", kv.key));
+    if (!rec.ParseFromString(kv.value)) {  // one bad record must not stop every manager
+      LOG(ERROR) << "etcd: a corrupt " << what << " at " << kv.key << "; skipped";
+      continue;
     }
     out.push_back(std::move(rec));
   }
@@ -153,7 +169,7 @@ absl::Status EtcdStateStore::DeleteJob(const std::string& job_id) {
 
 absl::StatusOr<std::vector<v1::JobRecord>> EtcdStateStore::LoadJobs() {
   ASSIGN_OR_RETURN(std::vector<EtcdKv> kvs, etcd_->GetPrefix(prefix_ + "jobs/"));
-  ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, ParseAll<v1::JobRecord>(kvs, "job"));
+  std::vector<v1::JobRecord> jobs = ParseRecords<v1::JobRecord>(kvs, prefix_ + "jobs/");
   std::sort(jobs.begin(), jobs.end(),
             [](const v1::JobRecord& a, const v1::JobRecord& b) { return a.seq() < b.seq(); });
   return jobs;
@@ -161,7 +177,7 @@ absl::StatusOr<std::vector<v1::JobRecord>> EtcdStateStore::LoadJobs() {
 
 absl::StatusOr<std::vector<v1::NodeRecord>> EtcdStateStore::LoadNodes() {
   ASSIGN_OR_RETURN(std::vector<EtcdKv> kvs, etcd_->GetPrefix(prefix_ + "nodes/"));
-  return ParseAll<v1::NodeRecord>(kvs, "node");
+  return ParseRecords<v1::NodeRecord>(kvs, prefix_ + "nodes/");
 }
 
 absl::Status EtcdStateStore::SaveProfile(const v1::Profile& p) {

@@ -3,32 +3,75 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
 #include "glog/logging.h"
 
 namespace varuna {
 
+namespace {
+
+// What a loaded job record must be (Note [Records on load]); the first problem, or OK.
+absl::Status CheckJobRecord(const v1::JobRecord& rec) {
+  const v1::JobInfo& info = rec.info();
+  if (!rec.quarantined().empty()) return absl::DataLossError(rec.quarantined());
+  int64_t id = 0;
+  if (!absl::SimpleAtoi(info.id(), &id) || id < 1 || info.id() != absl::StrCat(rec.seq())) {
+    return absl::DataLossError(absl::StrCat("its id '", info.id().substr(0, 40),
+                                            "' is not its sequence number ", rec.seq()));
+  }
+  if (!v1::JobState_IsValid(info.state()) || info.state() == v1::JOB_STATE_UNSPECIFIED) {
+    return absl::DataLossError(absl::StrCat("its state ", info.state(), " is not a job state"));
+  }
+  if (info.generation() < 0 || info.step() < 0 || info.total_steps() < 0 ||
+      info.placement_size() > 1 << 20 || info.name().size() > 1024 ||
+      info.submitted_by().size() > 256) {
+    return absl::DataLossError("a count or a name is out of bounds");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// Note [Records on load]: the store is outside data to a manager that loads it (an etcd any
+// manager of the group writes, a database restored from a backup), and one bad record must not
+// stop every manager from leading (a restart loop) nor load unchecked (a job hidden from list
+// under an id that is no integer, a node of 2^31-1 slots). So each job record is checked
+// (CheckJobRecord; its spec must parse) and a bad one is quarantined: the job loads FAILED with
+// the record's key and the problem as its reason, its workers are stopped like any failed
+// job's, and the rest of the cluster loads. A record that does not parse at all comes from the
+// store as a stub naming its key (QuarantineCorrupt in manager/state/state_store.h). Node
+// records are checked like a registration (PeerLimits::CheckRequest); a bad one is dropped,
+// and its agent registers again.
 absl::Status JobTable::Load(absl::Time now) {
   ASSIGN_OR_RETURN(std::vector<v1::JobRecord> jobs, store_->LoadJobs());
   for (auto& rec : jobs) {
     Job job;
     std::string yaml;
-    if (!rec.spec_yaml().empty()) {  // a state directory older than Note [Retention]; move it
+    absl::Status bad = CheckJobRecord(rec);
+    if (bad.ok() && !rec.spec_yaml().empty()) {  // older than Note [Retention]; move it
       yaml = rec.spec_yaml();
       RETURN_IF_ERROR(store_->SaveSpec(rec.info().id(), yaml));
       rec.clear_spec_yaml();
       RETURN_IF_ERROR(store_->SaveJob(rec));
+    } else if (bad.ok()) {
+      absl::StatusOr<std::string> loaded = store_->LoadSpec(rec.info().id());
+      if (loaded.ok()) {
+        yaml = *std::move(loaded);
+      } else {
+        bad = loaded.status();
+      }
+    }
+    absl::StatusOr<JobSpec> spec = bad.ok() ? ParseJobSpec(yaml) : absl::StatusOr<JobSpec>(bad);
+    if (bad.ok() && !spec.ok()) {
+      bad = absl::DataLossError(absl::StrCat("its spec does not parse: ", spec.status().message()));
+    }
+    if (!bad.ok()) {
+      Quarantine(&rec, bad);
     } else {
-      ASSIGN_OR_RETURN(yaml, store_->LoadSpec(rec.info().id()));
+      job.spec = *std::move(spec);
     }
-    auto spec = ParseJobSpec(yaml);
-    if (!spec.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("state database: job ", rec.info().id(),
-                       " has an unreadable spec: ", spec.status().message()));
-    }
-    job.spec = *std::move(spec);
     job.rec = std::move(rec);
     job.gen.starting_since = now;
     job.gen.running_since = now;
@@ -37,6 +80,7 @@ absl::Status JobTable::Load(absl::Time now) {
     job.cancelling_since = now;
     next_seq_ = std::max(next_seq_, job.rec.seq() + 1);
     const std::string id = job.info().id();
+    if (id.empty() || jobs_.count(id)) continue;  // a stub without a key, or a duplicate
     if (!job.rec.request_id().empty()) by_request_[job.rec.request_id()] = id;
     order_.push_back(id);
     jobs_[id] = std::move(job);
@@ -50,6 +94,27 @@ absl::Status JobTable::Load(absl::Time now) {
 // pending jobs are capped per submitter (JobController::Submit); finished jobs beyond
 // max_finished_jobs, or finished longer than finished_job_ttl_s ago, are pruned with their
 // records, specs and step series (Prune, from the manager's tick).
+void JobTable::Quarantine(v1::JobRecord* rec, const absl::Status& why) {
+  v1::JobInfo& info = *rec->mutable_info();
+  const std::string key = info.id();
+  // Ids are sequence numbers: a record under another key moves to its number.
+  if (info.id() != absl::StrCat(rec->seq())) {
+    if (!key.empty()) store_->DeleteJob(key).IgnoreError();
+    info.set_id(absl::StrCat(rec->seq()));
+  }
+  const std::string reason = absl::StrCat("quarantined when the manager loaded it: job record '",
+                                          key.substr(0, 64), "': ", why.message());
+  LOG(ERROR) << "job=" << info.id() << " " << reason;
+  info.set_state(v1::FAILED);
+  info.set_reason(reason.substr(0, 1000));
+  info.clear_placement();
+  rec->clear_quarantined();
+  rec->clear_morph();
+  rec->clear_spec_yaml();
+  absl::Status s = store_->SaveJob(*rec);
+  if (!s.ok()) LOG(ERROR) << "job=" << info.id() << " quarantine not saved: " << s.message();
+}
+
 Job& JobTable::Add(Job job) {
   job.rec.set_seq(next_seq_++);
   job.info().set_id(absl::StrCat(job.rec.seq()));

@@ -20,8 +20,9 @@ class JobTable {
  public:
   JobTable(StateStore* store, const NodeTable* nodes) : store_(store), nodes_(nodes) {}
 
-  // Loads every job from the store (specs parsed again; DataLoss names a job whose spec no
-  // longer parses). Generation state starts from `now` (timers restart on recovery).
+  // Loads every job from the store (records checked, specs parsed again; a bad one loads
+  // FAILED, quarantined: Note [Records on load] in job_table.cc). Generation state starts
+  // from `now` (timers restart on recovery). Errors: the store cannot be read or written.
   absl::Status Load(absl::Time now);
 
   // Adds a new job with the next sequence number as its id, persisted. Returns it.
@@ -54,6 +55,9 @@ class JobTable {
   std::vector<FreeSlots> FreeSlotsFor(const Job* job, const std::set<std::string>& exclude) const;
 
  private:
+  // Makes `rec` a FAILED job whose reason names the record and `why`, and saves it.
+  void Quarantine(v1::JobRecord* rec, const absl::Status& why);
+
   StateStore* const store_;
   const NodeTable* const nodes_;
   std::map<std::string, Job> jobs_;  // by id

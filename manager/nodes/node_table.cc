@@ -28,6 +28,19 @@ absl::Status NodeTable::Load() {
   ASSIGN_OR_RETURN(std::vector<v1::NodeRecord> nodes, store_->LoadNodes());
   const absl::Time now = clock_->Now();
   for (auto& rec : nodes) {
+    // Checked like a registration (Note [Records on load] in manager/jobs/job_table.cc).
+    v1::RegisterRequest as_registered;
+    as_registered.set_name(rec.name());
+    as_registered.set_address(rec.address());
+    as_registered.set_slots(rec.slots());
+    *as_registered.mutable_labels() = rec.labels();
+    if (absl::Status bad = limits_.CheckRequest(as_registered);
+        !bad.ok() || nodes_.count(rec.name())) {
+      LOG(ERROR) << "state: node record '" << rec.name().substr(0, 64) << "' dropped ("
+                 << (bad.ok() ? "a duplicate" : bad.message()) << "); its agent registers again";
+      if (!rec.name().empty()) store_->DeleteNode(rec.name()).IgnoreError();
+      continue;
+    }
     Node n;
     n.rec = rec;
     // Unconfirmed until it heartbeats; dead if it stays silent for the usual timeout.

@@ -6,8 +6,10 @@
 #include <cmath>
 #include <filesystem>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "glog/logging.h"
 
 namespace varuna {
 
@@ -142,7 +144,55 @@ absl::Status SqliteStateStore::Delete(const char* sql, const std::string& key) {
   return absl::OkStatus();
 }
 
+bool QuarantineCorrupt(const std::string& key, const std::string& id, size_t bytes,
+                       v1::JobRecord* stub) {
+  int64_t seq = 0;
+  if (!absl::SimpleAtoi(id, &seq)) seq = 0;
+  stub->Clear();
+  stub->set_seq(seq);
+  stub->mutable_info()->set_id(id);
+  stub->set_quarantined(
+      absl::StrCat("the job's record at ", key, " (", bytes, " bytes) does not parse"));
+  LOG(ERROR) << "state: " << stub->quarantined() << "; the job is quarantined";
+  return true;
+}
+
+bool QuarantineCorrupt(const std::string& key, const std::string& id, size_t bytes,
+                       v1::NodeRecord* stub) {
+  LOG(ERROR) << "state: the node record at " << key << " (" << bytes
+             << " bytes) does not parse; skipped (its agent registers again)";
+  return false;
+}
+
 namespace {
+
+// Rows of `sql` (record, key), parsed; a corrupt one is QuarantineCorrupt's.
+template <typename T>
+absl::StatusOr<std::vector<T>> LoadRecords(sqlite3* db, const char* sql, const std::string& path,
+                                           const char* table) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::InternalError(absl::StrCat("state database ", path, ": ", sqlite3_errmsg(db)));
+  }
+  std::vector<T> out;
+  int rc;
+  while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+    T rec;
+    const void* blob = sqlite3_column_blob(stmt, 0);
+    const int n = sqlite3_column_bytes(stmt, 0);
+    const unsigned char* key = sqlite3_column_text(stmt, 1);
+    const std::string id = key != nullptr ? reinterpret_cast<const char*>(key) : "";
+    if (rec.ParseFromArray(blob, n) ||
+        QuarantineCorrupt(absl::StrCat(path, " table ", table, " row ", id), id, n, &rec)) {
+      out.push_back(std::move(rec));
+    }
+  }
+  sqlite3_finalize(stmt);
+  if (rc != SQLITE_DONE) {
+    return absl::InternalError(absl::StrCat("state database ", path, ": ", sqlite3_errmsg(db)));
+  }
+  return out;
+}
 
 template <typename T>
 absl::StatusOr<std::vector<T>> LoadAll(sqlite3* db, const char* sql, const std::string& path) {
@@ -156,10 +206,10 @@ absl::StatusOr<std::vector<T>> LoadAll(sqlite3* db, const char* sql, const std::
     T rec;
     const void* blob = sqlite3_column_blob(stmt, 0);
     const int n = sqlite3_column_bytes(stmt, 0);
-    if (!rec.ParseFromArray(blob, n)) {
-      sqlite3_finalize(stmt);
-      return absl::DataLossError(
-          absl::StrCat("state database ", path, ": a corrupt ", T::descriptor()->name(), " row"));
+    if (!rec.ParseFromArray(blob, n)) {  // one bad row must not stop the manager
+      LOG(ERROR) << "state database " << path << ": a corrupt " << T::descriptor()->name()
+                 << " row; skipped";
+      continue;
     }
     out.push_back(std::move(rec));
   }
@@ -335,11 +385,12 @@ absl::Status SqliteStateStore::ThinSteps(const std::string& job_id, int max_reco
 }
 
 absl::StatusOr<std::vector<v1::JobRecord>> SqliteStateStore::LoadJobs() {
-  return LoadAll<v1::JobRecord>(db_, "SELECT record FROM jobs ORDER BY seq", path_);
+  return LoadRecords<v1::JobRecord>(db_, "SELECT record, id FROM jobs ORDER BY seq", path_, "jobs");
 }
 
 absl::StatusOr<std::vector<v1::NodeRecord>> SqliteStateStore::LoadNodes() {
-  return LoadAll<v1::NodeRecord>(db_, "SELECT record FROM nodes ORDER BY name", path_);
+  return LoadRecords<v1::NodeRecord>(db_, "SELECT record, name FROM nodes ORDER BY name", path_,
+                                     "nodes");
 }
 
 absl::Status SqliteStateStore::ReplaceEventsAndSteps(

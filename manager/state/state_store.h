@@ -16,6 +16,15 @@ struct sqlite3;
 
 namespace varuna {
 
+// A record of a store's that does not parse: job records load as a stub naming `key` and why
+// (JobRecord.quarantined, id and seq from the key), so the job can be FAILED and the manager
+// still lead (Note [Records on load] in manager/jobs/job_table.cc); node records are skipped
+// (their agents register again). Returns false when the record is dropped.
+bool QuarantineCorrupt(const std::string& key, const std::string& id, size_t bytes,
+                       v1::JobRecord* stub);
+bool QuarantineCorrupt(const std::string& key, const std::string& id, size_t bytes,
+                       v1::NodeRecord* stub);
+
 // What the manager persists, behind one interface: SQLite on one machine (the default), or
 // etcd for managers that take over from one another (manager/ha/etcd_store.h).
 class StateStore {

@@ -156,6 +156,34 @@ TEST(EtcdStoreTest, WritesApplyOnlyWhileTheTermLeads) {
   ASSERT_TRUE((*store)->DeleteJob("7").code() == absl::StatusCode::kFailedPrecondition);
 }
 
+// Note [Records on load] (manager/jobs/job_table.cc): bytes in etcd that are no record (any
+// manager of the group writes there, and so can anyone with etcd's credentials) stop no
+// manager from loading: a job's come back as a stub naming its key, a node's are skipped.
+TEST(EtcdStoreTest, ACorruptRecordComesBackQuarantinedNotAsAnError) {
+  auto c = Client();
+  ASSERT_TRUE(c->DeletePrefix("/t5/").ok());
+  const std::string dir = ::testing::TempDir() + "/etcd-store-corrupt";
+  std::filesystem::remove_all(dir);
+  auto store = EtcdStateStore::Open(c.get(), "/t5/", dir, absl::Seconds(1));
+  ASSERT_TRUE(store.ok()) << store.status();
+  v1::JobRecord j;
+  j.set_seq(3);
+  j.mutable_info()->set_id("3");
+  ASSERT_TRUE(c->Put("/t5/jobs/3", j.SerializeAsString()).ok());
+  ASSERT_TRUE(c->Put("/t5/jobs/4", std::string("\xff\xff\xff\xff\x0a", 5)).ok());
+  ASSERT_TRUE(c->Put("/t5/nodes/n9", std::string("\xff\xff\xff\xff\x0a", 5)).ok());
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_TRUE((*jobs)[0].quarantined().empty());
+  EXPECT_EQ((*jobs)[1].info().id(), "4");
+  EXPECT_EQ((*jobs)[1].seq(), 4);
+  EXPECT_THAT((*jobs)[1].quarantined(), HasSubstr("etcd /t5/jobs/4 (5 bytes) does not parse"));
+  auto nodes = (*store)->LoadNodes();
+  ASSERT_TRUE(nodes.ok()) << nodes.status();
+  EXPECT_TRUE(nodes->empty());
+}
+
 }  // namespace
 }  // namespace varuna
 

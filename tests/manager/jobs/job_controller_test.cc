@@ -3,6 +3,7 @@
 #include "manager/jobs/job_controller.h"
 
 #include <signal.h>
+#include <sqlite3.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/launch/exit_codes.h"
@@ -322,6 +323,51 @@ TEST_F(JobControllerTest, SpecsAreStoredNotHeldAndLaunchesReadThemBack) {
   Build();  // a restart reads the spec back from the store
   ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
   EXPECT_EQ(Job(id).spec.train.steps, 20);
+}
+
+// Note [Records on load] (job_table.cc): a record that does not parse, one that parses into
+// nonsense, a spec that no longer parses: each job loads FAILED naming its record, the rest of
+// the cluster loads, and a bad node record is dropped (its agent registers again).
+TEST_F(JobControllerTest, BadRecordsAreQuarantinedAndTheRestLoads) {
+  AddNode("a", 2);
+  const std::string good = Submit(Spec()), torn = Submit(Spec()), odd = Submit(Spec()),
+                    badspec = Submit(Spec());
+  v1::JobRecord nonsense = Job(odd).rec;
+  nonsense.mutable_info()->set_id("not-a-number");
+  ASSERT_TRUE(store_->SaveJob(nonsense).ok());  // saved under its new id...
+  ASSERT_TRUE(store_->DeleteJob(odd).ok());     // ...and no longer under the old one
+  ASSERT_TRUE(store_->SaveSpec(badspec, "model: [unclosed").ok());
+  v1::NodeRecord huge;
+  huge.set_name("");
+  huge.set_slots(2147483647);
+  ASSERT_TRUE(store_->SaveNode(huge).ok());
+  Build();
+  {  // bytes that are no JobRecord, as a torn or hostile write would leave
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open((config_.state_dir + "/manager.db").c_str(), &db), SQLITE_OK);
+    const std::string sql =
+        absl::StrCat("UPDATE jobs SET record = x'ffffffff0a' WHERE id = '", torn, "'");
+    ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+    sqlite3_close(db);
+  }
+  ASSERT_TRUE(nodes_->Load().ok());
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok()) << "one bad record does not stop the manager";
+  EXPECT_EQ(nodes_->Find(""), nullptr);
+  EXPECT_NE(nodes_->Find("a"), nullptr);
+  EXPECT_NE(State(good), v1::FAILED);
+  EXPECT_EQ(State(torn), v1::FAILED);
+  EXPECT_THAT(Job(torn).info().reason(),
+              HasSubstr(absl::StrCat("table jobs row ", torn, " (5 bytes) does not parse")));
+  EXPECT_EQ(State(badspec), v1::FAILED);
+  EXPECT_THAT(Job(badspec).info().reason(), HasSubstr("its spec does not parse"));
+  const std::string renamed = absl::StrCat(Job(good).rec.seq() + 2);  // odd's seq, not its name
+  EXPECT_EQ(State(renamed), v1::FAILED);
+  EXPECT_THAT(Job(renamed).info().reason(), HasSubstr("is not its sequence number"));
+  // Quarantined records are saved as what they now are: the next load is clean.
+  Build();
+  ASSERT_TRUE(nodes_->Load().ok());
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
+  EXPECT_EQ(State(torn), v1::FAILED);
 }
 
 TEST_F(JobControllerTest, PendingJobsAreCappedPerSubmitter) {
