@@ -186,7 +186,7 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, 
   info.set_run_as_user(run_as);
   if (run_as.empty()) info.set_run_as_uid(run_as_uid);
   info.set_profile_job(req.profile());
-  Job& added = jobs_->Add(std::move(job));
+  Job& added = jobs_->Add(std::move(job), clock_->Now());
   LOG(INFO) << "job=" << added.info().id() << " submitted name=" << added.spec.name
             << (user.empty() ? "" : absl::StrCat(" by=", user));
   post_([this] { Schedule(); });

@@ -115,7 +115,18 @@ void JobTable::Quarantine(v1::JobRecord* rec, const absl::Status& why) {
   if (!s.ok()) LOG(ERROR) << "job=" << info.id() << " quarantine not saved: " << s.message();
 }
 
-Job& JobTable::Add(Job job) {
+// Note [Job ids]: a job's id is an integer that names it everywhere: in varunactl, in the
+// state, and in each agent's work_dir/jobs/ID (its logs, its specs). It is the next sequence
+// number, but never below the seconds since 2025-01-01 at submission. A manager whose state
+// was lost (a new state_dir) or restored from a backup therefore does not hand out an id again:
+// the old ids lie behind the clock, so a new job never appends to an older job's log on an
+// agent or shows its step records. (Only a burst of more than one submission a second on
+// average since the backup could run ids ahead of the clock; admission caps each user's
+// pending jobs.) The ids of one manager still grow by one when jobs come faster than that.
+Job& JobTable::Add(Job job, absl::Time now) {
+  next_seq_ = std::max<int64_t>(
+      next_seq_, absl::ToInt64Seconds(now - absl::FromCivil(absl::CivilSecond(2025, 1, 1, 0, 0, 0),
+                                                            absl::UTCTimeZone())));
   job.rec.set_seq(next_seq_++);
   job.info().set_id(absl::StrCat(job.rec.seq()));
   const std::string id = job.info().id();

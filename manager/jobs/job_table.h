@@ -25,8 +25,9 @@ class JobTable {
   // from `now` (timers restart on recovery). Errors: the store cannot be read or written.
   absl::Status Load(absl::Time now);
 
-  // Adds a new job with the next sequence number as its id, persisted. Returns it.
-  Job& Add(Job job);
+  // Adds a new job with the next sequence number as its id (Note [Job ids] in job_table.cc:
+  // never below the seconds from 2025 to `now`), persisted. Returns it.
+  Job& Add(Job job, absl::Time now);
   Job* Find(const std::string& id);
   const Job* Find(const std::string& id) const;
   // NotFound "no job with id 'X'".

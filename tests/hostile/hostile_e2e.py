@@ -402,6 +402,34 @@ class HostileTest(unittest.TestCase):
         self.assertLess(time.monotonic() - t0, 5)
 
 
+class StateResetTest(unittest.TestCase):
+    """Issue 47: after the manager lost its state (a new state_dir) or was restored from a
+    backup, it handed out job ids again, and a new job appended to an older job's log on the
+    agents. Ids now never fall behind the clock (Note [Job ids] in manager/jobs/job_table.cc)."""
+
+    def test_a_job_after_a_state_reset_gets_a_new_id_and_a_fresh_log(self):
+        c = Cluster(agents=1, slots=1)
+        try:
+            first = json.loads(c.ctl("-o", "json", "submit", write_job(
+                c, "first.yaml", steps=2, parallel={"stages": 1}), check=0).stdout)["id"]
+            wait_for(lambda: c.status(first)["state"] == "SUCCEEDED", 120, "the first job")
+            c.manager.terminate()
+            c.manager.wait(timeout=30)
+            shutil.rmtree(os.path.join(c.dir, "state"))  # the state is lost
+            c.start_manager()
+            wait_for(lambda: [n["state"] for n in c.nodes()] == ["ALIVE"], 30, "the agent back")
+            second = json.loads(c.ctl("-o", "json", "submit", write_job(
+                c, "second.yaml", steps=2, parallel={"stages": 1}), check=0).stdout)["id"]
+            self.assertNotEqual(second, first)
+            self.assertGreater(int(second), int(first))
+            wait_for(lambda: c.status(second)["state"] == "SUCCEEDED", 120, "the second job")
+            log = c.ctl("logs", second, check=0).stdout
+            self.assertIn(f"job {second} generation 1", log)
+            self.assertNotIn(f"job {first} ", log, "the new job's log holds the old job's")
+        finally:
+            c.close()
+
+
 if __name__ == "__main__":
     why = skip_reason()
     if why:
