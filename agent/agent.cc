@@ -679,7 +679,15 @@ void Agent::CheckNoticeFile() {
 }
 
 void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
-  for (auto& [key, w] : workers_) report_.Acknowledge(&w.steps);
+  // Note [Durable step records] in heartbeat_report.cc.
+  std::map<std::string, int64_t> durable;
+  for (const v1::DurableStep& d : resp.durable()) durable[d.job_id()] = d.step();
+  const bool new_term = resp.manager_term() != manager_term_;
+  manager_term_ = resp.manager_term();
+  for (auto& [key, w] : workers_) {
+    auto it = durable.find(w.job_id);
+    report_.Acknowledge(&w.steps, it == durable.end() ? 0 : it->second, new_term);
+  }
   for (const v1::JobRef& ref : resp.stop()) {
     v1::StopRequest stop;
     stop.set_job_id(ref.job_id());
@@ -690,8 +698,7 @@ void Agent::OnHeartbeatResponse(const v1::HeartbeatResponse& resp) {
     const int max_gen = ref.generation() == 0 ? INT_MAX : ref.generation();
     for (auto it = workers_.begin(); it != workers_.end();) {
       const Worker& w = it->second;
-      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen &&
-          w.steps.pending.empty()) {
+      if (w.job_id == ref.job_id() && !w.running && w.generation <= max_gen && w.steps.empty()) {
         it = workers_.erase(it);
       } else {
         ++it;

@@ -180,6 +180,7 @@ class Agent {
   std::map<Key, Worker> workers_;
   std::map<std::string, int> newest_generation_;  // per job
   absl::Time last_sweep_ = absl::InfinitePast();  // of job directories
+  int64_t manager_term_ = 0;                      // of the manager that answered the last heartbeat
   std::map<std::string, int> master_port_;        // "job/gen" -> port chosen here
   HeartbeatReport report_;
   AgentMetrics* metrics_ = nullptr;

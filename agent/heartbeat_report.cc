@@ -68,10 +68,29 @@ void HeartbeatReport::Fill(v1::HeartbeatRequest* hb, const std::vector<Row>& row
   }
 }
 
-void HeartbeatReport::Acknowledge(Steps* steps) const {
+// Note [Durable step records]: the leader acknowledges a heartbeat once it stored the step
+// records in its own database; with several managers they reach etcd in batches (Note
+// [High-rate state] in manager/ha/etcd_store.h), so a leader killed in between took the last
+// seconds of records with it. So the agent keeps acknowledged records until the manager says
+// they are durable (HeartbeatResponse.durable: per job, the newest step a new leader would
+// load) and, when a manager of another term answers, sends the rest again. Saving a record
+// twice is harmless (a step's record replaces its own: Note [Step records] in
+// manager/state/state_store.cc). With one manager on SQLite a record is durable when stored.
+void HeartbeatReport::Acknowledge(Steps* steps, int64_t durable_step, bool new_term) const {
   const size_t acked = std::min(steps->in_flight, steps->pending.size());
+  for (size_t i = 0; i < acked; ++i) {
+    if (steps->unconfirmed.size() < 100000) steps->unconfirmed.push_back(steps->pending[i]);
+  }
   steps->pending.erase(steps->pending.begin(), steps->pending.begin() + static_cast<long>(acked));
   steps->in_flight = 0;
+  while (!steps->unconfirmed.empty() && steps->unconfirmed.front().step() <= durable_step) {
+    steps->unconfirmed.pop_front();
+  }
+  if (new_term && !steps->unconfirmed.empty()) {
+    steps->pending.insert(steps->pending.begin(), steps->unconfirmed.begin(),
+                          steps->unconfirmed.end());
+    steps->unconfirmed.clear();
+  }
 }
 
 }  // namespace varuna

@@ -32,6 +32,10 @@ class HeartbeatReport {
   struct Steps {
     std::deque<v1::StepMetrics> pending;  // not yet acknowledged by the manager
     size_t in_flight = 0;                 // how many of `pending` the last heartbeat carried
+    // Acknowledged, but not yet durable where a new leader would load them (Note [Durable step
+    // records] in heartbeat_report.cc): sent again if another manager takes over.
+    std::deque<v1::StepMetrics> unconfirmed;
+    bool empty() const { return pending.empty() && unconfirmed.empty(); }
   };
   // One worker in a heartbeat being built: its row, its profile (a profile job's result, rank
   // 0; "" if none) and its step records.
@@ -68,9 +72,10 @@ class HeartbeatReport {
   // profiles, then step records oldest first; each worker's in-flight count becomes what
   // this heartbeat carries of its records (Note [Heartbeat budget] in heartbeat_report.cc).
   void Fill(v1::HeartbeatRequest* hb, const std::vector<Row>& rows) const;
-  // The manager answered the last heartbeat: the step records it carried are acknowledged
-  // (and not sent again).
-  void Acknowledge(Steps* steps) const;
+  // The manager (of `term`) answered the last heartbeat: the step records it carried are
+  // acknowledged; those up to `durable_step` are kept no longer, the others until they are,
+  // and all of them go again to a manager of another term.
+  void Acknowledge(Steps* steps, int64_t durable_step, bool new_term) const;
 
  private:
   const std::string node_;

@@ -118,6 +118,15 @@ absl::StatusOr<v1::HeartbeatResponse> HeartbeatReconciler::Heartbeat(
     r->set_job_id(id);
     r->set_generation(gen);
   }
+  // Note [Durable step records] in agent/heartbeat_report.cc.
+  std::set<std::string> reported_jobs;
+  for (const v1::WorkerStatus& w : req.workers()) {
+    if (reported_jobs.size() < 1000 && reported_jobs.insert(w.job_id()).second) {
+      v1::DurableStep* d = resp.add_durable();
+      d->set_job_id(w.job_id());
+      d->set_step(jobs_->DurableStep(w.job_id()));
+    }
+  }
   return resp;
 }
 

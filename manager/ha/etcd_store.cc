@@ -86,8 +86,9 @@ absl::Status EtcdStateStore::TakeOver(int64_t term,
   for (const EtcdKv& kv : chunks) {
     const std::string rest = kv.key.substr(prefix_.size() + 6);  // JOB/N
     v1::GetMetricsResponse chunk;
-    if (!chunk.ParseFromString(kv.value)) {
-      return absl::DataLossError(absl::StrCat("etcd: a corrupt ", kv.key));
+    if (!chunk.ParseFromString(kv.value)) {  // Note [Records on load]: not fatal
+      LOG(ERROR) << "etcd: a corrupt chunk of step records at " << kv.key << "; skipped";
+      continue;
     }
     auto& v = steps[rest.substr(0, rest.rfind('/'))];
     v.insert(v.end(), chunk.steps().begin(), chunk.steps().end());
@@ -103,6 +104,10 @@ absl::Status EtcdStateStore::TakeOver(int64_t term,
             v.end());
   }
   RETURN_IF_ERROR(local_->ReplaceEventsAndSteps(events, steps));
+  durable_step_.clear();
+  for (const auto& [job, v] : steps) {
+    if (!v.empty()) durable_step_[job] = v.back().step();
+  }
   term_ = term;
   on_deposed_ = std::move(on_deposed);
   return absl::OkStatus();
@@ -217,6 +222,11 @@ absl::StatusOr<std::vector<v1::StepRecord>> EtcdStateStore::LoadSteps(const std:
   return local_->LoadSteps(job_id, after_step, limit);
 }
 
+int64_t EtcdStateStore::DurableStep(const std::string& job_id) const {
+  auto it = durable_step_.find(job_id);
+  return it == durable_step_.end() ? 0 : it->second;
+}
+
 absl::Status EtcdStateStore::Sync() {
   if (term_ == 0 || absl::Now() - flushed_ < flush_) return absl::OkStatus();
   if (!events_dirty_ && steps_dirty_.empty()) return absl::OkStatus();
@@ -238,6 +248,7 @@ absl::Status EtcdStateStore::Flush() {
   }
   for (auto it = steps_dirty_.begin(); it != steps_dirty_.end(); it = steps_dirty_.erase(it)) {
     ASSIGN_OR_RETURN(std::vector<v1::StepRecord> all, local_->LoadSteps(*it, 0, 1 << 20));
+    const int64_t newest = all.empty() ? 0 : all.back().step();
     // Chunks of at most kMaxChunkBytes, a transaction each (a job's records together can be
     // over etcd's request limit), then the stale chunks after them. A takeover between two
     // of these sees some new chunks and some old ones; TakeOver drops the repeated steps.
@@ -258,6 +269,7 @@ absl::Status EtcdStateStore::Flush() {
     stale.mutable_request_delete_range()->set_key(absl::StrFormat("%s%06d", dir, n));
     stale.mutable_request_delete_range()->set_range_end(PrefixEnd(dir));
     RETURN_IF_ERROR(Guarded({std::move(stale)}));
+    durable_step_[*it] = newest;
   }
   return absl::OkStatus();
 }

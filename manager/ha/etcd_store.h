@@ -58,6 +58,8 @@ class EtcdStateStore final : public StateStore {
                                                         int64_t after_step, int limit) override;
   // Copies what changed of the high-rate state to etcd when flush_period has passed.
   absl::Status Sync() override;
+  // What the last flush put in etcd (a takeover loads it), or what TakeOver loaded.
+  int64_t DurableStep(const std::string& job_id) const override;
 
  private:
   EtcdStateStore(EtcdClient* etcd, std::string prefix, std::unique_ptr<SqliteStateStore> local,
@@ -75,6 +77,7 @@ class EtcdStateStore final : public StateStore {
   std::function<void(const std::string&)> on_deposed_;
   bool events_dirty_ = false;
   std::set<std::string> steps_dirty_;
+  std::map<std::string, int64_t> durable_step_;  // per job: the newest step in etcd
   absl::Time flushed_ = absl::InfinitePast();
 };
 

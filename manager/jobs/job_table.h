@@ -25,6 +25,9 @@ class JobTable {
   // from `now` (timers restart on recovery). Errors: the store cannot be read or written.
   absl::Status Load(absl::Time now);
 
+  // The newest step of job `id` whose record is durable (StateStore::DurableStep).
+  int64_t DurableStep(const std::string& id) const { return store_->DurableStep(id); }
+
   // Adds a new job with the next sequence number as its id (Note [Job ids] in job_table.cc:
   // never below the seconds from 2025 to `now`), persisted. Returns it.
   Job& Add(Job job, absl::Time now);

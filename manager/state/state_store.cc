@@ -124,6 +124,7 @@ absl::StatusOr<std::string> SqliteStateStore::LoadSpec(const std::string& job_id
 }
 
 absl::Status SqliteStateStore::DeleteJob(const std::string& job_id) {
+  saved_step_.erase(job_id);
   RETURN_IF_ERROR(Delete("DELETE FROM steps WHERE job = ?", job_id));
   RETURN_IF_ERROR(Delete("DELETE FROM specs WHERE id = ?", job_id));
   return Delete("DELETE FROM jobs WHERE id = ?", job_id);
@@ -249,6 +250,11 @@ absl::StatusOr<std::vector<v1::Event>> SqliteStateStore::LoadEvents(int limit) {
   return newest;
 }
 
+int64_t SqliteStateStore::DurableStep(const std::string& job_id) const {
+  auto it = saved_step_.find(job_id);
+  return it == saved_step_.end() ? 0 : it->second;
+}
+
 // Note [Step records]: a step re-run by a later generation (after a morph rolled back to a
 // checkpoint) replaces the earlier record; an older generation never overwrites a newer one.
 absl::Status SqliteStateStore::SaveSteps(const std::string& job_id,
@@ -281,7 +287,10 @@ absl::Status SqliteStateStore::SaveSteps(const std::string& job_id,
     Exec("ROLLBACK").IgnoreError();
     return absl::InternalError(absl::StrCat("state database ", path_, ": write failed: ", msg));
   }
-  return Exec("COMMIT");
+  RETURN_IF_ERROR(Exec("COMMIT"));
+  int64_t& saved = saved_step_[job_id];
+  for (const v1::StepRecord& r : steps) saved = std::max<int64_t>(saved, r.step());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::StepRecord>> SqliteStateStore::LoadSteps(const std::string& job_id,

@@ -62,6 +62,9 @@ class StateStore {
   // Called about once a second: a store that batches writes sends them now (etcd; Note
   // [High-rate state] in manager/ha/etcd_store.h).
   virtual absl::Status Sync() { return absl::OkStatus(); }
+  // The newest step of the job whose record a restarted or new leading manager would load
+  // (0: none yet): what SaveSteps wrote here, or what reached etcd.
+  virtual int64_t DurableStep(const std::string& job_id) const = 0;
 };
 
 // The SQLite store: one database file, every write durable before it returns.
@@ -87,6 +90,7 @@ class SqliteStateStore final : public StateStore {
   absl::Status ThinSteps(const std::string& job_id, int max_records) override;
   absl::StatusOr<std::vector<v1::StepRecord>> LoadSteps(const std::string& job_id,
                                                         int64_t after_step, int limit) override;
+  int64_t DurableStep(const std::string& job_id) const override;
   // Every event and step record, replaced (a takeover's copy from etcd, manager/ha/etcd_store.h).
   absl::Status ReplaceEventsAndSteps(
       const std::vector<v1::Event>& events,
@@ -100,6 +104,7 @@ class SqliteStateStore final : public StateStore {
 
   sqlite3* db_;
   const std::string path_;
+  std::map<std::string, int64_t> saved_step_;  // per job: the newest step SaveSteps wrote
 };
 
 }  // namespace varuna

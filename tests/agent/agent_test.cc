@@ -9,10 +9,8 @@
 #include <signal.h>
 #include <sys/stat.h>
 
-#include <sys/stat.h>
 #include <cmath>
 #include <filesystem>
-
 #include <fstream>
 #include <map>
 #include <memory>
@@ -394,6 +392,33 @@ TEST(AgentWorkerUserTest, ATenantRunsAsItsOwnUidOnlyInsideTheAllowedRange) {
   c.allowed_worker_uids = "none";
   EXPECT_EQ(launch_as(c, "", 1900000123).status().code(), absl::StatusCode::kPermissionDenied);
   std::filesystem::remove_all(dir);
+}
+
+// Note [Durable step records] in agent/heartbeat_report.cc: acknowledged records stay until the
+// manager says they are durable, and go again to a manager of another term.
+TEST(HeartbeatReportTest, StepRecordsStayUntilDurableAndGoAgainToANewLeader) {
+  HeartbeatReport report("n");
+  HeartbeatReport::Steps s;
+  for (int step = 1; step <= 5; ++step) {
+    v1::StepMetrics m;
+    m.set_step(step);
+    report.Queue("j", 1, m, &s);
+  }
+  s.in_flight = 5;                   // one heartbeat carried them all
+  report.Acknowledge(&s, 2, false);  // the manager stored them; 1-2 reached etcd
+  EXPECT_TRUE(s.pending.empty());
+  ASSERT_EQ(s.unconfirmed.size(), 3u);
+  EXPECT_EQ(s.unconfirmed.front().step(), 3);
+  report.Acknowledge(&s, 3, false);
+  EXPECT_EQ(s.unconfirmed.size(), 2u);
+  report.Acknowledge(&s, 0, true);  // that leader died: 4 and 5 go to the next one
+  ASSERT_EQ(s.pending.size(), 2u);
+  EXPECT_EQ(s.pending.front().step(), 4);
+  EXPECT_TRUE(s.unconfirmed.empty());
+  EXPECT_FALSE(s.empty());
+  s.in_flight = 2;
+  report.Acknowledge(&s, 5, false);
+  EXPECT_TRUE(s.empty());
 }
 
 // Note [Job directories] in agent/agent.cc: what other uids cannot see, and how long it stays.
