@@ -86,7 +86,7 @@ absl::Status EtcdStateStore::TakeOver(int64_t term,
   for (const EtcdKv& kv : chunks) {
     const std::string rest = kv.key.substr(prefix_.size() + 6);  // JOB/N
     v1::GetMetricsResponse chunk;
-    if (!chunk.ParseFromString(kv.value)) {  // Note [Records on load]: not fatal
+    if (!chunk.ParseFromString(kv.value)) {  // not fatal (Note [Records on load] in job_table.cc)
       LOG(ERROR) << "etcd: a corrupt chunk of step records at " << kv.key << "; skipped";
       continue;
     }
