@@ -32,7 +32,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "e2e"))
-from lib.cluster import AGENT, Cluster, CTL, wait_for, write_job  # noqa: E402
+from lib.cluster import AGENT, Cluster, CTL, MANAGER, wait_for, write_job  # noqa: E402
 from lib.harness import free_port  # noqa: E402
 
 BOB = "bob-token-0123456789abcdef"  # maps to a Unix user no agent allows
@@ -342,6 +342,43 @@ class HostileTest(unittest.TestCase):
         finally:
             shutil.rmtree(private, ignore_errors=True)
         self.assert_victim_unharmed()
+
+    def test_files_a_job_links_to_a_root_file_are_not_read_for_it(self):
+        """Issue 47: a job made its progress file (and profile.json) a link to a file only root
+        reads; the root agent read it and put its first bytes in the job's reason. Now the agent
+        reads what a job wrote only as that file, owned by the job's uid (Note [Files a job
+        wrote] in agent/agent.cc), and names it, never its content."""
+        secret = os.path.join(self.c.dir, "root-secret")
+        with open(secret, "w") as f:
+            f.write('{"error": "ROOT-SECRET-MARKER"}\n')
+        os.chmod(secret, 0o600)
+        script = os.path.join(self.c.dir, "plant.sh")
+        with open(script, "w") as f:
+            f.write(f'rm -f "$VARUNA_PROGRESS_FILE"\nln -s {secret} "$VARUNA_PROGRESS_FILE"\n'
+                    'sleep 4\nexit 1\n')
+        os.chmod(script, 0o755)
+        job = write_job(self.c, "plant.yaml", steps=5, parallel={"stages": 1, "replicas": 1},
+                        extra=f"entrypoint: [/bin/sh, {script}]\n")
+        jid = json.loads(self.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
+        wait_for(lambda: self.c.status(jid)["state"] == "FAILED", 90, "the planting job to end")
+        seen = json.dumps(self.c.status(jid)) + self.c.ctl("events", check=None).stdout
+        self.assertNotIn("ROOT-SECRET-MARKER", seen)
+        self.assertIn("exited with code 1", self.c.status(jid)["reason"])
+        self.assert_victim_unharmed()
+
+    def test_ha_an_advertised_address_that_is_no_address_stops_the_manager(self):
+        """Issue 47: a standby aborted on every call when the leader advertised a non-ASCII
+        address. --advertise is checked at start (exit 2), naming the problem."""
+        for bad in ("h\u00f6st:7070", "host:99999", "a b:7070"):
+            state = tempfile.mkdtemp(prefix="varuna-adv-")
+            try:
+                r = subprocess.run([MANAGER, "--listen", "127.0.0.1:0", "--state_dir", state,
+                                    "--advertise", bad], capture_output=True, text=True,
+                                   timeout=30)
+            finally:
+                shutil.rmtree(state, ignore_errors=True)
+            self.assertEqual(r.returncode, 2, (bad, r.stderr))
+            self.assertIn("--advertise", r.stderr)
 
     def test_notices_another_vms_event_is_not_ours(self):
         time.sleep(3)  # node1's agent polls every second
