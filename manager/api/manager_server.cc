@@ -376,6 +376,10 @@ absl::Status ManagerServer::Start() {
                       "drain nodes); give lines a role: NAME TOKEN USER|- admin|user";
     }
   }
+  if (config_.check_job_files) {
+    LOG(WARNING) << "manager: check_job_files: true opens every job's files with the manager's "
+                    "own rights at submit (docs/operations.md \"Submit\")";
+  }
   RETURN_IF_ERROR(
       role_.Open(tls, [this](int64_t term) { loop_.Post([this, term] { TakeOver(term); }); }));
   if (role_.several()) agents_->set_fence([role = &role_] { role->Fence(); });

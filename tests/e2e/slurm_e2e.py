@@ -96,6 +96,13 @@ class SbatchTest(Fixture):
         out = read(glob.glob(os.path.join(self.tmp, f"plain-{job_id}.out"))[0])
         self.assertEqual(job_state(job_id)[0], "COMPLETED", out[-3000:])
         self.assertIn("SUCCEEDED", out)
+        # The allocation's random token, readable by its owner alone; the manager took it.
+        self.assertEqual(os.stat(state).st_mode & 0o777, 0o700)
+        for name in ("token", "tokens"):
+            self.assertEqual(os.stat(os.path.join(state, name)).st_mode & 0o777, 0o600, name)
+        self.assertGreaterEqual(len(read(os.path.join(state, "token")).strip()), 48)
+        self.assertIn("tokens from", read(os.path.join(state, "manager.log")))
+        self.assertNotIn("0.0.0.0", out)
         self.check_losses(state, self.reference(job, 30), 30)
 
     def test_preempted_allocation_requeues_and_resumes(self):

@@ -134,7 +134,7 @@ class HostileTest(unittest.TestCase):
             agents=2, slots=4, secure=True, worker_user="varuna",
             tokens=[f"bob {BOB} bob", f"mallory {MALLORY}"],
             manager_config=(f"http_listen: 127.0.0.1:{cls.http}\nmax_pending_jobs_per_user: 3\n"
-                            "check_job_files: false\n"),
+                            ),
             agent_args={"node1": ["--preemption_notice_url",
                                   f"http://127.0.0.1:{cls.meta.server_address[1]}/metadata",
                                   "--cloud_vm_name", "this-vm"]})
@@ -364,6 +364,35 @@ class HostileTest(unittest.TestCase):
         seen = json.dumps(self.c.status(jid)) + self.c.ctl("events", check=None).stdout
         self.assertNotIn("ROOT-SECRET-MARKER", seen)
         self.assertIn("exited with code 1", self.c.status(jid)["reason"])
+        self.assert_victim_unharmed()
+
+    def test_files_the_manager_opens_none_of_a_tenants(self):
+        """Issue 47: the manager checked data.path and code_dir as root at submit and echoed
+        fields of a config.json the tenant could not read. Now it opens no tenant's file
+        (varunactl checks with the submitter's rights, the worker as the job's user)."""
+        private = tempfile.mkdtemp(prefix="varuna-model-")  # 0700, root's
+        try:
+            with open(os.path.join(private, "config.json"), "w") as f:
+                json.dump({"model_type": "llama", "hidden_size": 4096,
+                           "secret_field": "ROOT-CONFIG-MARKER", "num_hidden_layers": 7777}, f)
+            job = write_job(self.c, "peek.yaml", steps=1, parallel={"stages": 1, "replicas": 1})
+            with open(job) as f:
+                text = f.read().replace("model: {", f"model: {{init_from: {private}, ", 1)
+            path = os.path.join(self.c.dir, "peek-raw.yaml")
+            with open(path, "w") as f:
+                f.write(text)
+            r = subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca, "--token",
+                                MALLORY, "-o", "json", "submit", "--raw", path],
+                               capture_output=True, text=True, timeout=60)
+            out = r.stdout + r.stderr
+            self.assertNotIn("ROOT-CONFIG-MARKER", out)
+            self.assertNotIn("7777", out)
+            if r.returncode == 0:  # the worker, as mallory's uid, cannot read it: bad input
+                jid = json.loads(r.stdout)["id"]
+                wait_for(lambda: self.c.status(jid)["state"] == "FAILED", 90, "the job to fail")
+                self.assertNotIn("7777", json.dumps(self.c.status(jid)))
+        finally:
+            shutil.rmtree(private, ignore_errors=True)
         self.assert_victim_unharmed()
 
     def test_ha_an_advertised_address_that_is_no_address_stops_the_manager(self):
