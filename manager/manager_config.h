@@ -38,7 +38,7 @@ struct ManagerConfig {
   absl::Duration stop_grace = absl::Seconds(10);      // SIGTERM -> SIGKILL on cancel/failure
   absl::Duration start_timeout = absl::Seconds(120);  // STARTING longer than this fails
   absl::Duration agent_rpc_timeout = absl::Seconds(5);
-  std::string machine_list;     // optional: only nodes (name or host) listed here get work
+  std::string machine_list;  // optional: only nodes (name or host) listed here get work
   // data.path etc. must be readable by the manager at submit. Off: the manager opens no
   // tenant's file; varunactl checks them with the submitter's rights, the worker again as the
   // job's user (docs/operations.md "Submit").
