@@ -9,6 +9,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "agent/agent.h"
 #include "common/base/safe_file.h"
@@ -77,6 +78,20 @@ absl::StatusOr<int> StandbyPool::Take(const ProcessSpec& spec, const std::string
   auto it =
       std::find_if(standbys_.begin(), standbys_.end(), [](const Standby& s) { return s.ready; });
   if (it == standbys_.end()) return absl::UnavailableError("no ready standby worker");
+  // What the dynamic loader and the C library read at exec (LD_PRELOAD, MALLOC_ARENA_MAX,
+  // GLIBC_TUNABLES) a process already running cannot take: a launch that sets them differently
+  // from the standby's start gets a fresh process, as its other ranks would.
+  const std::map<std::string, std::string> standby_env = AgentEnvironment();
+  for (const auto& [k, v] : spec.env) {
+    if (!absl::StartsWith(k, "LD_") && !absl::StartsWith(k, "MALLOC_") && k != "GLIBC_TUNABLES") {
+      continue;
+    }
+    auto at_start = standby_env.find(k);
+    if (at_start == standby_env.end() || at_start->second != v) {
+      return absl::UnavailableError(
+          absl::StrCat("the launch sets ", k, ", which only a new process takes"));
+    }
+  }
   absl::StatusOr<std::optional<WorkerIdentity>> as =
       ResolveWorkerUser(user, options_.allow_root_workers);
   if (!as.ok()) return as.status();  // the launch reports it the same way

@@ -219,6 +219,11 @@ absl::StatusOr<int> ResolveTensorParallel(const WorkerArgs& args, JobSpec* spec,
   // links libvaruna; a profile job measures at 1).
   std::optional<int> planned_tp = args.tp_size;
   ASSIGN_OR_RETURN(int env_tp, EnvInt(env, "VARUNA_TP_SIZE", 0));
+  if (const std::optional<std::string> text = env("VARUNA_TP_SIZE");
+      !planned_tp && text && !text->empty() && env_tp == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "VARUNA_TP_SIZE=0 is invalid; it must be in [1, ", kMaxTensorParallel, "] (or unset)"));
+  }
   if (!planned_tp && env_tp != 0) {
     if (env_tp < 1 || env_tp > kMaxTensorParallel) {
       return absl::InvalidArgumentError(absl::StrCat(

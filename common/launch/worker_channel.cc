@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/logging.h"
 #include "common/launch/worker_protocol.h"
@@ -28,6 +29,13 @@ absl::Status AppendWorkerEventTo(const std::string& path, v1::WorkerEvent event)
   if (fd < 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot open progress file ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || absl::StartsWith(path, "/proc/") ||
+      absl::StartsWith(path, "/sys/") || absl::StartsWith(path, "/dev/")) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("progress file ", path, " is not a regular file of a filesystem"));
   }
   const ssize_t n = ::write(fd, line->data(), line->size());
   const int err = errno;

@@ -228,14 +228,24 @@ void JobController::Schedule() {
     Job& job = *jobs_->Find(id);
     if (job.info().state() != v1::PENDING) continue;
     std::vector<FreeSlots> free;
+    int largest = 0;  // a node's slots, used or not
     for (const auto& [name, n] : nodes_->all()) {
       if (!nodes_->Schedulable(n)) continue;
+      largest = std::max(largest, n.rec.slots());
       const int f = n.rec.slots() - used[name];
       if (f > 0) free.push_back({name, f});
     }
     auto plan = PlanForJob(job, free, *profiles_);
     if (!plan.ok()) {
-      const std::string reason = absl::StrCat("waiting for slots: ", plan.status().message());
+      // A tensor-parallel group lives on one node: none of the nodes there could ever hold it.
+      const int tp = job.spec.parallel.tp_size;
+      const std::string reason =
+          tp > 1 && tp > largest
+              ? absl::StrCat("waiting for a node of at least ", tp,
+                             " slots (parallel.tp_size; a tensor-parallel group stays on one "
+                             "node): the largest schedulable node has ",
+                             largest)
+              : absl::StrCat("waiting for slots: ", plan.status().message());
       if (plan.status().code() != absl::StatusCode::kResourceExhausted) {
         Fail(job, std::string(plan.status().message()));
       } else if (job.info().reason() != reason) {

@@ -90,6 +90,7 @@ class ControlPlaneTest : public ::testing::Test {
     ManagerConfig config;
     config.listen = manager_address_;
     config.state_dir = dir_ + "/state";
+    config.check_job_files = true;  // the option's path (off by default: docs/operations.md)
     config.heartbeat_period = absl::Seconds(1);
     config.suspect_after_missed = 3;
     config.dead_after_missed = 10;

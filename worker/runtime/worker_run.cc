@@ -190,9 +190,14 @@ absl::Status WorkerRun::Connect() {
   link_.backend = *backend;
   LOG(INFO) << "rank=" << topo.rank << " device=" << link_.device.str()
             << " backend=" << BackendName(link_.backend);
-  // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous.
-  ASSIGN_OR_RETURN(link_.faults, FaultInjector::FromEnvironment(topo.rank));
-  ASSIGN_OR_RETURN(int64_t step_min_ms, StepMinMsFromEnvironment());
+  // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous: bad input
+  // (exit 3), which no restart fixes.
+  absl::StatusOr<FaultInjector> faults = FaultInjector::FromEnvironment(topo.rank);
+  if (!faults.ok()) return MarkBadInput(faults.status());
+  link_.faults = *std::move(faults);
+  absl::StatusOr<int64_t> step_min = StepMinMsFromEnvironment();
+  if (!step_min.ok()) return MarkBadInput(step_min.status());
+  const int64_t step_min_ms = *step_min;
   link_.step_min = std::chrono::milliseconds(step_min_ms);
   ASSIGN_OR_RETURN(link_.groups, CreateProcessGroups(topo, in_.has_tied, link_.timeout,
                                                      link_.backend, link_.device));

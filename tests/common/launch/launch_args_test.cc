@@ -115,6 +115,9 @@ TEST(LaunchArgsTest, ThePlansTpSizeReplacesTheSpecs) {
                               Env({{"RANK", "0"}, {"WORLD_SIZE", "3"}, {"VARUNA_TP_SIZE", "3"}})),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "parallel.tp_size = 3 does not divide model.heads = 4"));
+  EXPECT_THAT(ResolveTopology(from_env, &s, 6,
+                              Env({{"RANK", "0"}, {"WORLD_SIZE", "1"}, {"VARUNA_TP_SIZE", "0"}})),
+              StatusIs(absl::StatusCode::kInvalidArgument, "VARUNA_TP_SIZE=0 is invalid"));
 }
 
 TEST(LaunchArgsTest, MapMustMatchWorldAndStages) {

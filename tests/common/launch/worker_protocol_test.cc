@@ -398,6 +398,14 @@ TEST_F(WorkerChannelTest, ListenerHandsOverCommandsAndSkipsBadLines) {
   EXPECT_TRUE(got[2].has_stop());
 }
 
+TEST_F(WorkerChannelTest, AProgressFileIsARegularFile) {
+  v1::WorkerEvent e;
+  e.mutable_step()->set_step(1);
+  EXPECT_THAT(AppendWorkerEventTo("/dev/null", e),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "not a regular file"));
+  EXPECT_THAT(AppendWorkerEventTo(dir_ + "/progress", e), IsOk());
+}
+
 TEST_F(WorkerChannelTest, ListenerRefusesWhatIsNotAFifo) {
   EXPECT_THAT(AgentCommandListener::Start(dir_ + "/missing", 0, [](const v1::AgentCommand&) {}),
               StatusIs(absl::StatusCode::kNotFound, "control FIFO"));

@@ -317,6 +317,7 @@ class HardeningTest : public ::testing::Test {
     ManagerConfig config;
     config.listen = "127.0.0.1:0";
     config.state_dir = dir_ + "/state";
+    config.check_job_files = true;  // the option's path (off by default: docs/operations.md)
     config.max_nodes = 3;
     config.forget_dead_after = absl::Minutes(10);
     manager_ =

@@ -195,6 +195,17 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
 
 // Note [Tensor-parallel placement] in manager/nodes/placement.cc: a tp job is planned in groups of
 // tp_size slots on one node, each group's processes get consecutive ranks there, and every
+// A tensor-parallel group larger than every node waits, saying so (not "waiting for slots").
+TEST_F(JobControllerTest, ATensorParallelGroupLargerThanEveryNodeSaysSo) {
+  AddNode("a", 1);
+  AddNode("b", 1);
+  const std::string id = Submit(Spec("parallel: {stages: 1, tp_size: 2}"));
+  EXPECT_EQ(State(id), v1::PENDING);
+  EXPECT_THAT(Job(id).info().reason(),
+              HasSubstr("waiting for a node of at least 2 slots (parallel.tp_size"));
+  EXPECT_THAT(Job(id).info().reason(), HasSubstr("the largest schedulable node has 1"));
+}
+
 // launch says tp_size (no in-place morphs for tp jobs).
 TEST_F(JobControllerTest, TensorParallelJobsArePlacedInGroupsOnOneNode) {
   AddNode("a", 3);  // one group of two (and a slot no group can use)
