@@ -14,7 +14,6 @@ constexpr int kEventsKept = 2000;
 // Each transaction stays well under etcd's default 1.5 MiB request limit
 // (--max-request-bytes), and a page of reads under gRPC's 4 MiB.
 constexpr size_t kMaxChunkBytes = 256 << 10;
-constexpr size_t kMaxEventsBytes = 1 << 20;
 
 etcdserverpb::RequestOp PutOp(const std::string& key, const std::string& value) {
   etcdserverpb::RequestOp op;
@@ -73,14 +72,32 @@ absl::StatusOr<std::unique_ptr<EtcdStateStore>> EtcdStateStore::Open(EtcdClient*
 absl::Status EtcdStateStore::TakeOver(int64_t term,
                                       std::function<void(const std::string&)> on_deposed) {
   std::vector<v1::Event> events;
+  // One key per event (Note [High-rate state] in etcd_store.h); the one list of events an
+  // older manager kept is read too.
   ASSIGN_OR_RETURN(std::vector<EtcdKv> ev, etcd_->Get(prefix_ + "events"));
-  if (!ev.empty()) {
-    v1::ListEventsResponse list;
-    if (!list.ParseFromString(ev[0].value)) {
-      return absl::DataLossError(absl::StrCat("etcd: a corrupt ", prefix_, "events"));
-    }
+  v1::ListEventsResponse list;
+  if (!ev.empty() && list.ParseFromString(ev[0].value)) {
     events.assign(list.events().begin(), list.events().end());
   }
+  ASSIGN_OR_RETURN(std::vector<EtcdKv> each, etcd_->GetPrefix(prefix_ + "events/"));
+  for (const EtcdKv& kv : each) {
+    v1::Event e;
+    if (!e.ParseFromString(kv.value)) {  // not fatal (Note [Records on load] in job_table.cc)
+      LOG(ERROR) << "etcd: a corrupt event at " << kv.key << "; skipped";
+      continue;
+    }
+    events.push_back(std::move(e));
+  }
+  std::stable_sort(events.begin(), events.end(),
+                   [](const v1::Event& a, const v1::Event& b) { return a.seq() < b.seq(); });
+  events.erase(
+      std::unique(events.begin(), events.end(),
+                  [](const v1::Event& a, const v1::Event& b) { return a.seq() == b.seq(); }),
+      events.end());
+  if (events.size() > static_cast<size_t>(kEventsKept)) {
+    events.erase(events.begin(), events.end() - kEventsKept);
+  }
+  newest_event_seq_ = events.empty() ? 0 : events.back().seq();
   std::map<std::string, std::vector<v1::StepRecord>> steps;
   ASSIGN_OR_RETURN(std::vector<EtcdKv> chunks, etcd_->GetPrefix(prefix_ + "steps/"));
   for (const EtcdKv& kv : chunks) {
@@ -105,6 +122,7 @@ absl::Status EtcdStateStore::TakeOver(int64_t term,
   }
   RETURN_IF_ERROR(local_->ReplaceEventsAndSteps(events, steps));
   durable_step_.clear();
+  oldest_unflushed_.clear();
   for (const auto& [job, v] : steps) {
     if (!v.empty()) durable_step_[job] = v.back().step();
   }
@@ -197,8 +215,13 @@ absl::StatusOr<std::vector<v1::Profile>> EtcdStateStore::LoadProfiles() {
 }
 
 absl::Status EtcdStateStore::SaveEvent(const v1::Event& event) {
-  events_dirty_ = true;
-  return local_->SaveEvent(event);
+  RETURN_IF_ERROR(local_->SaveEvent(event));
+  if (term_ == 0) return absl::OkStatus();  // not leading: nothing of it goes to etcd
+  // In etcd before it counts as saved: a leader killed right after loses no event.
+  newest_event_seq_ = std::max(newest_event_seq_, event.seq());
+  events_dirty_ = true;  // the old ones are pruned in batches (Flush)
+  return Guarded(
+      {PutOp(absl::StrFormat("%sevents/%012d", prefix_, event.seq()), event.SerializeAsString())});
 }
 
 absl::StatusOr<std::vector<v1::Event>> EtcdStateStore::LoadEvents(int limit) {
@@ -208,6 +231,10 @@ absl::StatusOr<std::vector<v1::Event>> EtcdStateStore::LoadEvents(int limit) {
 absl::Status EtcdStateStore::SaveSteps(const std::string& job_id,
                                        const std::vector<v1::StepRecord>& steps) {
   steps_dirty_.insert(job_id);
+  for (const v1::StepRecord& r : steps) {
+    auto [it, fresh] = oldest_unflushed_.emplace(job_id, r.step());
+    if (!fresh) it->second = std::min(it->second, r.step());
+  }
   return local_->SaveSteps(job_id, steps);
 }
 
@@ -224,7 +251,13 @@ absl::StatusOr<std::vector<v1::StepRecord>> EtcdStateStore::LoadSteps(const std:
 
 int64_t EtcdStateStore::DurableStep(const std::string& job_id) const {
   auto it = durable_step_.find(job_id);
-  return it == durable_step_.end() ? 0 : it->second;
+  int64_t durable = it == durable_step_.end() ? 0 : it->second;
+  // A record older than the last flush's newest that came after it (an agent sending again
+  // what a killed leader took with it) is not in etcd yet: nothing from it on is durable.
+  if (auto u = oldest_unflushed_.find(job_id); u != oldest_unflushed_.end()) {
+    durable = std::min(durable, u->second - 1);
+  }
+  return std::max<int64_t>(0, durable);
 }
 
 absl::Status EtcdStateStore::Sync() {
@@ -235,15 +268,12 @@ absl::Status EtcdStateStore::Sync() {
 }
 
 absl::Status EtcdStateStore::Flush() {
-  if (events_dirty_) {
-    ASSIGN_OR_RETURN(std::vector<v1::Event> events, local_->LoadEvents(kEventsKept));
-    v1::ListEventsResponse list;
-    size_t first = events.size(), bytes = 0;  // the newest that fit in one request
-    while (first > 0 && bytes + events[first - 1].ByteSizeLong() + 4 <= kMaxEventsBytes) {
-      bytes += events[--first].ByteSizeLong() + 4;
-    }
-    for (size_t i = first; i < events.size(); ++i) *list.add_events() = std::move(events[i]);
-    RETURN_IF_ERROR(Guarded({PutOp(prefix_ + "events", list.SerializeAsString())}));
+  if (events_dirty_) {  // every event has its key (SaveEvent); the oldest go, and the old list
+    etcdserverpb::RequestOp old;
+    old.mutable_request_delete_range()->set_key(prefix_ + "events/");
+    old.mutable_request_delete_range()->set_range_end(absl::StrFormat(
+        "%sevents/%012d", prefix_, std::max<int64_t>(0, newest_event_seq_ - kEventsKept + 1)));
+    RETURN_IF_ERROR(Guarded({std::move(old), DeleteOp(prefix_ + "events")}));
     events_dirty_ = false;
   }
   for (auto it = steps_dirty_.begin(); it != steps_dirty_.end(); it = steps_dirty_.erase(it)) {
@@ -270,6 +300,7 @@ absl::Status EtcdStateStore::Flush() {
     stale.mutable_request_delete_range()->set_range_end(PrefixEnd(dir));
     RETURN_IF_ERROR(Guarded({std::move(stale)}));
     durable_step_[*it] = newest;
+    oldest_unflushed_.erase(*it);
   }
   return absl::OkStatus();
 }

@@ -7,14 +7,15 @@
 // cannot change anything (the write fails and the manager stops); a write that cannot reach
 // etcd stops the manager too (what it acknowledged next could be lost).
 //
-// Note [High-rate state]: events and step records change every step; they are kept in the
-// manager's local SQLite (state_dir) as with one manager, and copied to etcd in bounded
-// batches at most every flush_period: PREFIX/events (the newest 2,000 events that fit in
-// 1 MiB) and PREFIX/steps/JOB/N (chunks of at most 256 KiB, a transaction each; a job keeps
-// at most 4,000 records, Note [Step series]), each well under etcd's 1.5 MiB request limit.
-// A takeover loads them back, so it loses at most the last flush_period of events and step
-// records (the dashboard's curve and `varunactl events`), never a job, node, morph or
-// profile change.
+// Note [High-rate state]: step records change every step; they are kept in the manager's
+// local SQLite (state_dir) as with one manager, and copied to etcd in bounded batches at most
+// every flush_period: PREFIX/steps/JOB/N (chunks of at most 256 KiB, a transaction each; a
+// job keeps at most 4,000 records, Note [Step series]), each well under etcd's 1.5 MiB
+// request limit. A takeover loads them back; what the last flush_period added the agents
+// still hold and send again to the new leader (Note [Durable step records] in
+// agent/heartbeat_report.cc). Events are rarer: each is written to PREFIX/events/SEQ before
+// it counts as saved, and the batches prune all but the newest 2,000. So a takeover loses no
+// event, step record, job, node, morph or profile change.
 
 #include <map>
 #include <memory>
@@ -77,7 +78,9 @@ class EtcdStateStore final : public StateStore {
   std::function<void(const std::string&)> on_deposed_;
   bool events_dirty_ = false;
   std::set<std::string> steps_dirty_;
-  std::map<std::string, int64_t> durable_step_;  // per job: the newest step in etcd
+  std::map<std::string, int64_t> durable_step_;      // per job: the newest step in etcd
+  std::map<std::string, int64_t> oldest_unflushed_;  // per job: the oldest step saved since
+  int64_t newest_event_seq_ = 0;
   absl::Time flushed_ = absl::InfinitePast();
 };
 

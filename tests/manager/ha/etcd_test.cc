@@ -182,6 +182,40 @@ TEST(EtcdStoreTest, ACorruptRecordComesBackQuarantinedNotAsAnError) {
   auto nodes = (*store)->LoadNodes();
   ASSERT_TRUE(nodes.ok()) << nodes.status();
   EXPECT_TRUE(nodes->empty());
+
+  // An event is in etcd once saved, with no flush: a leader killed right after loses none
+  // (Note [High-rate state] in manager/ha/etcd_store.h); a corrupt one is skipped.
+  auto lease = c->LeaseGrant(5);
+  ASSERT_TRUE(c->Put("/t5/leader", "me", *lease).ok());
+  const int64_t term = (*c->Get("/t5/leader"))[0].create_revision;
+  ASSERT_TRUE((*store)->TakeOver(term, nullptr).ok());
+  v1::Event e;
+  e.set_seq(41);
+  e.set_kind("job_state");
+  ASSERT_TRUE((*store)->SaveEvent(e).ok());
+  ASSERT_TRUE(c->Put("/t5/events/000000000040", std::string("\xff\xff\xff\xff\x0a", 5)).ok());
+  auto next = EtcdStateStore::Open(c.get(), "/t5/", dir + "2", absl::Seconds(1));
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE((*next)->TakeOver(term, nullptr).ok());
+  auto events = (*next)->LoadEvents(10);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].seq(), 41);
+
+  // Note [Durable step records] in agent/heartbeat_report.cc: what the next leader would load.
+  std::vector<v1::StepRecord> steps(6);
+  for (int i = 0; i < 6; ++i) steps[i].set_step(5 + i);
+  ASSERT_TRUE((*next)->SaveSteps("9", steps).ok());
+  EXPECT_EQ((*next)->DurableStep("9"), 0) << "stored here, not yet in etcd";
+  ASSERT_TRUE((*next)->Sync().ok());
+  EXPECT_EQ((*next)->DurableStep("9"), 10);
+  // An older step after that flush (an agent sending again what a killed leader held):
+  // durable only below it until the next flush.
+  std::vector<v1::StepRecord> late(1);
+  late[0].set_step(3);
+  ASSERT_TRUE((*next)->SaveSteps("9", late).ok());
+  EXPECT_EQ((*next)->DurableStep("9"), 2);
+  ASSERT_TRUE(c->LeaseRevoke(*lease).ok());
 }
 
 }  // namespace
