@@ -83,7 +83,10 @@ void HeartbeatReport::Acknowledge(Steps* steps, int64_t durable_step, bool new_t
   }
   steps->pending.erase(steps->pending.begin(), steps->pending.begin() + static_cast<long>(acked));
   steps->in_flight = 0;
-  while (!steps->unconfirmed.empty() && steps->unconfirmed.front().step() <= durable_step) {
+  // A new leader's durable step is the newest in etcd, which may lack older records the last
+  // leader held: on a new term everything unconfirmed goes again, none is dropped.
+  while (!new_term && !steps->unconfirmed.empty() &&
+         steps->unconfirmed.front().step() <= durable_step) {
     steps->unconfirmed.pop_front();
   }
   if (new_term && !steps->unconfirmed.empty()) {
