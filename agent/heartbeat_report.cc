@@ -72,8 +72,10 @@ void HeartbeatReport::Fill(v1::HeartbeatRequest* hb, const std::vector<Row>& row
 // records in its own database; with several managers they reach etcd in batches (Note
 // [High-rate state] in manager/ha/etcd_store.h), so a leader killed in between took the last
 // seconds of records with it. So the agent keeps acknowledged records until the manager says
-// they are durable (HeartbeatResponse.durable: per job, the newest step a new leader would
-// load) and, when a manager of another term answers, sends the rest again. Saving a record
+// they are durable (HeartbeatResponse.durable: per job, the newest step up to which a new
+// leader would load every record it got) and, when a manager of another term answers, sends
+// every one of them again: that manager's durable step is etcd's newest, which may lack older
+// records the last leader held. Saving a record
 // twice is harmless (a step's record replaces its own: Note [Step records] in
 // manager/state/state_store.cc). With one manager on SQLite a record is durable when stored.
 void HeartbeatReport::Acknowledge(Steps* steps, int64_t durable_step, bool new_term) const {
