@@ -181,7 +181,7 @@ absl::StatusOr<int> RealProcessLauncher::Launch(const ProcessSpec& spec) {
   // whatever they may have put there (common/base/safe_file.h).
   const int log_fd =
       open(spec.log_path.c_str(),
-           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0644);
+           O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW, 0600);
   if (log_fd < 0) {
     return absl::PermissionDeniedError(
         absl::StrCat("cannot open log ", spec.log_path, ": ", std::strerror(errno)));
