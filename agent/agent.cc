@@ -261,19 +261,12 @@ int SweepJobDirs(const std::string& jobs_dir, absl::Duration retention, absl::Ti
 
 namespace {
 
-// The uid of a Unix user name; unknown (a test's launcher runs no such user): this process's,
-// so the worker's files must be this process's own.
+// The uid the worker runs as (WorkerUser's answer, as the launcher resolves it: a name, a
+// tenant's "#UID"); none, or one that does not resolve (a test's launcher runs no such user):
+// this process's, so the worker's files must be this process's own.
 uid_t UidOf(const std::string& user) {
-  if (::geteuid() != 0 || user.empty()) return ::geteuid();  // as the agent (launch_request.h)
-  uint32_t uid = 0;
-  if (user[0] == '#' && absl::SimpleAtoi(user.substr(1), &uid)) return uid;  // a tenant's
-  struct passwd pw {};
-  struct passwd* found = nullptr;
-  std::vector<char> buf(16384);
-  if (::getpwnam_r(user.c_str(), &pw, buf.data(), buf.size(), &found) == 0 && found != nullptr) {
-    return found->pw_uid;
-  }
-  return ::geteuid();
+  absl::StatusOr<std::optional<WorkerIdentity>> id = ResolveWorkerUser(user, /*allow_root=*/true);
+  return id.ok() && *id ? (*id)->uid : ::geteuid();
 }
 
 }  // namespace
