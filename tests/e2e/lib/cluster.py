@@ -75,6 +75,7 @@ class Cluster:
             wait_for(lambda: len([n for n in self.nodes() if n["state"] == "ALIVE"]) == agents,
                      20, "agents to register")
         except BaseException:
+            print(self.tail(), file=sys.stderr)  # why it failed, before the logs go
             self.close()  # no processes or temp dir left behind by a failed start
             raise
 

@@ -15,10 +15,27 @@ TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 WORKER = os.path.join(BIN_DIR, "varuna-worker")
 
 
+_issued_ports = set()
+
+
 def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port nobody holds, below Linux's ephemeral range (32768-60999): the
+    processes a test starts bind port 0 (agents' --listen, masters' ports, gRPC clients), and
+    a port from that range could be taken by one of them between this call and the bind it is
+    meant for. Never the same port twice in one test process."""
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, 32000)
+        if port in _issued_ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _issued_ports.add(port)
+        return port
+    raise RuntimeError("no free loopback port in 20000-31999")
 
 
 def write_text_corpus(path, size=200_000, seed=0):
