@@ -127,7 +127,11 @@ Manager::Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentCli
                             &events_, &profiles_, &morph_controller_),
       reconciler_(config_, clock, &jobs_, &nodes_, &job_controller_, &morph_controller_, post_),
       housekeeping_(config_, clock, store, &nodes_, &jobs_, &steps_, &straggler_controller_) {
-  job_controller_.set_morph(&morph_controller_);
+  if (config_.sharing.enabled) {
+    optional_.sharing = std::make_unique<SharingController>(
+        config_.sharing, clock, &jobs_, &nodes_, &events_, &profiles_, &morph_controller_);
+  }
+  job_controller_.set_morph(&morph_controller_, optional_.sharing.get());
   job_controller_.set_on_steps(
       [this](Job& job, const v1::WorkerStatus& w) { straggler_controller_.OnSteps(job, w); });
 }
@@ -144,7 +148,7 @@ void Manager::set_metrics(ManagerMetrics* m) {
 
 void Manager::StartSlurm(SlurmCommands* commands, Post off_loop) {
   if (!config_.slurm.enabled()) return;
-  slurm_ = std::make_unique<Slurm>(this, commands, std::move(off_loop));
+  optional_.slurm = std::make_unique<Slurm>(this, commands, std::move(off_loop));
 }
 
 absl::Status Manager::Recover() {
@@ -171,7 +175,7 @@ void Manager::Tick() {
   job_controller_.Schedule();
   morph_controller_.CheckGrowth();
   straggler_controller_.Tick();
-  if (slurm_) slurm_->source().Tick();
+  if (optional_.slurm) optional_.slurm->source().Tick();
   housekeeping_.Tick();
 }
 
@@ -193,8 +197,9 @@ Manager::Parts Manager::parts() {
           &profiles_,
           &job_controller_,
           &straggler_controller_,
-          slurm_ ? &slurm_->source() : nullptr,
-          housekeeping_.metrics()};
+          optional_.slurm ? &optional_.slurm->source() : nullptr,
+          housekeeping_.metrics(),
+          optional_.sharing.get()};
 }
 
 }  // namespace varuna

@@ -31,6 +31,7 @@
 #include "manager/nodes/agent_client.h"
 #include "manager/nodes/node_table.h"
 #include "manager/reconciler.h"
+#include "manager/sharing/sharing_controller.h"
 #include "manager/sources/slurm_source.h"
 #include "manager/state/manager_metrics.h"
 #include "manager/state/state_store.h"
@@ -55,6 +56,7 @@ class Manager {
     const StragglerController* stragglers;
     const SlurmSource* slurm;
     ManagerMetrics* metrics;
+    const SharingController* sharing;  // null without a `sharing:` block
   };
 
   Manager(ManagerConfig config, Clock* clock, StateStore* store, AgentClientPool* agents,
@@ -99,7 +101,11 @@ class Manager {
   StragglerController straggler_controller_;
   HeartbeatReconciler reconciler_;
   Housekeeping housekeeping_;
-  std::unique_ptr<Slurm> slurm_;
+  // What the config may leave out: a Slurm source (StartSlurm), the allocator (`sharing:`).
+  struct Optional {
+    std::unique_ptr<Slurm> slurm;
+    std::unique_ptr<SharingController> sharing;
+  } optional_;
 };
 
 }  // namespace varuna

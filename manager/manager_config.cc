@@ -45,6 +45,7 @@ absl::Status ManagerConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat("manager: tenant_uids: ", r.status().message()));
   }
   RETURN_IF_ERROR(ValidateStragglers(stragglers, "manager config stragglers", true));
+  RETURN_IF_ERROR(sharing.Validate());
   if (slurm.enabled()) RETURN_IF_ERROR(slurm.Validate());
   if (!advertise.empty()) {
     if (absl::Status a = CheckPeerAddress(advertise); !a.ok()) {
@@ -184,6 +185,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
         if (key == "morph_in_place") return num(&c->morph_in_place);
         if (key == "stragglers") return ReadStragglers(v, what, &c->stragglers);
         if (key == "slurm") return ReadSlurm(v, what, &c->slurm);
+        if (key == "sharing") return ReadSharing(v, what, &c->sharing);
         if (key == "etcd_endpoints") return str(&c->etcd_endpoints);
         if (key == "etcd_prefix") return str(&c->etcd_prefix);
         if (key == "lease_ttl_s") return seconds(&c->lease_ttl);
@@ -200,7 +202,7 @@ absl::Status LoadManagerConfigFile(const std::string& path, ManagerConfig* c) {
             "tls_ca, tls_cert, tls_key, tokens_file, tenant_uids, allow_insecure, "
             "morph_save_timeout_s, "
             "morph_coalesce_s, scale_up_delay_s, max_morphs, morph_window_s, morph_in_place, "
-            "stragglers, slurm, etcd_endpoints, etcd_prefix, lease_ttl_s, etcd_flush_s, "
+            "stragglers, slurm, sharing, etcd_endpoints, etcd_prefix, lease_ttl_s, etcd_flush_s, "
             "advertise)"));
       });
 }
@@ -225,6 +227,8 @@ JobOptions ManagerConfig::job_options() const {
   o.max_pending_jobs_per_user = max_pending_jobs_per_user;
   o.morph_in_place = morph_in_place;
   o.stragglers = stragglers;
+  o.priority_classes = sharing.classes;
+  o.submit_above_normal = sharing.submit_above_normal;
   return o;
 }
 
@@ -238,6 +242,7 @@ MorphOptions ManagerConfig::morph_options() const {
   o.max_morphs = max_morphs;
   o.morph_window = morph_window;
   o.morph_in_place = morph_in_place;
+  o.allocator_grows = sharing.enabled;
   return o;
 }
 

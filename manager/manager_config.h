@@ -15,6 +15,7 @@
 #include "manager/jobs/job_options.h"
 #include "manager/morph/morph_options.h"
 #include "manager/nodes/node_options.h"
+#include "manager/sharing/sharing_options.h"
 #include "manager/sources/slurm_source_config.h"
 #include "manager/stragglers/straggler_options.h"
 
@@ -76,6 +77,9 @@ struct ManagerConfig {
   // The config file's `stragglers:` block may give any of them; every field must end up set.
   StragglerSpec stragglers{"auto", 0.7, 5, 0.05, 120, 0.9};
   SlurmSourceConfig slurm;
+  // Priority classes, quotas, fair share and the allocator (docs/operations.md "Sharing a
+  // cluster"); sharing.enabled once the file has a `sharing:` block.
+  SharingOptions sharing;
   // Several managers on etcd (docs/operations.md "Several managers"): "" = one manager, its
   // state in SQLite under state_dir. Else etcd's client endpoints (host:port,...): managers
   // elect a leader on a lease of lease_ttl and keep the state under etcd_prefix; state_dir

@@ -217,6 +217,14 @@ absl::Status JobSpec::Validate() const {
       return Bad("name", "must not hold control characters (it is shown in terminals)");
     }
   }
+  if (priority.empty() || priority.size() > 32 ||
+      !std::all_of(priority.begin(), priority.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+      })) {
+    return Bad("priority",
+               "must be a class name (high, normal, low, or one the manager config "
+               "adds): 1-32 of a-z, 0-9, _ and -");
+  }
   RETURN_IF_ERROR(ValidateModel(model));
   RETURN_IF_ERROR(OneOf("data.kind", data.kind, {"text", "tokens"}));
   if (data.path.empty()) return Bad("data.path", "is required");
@@ -625,6 +633,7 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
       .Field("entrypoint", &spec.entrypoint)
       .Field("code_dir", &spec.code_dir)
       .Field("morphing", &spec.morphing)
+      .Field("priority", &spec.priority)
       .Sub("env", [&](const YAML::Node& v) { return ReadEnv(v, &spec.env); })
       .Field("env_file", &spec.env_file);
   RETURN_IF_ERROR(top.Read());

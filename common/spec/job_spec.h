@@ -146,6 +146,9 @@ struct JobSpec {
   // false: a lost node or a failed worker fails the job (Varuna's no_morphing). true needs
   // checkpoint.dir for the state to survive a morph.
   bool morphing = true;
+  // The priority class (docs/operations.md "Sharing a cluster"): high, normal, low or a class
+  // the manager config adds; the manager checks it at submit.
+  std::string priority = "normal";
   std::map<std::string, std::string> env;
   // KEY=VALUE lines added to env (env: entries win). varunactl reads it on the submitting
   // machine and sends the merged env, so the manager normally sees this empty.

@@ -15,9 +15,9 @@ ManagerApi::ManagerApi(Manager* manager, AgentClientPool* agents)
 
 absl::StatusOr<v1::JobInfo> ManagerApi::Submit(const v1::SubmitRequest& req, JobSpec spec,
                                                const std::string& user, const std::string& run_as,
-                                               uint32_t run_as_uid) {
+                                               uint32_t run_as_uid, bool admin) {
   const Manager::Parts p = manager_->parts();
-  auto r = p.job_controller->Submit(req, std::move(spec), user, run_as, run_as_uid);
+  auto r = p.job_controller->Submit(req, std::move(spec), user, run_as, run_as_uid, admin);
   if (r.ok() && p.metrics != nullptr) p.metrics->AddJob(r->id());
   return r;
 }

@@ -27,7 +27,7 @@ class ManagerApi {
   // `spec` from JobAdmission::Admit(req), which the server runs off the loop.
   absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
                                      const std::string& user = "", const std::string& run_as = "",
-                                     uint32_t run_as_uid = 0);
+                                     uint32_t run_as_uid = 0, bool admin = true);
   std::vector<v1::JobInfo> ListJobs() const;
   // One page (Note [Pages] in manager_api.cc); InvalidArgument for a token that is no job's seq.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& req) const;

@@ -133,7 +133,8 @@ class ManagerServer::JobService final : public v1::JobApi::CallbackService {
         return;
       }
       loop_->Post([this, reactor, req, resp, user, spec = *std::move(spec)]() mutable {
-        auto r = api_.Submit(*req, std::move(spec), user.name, user.unix_user, user.uid);
+        auto r = api_.Submit(*req, std::move(spec), user.name, user.unix_user, user.uid,
+                             user.role == TokenTable::Role::kAdmin);
         if (r.ok()) *resp->mutable_job() = *r;
         reactor->Finish(ToGrpcStatus(r.status()));
       });
@@ -374,6 +375,24 @@ absl::Status ManagerServer::Start() {
       LOG(WARNING) << "manager: no line of " << config_.tokens_file
                    << " says admin, so every token may do everything (cancel and read any job, "
                       "drain nodes); give lines a role: NAME TOKEN USER|- admin|user";
+    }
+  }
+  // sharing.users and submit_above_normal name token names: a name no token has is a typo
+  // that would silently give nobody a quota.
+  for (const auto& [name, share] : config_.sharing.users) {
+    if (!tokens || !tokens->ByName(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manager config: sharing.users names '", name, "', but ",
+                       tokens ? absl::StrCat("no line of ", config_.tokens_file, " has that name")
+                              : std::string("there is no --tokens_file (users are token names)")));
+    }
+  }
+  for (const std::string& name : config_.sharing.submit_above_normal) {
+    if (!tokens || !tokens->ByName(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("manager config: sharing.submit_above_normal names '", name, "', but ",
+                       tokens ? absl::StrCat("no line of ", config_.tokens_file, " has that name")
+                              : std::string("there is no --tokens_file (users are token names)")));
     }
   }
   if (config_.check_job_files) {

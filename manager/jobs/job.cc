@@ -120,6 +120,8 @@ std::vector<const v1::MorphRecord*> RecentMorphs(const Job& job, absl::Time now,
   for (const auto& r : job.info().morphs()) {
     absl::Time at;
     std::string err;
+    // The allocator's resizes and evictions are the cluster's doing, not the job's trouble.
+    if (r.kind() == "resize" || r.kind() == "evict") continue;
     if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", r.at(), &at, &err) && now - at <= window) {
       out.push_back(&r);
     }

@@ -69,7 +69,8 @@ struct Job {
 // Why a running job must change (docs/morphing.md "Triggers"). Higher priority causes
 // replace the reason of a morph in progress (a lost node explains its peers' exits).
 struct Cause {
-  // For machines (MorphRecord.kind): lost, notice, drain, join, failed, straggler, recovered.
+  // For machines (MorphRecord.kind): lost, notice, drain, join, failed, straggler, recovered;
+  // the allocator's: resize, evict (JobRecord.evicted: the morph ends PENDING).
   std::string kind = "failed";
   std::string reason;
   bool graceful = false;                         // the workers can checkpoint at a step boundary
@@ -102,7 +103,8 @@ bool Terminal(v1::JobState s);
 bool Reserving(const Job& job);
 // Whether `rank` of the job's current generation is placed on `node`.
 bool PlacedOn(const Job& job, const std::string& node, int rank);
-// The job's morph records that began within `window` before `now` (the restart budget).
+// The job's morph records that began within `window` before `now` (the restart budget), the
+// allocator's (kind resize or evict) left out.
 std::vector<const v1::MorphRecord*> RecentMorphs(const Job& job, absl::Time now,
                                                  absl::Duration window);
 // "rank 3" or "ranks 2,3": the job's ranks on `node`.

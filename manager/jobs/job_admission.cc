@@ -1,6 +1,9 @@
 #include "manager/jobs/job_admission.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/status_macros.h"
 
 namespace varuna {
@@ -8,6 +11,8 @@ namespace varuna {
 JobAdmission::JobAdmission(const JobOptions& options, const JobTable* jobs)
     : stragglers_(options.stragglers),
       max_pending_jobs_per_user_(options.max_pending_jobs_per_user),
+      classes_(options.priority_classes),
+      submit_above_normal_(options.submit_above_normal),
       jobs_(jobs) {}
 
 absl::StatusOr<JobSpec> JobAdmission::Admit(const v1::SubmitRequest& req) {
@@ -30,7 +35,24 @@ absl::StatusOr<JobSpec> JobAdmission::Admit(const v1::SubmitRequest& req) {
   return spec;
 }
 
-absl::Status JobAdmission::Check(const JobSpec& spec, const std::string& user) const {
+absl::Status JobAdmission::Check(const JobSpec& spec, const std::string& user, bool admin) const {
+  // Sharing: the class must be one of the cluster's, and one above normal is not for everyone
+  // (it shrinks or evicts other users' jobs).
+  const auto rank = std::find(classes_.begin(), classes_.end(), spec.priority);
+  if (rank == classes_.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("job spec: priority '", spec.priority,
+                                                   "' is not a class of this cluster (",
+                                                   absl::StrJoin(classes_, ", "), ")"));
+  }
+  const auto normal = std::find(classes_.begin(), classes_.end(), "normal");
+  if (rank < normal && !admin &&
+      std::find(submit_above_normal_.begin(), submit_above_normal_.end(), user) ==
+          submit_above_normal_.end()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("submit: ", user.empty() ? "this caller" : absl::StrCat("user '", user, "'"),
+                     " may not submit priority '", spec.priority,
+                     "' (classes above normal: admin tokens and sharing.submit_above_normal)"));
+  }
   // The job's stragglers: settings with the manager's defaults filled in must still agree
   // (recovered_above above slow_below).
   RETURN_IF_ERROR(ValidateStragglers(ResolveStragglers(spec.stragglers, stragglers_),

@@ -7,6 +7,7 @@
 // table; JobController::Submit asks it before it queues a job.
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -28,11 +29,15 @@ class JobAdmission {
   // On the loop, for `spec` from Admit: InvalidArgument when its stragglers settings disagree
   // once the manager's defaults fill them in; ResourceExhausted when `user` ("" without
   // tokens) already has max_pending_jobs_per_user pending jobs.
-  absl::Status Check(const JobSpec& spec, const std::string& user) const;
+  // InvalidArgument for a priority class the manager does not have; PermissionDenied for a
+  // class above normal that `user` (admin: its token's role) may not use.
+  absl::Status Check(const JobSpec& spec, const std::string& user, bool admin = true) const;
 
  private:
   const StragglerSpec stragglers_;  // the manager's defaults
   const int max_pending_jobs_per_user_;
+  const std::vector<std::string> classes_;  // highest first
+  const std::vector<std::string> submit_above_normal_;
   const JobTable* const jobs_;
 };
 

@@ -167,11 +167,12 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
 
 absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, JobSpec spec,
                                                   const std::string& user,
-                                                  const std::string& run_as, uint32_t run_as_uid) {
+                                                  const std::string& run_as, uint32_t run_as_uid,
+                                                  bool admin) {
   if (!req.request_id().empty()) {
     if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
   }
-  RETURN_IF_ERROR(admission_.Check(spec, user));
+  RETURN_IF_ERROR(admission_.Check(spec, user, admin));
   Job job;
   job.spec = std::move(spec);
   job.rec.set_spec_yaml(req.spec_yaml());
@@ -183,6 +184,7 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, 
   info.set_submitted_at(TimeText(clock_->Now()));
   info.set_reason("waiting for slots");
   info.set_submitted_by(user);
+  info.set_priority(job.spec.priority);
   info.set_run_as_user(run_as);
   if (run_as.empty()) info.set_run_as_uid(run_as_uid);
   info.set_profile_job(req.profile());
@@ -223,17 +225,40 @@ absl::StatusOr<v1::JobInfo> JobController::Cancel(const std::string& id, const s
 }
 
 void JobController::Schedule() {
+  std::vector<std::string> order = sharing_ ? sharing_->StartOrder() : jobs_->order();
+  if (!sharing_) {
+    // Without a sharing: block, the queue is in submission order within each priority class.
+    const auto& classes = config_.priority_classes;
+    auto rank = [&](const std::string& id) {
+      const Job* j = jobs_->Find(id);
+      return j == nullptr
+                 ? 0
+                 : std::find(classes.begin(), classes.end(), j->spec.priority) - classes.begin();
+    };
+    std::stable_sort(order.begin(), order.end(),
+                     [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+  }
   std::map<std::string, int> used = jobs_->UsedSlots();
-  for (const std::string& id : jobs_->order()) {
-    Job& job = *jobs_->Find(id);
-    if (job.info().state() != v1::PENDING) continue;
+  for (const std::string& id : order) {
+    Job* found = jobs_->Find(id);
+    if (found == nullptr || found->info().state() != v1::PENDING) continue;
+    Job& job = *found;
     std::vector<FreeSlots> free;
     int largest = 0;  // a node's slots, used or not
+    int total_free = 0;
     for (const auto& [name, n] : nodes_->all()) {
       if (!nodes_->Schedulable(n)) continue;
       largest = std::max(largest, n.rec.slots());
       const int f = n.rec.slots() - used[name];
-      if (f > 0) free.push_back({name, f});
+      if (f > 0) free.push_back({name, f}), total_free += f;
+    }
+    // With sharing, a job starts at the width it was given, not on what is free while the
+    // jobs it displaces still shrink (it would start small and soon be resized).
+    if (const int alloc = job.info().allocated_slots(); sharing_ && total_free < alloc) {
+      const std::string reason = absl::StrCat("starting: waiting for ", alloc - total_free,
+                                              " of its ", alloc, " slots to be freed");
+      if (job.info().reason() != reason) job.info().set_reason(reason);
+      continue;
     }
     auto plan = PlanForJob(job, free, *profiles_);
     if (!plan.ok()) {
@@ -283,6 +308,7 @@ void JobController::StartJob(Job& job, const JobPlan& plan) {
   v1::JobInfo& info = job.info();
   info.set_state(v1::STARTING);
   info.set_generation(info.generation() + 1);
+  job.rec.set_evicted(false);
   info.set_reason("");
   ApplyPlan(info, plan, nodes_->Find(plan.ranks[0].node())->rec.address());
   info.set_started_at(TimeText(clock_->Now()));

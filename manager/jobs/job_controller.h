@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -47,6 +48,16 @@ class JobMorphing {
   virtual void NoteWorkerReport(Job& job, const v1::WorkerStatus& w) = 0;
 };
 
+// What the job controller needs of sharing (jobs/ declares, sharing/SharingController
+// implements): the pending jobs to try, in order, each with JobInfo.allocated_slots set.
+class JobSharing {
+ public:
+  virtual ~JobSharing() = default;
+  // Re-decides every job's allocation if something changed (or period_s passed), begins the
+  // resizes it calls for, and returns the pending jobs that may start now, in order.
+  virtual std::vector<std::string> StartOrder() = 0;
+};
+
 // What the morph controller may ask of a job's lifecycle (implemented by JobController).
 class JobLifecycle {
  public:
@@ -63,8 +74,12 @@ class JobController final : public JobLifecycle {
   JobController(JobOptions options, Clock* clock, JobTable* jobs, NodeTable* nodes,
                 AgentClientPool* agents, Post post, EventLog* events, ProfileStore* profiles,
                 StepSeries* steps);
-  // Wiring (Manager): the morph controller this one hands running jobs' failures to.
-  void set_morph(JobMorphing* morph) { morph_ = morph; }
+  // Wiring (Manager): the morph controller this one hands running jobs' failures to, and the
+  // allocator's side every Schedule asks (null without a `sharing:` block).
+  void set_morph(JobMorphing* morph, JobSharing* sharing = nullptr) {
+    morph_ = morph;
+    sharing_ = sharing;
+  }
   // Who else takes the step records workers report (the straggler ladder).
   using OnStepsFn = std::function<void(Job&, const v1::WorkerStatus&)>;
   void set_on_steps(OnStepsFn f) { on_steps_ = std::move(f); }
@@ -77,12 +92,14 @@ class JobController final : public JobLifecycle {
   // (a repeated request_id returns its job instead). `user` is the token's name ("" without
   // tokens), recorded on the job; `run_as` the Unix user its token maps to (the agents run
   // its workers as that user; "" = their default), else `run_as_uid` the tenant's uid (Note
-  // [Tenant uids] in common/launch/tenant_uid.cc; 0 = none). Never touches the filesystem.
+  // [Tenant uids] in common/launch/tenant_uid.cc; 0 = none). `admin`: the token's role (a
+  // class above normal needs it or sharing.submit_above_normal). Never touches the filesystem.
   absl::StatusOr<v1::JobInfo> Submit(const v1::SubmitRequest& req, JobSpec spec,
                                      const std::string& user, const std::string& run_as = "",
-                                     uint32_t run_as_uid = 0);
+                                     uint32_t run_as_uid = 0, bool admin = true);
   absl::StatusOr<v1::JobInfo> Cancel(const std::string& id, const std::string& user);
-  // Places pending jobs, in submission order, on the free schedulable slots.
+  // Places pending jobs on the free schedulable slots: in submission order, or with sharing
+  // (set_sharing) in the allocator's order, each within its allocated slots.
   void Schedule();
   // What one worker of the job's current generation, placed on `node`, reported.
   void OnWorkerReport(Job& job, const v1::WorkerStatus& w, const std::string& node);
@@ -129,6 +146,7 @@ class JobController final : public JobLifecycle {
   StepSeries* const steps_;
   const JobAdmission admission_;
   JobMorphing* morph_ = nullptr;
+  JobSharing* sharing_ = nullptr;
   OnStepsFn on_steps_;
   absl::Time last_flush_;
 };

@@ -37,6 +37,13 @@ absl::StatusOr<JobPlan> PlanForJob(const Job& job, std::vector<FreeSlots> free,
   std::map<std::string, double> speeds;
   for (const auto& n : job.rec.stragglers().speeds()) speeds[n.node()] = n.speed();
   absl::StatusOr<v1::Profile> profile = ProfileForStragglers(job, profiles);
+  // Sharing: the allocator's width caps the plan (a shrink is a morph planned under it).
+  const int alloc = job.info().allocated_slots();
+  if (alloc > 0 && (job.spec.resources.max_slots == 0 || alloc < job.spec.resources.max_slots)) {
+    JobSpec capped = job.spec;
+    capped.resources.max_slots = std::max(alloc, capped.resources.min_slots);
+    return PlanWithProfile(capped, std::move(free), profile.ok() ? &*profile : nullptr, speeds);
+  }
   return PlanWithProfile(job.spec, std::move(free), profile.ok() ? &*profile : nullptr, speeds);
 }
 

@@ -427,6 +427,10 @@ void MorphController::Advance(Job& job) {
     jobs_->Persist(job);
   }
   if (m.phase() == v1::MorphState::PLANNING) {
+    if (job.rec.evicted()) {
+      Requeue(job);  // every worker saved and left: back to PENDING, nothing to plan
+      return;
+    }
     if (clock_->Now() - job.last_trigger < config_.morph_coalesce) return;
     const std::set<std::string> exclude(m.lost_nodes().begin(), m.lost_nodes().end());
     auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, exclude), *profiles_);

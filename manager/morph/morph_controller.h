@@ -58,6 +58,9 @@ class MorphController final : public JobMorphing {
   // `node` joined: jobs may grow onto it after scale_up_delay (CheckGrowth).
   void NoteJoined(const std::string& node);
   void CheckGrowth();
+  // An evicted job (JobRecord.evicted) whose workers saved and left: its morph ends, it goes
+  // back to PENDING with the reason, keeping its generation and checkpoint (morph_growth.cc).
+  void Requeue(Job& job);
 
  private:
   void BeginMorph(Job& job, const Cause& cause);

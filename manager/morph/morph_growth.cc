@@ -1,5 +1,6 @@
 // MorphController's growth (the other half of manager/morph/morph_controller.cc): nodes that
-// join, or come back, and the jobs that grow onto them after scale_up_delay.
+// join, or come back, and the jobs that grow onto them after scale_up_delay; and the end of an
+// eviction (the allocator's, manager/sharing).
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -34,6 +35,7 @@ void MorphController::NoteJoined(const std::string& node) {
 // for the larger slot set differs from the shape they run (a morph that would not change
 // the world is skipped). Pending jobs were scheduled first and took what they needed.
 void MorphController::CheckGrowth() {
+  if (config_.allocator_grows) return;  // Note [Allocation] in manager/sharing/allocator.cc
   if (clock_->Now() < grow_check_at_) return;
   grow_check_at_ = absl::InfiniteFuture();
   const std::string joined = absl::StrJoin(joined_, ",");
@@ -47,6 +49,25 @@ void MorphController::CheckGrowth() {
     if (!c) continue;
     Trigger(job, *c);
   }
+}
+
+void MorphController::Requeue(Job& job) {
+  v1::MorphState& m = job.morph();
+  m.mutable_record()->set_note("evicted: back to PENDING, resumes from its checkpoint");
+  *m.mutable_record()->mutable_to() = v1::Shape();
+  const std::string reason = m.record().reason();
+  Finish(job);
+  job.rec.set_evicted(true);  // first of its class to start again (Finish kept it)
+  v1::JobInfo& info = job.info();
+  info.set_state(v1::PENDING);
+  info.set_reason(reason);
+  info.set_slots(0);
+  info.clear_placement();
+  info.set_allocated_slots(0);
+  job.gen.launch_pending.clear();
+  jobs_->Persist(job);
+  LOG(WARNING) << JobWho(info) << " PENDING: " << reason;
+  events_->Emit("job_state", info.id(), "", absl::StrCat("PENDING ", reason));
 }
 
 std::optional<Cause> GrowthCause(const v1::JobInfo& info, const JobPlan& plan,

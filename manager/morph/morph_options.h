@@ -15,6 +15,9 @@ struct MorphOptions {
   int max_morphs = 0;
   absl::Duration morph_window;
   bool morph_in_place = false;
+  // A `sharing:` block: the allocator decides every width, so nodes that join do not grow
+  // jobs on their own (CheckGrowth).
+  bool allocator_grows = false;
 };
 
 }  // namespace varuna

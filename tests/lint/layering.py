@@ -30,6 +30,7 @@ MANAGER = {
     "manager/jobs": {"manager/state", "manager/nodes"},
     "manager/morph": {"manager/state", "manager/nodes", "manager/jobs"},
     "manager/stragglers": {"manager/state", "manager/nodes", "manager/jobs"},
+    "manager/sharing": {"manager/state", "manager/nodes", "manager/jobs"},
     "manager/sources": set(),
     "manager/ha": {"manager/state"},
 }

@@ -124,7 +124,25 @@ TEST(ConfigFileTest, StragglersBlockIsReadAndChecked) {
               StatusIs(absl::StatusCode::kInvalidArgument, "stragglers.window_steps"));
   EXPECT_THAT(
       LoadManagerConfigFile(write("straglers: {}\n"), &m),
-      StatusIs(absl::StatusCode::kInvalidArgument, "stragglers, slurm, etcd"));  // known list
+      StatusIs(absl::StatusCode::kInvalidArgument, "stragglers, slurm, sharing, etcd"));  // known
+  EXPECT_THAT(LoadManagerConfigFile(write("sharing: {clases: [high]}\n"), &m),
+              StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'sharing.clases'"));
+  EXPECT_THAT(
+      LoadManagerConfigFile(write("sharing: {users: {bob: {quota: 2}}}\n"), &m),
+      StatusIs(absl::StatusCode::kInvalidArgument, "unknown key 'sharing.users.bob.quota'"));
+  ManagerConfig shared;
+  shared.state_dir = "/tmp/x";
+  ASSERT_TRUE(LoadManagerConfigFile(
+                  write("sharing: {classes: [urgent, high, normal, low], users: {bob: {weight: "
+                        "2}}}\n"),
+                  &shared)
+                  .ok());
+  EXPECT_TRUE(shared.sharing.enabled);
+  EXPECT_EQ(shared.sharing.ClassRank("urgent"), 0);
+  EXPECT_EQ(shared.sharing.users.at("bob").weight, 2);
+  EXPECT_EQ(shared.job_options().priority_classes.size(), 4u);
+  shared.sharing.classes = {"low", "normal", "high"};
+  EXPECT_THAT(shared.Validate(), StatusIs(absl::StatusCode::kInvalidArgument, "in that order"));
   std::filesystem::remove_all(dir);
 }
 
