@@ -21,6 +21,7 @@ inline constexpr char kGroupOther[] = "Other";
 
 Command NewCmdSubmit();
 Command NewCmdList();
+Command NewCmdQueue();
 Command NewCmdStatus();
 Command NewCmdCancel();
 

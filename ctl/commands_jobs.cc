@@ -1,10 +1,12 @@
 // The Jobs group: submit, list, status, cancel; and following jobs to their end.
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <ostream>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -28,15 +30,47 @@ std::string Config(const v1::JobInfo& j) {
                          j.micro_batch());
 }
 
+// The slots a job holds, and where the allocator (sharing) is taking it: "6", "6->2", "->4".
+std::string Slots(const v1::JobInfo& j) {
+  const bool active =
+      j.state() != v1::SUCCEEDED && j.state() != v1::FAILED && j.state() != v1::CANCELLED;
+  const int now = j.state() == v1::PENDING || !active ? 0 : j.slots();
+  const int to = active ? j.allocated_slots() : 0;
+  if (to > 0 && to != now) return now > 0 ? absl::StrCat(now, "->", to) : absl::StrCat("->", to);
+  return now > 0 ? absl::StrCat(now) : "-";
+}
+
+std::string UserOf(const v1::JobInfo& j) {
+  return j.submitted_by().empty() ? "-" : Printable(j.submitted_by());
+}
+
 void PrintJobsTable(std::ostream& out, const std::vector<v1::JobInfo>& jobs) {
-  out << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4s %-20s %s\n", "ID", "NAME", "STATE",
-                         "STEP", "CONFIG", "GEN", "SUBMITTED", "REASON");
+  out << absl::StrFormat("%-8s %-16s %-10s %-7s %-13s %-11s %-10s %-6s %-4s %-20s %s\n", "ID",
+                         "NAME", "USER", "CLASS", "STATE", "STEP", "CONFIG", "SLOTS", "GEN",
+                         "SUBMITTED", "REASON");
   for (const auto& j : jobs) {
-    out << absl::StrFormat("%-5s %-20s %-13s %-11s %-10s %-4d %-20s %s\n", j.id(),
-                           Printable(j.name()), v1::JobState_Name(j.state()),
-                           absl::StrCat(j.step(), "/", j.total_steps()), Config(j), j.generation(),
-                           j.submitted_at(), Printable(j.reason()));
+    out << absl::StrFormat(
+        "%-8s %-16s %-10s %-7s %-13s %-11s %-10s %-6s %-4d %-20s %s\n", j.id(), Printable(j.name()),
+        UserOf(j), j.priority().empty() ? "normal" : Printable(j.priority()),
+        v1::JobState_Name(j.state()), absl::StrCat(j.step(), "/", j.total_steps()), Config(j),
+        Slots(j), j.generation(), j.submitted_at(), Printable(j.reason()));
   }
+}
+
+// Every job, every page (Note [Pages] in manager/api/manager_api.cc); a manager keeps a bounded
+// number of jobs (retention), and a token that does not advance ends the loop.
+absl::StatusOr<std::vector<v1::JobInfo>> AllJobs(Session& s) {
+  std::vector<v1::JobInfo> jobs;
+  v1::ListJobsRequest req;
+  for (int page = 0; page < 10000; ++page) {
+    v1::ListJobsResponse resp;
+    grpc::Status st = s.stub()->ListJobs(s.Context().get(), req, &resp);
+    if (!st.ok()) return s.CallError(st, "ListJobs");
+    jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
+    if (resp.next_page_token().empty() || resp.next_page_token() == req.page_token()) break;
+    req.set_page_token(resp.next_page_token());
+  }
+  return jobs;
 }
 
 // Heterogeneous pipelines (docs/heterogeneous.md): one line per pipeline.
@@ -251,25 +285,66 @@ absl::StatusOr<int> RunSubmit(Session& s, const ParsedArgs& a) {
 }
 
 absl::StatusOr<int> RunList(Session& s, const ParsedArgs&) {
-  // Every page (Note [Pages] in manager/api/manager_api.cc); a manager keeps a bounded number of
-  // jobs (retention), and a token that does not advance ends the loop.
-  std::vector<v1::JobInfo> jobs;
-  v1::ListJobsRequest req;
-  for (int page = 0; page < 10000; ++page) {
-    v1::ListJobsResponse resp;
-    grpc::Status st = s.stub()->ListJobs(s.Context().get(), req, &resp);
-    if (!st.ok()) return s.CallError(st, "ListJobs");
-    jobs.insert(jobs.end(), resp.jobs().begin(), resp.jobs().end());
-    if (resp.next_page_token().empty() || resp.next_page_token() == req.page_token()) break;
-    req.set_page_token(resp.next_page_token());
-  }
+  ASSIGN_OR_RETURN(std::vector<v1::JobInfo> jobs, AllJobs(s));
   if (s.json()) {
     std::vector<std::string> parts;
     for (const auto& j : jobs) parts.push_back(s.Json(j));
     s.out() << "[" << absl::StrJoin(parts, ",") << "]\n";
-  } else {
-    PrintJobsTable(s.out(), jobs);
+    return kExitOk;
   }
+  PrintJobsTable(s.out(), jobs);
+  // Each user's share of the schedulable slots (what the allocator balances with sharing).
+  std::map<std::string, int> by_user;
+  for (const auto& j : jobs) {
+    const std::string slots = Slots(j);
+    const size_t arrow = slots.find("->");
+    const std::string held = arrow == std::string::npos ? slots : slots.substr(arrow + 2);
+    int n = 0;
+    if (held != "-" && absl::SimpleAtoi(held, &n) && n > 0) by_user[UserOf(j)] += n;
+  }
+  v1::ListNodesResponse nodes;
+  if (by_user.empty() ||
+      !s.stub()->ListNodes(s.Context().get(), v1::ListNodesRequest(), &nodes).ok()) {
+    return kExitOk;
+  }
+  int total = 0;
+  for (const auto& n : nodes.nodes()) total += n.state() == v1::ALIVE ? n.slots() : 0;
+  std::vector<std::string> shares;
+  for (const auto& [user, n] : by_user) {
+    shares.push_back(total > 0 ? absl::StrFormat("%s %d (%.0f%%)", user, n, 100.0 * n / total)
+                               : absl::StrFormat("%s %d", user, n));
+  }
+  s.out() << "\nslots by user (of " << total << " alive): " << absl::StrJoin(shares, ", ") << "\n";
+  return kExitOk;
+}
+
+absl::StatusOr<int> RunQueue(Session& s, const ParsedArgs&) {
+  ASSIGN_OR_RETURN(std::vector<v1::JobInfo> all, AllJobs(s));
+  std::vector<v1::JobInfo> pending;
+  for (auto& j : all) {
+    if (j.state() == v1::PENDING) pending.push_back(std::move(j));
+  }
+  std::stable_sort(pending.begin(), pending.end(), [](const v1::JobInfo& a, const v1::JobInfo& b) {
+    const int pa = a.queue_position() > 0 ? a.queue_position() : 1 << 30;
+    const int pb = b.queue_position() > 0 ? b.queue_position() : 1 << 30;
+    return pa < pb;
+  });
+  if (s.json()) {
+    std::vector<std::string> parts;
+    for (const auto& j : pending) parts.push_back(s.Json(j));
+    s.out() << "[" << absl::StrJoin(parts, ",") << "]\n";
+    return kExitOk;
+  }
+  s.out() << absl::StrFormat("%-4s %-8s %-16s %-10s %-7s %-6s %-20s %s\n", "POS", "ID", "NAME",
+                             "USER", "CLASS", "SLOTS", "SUBMITTED", "WHY IT WAITS");
+  for (const auto& j : pending) {
+    s.out() << absl::StrFormat("%-4s %-8s %-16s %-10s %-7s %-6s %-20s %s\n",
+                               j.queue_position() > 0 ? absl::StrCat(j.queue_position()) : "-",
+                               j.id(), Printable(j.name()), UserOf(j),
+                               j.priority().empty() ? "normal" : Printable(j.priority()), Slots(j),
+                               j.submitted_at(), Printable(j.reason()));
+  }
+  if (pending.empty()) s.out() << "no job is waiting\n";
   return kExitOk;
 }
 
@@ -419,9 +494,25 @@ Command NewCmdList() {
   c.group = kGroupJobs;
   c.synopsis = "jobs, oldest first";
   c.help =
-      "Lists every job, oldest first: id, name, state, step, shape, generation, submission\n"
-      "time and the reason for its state. -o json prints an array of `status` objects.\n";
+      "Lists every job, oldest first: id, name, user, priority class, state, step, shape,\n"
+      "slots (6->2: the allocator is resizing it), generation, submission time and the reason\n"
+      "for its state; then each user's slots and share of the alive ones. -o json prints an\n"
+      "array of `status` objects.\n";
   c.run = RunList;
+  return c;
+}
+
+Command NewCmdQueue() {
+  Command c;
+  c.name = "queue";
+  c.group = kGroupJobs;
+  c.synopsis = "pending jobs, in the order they will start";
+  c.help =
+      "Lists the pending jobs in the order they will start (POS 1 is next), each with its\n"
+      "user, priority class, the slots it will start with and why it waits: its quota, its\n"
+      "minimum, a job ahead of it (docs/operations.md \"Sharing a cluster\"). -o json prints\n"
+      "an array of `status` objects in that order.\n";
+  c.run = RunQueue;
   return c;
 }
 

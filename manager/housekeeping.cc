@@ -49,11 +49,20 @@ void Housekeeping::RefreshMetrics() {
   for (const auto& [name, n] : nodes_->all()) nodes.push_back(nodes_->Describe(n, 0));
   metrics_->SetNodes(nodes);
   std::map<std::string, double> jobs;
+  std::map<std::string, int> job_slots, user_slots;
   for (const auto& [id, job] : jobs_->all()) {
-    jobs[v1::JobState_Name(job.info().state())] += 1;
+    const v1::JobInfo& info = job.info();
+    jobs[v1::JobState_Name(info.state())] += 1;
     metrics_->AddJob(id);  // also the jobs of a recovery (Note [Series from the start])
+    const int slots = Terminal(info.state())        ? 0
+                      : info.allocated_slots() > 0  ? info.allocated_slots()
+                      : info.state() == v1::PENDING ? 0
+                                                    : info.slots();
+    job_slots[id] = slots;
+    if (slots > 0) user_slots[info.submitted_by()] += slots;
   }
   metrics_->SetJobs(jobs);
+  metrics_->SetAllocations(job_slots, user_slots);
 }
 
 }  // namespace varuna

@@ -237,6 +237,13 @@ void JobController::Schedule() {
     };
     std::stable_sort(order.begin(), order.end(),
                      [&](const std::string& a, const std::string& b) { return rank(a) < rank(b); });
+    int position = 0;
+    for (const std::string& id : order) {
+      Job* j = jobs_->Find(id);
+      if (j != nullptr) {
+        j->info().set_queue_position(j->info().state() == v1::PENDING ? ++position : 0);
+      }
+    }
   }
   std::map<std::string, int> used = jobs_->UsedSlots();
   for (const std::string& id : order) {
@@ -307,6 +314,7 @@ void JobController::StartJob(Job& job, const JobPlan& plan) {
   CHECK_EQ(job.info().state(), v1::PENDING);
   v1::JobInfo& info = job.info();
   info.set_state(v1::STARTING);
+  info.set_queue_position(0);
   info.set_generation(info.generation() + 1);
   job.rec.set_evicted(false);
   info.set_reason("");

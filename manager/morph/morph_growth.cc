@@ -56,6 +56,7 @@ void MorphController::Requeue(Job& job) {
   m.mutable_record()->set_note("evicted: back to PENDING, resumes from its checkpoint");
   *m.mutable_record()->mutable_to() = v1::Shape();
   const std::string reason = m.record().reason();
+  job.gen.resumed_from = -1;  // its loss is known when it resumes, and counted by that morph
   Finish(job);
   job.rec.set_evicted(true);  // first of its class to start again (Finish kept it)
   v1::JobInfo& info = job.info();

@@ -180,6 +180,8 @@ void SharingController::Apply() {
       gainers.empty() ? std::string("the cluster's other jobs")
                       : absl::StrJoin(gainers.begin(),
                                       gainers.begin() + std::min<size_t>(3, gainers.size()), ", ");
+  std::map<std::string, int> position;
+  for (const std::string& id : decision_.queue) position.emplace(id, position.size() + 1);
   bool shrinking = false;
   for (const std::string& id : jobs_->order()) {
     Job& job = *jobs_->Find(id);
@@ -191,6 +193,7 @@ void SharingController::Apply() {
       info.set_allocated_slots(t);
       jobs_->Persist(job);
     }
+    info.set_queue_position(info.state() == v1::PENDING ? position[id] : 0);
     if (info.state() == v1::PENDING) {
       const std::string reason =
           t > 0 ? absl::StrCat("starting with ", t, " slots") : absl::StrCat("waiting: ", why);

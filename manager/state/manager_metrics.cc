@@ -30,8 +30,8 @@ const prometheus::Histogram::BucketBoundaries& MorphBuckets() {
       new prometheus::Histogram::BucketBoundaries{0.1, 0.3, 1, 3, 10, 30, 100, 300};
   return *b;
 }
-const char* const kReasonKinds[] = {"lost",   "notice",    "drain",     "join",
-                                    "failed", "straggler", "recovered", "other"};
+const char* const kReasonKinds[] = {"lost",      "notice",    "drain",  "join",  "failed",
+                                    "straggler", "recovered", "resize", "evict", "other"};
 // Every phase a morph record has (docs/morphing.md); the in-place path's are regroup, agree
 // and transfer. A job's series are made and removed together, so only these are exported.
 const char* const kPhases[] = {"detect",     "save",    "stop",  "plan",     "launch",
@@ -51,6 +51,10 @@ ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
       job_bubble_(r.Gauge("varuna_job_bubble_ratio",
                           "Measured pipeline bubble of the newest step (pipeline 0)")),
       job_mfu_(r.Gauge("varuna_job_mfu", "Model FLOP/s utilisation of the newest step")),
+      job_slots_(r.Gauge("varuna_job_allocated_slots",
+                         "Slots a job holds, or the allocator gives it (sharing)")),
+      user_slots_(r.Gauge("varuna_user_allocated_slots",
+                          "Slots the jobs of a user (token name; - without tokens) hold")),
       morphs_(r.Counter("varuna_morphs_total", "Finished morphs by the kind of their cause")),
       morph_phase_(r.Histogram("varuna_morph_phase_seconds", "Duration of each morph phase")),
       heartbeat_latency_(r.Histogram("varuna_heartbeat_latency_seconds",
@@ -99,6 +103,19 @@ void ManagerMetrics::SetJobs(const std::map<std::string, double>& by_state) {
     if (v1::JobState_IsValid(s) && s != 0) all.push_back(v1::JobState_Name(s));
   }
   SetCounts(jobs_, "state", by_state, all);
+}
+
+void ManagerMetrics::SetAllocations(const std::map<std::string, int>& by_job,
+                                    const std::map<std::string, int>& by_user) {
+  for (const auto& [job, n] : by_job) job_slots_.Add({{"job", job}}).Set(n);
+  for (const auto& [user, gauge] : user_gauges_) {
+    if (!by_user.count(user)) gauge->Set(0);  // a user whose jobs ended shows 0, not the past
+  }
+  for (const auto& [user, n] : by_user) {
+    prometheus::Gauge*& g = user_gauges_[user];
+    if (g == nullptr) g = &user_slots_.Add({{"user", user.empty() ? "-" : user}});
+    g->Set(n);
+  }
 }
 
 void ManagerMetrics::OnSteps(const std::string& job, const std::vector<v1::StepRecord>& steps) {
@@ -188,7 +205,8 @@ void ManagerMetrics::ForgetJob(const std::string& job) {
   }
   job_step_seconds_.Remove(&job_step_seconds_.Add(l, StepBuckets()));
   SetNodeSpeeds(job, {});
-  for (auto* family : {&job_step_, &job_loss_, &job_samples_, &job_bubble_, &job_mfu_}) {
+  for (auto* family :
+       {&job_step_, &job_loss_, &job_samples_, &job_bubble_, &job_mfu_, &job_slots_}) {
     family->Remove(&family->Add(l));
   }
 }

@@ -22,6 +22,9 @@ class ManagerMetrics {
   // Nodes by state and each node's slots (recomputed when a node changes state or slots).
   void SetNodes(const std::vector<v1::NodeInfo>& nodes);
   void SetJobs(const std::map<std::string, double>& by_state);
+  // Slots each active job holds (or is allocated, with sharing) and their sum by user.
+  void SetAllocations(const std::map<std::string, int>& by_job,
+                      const std::map<std::string, int>& by_user);
   // New step records of a job (gauges to the newest, each step time into the histogram).
   void OnSteps(const std::string& job, const std::vector<v1::StepRecord>& steps);
   // A finished morph: counted by the kind of its reason; each phase's duration observed.
@@ -57,6 +60,9 @@ class ManagerMetrics {
   prometheus::Family<prometheus::Histogram>& job_step_seconds_;
   prometheus::Family<prometheus::Gauge>& job_bubble_;
   prometheus::Family<prometheus::Gauge>& job_mfu_;
+  prometheus::Family<prometheus::Gauge>& job_slots_;
+  prometheus::Family<prometheus::Gauge>& user_slots_;
+  std::map<std::string, prometheus::Gauge*> user_gauges_;
   prometheus::Family<prometheus::Counter>& morphs_;
   prometheus::Family<prometheus::Histogram>& morph_phase_;
   prometheus::Family<prometheus::Histogram>& heartbeat_latency_;

@@ -247,6 +247,27 @@ class FakeJobApi final : public v1::JobApi::Service {
     j->set_reason("a peer wrote \x1b]0;owned\x07 here");
     j->set_step(5);
     j->set_total_steps(20);
+    // Sharing: a running job the allocator is shrinking, and two pending jobs out of order.
+    v1::JobInfo* shrinking = resp->add_jobs();
+    shrinking->set_id("2");
+    shrinking->set_name("elastic");
+    shrinking->set_state(v1::RECONFIGURING);
+    shrinking->set_submitted_by("alice");
+    shrinking->set_priority("low");
+    shrinking->set_slots(6);
+    shrinking->set_allocated_slots(2);
+    for (const auto& [id, pos] : {std::pair<const char*, int>{"3", 2}, {"4", 1}}) {
+      v1::JobInfo* p = resp->add_jobs();
+      p->set_id(id);
+      p->set_name(absl::StrCat("waits-", id));
+      p->set_state(v1::PENDING);
+      p->set_submitted_by("bob");
+      p->set_priority("high");
+      p->set_queue_position(pos);
+      p->set_allocated_slots(pos == 1 ? 4 : 0);
+      p->set_reason(pos == 1 ? "starting: waiting for 4 of its 4 slots to be freed"
+                             : "waiting: user 'bob' is at its quota (4 of 4 slots)");
+    }
     return grpc::Status::OK;
   }
   grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* req,
@@ -295,9 +316,22 @@ class FakeManagerTest : public JobFileTest {
 TEST_F(FakeManagerTest, ListAsTableAndJson) {
   const Result table = Ctl({"list"}, env_);
   ASSERT_EQ(table.code, kExitOk) << table.err;
-  EXPECT_THAT(table.out, StartsWith("ID    NAME"));
+  EXPECT_THAT(table.out, StartsWith("ID       NAME"));
   EXPECT_THAT(table.out, HasSubstr("first"));
   EXPECT_THAT(table.out, HasSubstr("5/20"));
+  EXPECT_THAT(table.out, HasSubstr("alice      low     RECONFIGURING"));
+  EXPECT_THAT(table.out, HasSubstr("6->2"));
+  EXPECT_THAT(table.out, HasSubstr("->4"));
+  // The queue: pending jobs only, in their positions' order, each with why it waits.
+  const Result queue = Ctl({"queue"}, env_);
+  ASSERT_EQ(queue.code, kExitOk) << queue.err;
+  EXPECT_THAT(queue.out, StartsWith("POS"));
+  EXPECT_LT(queue.out.find("waits-4"), queue.out.find("waits-3")) << queue.out;
+  EXPECT_THAT(queue.out, HasSubstr("at its quota"));
+  EXPECT_THAT(queue.out, Not(HasSubstr("elastic")));
+  const Result queue_json = Ctl({"queue", "-o", "json"}, env_);
+  ASSERT_EQ(queue_json.code, kExitOk) << queue_json.err;
+  EXPECT_LT(queue_json.out.find("\"id\":\"4\""), queue_json.out.find("\"id\":\"3\""));
   // Global flags after the command, as bench/control_plane.sh passes them.
   const Result json = Ctl({"list", "-o", "json"}, env_);
   ASSERT_EQ(json.code, kExitOk) << json.err;

@@ -5,6 +5,8 @@
     ends, alice's grows back to 6 with no command; it finishes with every step once and the
     losses of an uninterrupted one-process run (1e-4). Bob's fixed job is never resized.
   - alice's and bob's `normal` elastic jobs converge to three slots each.
+  - alice's job that cannot shrink far enough is evicted (checkpoint, PENDING, first in the
+    queue: `varunactl queue`) and resumes when bob's ends, losing nothing.
   - carol, over her quota, waits with the reason shown.
   - bad input: an unknown class, and a class above normal from a user who may not use it."""
 
@@ -88,7 +90,34 @@ class SharingTest(MorphChecks, unittest.TestCase):
         print(f"shrank in {shrunk_s:.1f} s; morphs of alice's job: "
               f"{[(m.get('kind'), m.get('reason')) for m in st['morphs']]}", file=sys.stderr)
 
-    def test_2_equal_users_split_equally_and_a_user_over_quota_waits(self):
+    def test_2_eviction_loses_nothing(self):
+        # Alice's low job needs at least 4 slots; bob's high 2 x 2 needs 4 of the 6: alice's
+        # job is evicted (checkpoint, back to PENDING), waits first in its class, and resumes
+        # from its checkpoint when bob's ends, with every step once and the reference losses.
+        c = self.c
+        a = self.submit(self.job("ea.yaml", STEPS, "priority: low\nresources: {min_slots: 4}\n",
+                                 ms=300))
+        self.running_at(a, 5)
+        b = self.submit_as("bob", self.job("eb.yaml", 40, "priority: high\n", replicas=2))
+        wait_for(lambda: c.status(a)["state"] == "PENDING", 60, "alice's job to be evicted")
+        wait_for(lambda: self.status(b)["state"] != "PENDING", 60, "bob's job to start")
+        wait_for(lambda: c.status(a)["queue_position"] == 1, 10, "alice's job first in the queue")
+        queue = json.loads(self.as_user("ops", "-o", "json", "queue", check=0).stdout)
+        self.assertEqual([j["id"] for j in queue][:1], [a], queue)
+        self.assertEqual(queue[0]["queue_position"], 1, queue)
+        table = self.as_user("ops", "queue", check=0).stdout
+        self.assertIn("WHY IT WAITS", table)
+        print(f"queue while evicted:\n{table}", file=sys.stderr)
+        listing = self.as_user("ops", "list", check=0).stdout
+        self.assertIn("slots by user", listing)
+        wait_for(lambda: self.status(b)["state"] == "SUCCEEDED", 180, "bob's job to end")
+        st, _ = self.finish(a)
+        kinds = [m.get("kind") for m in st["morphs"]]
+        self.assertIn("evict", kinds, st)
+        events = self.as_user("ops", "-o", "json", "events", check=0).stdout
+        self.assertIn("job_evicted", events)
+
+    def test_3_equal_users_split_equally_and_a_user_over_quota_waits(self):
         c = self.c
         # Data-parallel jobs (1 stage) whose batch of 24 divides by 3.
         a = self.submit(self.job("fa.yaml", 2000, "", stages=1))
@@ -106,7 +135,7 @@ class SharingTest(MorphChecks, unittest.TestCase):
             self.as_user("ops", "cancel", j, check=0)
         wait_for(lambda: c.workers() == [], 60, "no worker left")
 
-    def test_3_bad_priorities_are_refused_by_name(self):
+    def test_4_bad_priorities_are_refused_by_name(self):
         r = self.as_user("carol", "submit", self.job("x.yaml", 5, "priority: urgent\n"))
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("priority 'urgent' is not a class of this cluster", r.stderr)

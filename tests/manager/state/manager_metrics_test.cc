@@ -35,6 +35,28 @@ TEST(ManagerMetricsTest, AJobsCountersExistAtZeroFromItsStart) {
   EXPECT_THAT(registry.Text(), Not(HasSubstr("job=\"7\"")));
 }
 
+// Sharing: each job's slots and each user's sum; a user whose jobs ended drops to 0, and a
+// forgotten job's series go.
+TEST(ManagerMetricsTest, AllocationsByJobAndUser) {
+  MetricsRegistry registry;
+  ManagerMetrics m(registry);
+  m.AddJob("7");
+  m.SetAllocations({{"7", 4}, {"8", 2}}, {{"alice", 4}, {"", 2}});
+  std::string text = registry.Text();
+  EXPECT_THAT(text, HasSubstr("varuna_job_allocated_slots{job=\"7\"} 4"));
+  EXPECT_THAT(text, HasSubstr("varuna_user_allocated_slots{user=\"alice\"} 4"));
+  EXPECT_THAT(text, HasSubstr("varuna_user_allocated_slots{user=\"-\"} 2"));
+  m.SetAllocations({{"7", 0}}, {});
+  text = registry.Text();
+  EXPECT_THAT(text, HasSubstr("varuna_user_allocated_slots{user=\"alice\"} 0"));
+  EXPECT_THAT(text, HasSubstr("varuna_job_allocated_slots{job=\"7\"} 0"));
+  v1::MorphRecord resize;
+  resize.set_kind("resize");
+  EXPECT_EQ(ManagerMetrics::ReasonKind(resize), "resize");
+  m.ForgetJob("7");
+  EXPECT_THAT(registry.Text(), Not(HasSubstr("job=\"7\"")));
+}
+
 // A record's kind is its label; a record from before kinds is labelled from its reason text.
 TEST(ManagerMetricsTest, EveryTriggersReasonHasItsLabel) {
   const std::pair<const char*, const char*> cases[] = {
