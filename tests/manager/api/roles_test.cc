@@ -388,5 +388,54 @@ TEST_F(ApiRolesTest, EveryHttpPathByRoleAndOwner) {
   EXPECT_EQ(HttpGet(http, base, "not-a-token-0123456789").first, 401);
 }
 
+// Sharing (docs/operations.md "Sharing a cluster"): a class above normal needs the admin role
+// (or sharing.submit_above_normal); a class the cluster lacks is refused by name.
+TEST_F(ApiRolesTest, ClassesAboveNormalNeedTheAdminRole) {
+  auto submit = [&](const std::string& token, const std::string& priority) {
+    grpc::ClientContext ctx;
+    Auth(&ctx, token);
+    v1::SubmitRequest req;
+    req.set_spec_yaml(
+        absl::StrCat("name: p\nmodel: {kind: gpt, layers: 4, d_model: 32, heads: 2, seq_len: 8}\n",
+                     "data: {kind: text, path: ", data_, "}\ntrain: {global_batch: 8, steps: 5}\n",
+                     "priority: ", priority, "\n"));
+    v1::SubmitResponse resp;
+    return jobs_->Submit(&ctx, req, &resp);
+  };
+  grpc::Status st = submit(kAliceToken, "high");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("user 'alice' may not submit priority 'high'"));
+  EXPECT_TRUE(submit(kAliceToken, "low").ok());
+  EXPECT_TRUE(submit(kRootToken, "high").ok());
+  st = submit(kRootToken, "urgent");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("priority 'urgent' is not a class of this cluster"));
+  st = submit(kRootToken, "Urgent!");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("priority"));
+}
+
+// A quota or a right for a name no token has is a typo that would give nobody anything.
+TEST_F(ApiRolesTest, SharingNamesMustBeTokenNames) {
+  for (const bool quota : {true, false}) {
+    ManagerConfig config;
+    config.listen = "127.0.0.1:0";
+    config.state_dir = dir_ + (quota ? "/state-quota" : "/state-above");
+    config.tokens_file = dir_ + "/tokens";
+    config.sharing.enabled = true;
+    if (quota) {
+      config.sharing.users["carol"].quota_slots = 4;
+    } else {
+      config.sharing.submit_above_normal = {"carol"};
+    }
+    ManagerServer other(config, &clock_, MakeGrpcAgentClientPool(absl::Seconds(5), TlsConfig{}),
+                        ManagerServer::Options{absl::ZeroDuration()});
+    EXPECT_THAT(other.Start(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                        quota ? "sharing.users names 'carol', but no line of"
+                                              : "sharing.submit_above_normal names 'carol'"));
+    other.Shutdown();
+  }
+}
+
 }  // namespace
 }  // namespace varuna
