@@ -48,42 +48,64 @@ bool SharingController::Bendable(const Job& job) const {
 
 const std::vector<double>& SharingController::CurveOf(const Job& job,
                                                       const std::vector<int>& slots_per_node) {
+  static const std::vector<double> kNone;
   const v1::Profile* stored = profiles_->Find(job.spec);
-  const std::string key = absl::StrCat(absl::StrJoin(slots_per_node, ","), stored ? "/p" : "/b");
-  Curve& c = curves_[job.info().id()];
-  if (c.key == key) return c.rate;
-  c.key = key;
-  c.rate.clear();
+  // Note [Curves]: what the simulation depends on, so jobs of one model and shape share a
+  // curve: the model, the batch, the parallel settings, the cluster's layout, the profile.
+  const ParallelSpec& par = job.spec.parallel;
+  const std::string key = absl::StrCat(
+      ModelKey(job.spec.model), "/", job.spec.train.precision, "/", job.spec.train.global_batch,
+      "/", par.stages, "x", par.replicas, "/", par.micro_batch, "/", par.tp_size, "/", par.schedule,
+      "/", absl::StrJoin(slots_per_node, ","), stored ? "/p" : "/b");
+  auto found = curves_.find(key);
+  if (found != curves_.end()) return found->second;
+  // A decision spends at most kCurveBudget simulating new curves; jobs left over are taken as
+  // linear for now, and the next decision (at once: curves_pending_) simulates them.
+  constexpr absl::Duration kCurveBudget = absl::Milliseconds(200);
+  if (curve_time_ >= kCurveBudget) {
+    curves_pending_ = true;
+    return kNone;
+  }
+  const absl::Time began = absl::Now();
+  std::vector<double>& rate = curves_[key];
+  SimulateCurve(job.spec, stored, slots_per_node, &rate);
+  curve_time_ += absl::Now() - began;
+  return rate;
+}
+
+void SharingController::SimulateCurve(const JobSpec& job_spec, const v1::Profile* stored,
+                                      const std::vector<int>& slots_per_node,
+                                      std::vector<double>* out) {
+  std::vector<double>& rate = *out;
   absl::StatusOr<v1::Profile> builtin;
   if (stored == nullptr) {
-    builtin = BuiltinProfile(job.spec);
-    if (!builtin.ok()) return c.rate;
+    builtin = BuiltinProfile(job_spec);
+    if (!builtin.ok()) return;
   }
   PlanRequest req;
   req.slots_per_node = slots_per_node;
   req.all = true;  // the best shape at every width, not only the widest of each stage count
-  JobSpec spec = job.spec;
+  JobSpec spec = job_spec;
   spec.resources.max_slots = 0;
   spec.resources.min_slots = 1;
   auto set = PlanShapes(spec, stored ? *stored : *builtin, req);
-  if (!set.ok()) return c.rate;
+  if (!set.ok()) return;
   int total = 0;
   for (int s : slots_per_node) total += s;
-  c.rate.assign(total + 1, 0);
+  rate.assign(total + 1, 0);
   // A shape the planner only bounded (far slower than the best) still runs: its bound counts
   // where no simulated shape has that width.
   std::vector<double> bound(total + 1, 0);
   for (const v1::Plan& p : set->plans()) {
     if (!p.rejected().empty() || p.slots() <= 0 || p.slots() > total) continue;
-    double& r = p.lower_bound() ? bound[p.slots()] : c.rate[p.slots()];
+    double& r = p.lower_bound() ? bound[p.slots()] : rate[p.slots()];
     r = std::max(r, p.samples_per_s());
   }
   for (int w = 1; w <= total; ++w) {
-    if (c.rate[w] <= 0) c.rate[w] = bound[w];
+    if (rate[w] <= 0) rate[w] = bound[w];
   }
-  for (int w = 1; w <= total; ++w) c.rate[w] = std::max(c.rate[w], c.rate[w - 1]);
-  if (c.rate[total] <= 0) c.rate.clear();
-  return c.rate;
+  for (int w = 1; w <= total; ++w) rate[w] = std::max(rate[w], rate[w - 1]);
+  if (rate[total] <= 0) rate.clear();
 }
 
 std::vector<AllocJob> SharingController::Inputs(const std::vector<int>& slots_per_node) {
@@ -150,10 +172,13 @@ std::vector<std::string> SharingController::StartOrder() {
                     ";");
   }
   const absl::Time now = clock_->Now();
-  if (fp != fingerprint_ || now - decided_at_ >= options_.period) {
+  if (fp != fingerprint_ || now - decided_at_ >= options_.period || curves_pending_) {
     fingerprint_ = std::move(fp);
     decided_at_ = now;
     capacity_ = capacity;
+    curve_time_ = absl::ZeroDuration();
+    curves_pending_ = false;
+    if (curves_.size() > 4096) curves_.clear();  // layouts come and go: keep it bounded
     decision_ = Allocate(Inputs(slots_per_node), capacity, policy_);
     Apply();
   }

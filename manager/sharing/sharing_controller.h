@@ -47,9 +47,12 @@ class SharingController final : public JobSharing {
   void Apply();
   void Resize(Job& job, int target, const std::string& why, const std::string& for_whom);
   // Samples per second at each width up to the cluster's slots, from the planner's
-  // simulation of the job (its stored profile, else the built-in cost model); cached per job
-  // and cluster layout. Empty: the planner could not simulate it (linear is assumed).
+  // simulation of the job (its stored profile, else the built-in cost model); cached by what
+  // the simulation depends on (Note [Curves] in sharing_controller.cc), within a time budget
+  // per decision. Empty: not simulated (yet), or the planner could not (linear is assumed).
   const std::vector<double>& CurveOf(const Job& job, const std::vector<int>& slots_per_node);
+  static void SimulateCurve(const JobSpec& spec, const v1::Profile* stored,
+                            const std::vector<int>& slots_per_node, std::vector<double>* out);
 
   const SharingOptions options_;
   const AllocPolicy policy_;
@@ -64,11 +67,9 @@ class SharingController final : public JobSharing {
   int capacity_ = 0;
   std::string fingerprint_;  // what decision_ was made on
   absl::Time decided_at_ = absl::InfinitePast();
-  struct Curve {
-    std::string key;  // layout and profile it was simulated with
-    std::vector<double> rate;
-  };
-  std::map<std::string, Curve> curves_;  // by job id
+  std::map<std::string, std::vector<double>> curves_;  // by what they depend on
+  absl::Duration curve_time_;                          // spent simulating curves in this decision
+  bool curves_pending_ = false;                        // a curve was left for the next decision
 };
 
 }  // namespace varuna
