@@ -118,6 +118,17 @@ TEST(JobSpecTest, BadValuesAreNamed) {
               StatusIs(absl::StatusCode::kInvalidArgument, "data.path"));
   EXPECT_THAT(ParseJobSpec("data: {path: /x}\nparallel: {stages: -2}\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, "parallel.stages"));
+  // Sharing: the elastic range and the class's form (which classes exist is the manager's).
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\nresources: {min_slots: 4, max_slots: 2}\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "must be >= resources.min_slots"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\npriority: \"Urgent!\"\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "priority"));
+  EXPECT_THAT(ParseJobSpec("data: {path: /x}\npriority: [high]\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, "priority"));
+  auto urgent = ParseJobSpec("data: {path: /x}\npriority: urgent\n");
+  ASSERT_THAT(urgent.status(), IsOk());
+  EXPECT_EQ(urgent->priority, "urgent");
+  EXPECT_EQ(ParseJobSpec("data: {path: /x}\n")->priority, "normal");
 }
 
 absl::Status Shape(const std::string& yaml) {
