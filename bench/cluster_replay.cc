@@ -126,6 +126,15 @@ class Replay final : public NodeTable::Listener {
               [](const TraceJob& a, const TraceJob& b) { return a.time < b.time; });
     Build();
   }
+  ~Replay() override {
+    reconciler_.reset();
+    sharing_.reset();
+    morph_.reset();
+    jobs_ctl_.reset();
+    store_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);  // the manager's state of this replay
+  }
 
   void Run() {
     for (int i = 0; i * o_.per_node < o_.slots; ++i) {
@@ -147,8 +156,8 @@ class Replay final : public NodeTable::Listener {
         const Job* job = jobs_table_->Find(j.id);
         const v1::JobState s = job->info().state();
         if (Terminal(s)) {
-          if (s != v1::SUCCEEDED) Die(absl::StrCat(j.name, " ended ", v1::JobState_Name(s), ": ",
-                                                   job->info().reason()));
+          if (s != v1::SUCCEEDED)
+            Die(absl::StrCat(j.name, " ended ", v1::JobState_Name(s), ": ", job->info().reason()));
           j.done = true;
           j.finished_at = t_;
           ++finished;
@@ -227,9 +236,9 @@ class Replay final : public NodeTable::Listener {
                                                      morph_.get());
     }
     jobs_ctl_->set_morph(morph_.get(), sharing_.get());
-    reconciler_ = std::make_unique<HeartbeatReconciler>(config_, &clock_, jobs_table_.get(),
-                                                        nodes_.get(), jobs_ctl_.get(),
-                                                        morph_.get(), loop_.poster());
+    reconciler_ =
+        std::make_unique<HeartbeatReconciler>(config_, &clock_, jobs_table_.get(), nodes_.get(),
+                                              jobs_ctl_.get(), morph_.get(), loop_.poster());
   }
 
   // NodeTable::Listener, as Manager wires it (no node comes or goes in a replay).
@@ -256,7 +265,8 @@ class Replay final : public NodeTable::Listener {
     return absl::StrCat("name: ", j.name, "\nmodel: {kind: gpt, layers: ", a.layers,
                         ", d_model: ", a.d_model, ", heads: ", a.heads, ", seq_len: ", a.seq_len,
                         ", vocab: 50304}\ndata: {kind: tokens, path: /nonexistent/data}\n",
-                        "train: {global_batch: ", batch, ", steps: ", (a.samples + batch - 1) / batch,
+                        "train: {global_batch: ", batch,
+                        ", steps: ", (a.samples + batch - 1) / batch,
                         ", precision: bf16}\nparallel: ", parallel, "\n", resources);
   }
 
@@ -283,10 +293,10 @@ class Replay final : public NodeTable::Listener {
     for (int left = info.slots(); left > 0; left -= o_.per_node) {
       req.slots_per_node.push_back(std::min(left, o_.per_node));
     }
-    auto plan = profile.ok() ? SimulateShape(job.spec, *profile, info.stages(), info.replicas(),
-                                             std::max(1, info.micro_batch()),
-                                             SchedulePolicy::kVaruna, req)
-                             : absl::StatusOr<v1::Plan>(profile.status());
+    auto plan = profile.ok()
+                    ? SimulateShape(job.spec, *profile, info.stages(), info.replicas(),
+                                    std::max(1, info.micro_batch()), SchedulePolicy::kVaruna, req)
+                    : absl::StatusOr<v1::Plan>(profile.status());
     const double rate = plan.ok() && plan->samples_per_s() > 0 ? plan->samples_per_s() : 1;
     rates_[key] = rate;
     std::cerr << "cluster_replay: " << key << " runs at " << rate << " samples/s\n";
@@ -342,8 +352,8 @@ class Replay final : public NodeTable::Listener {
       const bool finished = t.samples_done >= apps_.at(t.app).samples;
       const auto phase = job.rec.morph().phase();
       const bool saving = info.state() == v1::CANCELLING ||
-                          (job.morphing() && (phase == v1::MorphState::SAVING ||
-                                              phase == v1::MorphState::STOPPING));
+                          (job.morphing() &&
+                           (phase == v1::MorphState::SAVING || phase == v1::MorphState::STOPPING));
       for (const auto& p : info.placement()) {
         if (p.node() != node) continue;
         v1::WorkerStatus* w = req.add_workers();
@@ -358,12 +368,13 @@ class Replay final : public NodeTable::Listener {
           continue;
         }
         w->set_state(v1::WORKER_RUNNING);
-        const int64_t from = std::max<int64_t>(0, job.gen.resumed_from >= 0 ? job.gen.resumed_from
-                                                                              : info.step());
+        const int64_t from =
+            std::max<int64_t>(0, job.gen.resumed_from >= 0 ? job.gen.resumed_from : info.step());
         w->set_resumed_from(from);
         const int64_t now = std::max(step, from + 1);
-        v1::StepMetrics* s = w->add_steps();
-        s->set_step(now);
+        // One step record per generation (what ends its morph): storing every step of 160
+        // jobs would make the replay a benchmark of the step store.
+        if (job.gen.newest_step <= from) w->add_steps()->set_step(now);
         w->mutable_progress()->set_step(now);
       }
     }
@@ -407,14 +418,22 @@ int main(int argc, char** argv) {
   o.mapping = std::string(VARUNA_SOURCE_DIR) + "/bench/cluster_replay_mapping.csv";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--trace") o.trace = v;
-    else if (k == "--slots") o.slots = std::atoi(v.c_str());
-    else if (k == "--policy") o.policy = v;
-    else if (k == "--mapping") o.mapping = v;
-    else if (k == "--slots_per_node") o.per_node = std::atoi(v.c_str());
-    else if (k == "--dt_s") o.dt = std::atof(v.c_str());
-    else if (k == "--morph_cost_s") o.morph_cost = std::atof(v.c_str());
-    else varuna::Die(absl::StrCat("unknown flag ", k));
+    if (k == "--trace")
+      o.trace = v;
+    else if (k == "--slots")
+      o.slots = std::atoi(v.c_str());
+    else if (k == "--policy")
+      o.policy = v;
+    else if (k == "--mapping")
+      o.mapping = v;
+    else if (k == "--slots_per_node")
+      o.per_node = std::atoi(v.c_str());
+    else if (k == "--dt_s")
+      o.dt = std::atof(v.c_str());
+    else if (k == "--morph_cost_s")
+      o.morph_cost = std::atof(v.c_str());
+    else
+      varuna::Die(absl::StrCat("unknown flag ", k));
   }
   if (o.trace.empty() || o.slots < 1 || o.per_node < 1 || !(o.dt > 0) ||
       (o.policy != "queue" && o.policy != "static" && o.policy != "allocator")) {
