@@ -19,7 +19,8 @@ namespace varuna {
 //     after every higher class's pending jobs: that is how a higher class shrinks them toward
 //     their minimum and then evicts them, youngest first. A user over quota, or a job whose
 //     minimum does not fit, waits with the reason. A pending job that has waited starvation_s
-//     holds back every later start of its class and below, so freed slots gather for it.
+//     (an evicted one: since its eviction) holds back every later start of its class and
+//     below, and their growth, so freed slots gather for it.
 //  2. Growth, highest class first, with what is left. Fair: one step at a time to the user
 //     furthest below its weighted share (slots in this class over its weight), to that user's
 //     job that gains the most speed-up per slot on its throughput curve (the planner's
@@ -100,7 +101,8 @@ class Allocation {
               [](const AllocJob* a, const AllocJob* b) { return a->seq < b->seq; });
     const std::string& name = p_.classes[c];
     for (const AllocJob* j : running) {
-      const int keep = std::clamp(j->pinned || !p_.fair ? j->current : j->min, j->min, MaxOf(*j));
+      const int keep = std::clamp(j->pinned || !p_.fair ? j->current : j->min, j->min,
+                                  std::max(j->min, MaxOf(*j)));
       if (keep <= remaining_) {
         Give(*j, keep);
       } else if (j->min <= remaining_) {

@@ -24,7 +24,7 @@ struct AllocJob {
   bool bendable = true;  // may be resized or evicted while running (morphs, has a checkpoint)
   bool pinned = false;   // resized within min_interval_s: kept at `current` if room allows
   bool evicted = false;  // evicted before: first of its class to start again
-  double waiting_s = 0;  // pending: how long it has waited
+  double waiting_s = 0;  // pending: how long it has waited (evicted: since its eviction)
   int64_t seq = 0;       // submission order
   // rate[w]: samples per second at w slots (index 0 unused), from the planner's simulation;
   // shorter than w or empty: linear in w beyond what is given.

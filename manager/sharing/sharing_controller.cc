@@ -141,7 +141,9 @@ std::vector<AllocJob> SharingController::Inputs(const std::vector<int>& slots_pe
       a.max = job.spec.resources.max_slots;
       if (options_.enabled && (a.bendable || !a.running)) a.rate = CurveOf(job, slots_per_node);
     }
-    if (!a.running) {
+    if (!a.running && a.evicted && job.rec.resized_at() > 0) {
+      a.waiting_s = UnixSeconds(now) - job.rec.resized_at();  // since its eviction
+    } else if (!a.running) {
       absl::Time since;
       std::string err;
       if (absl::ParseTime("%Y-%m-%dT%H:%M:%SZ", info.submitted_at(), &since, &err)) {

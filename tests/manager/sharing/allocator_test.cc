@@ -178,6 +178,15 @@ TEST(AllocatorTest, AStarvingJobHoldsBackLaterStarts) {
   EXPECT_EQ(early.target.at("small"), 2);
 }
 
+TEST(AllocatorTest, AJobWhoseMinimumExceedsTheClusterIsNeverUndefined) {
+  // Capacity below a running job's minimum (nodes were lost): it is evicted, not clamped into
+  // nonsense.
+  const AllocDecision d = Allocate({Running(Job("a", "alice", 1, 4, 8, 1), 4)}, 2, Fair());
+  EXPECT_EQ(d.target.at("a"), 0);
+  const AllocDecision q = Allocate({Running(Job("a", "alice", 1, 4, 8, 1), 4)}, 2, AllocPolicy());
+  EXPECT_EQ(q.target.at("a"), 0);
+}
+
 TEST(AllocatorTest, EvictedJobsStartFirst) {
   AllocJob e = Job("e", "alice", 1, 4, 4, 5);
   e.evicted = true;
