@@ -30,12 +30,17 @@ std::string Config(const v1::JobInfo& j) {
                          j.micro_batch());
 }
 
+bool Finished(const v1::JobInfo& j) {
+  return j.state() == v1::SUCCEEDED || j.state() == v1::FAILED || j.state() == v1::CANCELLED;
+}
+
+// The slots a job holds now (0 pending or finished).
+int Held(const v1::JobInfo& j) { return j.state() == v1::PENDING || Finished(j) ? 0 : j.slots(); }
+
 // The slots a job holds, and where the allocator (sharing) is taking it: "6", "6->2", "->4".
 std::string Slots(const v1::JobInfo& j) {
-  const bool active =
-      j.state() != v1::SUCCEEDED && j.state() != v1::FAILED && j.state() != v1::CANCELLED;
-  const int now = j.state() == v1::PENDING || !active ? 0 : j.slots();
-  const int to = active ? j.allocated_slots() : 0;
+  const int now = Held(j);
+  const int to = Finished(j) ? 0 : j.allocated_slots();
   if (to > 0 && to != now) return now > 0 ? absl::StrCat(now, "->", to) : absl::StrCat("->", to);
   return now > 0 ? absl::StrCat(now) : "-";
 }
@@ -294,13 +299,11 @@ absl::StatusOr<int> RunList(Session& s, const ParsedArgs&) {
   }
   PrintJobsTable(s.out(), jobs);
   // Each user's share of the schedulable slots (what the allocator balances with sharing).
+  // What each job holds, or is being resized to.
   std::map<std::string, int> by_user;
   for (const auto& j : jobs) {
-    const std::string slots = Slots(j);
-    const size_t arrow = slots.find("->");
-    const std::string held = arrow == std::string::npos ? slots : slots.substr(arrow + 2);
-    int n = 0;
-    if (held != "-" && absl::SimpleAtoi(held, &n) && n > 0) by_user[UserOf(j)] += n;
+    const int n = !Finished(j) && j.allocated_slots() > 0 ? j.allocated_slots() : Held(j);
+    if (n > 0) by_user[UserOf(j)] += n;
   }
   v1::ListNodesResponse nodes;
   if (by_user.empty() ||

@@ -60,6 +60,59 @@ std::optional<std::string> GetEnv(const std::string& name) {
   return std::string(v);
 }
 
+namespace {
+
+// --stage_boundaries: increasing segment indices from 0, e.g. "0,3,6".
+absl::StatusOr<std::vector<int>> ParseStageBoundaries(const std::string& v) {
+  std::vector<int> bounds;
+  for (absl::string_view part : absl::StrSplit(v, ',')) {
+    int b = 0;
+    if (!absl::SimpleAtoi(part, &b) || b < 0 || b > kMaxLayers + 2 ||
+        (!bounds.empty() && b <= bounds.back())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "flag --stage_boundaries needs increasing segment indices like 0,3,6, got '", v, "'"));
+    }
+    bounds.push_back(b);
+  }
+  if (bounds.size() < 2 || bounds.front() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "flag --stage_boundaries needs at least two indices starting at 0, got '", v, "'"));
+  }
+  return bounds;
+}
+
+// The numeric flags of a rank's place and batch (--steps, --rank, --local_rank, --chunk_size,
+// --batch-size or --batch_size): the value checked and stored.
+absl::Status ParseNumberFlag(const std::string& flag, const std::string& v, WorkerArgs* args) {
+  if (flag == "steps") {
+    int64_t n = 0;
+    RETURN_IF_ERROR(ParseInt(flag, v, &n));
+    if (n < 0 || n > kMaxSteps) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --steps must be in [0, ", kMaxSteps, "]"));
+    }
+    args->steps = n;
+  } else if (flag == "rank" || flag == "local_rank" || flag == "chunk_size") {
+    int n = 0;
+    RETURN_IF_ERROR(ParseInt(flag, v, &n));
+    if (n < 0 || (flag == "chunk_size" && n < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat("flag --", flag, " out of range: ", v));
+    }
+    (flag == "rank" ? args->rank : flag == "local_rank" ? args->local_rank : args->chunk_size) = n;
+  } else if (flag == "batch-size" || flag == "batch_size") {
+    int64_t n = 0;
+    RETURN_IF_ERROR(ParseInt(flag, v, &n));
+    if (n < 1 || n > kMaxGlobalBatch) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --batch-size must be in [1, ", kMaxGlobalBatch, "]"));
+    }
+    args->per_replica_batch = n;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv) {
   WorkerArgs args;
   for (size_t i = 1; i < argv.size(); ++i) {
@@ -149,50 +202,13 @@ absl::StatusOr<WorkerArgs> ParseWorkerArgs(const std::vector<std::string>& argv)
       args.tp_size = n;
     } else if (flag == "stage_boundaries") {
       ASSIGN_OR_RETURN(std::string v, take());
-      std::vector<int> bounds;
-      for (absl::string_view part : absl::StrSplit(v, ',')) {
-        int b = 0;
-        if (!absl::SimpleAtoi(part, &b) || b < 0 || b > kMaxLayers + 2 ||
-            (!bounds.empty() && b <= bounds.back())) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "flag --stage_boundaries needs increasing segment indices like 0,3,6, got '", v,
-              "'"));
-        }
-        bounds.push_back(b);
-      }
-      if (bounds.size() < 2 || bounds.front() != 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "flag --stage_boundaries needs at least two indices starting at 0, got '", v, "'"));
-      }
-      args.stage_boundaries = std::move(bounds);
+      ASSIGN_OR_RETURN(args.stage_boundaries, ParseStageBoundaries(v));
     } else if (flag == "metrics_out") {
       ASSIGN_OR_RETURN(args.metrics_out, take());
-    } else if (flag == "steps") {
+    } else if (flag == "steps" || flag == "rank" || flag == "local_rank" || flag == "chunk_size" ||
+               flag == "batch-size" || flag == "batch_size") {
       ASSIGN_OR_RETURN(std::string v, take());
-      int64_t n = 0;
-      RETURN_IF_ERROR(ParseInt(flag, v, &n));
-      if (n < 0 || n > kMaxSteps) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("flag --steps must be in [0, ", kMaxSteps, "]"));
-      }
-      args.steps = n;
-    } else if (flag == "rank" || flag == "local_rank" || flag == "chunk_size") {
-      ASSIGN_OR_RETURN(std::string v, take());
-      int n = 0;
-      RETURN_IF_ERROR(ParseInt(flag, v, &n));
-      if (n < 0 || (flag == "chunk_size" && n < 1)) {
-        return absl::InvalidArgumentError(absl::StrCat("flag --", flag, " out of range: ", v));
-      }
-      (flag == "rank" ? args.rank : flag == "local_rank" ? args.local_rank : args.chunk_size) = n;
-    } else if (flag == "batch-size" || flag == "batch_size") {
-      ASSIGN_OR_RETURN(std::string v, take());
-      int64_t n = 0;
-      RETURN_IF_ERROR(ParseInt(flag, v, &n));
-      if (n < 1 || n > kMaxGlobalBatch) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("flag --batch-size must be in [1, ", kMaxGlobalBatch, "]"));
-      }
-      args.per_replica_batch = n;
+      RETURN_IF_ERROR(ParseNumberFlag(flag, v, &args));
     } else {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag --", flag));
     }

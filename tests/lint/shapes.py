@@ -34,8 +34,6 @@ CLASS_EXCEPTIONS = {
     "(docs/observability.md)",
 }
 FUNCTION_EXCEPTIONS = {
-    "common/launch/launch_args.cc:ParseWorkerArgs": "one flag per branch of a flat table "
-    "of the worker's command line",
     "agent/main.cc:Run": "the agent program's flags and start-up, in order, read top to bottom",
     "common/base/subprocess.cc:RunCommand": "fork, pipes, poll and reap in one place: the "
     "signal-safety of the child side is easier to check read in one piece",
