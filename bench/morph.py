@@ -38,7 +38,7 @@ os.environ.setdefault("VARUNA_BIN_DIR", os.path.join(HERE, "..", "build", "bin")
 from lib.cluster import Cluster, wait_for  # noqa: E402
 from lib.harness import job_yaml, write_text_corpus  # noqa: E402
 
-PHASES = ["detect", "save", "stop", "plan", "launch", "rendezvous", "regroup", "agree",
+PHASES = ["detect", "save", "stop", "coalesce", "plan", "launch", "rendezvous", "regroup", "agree",
           "transfer", "first_step", "total"]
 # scale_up_delay_s 4 (the default is 10): a joining agent's warm standbys are ready by then
 # (its free slots stay free 2 s, then LibTorch loads in about 1 s).

@@ -34,8 +34,6 @@ using search::Divisors;
 using search::GiB;
 using search::HasSpeeds;
 using search::kMaxSimulatedMicroBatches;
-using search::kPruneFactor;
-using search::kSimulationBudgetTasks;
 using search::OptimizerStates;
 using search::PlanFixedPipelines;
 using search::PlanMixes;
@@ -52,27 +50,55 @@ struct Candidate {
   double bound;
 };
 
-// A lower bound on the step (the busiest stage's compute, plus the per-step overhead), and
-// the memory check that needs no simulation: every stage holds at least one graph during a
-// backward (GPipe and 1F1B: as many as their schedules keep). Sets *why when the shape
-// cannot fit.
+// Note [Lower bound]: a bound on the step every simulation of the shape reaches, so a shape
+// whose bound is over the best simulated step cannot be the best. For each stage b: its first
+// task needs micro-batch 0's forward through stages 0..b-1 (the fill), then it computes all
+// M micro-batches serially; after its last backward (B, with a split schedule) the gradient
+// still goes back through stages b-1..0 (the drain), each running one B. Then the data-parallel
+// all-reduce of the stage that ends last (the cheaper of the two link kinds), the slowest
+// optimizer, the per-step overhead. Compute is divided by the fastest node's speed. Links,
+// contention and the tied and pipeline-wide reductions only add (a test checks the bound
+// against the simulator). The memory check that needs no simulation rides along: every stage
+// holds at least one graph during a backward (GPipe and 1F1B: as many as their schedules
+// keep); *why is set when the shape cannot fit.
 double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
                   const Candidate& c, const PlanRequest& req, std::string* why) {
   const std::vector<SegmentTimes>& t = cache.At(c.mb);
   const double M = static_cast<double>((spec.train.global_batch / c.D + c.mb - 1) / c.mb);
   const bool recompute = c.policy == SchedulePolicy::kVaruna;
-  double busiest = 0;
+  const bool split = SplitsBackward(c.policy);
+  double fastest = 1;
+  for (size_t n = 0; n < req.node_speed.size(); ++n) {
+    fastest = std::max(fastest, search::NodeSpeed(req, static_cast<int>(n)));
+  }
+  const CommModel comm(profile);
+  double step = 0, fill = 0, drain = 0, optimizer = 0, allreduce0 = 0;
   for (int s = 0; s < c.P; ++s) {
     const bool last = s == c.P - 1;
-    double work = 0, params = 0, graph = 0, transient = 0;
+    double work = 0, first_forward = 0, b_part = 0, w_part = 0, opt = 0;
+    double params = 0, graph = 0, transient = 0;
     for (int g = (*c.bounds)[s]; g < (*c.bounds)[s + 1]; ++g) {
       work += (recompute && !last ? t[g].forward_nograd_s + t[g].recompute_s : t[g].forward_s) +
               t[g].backward_s;
+      first_forward += std::min(t[g].forward_s, t[g].forward_nograd_s);
+      b_part += split ? std::max(0.0, t[g].backward_s - t[g].weight_s) : t[g].backward_s;
+      w_part += split ? std::min(t[g].weight_s, t[g].backward_s) : 0;
+      opt += profile.segments(g).optimizer_s();
       params += profile.segments(g).param_bytes();
       graph += t[g].graph_bytes;
       transient = std::max(transient, t[g].peak_bytes - t[g].graph_bytes);
     }
-    busiest = std::max(busiest, M * work);
+    work /= fastest;
+    const double allreduce = c.D > 1 ? std::min(comm.AllReduce(params + 16, c.D, false),
+                                                comm.AllReduce(params + 16, c.D, true))
+                                     : 0;
+    if (s == 0) allreduce0 = allreduce;
+    // Stage s ends its last B at fill + M x (work - W) at the earliest; stages s-1..0 follow.
+    step = std::max({step, fill + M * work + allreduce,
+                     fill + M * (work - w_part / fastest) + drain + allreduce0});
+    fill += first_forward / fastest;
+    drain += b_part / fastest;
+    optimizer = std::max(optimizer, opt / fastest);
     // Graphs alive at a stage's peak: GPipe holds all M, 1F1B its warm-up depth (P - s),
     // ZB-H1 min(P, M) on every stage (Note [Schedules]), the Varuna schedule at least one.
     const double live = c.policy == SchedulePolicy::kGPipe  ? M
@@ -87,7 +113,7 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
                           ", a slot has ", GiB(req.memory_per_slot));
     }
   }
-  return busiest + profile.step_overhead_s();
+  return step + optimizer + profile.step_overhead_s();
 }
 
 }  // namespace
@@ -333,23 +359,35 @@ class CandidateSearch {
   const int64_t G_;
 };
 
-// Note [Pruning]: simulate in order of the lower bound; once the bound of the next shape is
-// over kPruneFactor x the best simulated step, no later shape can compete: list them with
-// their bound instead of simulating (each simulation costs O(stages x micro-batches)). A
-// budget of simulated tasks bounds the worst case (thousands of layers on hundreds of slots).
-// *best: the best simulated step; *simulated_tasks: the tasks simulated.
+// Note [Pruning]: simulate in order of the lower bound (Note [Lower bound]); once the bound
+// of the next shape is over request.simulate_within x the best simulated step (of its width,
+// with best_per_width), it is listed with its bound instead of simulated (each simulation
+// costs O(stages x micro-batches)). With simulate_within = 1 that is exact: a shape whose bound
+// is over the best cannot beat it. Two budgets bound the worst case (thousands of layers on
+// hundreds of slots): simulated tasks, and request.budget_s of wall-clock time, after which
+// the best so far leads. *best: the best simulated step; *simulated_tasks: the tasks simulated.
 absl::Status SimulateCandidates(const JobSpec& spec, const v1::Profile& profile,
-                                SegmentCache& cache, const PlanRequest& req,
+                                SegmentCache& cache, const PlanRequest& req, absl::Time t0,
                                 std::vector<Candidate> candidates, double* best,
                                 int64_t* simulated_tasks, v1::PlanSet* out) {
   const int64_t G = spec.train.global_batch;
   std::stable_sort(candidates.begin(), candidates.end(),
                    [](const Candidate& a, const Candidate& b) { return a.bound < b.bound; });
+  std::map<int, double> best_of_width;
+  int64_t unsimulated = 0;
   for (const Candidate& c : candidates) {
     const int64_t tasks = 3LL * c.P * ((G / c.D + c.mb - 1) / c.mb);
-    const bool over_budget =
-        *simulated_tasks > 0 && *simulated_tasks + tasks > kSimulationBudgetTasks;
-    if (c.bound > kPruneFactor * *best || over_budget) {
+    const bool over_budget = *simulated_tasks > 0 &&
+                             (*simulated_tasks + tasks > req.max_simulated_tasks ||
+                              (req.budget_s > 0 && absl::Now() - t0 > absl::Seconds(req.budget_s)));
+    auto width_best = best_of_width.find(c.P * c.D);
+    const double reference = !req.best_per_width ? *best
+                             : width_best == best_of_width.end()
+                                 ? std::numeric_limits<double>::infinity()
+                                 : width_best->second;
+    const bool promising = c.bound <= std::max(1.0, req.simulate_within) * reference;
+    if (!promising || over_budget) {
+      if (promising) ++unsimulated;
       v1::Plan plan = Rejected(c.P, c.D, c.mb, SchedulePolicyName(c.policy), "");
       for (int b : *c.bounds) plan.add_boundaries(b);
       plan.set_step_s(c.bound);
@@ -374,11 +412,19 @@ absl::Status SimulateCandidates(const JobSpec& spec, const v1::Profile& profile,
     for (v1::Plan& p : simulated) {
       if (p.rejected().empty()) {
         *best = std::min(*best, p.step_s());
+        auto [it, fresh] = best_of_width.emplace(p.slots(), p.step_s());
+        if (!fresh) it->second = std::min(it->second, p.step_s());
         *out->add_plans() = std::move(p);
       } else {
         *out->add_rejected() = std::move(p);
       }
     }
+  }
+  if (unsimulated > 0) {
+    out->add_notes(absl::StrCat("the planner's budget ran out (", req.max_simulated_tasks, " tasks",
+                                req.budget_s > 0 ? absl::StrCat(" or ", req.budget_s, " s") : "",
+                                "): ", unsimulated,
+                                " shapes that might compete are listed with their lower bound"));
   }
   return absl::OkStatus();
 }
@@ -414,6 +460,15 @@ absl::Status FinishPlanSet(const v1::Profile& profile, int cap, absl::Time t0, v
 
 }  // namespace
 
+PlanRequest ManagerPlanRequest() {
+  PlanRequest req;
+  req.heterogeneous = true;  // mixes of pipeline depths compete with P x D (issue 13)
+  req.simulate_within = 1;
+  req.max_simulated_tasks = 750'000;
+  req.budget_s = 1;
+  return req;
+}
+
 absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& profile,
                                        const PlanRequest& req) {
   const absl::Time t0 = absl::Now();
@@ -429,13 +484,13 @@ absl::StatusOr<v1::PlanSet> PlanShapes(const JobSpec& spec, const v1::Profile& p
                    CandidateSearch(spec, profile, cache, req, policies, cap, &out).Run());
   double best = std::numeric_limits<double>::infinity();
   int64_t simulated_tasks = 0;
-  RETURN_IF_ERROR(SimulateCandidates(spec, profile, cache, req, std::move(candidates), &best,
+  RETURN_IF_ERROR(SimulateCandidates(spec, profile, cache, req, t0, std::move(candidates), &best,
                                      &simulated_tasks, &out));
   if (!spec.parallel.pipelines.empty()) {
     RETURN_IF_ERROR(PlanFixedPipelines(spec, profile, cache, policies, cap, req, &out));
   } else if (req.heterogeneous && spec.parallel.stages == 0 && spec.parallel.replicas == 0) {
     simulated_tasks +=
-        PlanMixes(spec, profile, cache, policies, cap, req, simulated_tasks, &best, &out);
+        PlanMixes(spec, profile, cache, policies, cap, req, t0, simulated_tasks, &best, &out);
   }
   RETURN_IF_ERROR(FinishPlanSet(profile, cap, t0, &out));
   return out;

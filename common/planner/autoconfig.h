@@ -30,7 +30,26 @@ struct PlanRequest {
   // (Note [Speed-aware plans] in common/planner/speed_plan.cc): P x D shapes are simulated
   // with it, and with `heterogeneous` each also gets a variant balanced for the speeds.
   std::vector<double> node_speed;
+  // Note [Pruning] in common/planner/autoconfig.cc: shapes whose lower bound is within this
+  // factor of the best simulated step are simulated, the rest listed with their bound. 1.5
+  // ranks the near-best alternatives (varunactl plan); 1 simulates only shapes that could be
+  // the best (the manager, which runs the best).
+  double simulate_within = 1.5;
+  // The simulation budgets: tasks simulated (deterministic; about 25-50 M a second on one
+  // core) and seconds (0 = none). Past either, the shapes left are listed with their bound and
+  // the best simulated so far leads (a note says so); shapes go in order of their bound, so
+  // what is left is the least promising. At least one shape is always simulated.
+  int64_t max_simulated_tasks = 20'000'000;
+  double budget_s = 0;
+  // Prune per width (slots used) instead of against the overall best: the best shape of every
+  // width is simulated (a throughput curve, with `all`).
+  bool best_per_width = false;
 };
+
+// What the manager asks when it launches or morphs a job (manager/nodes/placement.cc): only
+// shapes that could be the best, heterogeneous mixes too, within about 30 ms of simulation here
+// (750 k tasks) and never over 1 s. Fill in the slots (and speeds).
+PlanRequest ManagerPlanRequest();
 
 // Ranks the shapes `spec` allows on the slots: fixed parallel.* values are kept, `auto` ones
 // (0, schedule "auto") searched. Stage boundaries balance profiled compute. With

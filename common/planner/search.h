@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/pipeline/schedule.h"
 #include "common/planner/autoconfig.h"
 #include "common/planner/profile.h"
@@ -22,9 +23,6 @@ namespace varuna::search {
 inline constexpr double kPruneFactor = 1.5;
 // Larger steps are rejected rather than simulated (memory and time grow with P x M).
 inline constexpr int64_t kMaxSimulatedMicroBatches = 8192;
-// Tasks simulated per plan, about 1-2 s here: past it, the remaining shapes (the least
-// promising: candidates go in order of their bound) are listed with their bound only.
-inline constexpr int64_t kSimulationBudgetTasks = 20'000'000;
 
 // Segment costs at each micro-batch size, interpolated once.
 class SegmentCache {
@@ -125,9 +123,10 @@ absl::Status PlanFixedPipelines(const JobSpec& spec, const v1::Profile& profile,
                                 int cap, const PlanRequest& req, v1::PlanSet* out);
 
 // The heterogeneous mixes on exactly `cap` slots (mix_search.cc). Adds plans (and rejected
-// ones) to *out, lowers *best; returns the tasks simulated.
+// ones) to *out, lowers *best; returns the tasks simulated. `t0`: when the plan began
+// (request.budget_s counts from it).
 int64_t PlanMixes(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
                   const std::vector<SchedulePolicy>& policies, int cap, const PlanRequest& req,
-                  int64_t simulated_before, double* best, v1::PlanSet* out);
+                  absl::Time t0, int64_t simulated_before, double* best, v1::PlanSet* out);
 
 }  // namespace varuna::search

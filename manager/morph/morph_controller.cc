@@ -431,7 +431,7 @@ void MorphController::Advance(Job& job) {
       Requeue(job);  // every worker saved and left: back to PENDING, nothing to plan
       return;
     }
-    if (clock_->Now() - job.last_trigger < config_.morph_coalesce) return;
+    if (!CoalesceWindowOver(job)) return;
     const std::set<std::string> exclude(m.lost_nodes().begin(), m.lost_nodes().end());
     auto plan = PlanForJob(job, jobs_->FreeSlotsFor(&job, exclude), *profiles_);
     if (!plan.ok()) {
@@ -456,6 +456,27 @@ void MorphController::Advance(Job& job) {
     }
     Relaunch(job, *plan);
   }
+}
+
+// Note [Coalescing window]: a morph waits morph_coalesce_s after its last trigger before it
+// plans, so events that come together (a rack's machines, a zone's notices) make one morph.
+// The wait is its own phase in the record ("coalesce", up to the window's end), so "plan" is
+// the planner and any wait for slots. The allocator's resizes and evictions skip it: the
+// manager decided them at once, for every job together; a machine event joining one brings
+// its kind, and with it the window, back.
+bool MorphController::CoalesceWindowOver(Job& job) {
+  v1::MorphState& m = job.morph();
+  const std::string& kind = m.record().kind();
+  const absl::Time end = job.last_trigger + config_.morph_coalesce;
+  if (kind != "resize" && kind != "evict" && clock_->Now() < end) return false;
+  auto& phases = *m.mutable_record()->mutable_phases();
+  if (!phases.contains("coalesce")) {
+    const double waited =
+        std::max(0.0, std::min(UnixSeconds(clock_->Now()), UnixSeconds(end)) - m.phase_since());
+    phases["coalesce"] = kind == "resize" || kind == "evict" ? 0.0 : waited;
+    m.set_phase_since(m.phase_since() + phases["coalesce"]);
+  }
+  return true;
 }
 
 // Note [Saved steps]: the survivors' saves are compared, not just counted. Each saver (exit 75,

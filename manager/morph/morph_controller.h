@@ -72,6 +72,8 @@ class MorphController final : public JobMorphing {
   bool InPlacePossible(const Job& job, const Cause& cause) const;
   static bool EveryNodeLeaving(const Job& job, const std::set<std::string>& leaving);
   std::string RelaunchReason(const Job& job, const Cause& cause) const;
+  // Note [Coalescing window] in morph_controller.cc: false while the morph still waits.
+  bool CoalesceWindowOver(Job& job);
   void AdoptSurvivors(Job& job, const v1::JobInfo& old);
   // Every rank exited or sits on a lost or dead node; with `frozen_gone`, a rank whose process
   // is stopped (Note [Frozen workers] in agent/in_place.cc) counts as gone too: it will save

@@ -170,13 +170,12 @@ absl::StatusOr<JobPlan> PlanWithProfile(const JobSpec& spec, std::vector<FreeSlo
     return plan;
   }
   SortFullestFirst(&nodes);
-  PlanRequest req;
+  PlanRequest req = ManagerPlanRequest();  // the best shape, within the manager's budget
   for (const auto& n : nodes) {
     req.slots_per_node.push_back(std::max(0, n.free));
     auto it = speeds.find(n.node);
     req.node_speed.push_back(it == speeds.end() ? 1.0 : it->second);
   }
-  req.heterogeneous = true;  // mixes of pipeline depths compete with P x D (issue 13)
   absl::StatusOr<v1::PlanSet> set = PlanShapes(spec, *profile, req);
   if (!set.ok()) {
     // Slots may still come: the job waits (the reason is shown), as under the placement rule.

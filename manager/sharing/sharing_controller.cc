@@ -85,6 +85,11 @@ void SharingController::SimulateCurve(const JobSpec& job_spec, const v1::Profile
   PlanRequest req;
   req.slots_per_node = slots_per_node;
   req.all = true;  // the best shape at every width, not only the widest of each stage count
+  req.best_per_width = true;
+  req.simulate_within = 1;
+  // Widths past the budget count with their lower bound (the widest, fastest go first).
+  req.max_simulated_tasks = 4'000'000;
+  req.budget_s = 0.2;
   JobSpec spec = job_spec;
   spec.resources.max_slots = 0;
   spec.resources.min_slots = 1;

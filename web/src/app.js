@@ -25,7 +25,7 @@ const FETCH_TIMEOUT_MS = 5000;
 const LOG_TAIL = 20;
 const MAX_EVENTS = 200;
 const RESYNC_MS = 10 * 60 * 1000;  // metrics: a full fetch this often (see refreshSelected)
-const PHASES = ['detect', 'save', 'stop', 'plan', 'launch', 'rendezvous', 'regroup', 'agree', 'transfer', 'first_step'];
+const PHASES = ['detect', 'save', 'stop', 'coalesce', 'plan', 'launch', 'rendezvous', 'regroup', 'agree', 'transfer', 'first_step'];
 const RUNNING_STATES = new Set(['RUNNING', 'RECONFIGURING', 'STARTING']);
 const TERMINAL_STATES = new Set(['SUCCEEDED', 'FAILED', 'CANCELLED']);
 

@@ -244,7 +244,10 @@ TEST(AutoConfigTest, RanksEveryFeasibleShapeBestFirst) {
   JobSpec spec = Gpt(4, 16);
   spec.parallel.schedule = "auto";
   ASSERT_OK_AND_ASSIGN(v1::Profile p, BuiltinProfile(spec));
-  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, {{4, 2}}));
+  PlanRequest every;  // every shape simulated (none only bounded: Note [Pruning])
+  every.slots_per_node = {4, 2};
+  every.simulate_within = std::numeric_limits<double>::infinity();
+  ASSERT_OK_AND_ASSIGN(v1::PlanSet set, PlanShapes(spec, p, every));
   ASSERT_GT(set.plans_size(), 10);
   for (int i = 1; i < set.plans_size(); ++i) {
     EXPECT_LE(set.plans(i - 1).step_s(), set.plans(i).step_s());

@@ -102,6 +102,12 @@ TEST_F(MorphControllerTest, LostNodeGoesThroughEveryPhaseAndRecordsTheMorph) {
   for (const char* phase : {"save", "plan", "launch", "rendezvous", "first_step", "total"}) {
     EXPECT_TRUE(r.phases().count(phase)) << phase;
   }
+  // The window's wait is its own phase (Note [Coalescing window] in morph_controller.cc);
+  // "plan" is the rest. The window (5 s) counts from the trigger, a second before PLANNING
+  // began (the loop above ran on), so 4 s of it are left; the test waited 6 s, and the
+  // planner takes no fake time.
+  EXPECT_NEAR(r.phases().at("coalesce"), 4.0, 1e-6);
+  EXPECT_NEAR(r.phases().at("plan"), 2.0, 1e-6);
 }
 
 TEST_F(MorphControllerTest, GracefulSaveTimesOutToAbortThenToStop) {

@@ -93,9 +93,7 @@ TEST_F(SharingControllerTest, AHigherClassShrinksALowerJobByAResizeMorph) {
   EXPECT_THAT(Events(), HasSubstr("job_resized: resized 4 -> 2 slots for job " + high));
   agents_.AnswerCheckpoints();
   SaveAndExit(low);
-  Tick();
-  Advance(config_.morph_coalesce + absl::Seconds(1));
-  Tick();
+  Tick();  // no coalescing window for a resize (Note [Coalescing window]): planned at once
   AnswerLaunches();
   EXPECT_EQ(Job(low).info().slots(), 2);
   EXPECT_EQ(Job(low).info().generation(), 2);
@@ -106,6 +104,7 @@ TEST_F(SharingControllerTest, AHigherClassShrinksALowerJobByAResizeMorph) {
   Report(low, 7, 6);
   ASSERT_EQ(Job(low).info().morphs_size(), 1);
   EXPECT_EQ(Job(low).info().morphs(0).kind(), "resize");
+  EXPECT_EQ(Job(low).info().morphs(0).phases().at("coalesce"), 0);
   EXPECT_TRUE(RecentMorphs(Job(low), clock_.Now(), absl::Hours(1)).empty())
       << "the allocator's resizes do not count against max_morphs";
 }
