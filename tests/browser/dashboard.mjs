@@ -13,6 +13,9 @@
 //   - the stage map, from /stages (#stage-map[data-source=stages]), has one cell per rank
 //     0..R-1 ([data-rank]);
 //   - with --morph: the morph timeline has at least one entry (#morphs [data-morph]);
+//   - the allocation chart (#chart-alloc) has a line for the job with its start, its end (or
+//     now) and, with --morph, the morph between: at least 2 (3) time points; the line passes
+//     through R slots, and with --morph through another width too;
 //   - the page never reloaded (a marker set on window at the start is still there) and threw
 //     no uncaught error.
 // Exit: 0 all passed, 1 a check failed (or the browser could not run), 2 bad usage,
@@ -94,6 +97,7 @@ async function snapshot(page) {
     const chart = q('#chart-loss');
     const map = q('#stage-map');
     const banner = q('#banner');
+    const alloc = q('#chart-alloc');
     return {
       marker: window.__varunaMarker,
       listed: !!row,
@@ -106,6 +110,11 @@ async function snapshot(page) {
       stageSource: map ? map.dataset.source : null,
       ranks: [...document.querySelectorAll('#stage-map [data-rank]')].map((e) => Number(e.dataset.rank)),
       morphs: document.querySelectorAll('#morphs [data-morph]').length,
+      allocJobs: alloc ? alloc.dataset.jobs.split(',').filter(Boolean) : [],
+      allocPoints: alloc ? Number(alloc.dataset.points) : NaN,
+      allocSlots: alloc ? alloc.dataset.slots : '',
+      allocValues: alloc ? ((alloc.dataset.values || '').split(';').find((v) => v.startsWith(job + ':')) || '')
+        .slice(job.length + 1).split('>').filter(Boolean).map(Number) : [],
       banner: banner && !banner.hidden ? banner.textContent : '',
       hash: location.hash,
     };
@@ -122,6 +131,8 @@ async function waitFor(page, deadline, pred) {
   }
 }
 
+const allocOk = (s) => s.allocJobs.includes(JOB) && s.allocPoints >= (opts.morph ? 3 : 2) &&
+  s.allocValues.includes(RANKS) && (!opts.morph || s.allocValues.some((v) => v > 0 && v !== RANKS));
 const ranksOk = (s) => s.stageSource === 'stages' && s.ranks.length === RANKS &&
   [...Array(RANKS).keys()].every((r) => s.ranks.includes(r));
 
@@ -174,11 +185,15 @@ try {
 
   // Everything at once, then report each one from the same final snapshot.
   s = await waitFor(page, deadline, (x) =>
-    x.detailJob === JOB && x.chartJob === JOB && x.points === STEPS && ranksOk(x) && (!opts.morph || x.morphs >= 1));
+    x.detailJob === JOB && x.chartJob === JOB && x.points === STEPS && ranksOk(x) && (!opts.morph || x.morphs >= 1) &&
+    allocOk(x));
   report('loss chart points', s.chartJob === JOB && s.points === STEPS,
          `${s.points} points plotted for job ${s.chartJob || '(none)'}, want ${STEPS}`);
   report('stage map ranks', ranksOk(s),
          `source ${s.stageSource}, ranks [${[...s.ranks].sort((a, b) => a - b).join(',')}], want 0..${RANKS - 1}`);
+  report('allocation chart', allocOk(s),
+         `jobs [${s.allocJobs.join(',')}], ${s.allocPoints} time points, job ${JOB} slots ` +
+         `${s.allocValues.join(' > ')}, want ${RANKS} and (with --morph) another width`);
   if (opts.morph) report('morph timeline', s.morphs >= 1, `${s.morphs} morph entries (generation ${s.generation})`);
   if (s.banner) console.log(`note: error banner at the end: ${s.banner}`);
   if (failedResources) console.log(`note: ${failedResources} API requests failed along the way (the page retried)`);

@@ -14,6 +14,9 @@
 //   #chart-loss[data-points][data-job]     points actually plotted
 //   #stage-map[data-source="stages"] [data-rank]  one cell per rank
 //   #morphs [data-morph]                   one entry per morph
+//   #chart-alloc[data-jobs][data-points]   jobs and time points of the allocation chart;
+//     data-slots="ID:SLOTS,..." each plotted job's newest value, data-values="ID:4>2>0;..."
+//     each job's successive values
 import uPlot from 'uplot';
 import 'uplot/dist/uPlot.min.css';
 import './style.css';
@@ -400,6 +403,7 @@ async function tick() {
   renderSummary();
   renderNodes();
   renderJobs();
+  renderAllocation();
   await refreshSelected(slow);
   renderBanner();
 }
@@ -729,6 +733,110 @@ function renderCharts(js) {
   for (const c of Object.values(charts)) c.box.dataset.points = String(c.u.data[0].length);
   charts.loss.box.dataset.job = js.id;
   charts.loss.box.dataset.lastStep = keys.length ? String(keys[keys.length - 1]) : '';
+}
+
+// ---- allocation over time ---------------------------------------------------------------
+// Every job's slots over time, one stepped line per job (the newest MAX_ALLOC_JOBS that held
+// slots), rebuilt from the job list at each poll, so it has the history from before the page
+// opened: the morph records give the changes (each morph's from and to at its time, an
+// eviction's to being empty), started_at and finished_at the ends, and the job's slots now the
+// newest point. A start after an eviction has a time only when it is the newest start
+// (started_at); an older one shows at the next morph. /metrics has the same as
+// varuna_job_allocated_slots for a long view.
+
+const MAX_ALLOC_JOBS = 12;
+const ALLOC_COLORS = ['#58a6ff', '#3fb950', '#d2a8ff', '#ffa657', '#f778ba', '#79c0ff', '#56d364',
+                      '#e3b341', '#ff7b72', '#a5d6ff', '#7ee787', '#bc8cff'];
+let allocChart = null;  // {u, box, key}
+
+function shapeSlots(sh) {
+  if (!sh) return 0;
+  const tp = Math.max(1, num(sh.tp_size) || 1);
+  const depths = (sh.depths || []).map(Number);
+  if (depths.length) return depths.reduce((a, b) => a + b, 0) * tp;
+  return (num(sh.stages) || 0) * (num(sh.replicas) || 0) * tp;
+}
+
+const unixS = (text) => { const v = Date.parse(text || ''); return Number.isFinite(v) ? v / 1000 : NaN; };
+
+// [[t, slots], ...] in time order for job j (empty: it never held slots).
+function allocSteps(j, nowS) {
+  const pts = [];
+  const started = unixS(j.started_at);
+  const holding = RUNNING_STATES.has(j.state);
+  const morphs = (j.morphs || []).filter((m) => Number.isFinite(unixS(m.at)));
+  if (!morphs.length) {
+    if (!Number.isFinite(started)) return pts;
+    pts.push([started, num(j.slots) || 0]);
+  } else {
+    const first = unixS(morphs[0].at);
+    pts.push([Number.isFinite(started) && started < first ? started : first, shapeSlots(morphs[0].from)]);
+    morphs.forEach((m, i) => {
+      const at = unixS(m.at);
+      pts.push([at, shapeSlots(m.to)]);
+      const next = morphs[i + 1];
+      if (next && shapeSlots(next.from) !== shapeSlots(m.to)) {  // it started again in between
+        const nextAt = unixS(next.at);
+        pts.push([started > at && started < nextAt ? started : nextAt, shapeSlots(next.from)]);
+      }
+    });
+    const last = morphs[morphs.length - 1];
+    if (shapeSlots(last.to) === 0 && started > unixS(last.at)) pts.push([started, num(j.slots) || 0]);
+  }
+  const finished = unixS(j.finished_at);
+  if (TERMINAL_STATES.has(j.state) && Number.isFinite(finished)) pts.push([finished, 0]);
+  else pts.push([nowS, holding ? num(j.slots) || 0 : 0]);
+  pts.sort((a, b) => a[0] - b[0]);
+  return pts;
+}
+
+function renderAllocation() {
+  const nowS = Date.now() / 1000;
+  const box = $('#chart-alloc');
+  const lines = [];
+  for (const j of [...state.jobs].reverse()) {
+    if (lines.length >= MAX_ALLOC_JOBS) break;
+    const pts = allocSteps(j, nowS);
+    if (pts.some((p) => p[1] > 0)) lines.push({ id: j.id, name: j.name, pts });
+  }
+  lines.reverse();  // oldest first: colours stay put as jobs come
+  const key = lines.map((l) => l.id).join(',');
+  if (!allocChart || allocChart.key !== key) {
+    if (allocChart) allocChart.u.destroy();
+    box.textContent = '';
+    const stepped = uPlot.paths.stepped({ align: 1 });
+    const opts = {
+      width: Math.max(300, box.clientWidth || 600), height: 150,
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max || 0)] } },
+      series: [{ label: 'time' }, ...lines.map((l, i) => ({
+        label: `${l.id} ${l.name || ''}`.trim(), stroke: ALLOC_COLORS[i % ALLOC_COLORS.length],
+        width: 1.5, paths: stepped, spanGaps: false, value: legendValue((v) => `${v} slots`),
+      }))],
+      axes: [{ ...AXIS }, { ...AXIS, size: 40, label: 'slots', labelSize: 14 }],
+      legend: { live: true },
+      cursor: { points: { size: 5 } },
+    };
+    allocChart = { u: new uPlot(opts, [[], ...lines.map(() => [])], box), box, key };
+    new ResizeObserver(() => {
+      const w = Math.max(300, box.clientWidth);
+      if (Math.abs(w - allocChart.u.width) > 2) allocChart.u.setSize({ width: w, height: 150 });
+    }).observe(box);
+  }
+  // Aligned data: every line's value at every time point (its newest step at or before it).
+  const xs = [...new Set(lines.flatMap((l) => l.pts.map((p) => p[0])))].sort((a, b) => a - b);
+  const ys = lines.map((l) => {
+    let k = -1;
+    return xs.map((x) => {
+      while (k + 1 < l.pts.length && l.pts[k + 1][0] <= x) k++;
+      return k < 0 || x > l.pts[l.pts.length - 1][0] ? null : l.pts[k][1];
+    });
+  });
+  allocChart.u.setData([xs, ...ys]);
+  box.dataset.jobs = key;
+  box.dataset.points = String(xs.length);
+  box.dataset.slots = lines.map((l) => `${l.id}:${l.pts[l.pts.length - 1][1]}`).join(',');
+  box.dataset.values = lines.map((l) => `${l.id}:${l.pts.map((p) => p[1])
+    .filter((v, i, a) => i === 0 || v !== a[i - 1]).join('>')}`).join(';');
 }
 
 // ---- stage map -------------------------------------------------------------------------
