@@ -5,6 +5,9 @@
 //
 // Usage: cluster_replay --trace FILE.csv --slots N --policy queue|static|allocator
 //                       [--mapping FILE] [--slots_per_node 8] [--dt_s 10] [--morph_cost_s 2]
+//                       [--load 1]
+// --load F divides every arrival time by F: the same jobs arrive F times as often, the way
+// Pollux's sensitivity study varies the load on one cluster.
 // The last line printed is one JSON object: policy, jobs, avg_jct_s, p99_jct_s, makespan_s,
 // utilization (allocated slot-seconds over available slot-seconds up to the makespan).
 //
@@ -75,6 +78,7 @@ struct Options {
   std::string trace, mapping, policy;
   int slots = 0, per_node = 8;
   double dt = 10, morph_cost = 2;
+  double load = 1;  // arrivals come this many times as often (times divided by it)
 };
 
 [[noreturn]] void Die(const std::string& why) {
@@ -116,7 +120,7 @@ class Replay final : public NodeTable::Listener {
       if (row.size() < 4) Die("trace: want name,time,application,num_replicas[,...]");
       TraceJob j;
       j.name = row[0];
-      j.time = Int(row[1], "time");
+      j.time = Int(row[1], "time") / o_.load;
       j.app = row[2];
       j.replicas = std::max(1, std::min(Int(row[3], "num_replicas"), o_.slots));
       if (!apps_.count(j.app)) Die(absl::StrCat("trace: application '", j.app, "' not mapped"));
@@ -193,9 +197,10 @@ class Replay final : public NodeTable::Listener {
     const double p99 = jct[std::min(jct.size() - 1, static_cast<size_t>(0.99 * jct.size()))];
     std::printf(
         "{\"policy\": \"%s\", \"jobs\": %zu, \"avg_jct_s\": %.0f, \"p99_jct_s\": %.0f, "
-        "\"makespan_s\": %.0f, \"utilization\": %.3f, \"slots\": %d, \"morphs\": %d}\n",
+        "\"makespan_s\": %.0f, \"utilization\": %.3f, \"slots\": %d, \"morphs\": %d, "
+        "\"load\": %g}\n",
         o_.policy.c_str(), jct.size(), sum / jct.size(), p99, makespan,
-        used_slot_s / (o_.slots * std::max(1.0, makespan)), o_.slots, Morphs());
+        used_slot_s / (o_.slots * std::max(1.0, makespan)), o_.slots, Morphs(), o_.load);
   }
 
  private:
@@ -432,14 +437,16 @@ int main(int argc, char** argv) {
       o.dt = std::atof(v.c_str());
     else if (k == "--morph_cost_s")
       o.morph_cost = std::atof(v.c_str());
+    else if (k == "--load")
+      o.load = std::atof(v.c_str());
     else
       varuna::Die(absl::StrCat("unknown flag ", k));
   }
-  if (o.trace.empty() || o.slots < 1 || o.per_node < 1 || !(o.dt > 0) ||
+  if (o.trace.empty() || o.slots < 1 || o.per_node < 1 || !(o.dt > 0) || !(o.load > 0) ||
       (o.policy != "queue" && o.policy != "static" && o.policy != "allocator")) {
     varuna::Die(
         "usage: cluster_replay --trace FILE.csv --slots N --policy queue|static|allocator "
-        "[--mapping FILE] [--slots_per_node 8] [--dt_s 10] [--morph_cost_s 2]");
+        "[--mapping FILE] [--slots_per_node 8] [--dt_s 10] [--morph_cost_s 2] [--load 1]");
   }
   varuna::Replay(o).Run();
   return 0;
