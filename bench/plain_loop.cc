@@ -71,7 +71,12 @@ int main(int argc, char** argv) {
   const int64_t B = t.global_batch;
   for (int64_t step = 1; step <= t.steps; ++step) {
     const auto t0 = std::chrono::steady_clock::now();
-    auto batch = data->Batch((step - 1) * B, B);
+    auto read = data->Batch((step - 1) * B, B);
+    if (!read.ok()) {
+      std::fprintf(stderr, "error: %s\n", std::string(read.status().message()).c_str());
+      return 1;
+    }
+    auto& batch = *read;
     torch::Tensor h;
     for (auto& l : layers) h = l->Forward(h, batch);
     h.backward();

@@ -2,7 +2,7 @@
 
 // varunactl's commands, one constructor each (the table is assembled in varunactl.cc), by
 // group and file: Jobs (commands_jobs.cc), Monitoring (commands_monitoring.cc), Cluster
-// (commands_cluster.cc), Planning (commands_planning.cc).
+// (commands_cluster.cc), Planning (commands_planning.cc, commands_data.cc).
 
 #include <string>
 #include <vector>
@@ -36,6 +36,7 @@ Command NewCmdManagers();
 
 Command NewCmdPlan();
 Command NewCmdProfile();
+Command NewCmdData();  // commands_data.cc
 
 inline bool IsTerminal(v1::JobState s) {
   return s == v1::SUCCEEDED || s == v1::FAILED || s == v1::CANCELLED;

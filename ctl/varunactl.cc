@@ -85,9 +85,10 @@ Command NewCmdHelp() {
 }
 
 std::vector<Command> CommandTable() {
-  return {NewCmdSubmit(),  NewCmdList(),     NewCmdQueue(),   NewCmdStatus(),  NewCmdCancel(),
-          NewCmdLogs(),    NewCmdEvents(),   NewCmdMetrics(), NewCmdNodes(),   NewCmdDrain(),
-          NewCmdPreempt(), NewCmdManagers(), NewCmdPlan(),    NewCmdProfile(), NewCmdHelp()};
+  return {NewCmdSubmit(), NewCmdList(),    NewCmdQueue(),   NewCmdStatus(),
+          NewCmdCancel(), NewCmdLogs(),    NewCmdEvents(),  NewCmdMetrics(),
+          NewCmdNodes(),  NewCmdDrain(),   NewCmdPreempt(), NewCmdManagers(),
+          NewCmdPlan(),   NewCmdProfile(), NewCmdData(),    NewCmdHelp()};
 }
 
 // The position of the command's name in `args`: the first word before "--" that is neither

@@ -211,6 +211,9 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   if (n["model_spec"]) {
     ASSIGN_OR_RETURN(c.model_spec, Get<std::string>(n, "model_spec", what));
   }
+  if (n["data_position"]) {
+    ASSIGN_OR_RETURN(c.data_position, Get<std::string>(n, "data_position", what));
+  }
   if (n["tokenizer_dir"]) {
     ASSIGN_OR_RETURN(c.tokenizer_dir, Get<std::string>(n, "tokenizer_dir", what));
   }

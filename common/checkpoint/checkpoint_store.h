@@ -77,6 +77,9 @@ struct CheckpointCommon {
   std::vector<std::string> layers;
   std::string model_spec;
   std::string tokenizer_dir;  // the job's data.tokenizer_dir ("" if none), for export
+  // Where a corpus's sample stream stood after this step (worker/engine/data.h
+  // PositionRecord; "" for text and tokens data, and in rescues).
+  std::string data_position;
   // Written for people and tools, not read back:
   int micro_batch = 0;
   std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)

@@ -18,6 +18,7 @@
 #include "common/base/status_macros.h"
 #include "common/base/yaml_util.h"
 #include "common/checkpoint/checkpoint_store.h"
+#include "common/data/manifest.h"
 #include "common/pipeline/pipeline_template.h"
 #include "common/spec/job_topology.h"
 
@@ -102,6 +103,70 @@ absl::Status Finite(const std::string& key, double value, double lo, double hi,
   if (ok) return absl::OkStatus();
   return Bad(key, absl::StrCat("is ", value, "; must be a finite number in ", open_low ? "(" : "[",
                                lo, ", ", hi, "]"));
+}
+
+// data: a file (text, tokens) or weighted sources of shards (indexed, llmc).
+absl::Status ValidateData(const DataSpec& data, int64_t vocab) {
+  RETURN_IF_ERROR(OneOf("data.kind", data.kind, {"text", "tokens", "indexed", "llmc"}));
+  if (!data.corpus()) {
+    if (data.path.empty()) return Bad("data.path", "is required");
+    if (!data.sources.empty()) {
+      return Bad("data.sources", absl::StrCat("is for kind indexed or llmc, not ", data.kind));
+    }
+    return OneOf("data.dtype", data.dtype, {"uint16", "uint32"});
+  }
+  if (!data.path.empty()) {
+    return Bad("data.path", absl::StrCat("is not used with kind ", data.kind,
+                                         ": list the shards under data.sources"));
+  }
+  if (data.sources.empty()) return Bad("data.sources", "is required for kind " + data.kind);
+  if (data.sources.size() > 1024) return Bad("data.sources", "has more than 1024 sources");
+  double sum = 0;
+  for (size_t i = 0; i < data.sources.size(); ++i) {
+    const DataSource& s = data.sources[i];
+    const std::string key = absl::StrCat("data.sources[", i, "]");
+    if (s.shards.empty()) return Bad(key + ".shards", "is empty");
+    for (const std::string& shard : s.shards) {
+      if (shard.empty()) return Bad(key + ".shards", "has an empty path");
+    }
+    RETURN_IF_ERROR(Finite(key + ".weight", s.weight, 0, 1e9));
+    sum += s.weight;
+  }
+  if (!(sum > 0)) return Bad("data.sources", "weights sum to zero: no source would be read");
+  if (data.eod_token >= vocab) {
+    return Bad("data.eod_token", absl::StrCat("is ", data.eod_token, "; model.vocab is ", vocab));
+  }
+  return absl::OkStatus();
+}
+
+// data.sources: a list of {shards: [...], weight: W}.
+absl::Status ReadSources(const YAML::Node& v, std::vector<DataSource>* out) {
+  if (!v.IsSequence()) {
+    return absl::InvalidArgumentError(
+        "job spec: 'data.sources' must be a list of {shards, weight}");
+  }
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string key = absl::StrCat("data.sources[", i, "]");
+    DataSource src;
+    RETURN_IF_ERROR(ForEachEntry(
+        v[i], "job spec", key, [&](const std::string& k, const YAML::Node& f) -> absl::Status {
+          if (k == "weight") return ReadInto(f, "job spec", key + ".weight", &src.weight);
+          if (k != "shards") {
+            return absl::InvalidArgumentError(
+                absl::StrCat("job spec: unknown key '", key, ".", k, "' (known: shards, weight)"));
+          }
+          const std::vector<YAML::Node> items = f.IsSequence()
+                                                    ? std::vector<YAML::Node>(f.begin(), f.end())
+                                                    : std::vector<YAML::Node>{f};
+          for (const YAML::Node& item : items) {
+            ASSIGN_OR_RETURN(std::string path, YamlScalar(item, "job spec", key + ".shards"));
+            src.shards.push_back(std::move(path));
+          }
+          return absl::OkStatus();
+        }));
+    out->push_back(std::move(src));
+  }
+  return absl::OkStatus();
 }
 
 // env: KEY: VALUE, every value a single scalar, every key a shell variable name.
@@ -226,9 +291,7 @@ absl::Status JobSpec::Validate() const {
                "adds): 1-32 of a-z, 0-9, _ and -");
   }
   RETURN_IF_ERROR(ValidateModel(model));
-  RETURN_IF_ERROR(OneOf("data.kind", data.kind, {"text", "tokens"}));
-  if (data.path.empty()) return Bad("data.path", "is required");
-  RETURN_IF_ERROR(OneOf("data.dtype", data.dtype, {"uint16", "uint32"}));
+  RETURN_IF_ERROR(ValidateData(data, model.vocab));
   if (data.kind == "text" && model.vocab < 256) {
     return Bad("model.vocab",
                absl::StrCat("is ", model.vocab, " but text data is bytes and needs vocab >= 256"));
@@ -434,8 +497,22 @@ absl::Status JobSpec::ValidateShape() const {
   return absl::OkStatus();
 }
 
+std::vector<std::string> DataSpec::AllShards() const {
+  std::vector<std::string> out;
+  for (const DataSource& s : sources) out.insert(out.end(), s.shards.begin(), s.shards.end());
+  return out;
+}
+
 absl::Status JobSpec::ValidateFiles() const {
-  RETURN_IF_ERROR(CheckRegularFile(data.path, "data.path"));
+  if (!data.corpus()) RETURN_IF_ERROR(CheckRegularFile(data.path, "data.path"));
+  for (const std::string& shard : data.AllShards()) {
+    if (data.kind == "indexed") {
+      RETURN_IF_ERROR(CheckRegularFile(shard + ".idx", "data.sources shard"));
+      RETURN_IF_ERROR(CheckRegularFile(shard + ".bin", "data.sources shard"));
+    } else {
+      RETURN_IF_ERROR(CheckRegularFile(shard, "data.sources shard"));
+    }
+  }
   if (!env_file.empty()) RETURN_IF_ERROR(CheckRegularFile(env_file, "env_file"));
   if (model.kind == "torchscript") {
     RETURN_IF_ERROR(CheckRegularFile(model.path + "/segment_0.pt", "model.path segment_0.pt"));
@@ -446,6 +523,11 @@ absl::Status JobSpec::ValidateFiles() const {
       return Bad("data.tokenizer_dir",
                  absl::StrCat("'", data.tokenizer_dir, "' is not a directory"));
     }
+  }
+  if (data.corpus()) {
+    // The manifests varuna-data wrote: the same tokenizer, a vocabulary that fits the model.
+    RETURN_IF_ERROR(
+        CheckManifests(data.AllShards(), model.vocab, data.eod_token, data.tokenizer_dir).status());
   }
   if (!model.init_from.empty()) {
     std::vector<std::string> missing;
@@ -575,7 +657,12 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                              r.Field("kind", &spec.data.kind)
                                  .Field("path", &spec.data.path)
                                  .Field("dtype", &spec.data.dtype)
-                                 .Field("tokenizer_dir", &spec.data.tokenizer_dir);
+                                 .Field("eod_token", &spec.data.eod_token)
+                                 .Field("sample_log", &spec.data.sample_log)
+                                 .Field("tokenizer_dir", &spec.data.tokenizer_dir)
+                                 .Sub("sources", [&spec](const YAML::Node& v) {
+                                   return ReadSources(v, &spec.data.sources);
+                                 });
                            }))
       .Sub("train", section("train",
                             [&](MapReader& r) {

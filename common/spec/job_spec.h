@@ -26,13 +26,29 @@ inline constexpr int64_t kMaxSteps = 1000000000;
 // A shell variable name: [A-Za-z_][A-Za-z0-9_]*, at most 256 characters.
 bool IsValidEnvKey(absl::string_view key);
 
+// One weighted source of a corpus (docs/data.md "Corpora"): its shards are read end to end.
+struct DataSource {
+  std::vector<std::string> shards;  // Megatron prefixes (kind indexed) or llm.c files (llmc)
+  double weight = 1;
+};
+
 struct DataSpec {
-  std::string kind = "text";  // text (bytes of a file, vocab >= 256) | tokens (flat binary)
-  std::string path;
-  std::string dtype = "uint16";  // tokens only: uint16 | uint32
-  // The Hugging Face tokenizer that made the tokens (tokenizer.json, ...): not used for
-  // training; varuna-ckpt export copies its files next to the weights.
+  // text (bytes of a file, vocab >= 256) | tokens (flat binary) | indexed (Megatron
+  // PREFIX.bin/.idx shards) | llmc (llm.c token files); the last two read `sources`.
+  std::string kind = "text";
+  std::string path;                 // text and tokens
+  std::string dtype = "uint16";     // tokens only: uint16 | uint32
+  std::vector<DataSource> sources;  // indexed and llmc (Note [Sample stream] in corpus.h)
+  int64_t eod_token = -1;  // the end-of-document token; -1: the shards' manifests' (if any)
+  // When set, the rank that feeds a sample into its pipeline appends one JSON line per
+  // sample to DIR/rank-R.gen-G.jsonl when the step commits (indexed and llmc).
+  std::string sample_log;
+  // The Hugging Face tokenizer that made the tokens (tokenizer.json, ...): checked against the
+  // shards' manifests; varuna-ckpt export copies its files next to the weights.
   std::string tokenizer_dir;
+  bool corpus() const { return kind == "indexed" || kind == "llmc"; }
+  // Every shard of every source, in order.
+  std::vector<std::string> AllShards() const;
 };
 
 struct TrainSpec {

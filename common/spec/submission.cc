@@ -80,6 +80,25 @@ void AbsolutizeKey(YAML::Node root, const std::string& section, const std::strin
   }
 }
 
+// data.sources[].shards[]: each path made absolute (a scalar shard list too).
+void AbsolutizeShards(YAML::Node root, const fs::path& base) {
+  if (!(root["data"].IsDefined() && root["data"].IsMap())) return;
+  YAML::Node sources = root["data"]["sources"];
+  if (!sources.IsDefined() || !sources.IsSequence()) return;
+  for (size_t i = 0; i < sources.size(); ++i) {
+    YAML::Node src = sources[i];
+    if (!src.IsMap()) continue;
+    YAML::Node shards = src["shards"];
+    if (shards.IsScalar()) {
+      src["shards"] = Absolute(shards.Scalar(), base);
+    } else if (shards.IsSequence()) {
+      for (size_t j = 0; j < shards.size(); ++j) {
+        if (shards[j].IsScalar()) shards[j] = Absolute(shards[j].Scalar(), base);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path, const std::string& what) {
@@ -226,6 +245,8 @@ absl::StatusOr<std::string> Prepare(const std::string& path, const SubmitOptions
   AbsolutizeKey(root, "model", "path", base);
   AbsolutizeKey(root, "model", "init_from", base);
   AbsolutizeKey(root, "data", "tokenizer_dir", base);
+  AbsolutizeKey(root, "data", "sample_log", base);
+  AbsolutizeShards(root, base);
   AbsolutizeKey(root, "checkpoint", "dir", base);
   AbsolutizeKey(root, "", "env_file", base);
 

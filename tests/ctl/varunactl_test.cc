@@ -34,7 +34,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>> kGroups = {
     {"Jobs", {"submit", "list", "status", "cancel"}},
     {"Monitoring", {"logs", "events", "metrics"}},
     {"Cluster", {"nodes", "drain", "preempt", "managers"}},
-    {"Planning", {"plan", "profile"}},
+    {"Planning", {"plan", "profile", "data"}},
     {"Other", {"help"}},
 };
 

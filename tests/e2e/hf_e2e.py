@@ -285,7 +285,16 @@ class LlamaParityTest(Fixture):
         root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
         with open(os.path.join(root, "examples", "jobs", "llama_fortunes.yaml")) as f:
             text = f.read()
-        text = (text.replace("@CORPUS@", self.corpus)
+        # Its corpus as scripts/demo.sh makes it: a tokenizer trained on the text, then the
+        # Megatron dataset (docs/data.md).
+        tool = os.path.join(root, "scripts", "varuna-data")
+        tok, prefix = os.path.join(self.tmp, "example-tok"), os.path.join(self.tmp, "example-data")
+        for args in (["tokenizer", "--input", self.corpus, "--vocab", "512", "--out", tok],
+                     ["prepare", "--tokenizer", tok, "--input", self.corpus, "--out", prefix,
+                      "--workers", "1"]):
+            r = subprocess.run([tool, *args], capture_output=True, text=True, timeout=300)
+            self.assertEqual(r.returncode, 0, r.stderr)
+        text = (text.replace("@CORPUS@", prefix).replace("@TOKENIZER@", tok)
                 .replace("@CHECKPOINTS@", os.path.join(self.tmp, "example-ckpt"))
                 .replace("steps: 200", "steps: 6").replace("every_steps: 50", "every_steps: 3"))
         job = os.path.join(self.tmp, "example.yaml")

@@ -12,8 +12,8 @@ import subprocess
 ROOT = os.path.join("tests", "fuzz", "corpus")
 SEP = "\n--8<--\n"
 
-JOB = open(os.path.join("examples", "jobs", "gpt_fortunes.yaml")).read().replace("@CORPUS@",
-                                                                                 "/tmp/x")
+JOB = (open(os.path.join("examples", "jobs", "gpt_fortunes.yaml")).read()
+       .replace("@CORPUS@", "/tmp/x").replace("@TOKENIZER@", "/tmp"))
 
 
 def put(target, name, data):

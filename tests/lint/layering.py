@@ -13,11 +13,14 @@ import sys
 ALLOWED = {
     "common/base": set(),
     "common/net": {"common/base"},
+    "common/data": {"common/base"},
     "common/pipeline": {"common/base"},
     "common/checkpoint": {"common/base"},
-    "common/spec": {"common/base", "common/pipeline", "common/checkpoint"},
-    "common/planner": {"common/base", "common/pipeline", "common/checkpoint", "common/spec"},
-    "common/launch": {"common/base", "common/pipeline", "common/checkpoint", "common/spec"},
+    "common/spec": {"common/base", "common/pipeline", "common/checkpoint", "common/data"},
+    "common/planner": {"common/base", "common/pipeline", "common/checkpoint", "common/data",
+                       "common/spec"},
+    "common/launch": {"common/base", "common/pipeline", "common/checkpoint", "common/data",
+                      "common/spec"},
 }
 COMMON = set(ALLOWED)
 # The manager's rooms (each a folder and a library, manager/CMakeLists.txt): the lower rooms

@@ -8,7 +8,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/base/safe_file.h"
+#include "common/base/status_macros.h"
+#include "common/base/yaml_util.h"
 
 namespace varuna {
 namespace {
@@ -25,6 +28,21 @@ uint64_t SplitMix64(uint64_t x) {
 absl::StatusOr<TokenDataset> TokenDataset::Open(const DataSpec& spec, int seq_len, int vocab,
                                                 uint64_t seed) {
   TokenDataset ds;
+  if (spec.corpus()) {
+    CorpusOptions o;
+    o.kind = spec.kind;
+    for (const DataSource& s : spec.sources) o.sources.push_back({s.shards, s.weight});
+    o.seq_len = seq_len;
+    o.vocab = vocab;
+    o.seed = seed;
+    ASSIGN_OR_RETURN(ds.corpus_, Corpus::Open(o));
+    ds.seq_len_ = seq_len;
+    ds.seed_ = seed;
+    ds.positions_ = std::make_unique<Positions>();
+    ds.positions_->known.emplace(0, ds.corpus_->Start());
+    for (int i = 0; i < ds.corpus_->num_sources(); ++i) ds.num_tokens_ += ds.corpus_->tokens(i);
+    return ds;
+  }
   ds.width_ = spec.kind == "text" ? 1 : (spec.dtype == "uint32" ? 4 : 2);
   ds.seq_len_ = seq_len;
   ds.seed_ = seed;
@@ -81,7 +99,9 @@ TokenDataset::TokenDataset(TokenDataset&& o) noexcept
       width_(o.width_),
       num_tokens_(o.num_tokens_),
       seq_len_(o.seq_len_),
-      seed_(o.seed_) {
+      seed_(o.seed_),
+      corpus_(std::move(o.corpus_)),
+      positions_(std::move(o.positions_)) {
   o.data_ = nullptr;
 }
 
@@ -107,11 +127,82 @@ uint64_t TokenDataset::Token(int64_t i) const {
   }
 }
 
-TensorMap TokenDataset::Batch(int64_t first, int64_t count) const {
+StreamPosition TokenDataset::PositionAt(int64_t samples) const {
+  std::lock_guard<std::mutex> lock(positions_->mu);
+  auto& known = positions_->known;
+  auto it = std::prev(known.upper_bound(samples));  // the start (0) is always known
+  StreamPosition pos = it->second;
+  corpus_->Advance(&pos, samples - it->first);
+  known.emplace(samples, pos);
+  while (known.size() > 64) known.erase(std::next(known.begin()));  // keep the start
+  return pos;
+}
+
+std::vector<SampleRef> TokenDataset::Refs(int64_t first, int64_t count) const {
+  StreamPosition pos = PositionAt(first);
+  return corpus_->Next(&pos, count);
+}
+
+std::string TokenDataset::PositionRecord(int64_t samples) const {
+  if (!corpus_) return "";
+  const StreamPosition pos = PositionAt(samples);
+  return absl::StrCat("{\"samples\": ", samples, ", \"taken\": [", absl::StrJoin(pos.taken, ", "),
+                      "], \"corpus\": \"", corpus_->Fingerprint(), "\"}");
+}
+
+absl::Status TokenDataset::ResumeFrom(const std::string& record) const {
+  if (!corpus_ || record.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(record, "checkpoint data_position"));
+  int64_t samples = -1;
+  std::string fingerprint;
+  StreamPosition pos;
+  RETURN_IF_ERROR(ForEachEntry(root, "checkpoint data_position", "",
+                               [&](const std::string& key, const YAML::Node& v) -> absl::Status {
+                                 if (key == "samples")
+                                   return ReadInto(v, "data_position", key, &samples);
+                                 if (key == "corpus")
+                                   return ReadInto(v, "data_position", key, &fingerprint);
+                                 if (key == "taken")
+                                   return ReadInto(v, "data_position", key, &pos.taken);
+                                 return absl::OkStatus();
+                               }));
+  if (fingerprint != corpus_->Fingerprint()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the checkpoint was trained on another corpus (fingerprint ", fingerprint,
+                     ", this job's ", corpus_->Fingerprint(),
+                     "): its sources, weights or shards changed, so where its stream "
+                     "stands means nothing here; resume with the same data, or start afresh"));
+  }
+  if (samples < 0 || static_cast<int>(pos.taken.size()) != corpus_->num_sources() ||
+      pos.total() != samples) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint data_position '", record, "' does not add up"));
+  }
+  std::lock_guard<std::mutex> lock(positions_->mu);
+  positions_->known[samples] = std::move(pos);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TensorMap> TokenDataset::Batch(int64_t first, int64_t count) const {
   auto ids = torch::empty({count, seq_len_}, torch::kLong);
   auto labels = torch::empty({count, seq_len_}, torch::kLong);
   auto a = ids.accessor<int64_t, 2>();
   auto b = labels.accessor<int64_t, 2>();
+  if (corpus_) {
+    // Evaluation (worker_run.cc asks for samples from 2^40 on) reads the stream's first
+    // samples; a held-out split is not there yet.
+    constexpr int64_t kFarAway = int64_t{1} << 40;
+    const std::vector<SampleRef> refs = Refs(first >= kFarAway ? first - kFarAway : first, count);
+    std::vector<int64_t> tokens(seq_len_ + 1);
+    for (int64_t s = 0; s < count; ++s) {
+      RETURN_IF_ERROR(corpus_->Tokens(refs[s], tokens.data()));
+      for (int t = 0; t < seq_len_; ++t) {
+        a[s][t] = tokens[t];
+        b[s][t] = tokens[t + 1];
+      }
+    }
+    return TensorMap{{"input_ids", ids}, {"labels", labels}};
+  }
   const uint64_t windows = static_cast<uint64_t>(num_tokens_ - seq_len_);
   for (int64_t s = 0; s < count; ++s) {
     const uint64_t index = static_cast<uint64_t>(first + s);
@@ -122,7 +213,7 @@ TensorMap TokenDataset::Batch(int64_t first, int64_t count) const {
       b[s][t] = static_cast<int64_t>(Token(off + t + 1));
     }
   }
-  return {{"input_ids", ids}, {"labels", labels}};
+  return TensorMap{{"input_ids", ids}, {"labels", labels}};
 }
 
 }  // namespace varuna

@@ -1,16 +1,24 @@
 #pragma once
 
-// Training data (ARCHITECTURE "Data"): a sample is identified by (seed, global sample index);
-// optimizer step s (1-based) uses global samples [(s-1)*B, s*B) whatever P, D and the
-// micro-batch size are, so every configuration (and a resumed run) sees the same data.
-// Sample i is the window of seq_len+1 tokens at an offset drawn from hash(seed, i).
+// Training data (ARCHITECTURE "Data"): optimizer step s (1-based) uses global samples
+// [(s-1)*B, s*B) whatever P, D and the micro-batch size are, so every configuration (and a
+// resumed run) sees the same data.
+// - text and tokens: global sample i is the window of seq_len+1 tokens at an offset drawn from
+//   hash(seed, i);
+// - indexed and llmc corpora: global sample i is the i-th sample of the corpus's stream
+//   (Note [Sample stream] in common/data/corpus.h): epochs, Megatron's blending.
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/data/corpus.h"
 #include "common/spec/job_spec.h"
 #include "worker/models/model.h"
 
@@ -18,8 +26,10 @@ namespace varuna {
 
 class TokenDataset {
  public:
-  // Memory-maps spec.path. Checks that the file holds at least seq_len+1 tokens, that a
-  // tokens file's size is a multiple of its dtype and every token is < vocab.
+  // text/tokens: memory-maps spec.path; checks that the file holds at least seq_len+1 tokens,
+  // that a tokens file's size is a multiple of its dtype and every token is < vocab.
+  // indexed/llmc: opens every shard of spec.sources (Corpus::Open's checks); a token >= vocab
+  // is an error when its sample is read.
   static absl::StatusOr<TokenDataset> Open(const DataSpec& spec, int seq_len, int vocab,
                                            uint64_t seed);
   TokenDataset(TokenDataset&& o) noexcept;
@@ -28,13 +38,26 @@ class TokenDataset {
 
   // Returns {input_ids, labels}, each int64 [count, seq_len], for global samples
   // [first, first + count).
-  TensorMap Batch(int64_t first, int64_t count) const;
+  absl::StatusOr<TensorMap> Batch(int64_t first, int64_t count) const;
+
+  bool corpus() const { return corpus_ != nullptr; }
+  // Corpora: which samples global samples [first, first + count) are (for the sample log).
+  std::vector<SampleRef> Refs(int64_t first, int64_t count) const;
+  // Corpora: where the stream stands after `samples` global samples, with the corpus's
+  // fingerprint, as one line of JSON (a checkpoint keeps it); "" for text and tokens.
+  std::string PositionRecord(int64_t samples) const;
+  // Corpora: takes a checkpoint's PositionRecord. An error when it was written for another
+  // corpus (sources, weights or shards changed); otherwise the stream continues from it.
+  absl::Status ResumeFrom(const std::string& record) const;
 
   int64_t num_tokens() const { return num_tokens_; }
 
  private:
   TokenDataset() = default;
   uint64_t Token(int64_t i) const;
+  // The stream position after `samples` samples, from the nearest known one at or before it
+  // (the start, or one a previous call or ResumeFrom left).
+  StreamPosition PositionAt(int64_t samples) const;
 
   const uint8_t* data_ = nullptr;
   size_t bytes_ = 0;
@@ -42,6 +65,13 @@ class TokenDataset {
   int64_t num_tokens_ = 0;
   int seq_len_ = 0;
   uint64_t seed_ = 0;
+  // Corpora.
+  std::unique_ptr<Corpus> corpus_;
+  struct Positions {
+    std::mutex mu;
+    std::map<int64_t, StreamPosition> known;  // samples -> position (a bounded cache)
+  };
+  std::unique_ptr<Positions> positions_;
 };
 
 }  // namespace varuna

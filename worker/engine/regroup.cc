@@ -302,6 +302,11 @@ void RegroupMailbox::Done(int generation) {
   park_on_stop_.store(false);
 }
 
+int RegroupMailbox::generation() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return generation_;
+}
+
 // Note [Retired groups]: a generation's groups are retired when a morph in place replaces
 // them. They are aborted first (Note [Aborting waits] in worker/dist/process_group.h), which
 // ends every point-to-point work at once; a gloo collective cannot be aborted and runs on the

@@ -38,6 +38,8 @@ class RegroupMailbox {
                                              const std::atomic<bool>& give_up) const;
   // The regroup into `generation` is done: later commands are for it.
   void Done(int generation);
+  // This process's generation: Start's, then each Done's.
+  int generation() const;
 
  private:
   std::atomic<bool> in_place_{false};

@@ -52,7 +52,14 @@ absl::Status RunProfiler(const JobSpec& spec, int64_t global_batch, Model model,
   const int64_t cap = std::min<int64_t>(32, global_batch);
   for (int b = 1; b <= cap; b *= 2) sizes.push_back(b);
   Profiler profiler(std::move(model), device, precision, po);
-  auto get_batch = [&data](int n) { return data.Batch(0, n); };
+  // The profiler asks for the first n samples, n up to `cap`: read them once (a bad token
+  // is an error here, not in the profiler).
+  ASSIGN_OR_RETURN(const TensorMap first, data.Batch(0, cap));
+  auto get_batch = [&first](int n) {
+    TensorMap out;
+    for (const auto& [k, v] : first) out[k] = v.narrow(0, 0, n);
+    return out;
+  };
   RETURN_IF_ERROR(profiler.Initialize(get_batch));
   const auto t0 = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(v1::Profile profile, profiler.ProfileAll(get_batch, sizes, ""));

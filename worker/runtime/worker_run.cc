@@ -243,9 +243,10 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
   opts.keep_pre_update = spec.checkpoint.commit && t.topology.world_size() > 1 && t.tp_size == 1 &&
                          !spec.checkpoint.dir.empty() && !in_.args.in_place;
   opts.faults = std::move(f);
-  ASSIGN_OR_RETURN(
-      auto e, Varuna::Create(std::move(m), t.topology, t.rank, std::move(g), in_.data->Batch(0, 2),
-                             t.micro_batch, link_.device, opts));
+  ASSIGN_OR_RETURN(TensorMap sample_batch, in_.data->Batch(0, 2));
+  ASSIGN_OR_RETURN(auto e,
+                   Varuna::Create(std::move(m), t.topology, t.rank, std::move(g),
+                                  std::move(sample_batch), t.micro_batch, link_.device, opts));
   e->set_optimizer(MakeOptimizer(spec.train, e->view().named_parameters()));
   const TrainSpec train = spec.train;
   e->set_lr_schedule([train](int64_t step) {
@@ -255,7 +256,9 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
 }
 
 // Note [Resume]: the checkpoint records the model spec; a different one is refused. The
-// global batch is checked by the engine. Data position = step, so nothing else is needed.
+// global batch is checked by the engine. For text and tokens data the position is the step;
+// a corpus's stream position is recorded too (data_position) and taken back, refused when the
+// corpus changed (TokenDataset::ResumeFrom).
 absl::Status WorkerRun::Restore() {
   const JobSpec& spec = in_.spec;
   const std::string& ckpt_dir = spec.checkpoint.dir;
@@ -323,6 +326,7 @@ absl::Status WorkerRun::ResumeFromCheckpoint() {
                                                       model_spec, "'"));
   }
   ASSIGN_OR_RETURN(int64_t step, engine_->checkpoints().Load(path));
+  RETURN_IF_ERROR(in_.data->ResumeFrom(common.data_position));
   first_step_ = step + 1;
   return absl::OkStatus();
 }
@@ -353,11 +357,19 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
   ProcessState& ps = ProcessState::Get();
   const WorkerTopology& topo = in_.topo;
   const int64_t B = topo.global_batch;
+  // Note [Sample log] in common/data/sample_log.h: the rank that feeds its pipeline logs.
+  const std::string& log_dir = in_.spec.data.sample_log;
+  const bool feeds = !log_dir.empty() && in_.data->corpus() && topo.stage == 0 && topo.tp_rank == 0;
+  const int generation = ps.regroup.generation();
+  if (feeds && in_.sample_log.generation() != generation) {
+    RETURN_IF_ERROR(in_.sample_log.Open(log_dir, topo.rank, generation, first_step_ - 1));
+  }
   for (int64_t step = first_step_; step <= topo.steps; ++step) {
     if (ps.regroup.Pending()) return false;
     if (timeline_) RETURN_IF_ERROR(timeline_->BeforeStep(step, first_step_, topo.steps));
     const auto t0 = Clock::now();
-    TensorMap batch = in_.data->Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch);
+    ASSIGN_OR_RETURN(TensorMap batch,
+                     in_.data->Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch));
     absl::StatusOr<StepResult> stepped = engine_->step(batch);
     if (!stepped.ok() && timeline_) timeline_->StepFailed();
     if (!stepped.ok()) {
@@ -374,6 +386,10 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
       rescuer_->RescueAndExit();
     }
     const StepResult r = *stepped;
+    if (feeds) {
+      RETURN_IF_ERROR(in_.sample_log.Append(
+          step, in_.data->Refs((step - 1) * B + topo.sample_offset, topo.per_replica_batch)));
+    }
     const TrainSpec& t = in_.spec.train;
     const double lr = LearningRate(t.schedule, t.lr, t.min_lr, t.warmup, t.steps, step);
     const double step_s = Seconds(t0);
@@ -421,7 +437,10 @@ absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
   if (c.dir.empty() || !(periodic || stop)) return absl::OkStatus();
   const auto c0 = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
-  RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, ckpt_info_, c.tempdir, c.shard));
+  std::map<std::string, std::string> info = ckpt_info_;
+  if (in_.data->corpus())
+    info["data_position"] = in_.data->PositionRecord(step * in_.topo.global_batch);
+  RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, info, c.tempdir, c.shard));
   LOG(INFO) << in_.who << " checkpoint step=" << step << " blocked training for "
             << absl::StrFormat("%.3f", Seconds(c0)) << " s (cpu "
             << absl::StrFormat("%.3f", ProcessCpuSeconds() - cpu0) << " s)"
@@ -507,6 +526,17 @@ absl::Status WorkerRun::Regroup() {
     engine_ = *std::move(built);
   });
   ps.regroup.SetCurrentAbort(engine_->view().groups().abort);
+  // A step the hand-over rolled this rank forward through was applied without TrainSteps: it
+  // is logged in the old generation's file, with the old slice (Note [Sample log] in
+  // common/data/sample_log.h). Done() moves the generation on.
+  SampleLog& log = in_.sample_log;
+  if (log.open() && log.generation() == ps.regroup.generation()) {
+    for (int64_t step = log.last_step() + 1; step <= handed->step; ++step) {
+      RETURN_IF_ERROR(log.Append(
+          step, in_.data->Refs((step - 1) * in_.topo.global_batch + in_.topo.sample_offset,
+                               in_.topo.per_replica_batch)));
+    }
+  }
   ps.regroup.Done(cmd->generation());
   ps.stop_requested.store(false);
   if (agent_commands_) agent_commands_->set_generation(cmd->generation());
@@ -528,9 +558,9 @@ absl::Status WorkerRun::Evaluate() {
   RETURN_IF_ERROR(engine_->checkpoints().Wait());
   // Held-out evaluation: one global batch from far beyond any training index.
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
-  ASSIGN_OR_RETURN(double eval_loss,
-                   engine_->evaluate(in_.data->Batch(kEvalFirstSample + in_.topo.sample_offset,
-                                                     in_.topo.per_replica_batch)));
+  ASSIGN_OR_RETURN(TensorMap batch, in_.data->Batch(kEvalFirstSample + in_.topo.sample_offset,
+                                                    in_.topo.per_replica_batch));
+  ASSIGN_OR_RETURN(double eval_loss, engine_->evaluate(batch));
   LOG(INFO) << in_.who << " done steps=" << in_.topo.steps
             << " eval_loss=" << absl::StrFormat("%.9g", eval_loss);
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/data/sample_log.h"
 #include "common/launch/launch_args.h"
 #include "common/launch/worker_channel.h"
 #include "common/spec/job_spec.h"
@@ -52,6 +53,7 @@ class WorkerRun {
     SchedulePolicy policy = SchedulePolicy::kVaruna;
     Precision precision = Precision::kFp32;
     std::optional<TokenDataset> data;
+    SampleLog sample_log;       // data.sample_log (Note [Sample log] in common/data/sample_log.h)
     int64_t profile_batch = 0;  // the job's global batch, for a profile run
     int num_segments = 0;
     bool has_tied = false;

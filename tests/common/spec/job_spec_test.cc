@@ -131,6 +131,38 @@ TEST(JobSpecTest, BadValuesAreNamed) {
   EXPECT_EQ(ParseJobSpec("data: {path: /x}\n")->priority, "normal");
 }
 
+TEST(JobSpecTest, CorpusSourcesParseAndBadOnesAreNamed) {
+  auto spec = ParseJobSpec(
+      "data: {kind: indexed, eod_token: 0, sample_log: /tmp/log, sources: "
+      "[{shards: [/d/a, /d/b], weight: 0.7}, {shards: /d/c, weight: 0.3}]}\n");
+  ASSERT_THAT(spec.status(), IsOk());
+  ASSERT_EQ(spec->data.sources.size(), 2u);
+  EXPECT_EQ(spec->data.sources[0].shards, (std::vector<std::string>{"/d/a", "/d/b"}));
+  EXPECT_EQ(spec->data.sources[1].shards, (std::vector<std::string>{"/d/c"}));
+  EXPECT_DOUBLE_EQ(spec->data.sources[0].weight, 0.7);
+  EXPECT_EQ(spec->data.AllShards().size(), 3u);
+  EXPECT_EQ(spec->data.sample_log, "/tmp/log");
+  EXPECT_TRUE(spec->data.corpus());
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"data: {kind: indexed}\n", "data.sources' is required"},
+      {"data: {kind: llmc, path: /x, sources: [{shards: [/a]}]}\n", "data.path' is not used"},
+      {"data: {kind: text, path: /x, sources: [{shards: [/a]}]}\n", "is for kind indexed"},
+      {"data: {kind: indexed, sources: [{shards: []}]}\n", "data.sources[0].shards' is empty"},
+      {"data: {kind: indexed, sources: [{shards: [/a], weight: 0}, {shards: [/b], weight: 0}]}\n",
+       "weights sum to zero"},
+      {"data: {kind: indexed, sources: [{shards: [/a], weight: -1}]}\n", "data.sources[0].weight"},
+      {"data: {kind: indexed, sources: [{shards: [/a], wieght: 1}]}\n",
+       "unknown key 'data.sources[0].wieght'"},
+      {"data: {kind: indexed, sources: {shards: [/a]}}\n", "must be a list"},
+      {"data: {kind: indexed, eod_token: 300, sources: [{shards: [/a]}]}\n",
+       "data.eod_token' is 300; model.vocab is 256"},
+      {"data: {kind: megatron, sources: [{shards: [/a]}]}\n", "data.kind"},
+  };
+  for (const auto& [yaml, want] : bad) {
+    EXPECT_THAT(ParseJobSpec(yaml), StatusIs(absl::StatusCode::kInvalidArgument, want)) << yaml;
+  }
+}
+
 absl::Status Shape(const std::string& yaml) {
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return spec.status();
