@@ -43,11 +43,16 @@ def fail(msg):
     sys.exit(2)
 
 
+class InputError(Exception):
+    """Bad input met while reading documents (possibly on a pool's feeder thread, where
+    sys.exit would not end the program): prepare reports it and removes what it wrote."""
+
+
 def documents(paths, delimiter):
     """Yields each input's documents (strings) in order."""
     for path in paths:
         if not os.path.isfile(path):
-            fail(f"{path}: no such file")
+            raise InputError(f"{path}: no such file")
         if path.endswith(".jsonl"):
             with open(path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
@@ -56,9 +61,9 @@ def documents(paths, delimiter):
                     try:
                         doc = json.loads(line)
                     except json.JSONDecodeError as e:
-                        fail(f"{path}:{n}: not JSON ({e.msg})")
+                        raise InputError(f"{path}:{n}: not JSON ({e.msg})")
                     if not isinstance(doc, dict) or not isinstance(doc.get("text"), str):
-                        fail(f"{path}:{n}: no \"text\" string")
+                        raise InputError(f"{path}:{n}: no \"text\" string")
                     yield doc["text"]
             continue
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -202,9 +207,18 @@ def prepare(args):
                     yield ids + [eod]
 
     writer = write_indexed if args.format == "indexed" else write_llmc
-    tokens, docs = writer(args.out, encoded(), vocab_size)
+    try:
+        tokens, docs = writer(args.out, encoded(), vocab_size)
+    except InputError as e:
+        for ext in (".bin.tmp", ".idx.tmp"):
+            if os.path.exists(args.out + ext):
+                os.remove(args.out + ext)
+        fail(str(e))
     seconds = time.perf_counter() - t0
     if docs == 0:
+        for ext in (".bin", ".idx"):
+            if os.path.exists(args.out + ext):
+                os.remove(args.out + ext)
         fail("the inputs hold no documents")
     with open(tokenizer_json, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
@@ -233,7 +247,10 @@ def train_tokenizer(args):
     trainer = trainers.BpeTrainer(vocab_size=args.vocab, special_tokens=["<|endoftext|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
                                   show_progress=False)
-    tok.train_from_iterator(documents(args.input, args.delimiter), trainer)
+    try:
+        tok.train_from_iterator(list(documents(args.input, args.delimiter)), trainer)
+    except InputError as e:
+        fail(str(e))
     os.makedirs(args.out, exist_ok=True)
     tok.save(os.path.join(args.out, "tokenizer.json"))
     with open(os.path.join(args.out, "tokenizer_config.json"), "w", encoding="utf-8") as f:

@@ -237,6 +237,17 @@ print("ids equal tokenizers' own encoding in both formats")
                             os.path.join(d, "x")], capture_output=True, text=True)
         self.assertEqual(r.returncode, 2)
         self.assertIn("no tokenizer.json", r.stderr)
+        # A bad line, met by the pool's feeder: named, nothing left behind.
+        bad = os.path.join(d, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write('{"text": "fine"}\nnot json\n')
+        r = subprocess.run([os.path.join(REPO, "scripts", "varuna-data"), "prepare", "--tokenizer",
+                            os.path.join(d, "tok"), "--input", bad, "--out",
+                            os.path.join(d, "bad"), "--workers", "2"],
+                           capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("bad.jsonl:2: not JSON", r.stderr)
+        self.assertFalse([f for f in os.listdir(d) if f.startswith("bad.") and f != "bad.jsonl"])
 
 
 SEQ, BATCH = 16, 12
