@@ -30,7 +30,6 @@ import hashlib
 import json
 import multiprocessing
 import os
-import re
 import struct
 import sys
 import time
@@ -263,22 +262,31 @@ def seen(args):
     files = sorted(glob.glob(os.path.join(args.log_dir, "rank-*.gen-*.jsonl")))
     if not files:
         fail(f"{args.log_dir}: no rank-*.gen-*.jsonl files (data.sample_log)")
-    gens = {}  # generation -> (resumed_from, [lines])
+    # A file may hold several runs of its generation (a rerun appends after its own header):
+    # the k-th header of generation G in every file starts the same run (G, k).
+    runs = {}  # (generation, k) -> [resumed_from, [lines]]
     for path in files:
-        m = re.search(r"\.gen-(\d+)\.jsonl$", path)
         with open(path, encoding="utf-8") as f:
             rows = [json.loads(line) for line in f if line.strip()]
         if not rows or "generation" not in rows[0]:
             fail(f"{path}: no generation header")
-        gen = int(m.group(1))
-        resumed, lines = gens.get(gen, (rows[0]["resumed_from"], []))
-        gens[gen] = (min(resumed, rows[0]["resumed_from"]), lines + rows[1:])
-    order = sorted(gens)
+        seen_headers = {}
+        key = None
+        for r in rows:
+            if "generation" in r:
+                g = r["generation"]
+                k = seen_headers[g] = seen_headers.get(g, -1) + 1
+                key = (g, k)
+                run = runs.setdefault(key, [r["resumed_from"], []])
+                run[0] = min(run[0], r["resumed_from"])
+            else:
+                runs[key][1].append(r)
+    order = sorted(runs)
     out = []
-    for i, g in enumerate(order):
-        later = [gens[h][0] for h in order[i + 1:]]
+    for i, key in enumerate(order):
+        later = [runs[k][0] for k in order[i + 1:]]
         cut = min(later) if later else None
-        out += [r for r in gens[g][1] if cut is None or r["step"] <= cut]
+        out += [r for r in runs[key][1] if cut is None or r["step"] <= cut]
     out.sort(key=lambda r: (r["step"], r["source"], r["sample"]))
     for r in out:
         print(json.dumps(r))

@@ -12,8 +12,8 @@
 // re-runs it with the same samples: such a step is in two generations' files. The rule that
 // reads the log exactly: a line of generation G for step s counts unless a later generation
 // resumed from a step before s (tests/e2e/corpus_e2e.py and varuna-data seen apply it). Not
-// covered: on the relaunch path, a rank that exits one step behind its peers after a split
-// (issue 24) never logs the step they committed. No LibTorch.
+// covered: a feeding rank that dies (or, on the relaunch path, exits) one step behind peers
+// that completed that step (a split, issue 24) never logs its slice of it. No LibTorch.
 
 #include <cstdint>
 #include <cstdio>

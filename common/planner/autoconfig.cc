@@ -1,6 +1,7 @@
 #include "common/planner/autoconfig.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <memory>
@@ -73,6 +74,7 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
   }
   const CommModel comm(profile);
   double step = 0, fill = 0, drain = 0, optimizer = 0, allreduce0 = 0;
+  double cheapest = 0, optimizer_sum = 0;  // whatever the cut: each segment's least work
   for (int s = 0; s < c.P; ++s) {
     const bool last = s == c.P - 1;
     double work = 0, first_forward = 0, b_part = 0, w_part = 0, opt = 0;
@@ -84,6 +86,10 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
       b_part += split ? std::max(0.0, t[g].backward_s - t[g].weight_s) : t[g].backward_s;
       w_part += split ? std::min(t[g].weight_s, t[g].backward_s) : 0;
       opt += profile.segments(g).optimizer_s();
+      cheapest += std::min(t[g].forward_nograd_s + t[g].recompute_s, t[g].forward_s) +
+                  (split ? std::max(0.0, t[g].backward_s - t[g].weight_s) +
+                               std::min(t[g].weight_s, t[g].backward_s)
+                         : t[g].backward_s);
       params += profile.segments(g).param_bytes();
       graph += t[g].graph_bytes;
       transient = std::max(transient, t[g].peak_bytes - t[g].graph_bytes);
@@ -99,6 +105,7 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
     fill += first_forward / fastest;
     drain += b_part / fastest;
     optimizer = std::max(optimizer, opt / fastest);
+    optimizer_sum += opt / fastest;
     // Graphs alive at a stage's peak: GPipe holds all M, 1F1B its warm-up depth (P - s),
     // ZB-H1 min(P, M) on every stage (Note [Schedules]), the Varuna schedule at least one.
     const double live = c.policy == SchedulePolicy::kGPipe  ? M
@@ -113,7 +120,14 @@ double LowerBound(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
                           ", a slot has ", GiB(req.memory_per_slot));
     }
   }
-  return step + optimizer + profile.step_overhead_s();
+  const double uniform = step + optimizer + profile.step_overhead_s();
+  if (!search::HasSpeeds(req) || !req.heterogeneous) return uniform;
+  // A kept shape also gets a variant balanced for the speeds (Note [Speed-aware plans]): other
+  // cuts, and the micro-batches split unevenly over the pipelines. What no cut or split escapes:
+  // the least work of every micro-batch, spread evenly over the P x D ranks at the fastest
+  // speed, and the optimizer spread the same way.
+  return std::min(uniform,
+                  (M * cheapest + optimizer_sum) / c.P / fastest + profile.step_overhead_s());
 }
 
 }  // namespace
@@ -377,7 +391,8 @@ absl::Status SimulateCandidates(const JobSpec& spec, const v1::Profile& profile,
   int64_t unsimulated = 0;
   for (const Candidate& c : candidates) {
     const int64_t tasks = 3LL * c.P * ((G / c.D + c.mb - 1) / c.mb);
-    const bool over_budget = *simulated_tasks > 0 &&
+    // The budgets apply once a shape that fits was simulated: a plan always leads with one.
+    const bool over_budget = std::isfinite(*best) &&
                              (*simulated_tasks + tasks > req.max_simulated_tasks ||
                               (req.budget_s > 0 && absl::Now() - t0 > absl::Seconds(req.budget_s)));
     auto width_best = best_of_width.find(c.P * c.D);

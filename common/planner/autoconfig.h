@@ -38,7 +38,7 @@ struct PlanRequest {
   // The simulation budgets: tasks simulated (deterministic; about 25-50 M a second on one
   // core) and seconds (0 = none). Past either, the shapes left are listed with their bound and
   // the best simulated so far leads (a note says so); shapes go in order of their bound, so
-  // what is left is the least promising. At least one shape is always simulated.
+  // what is left is the least promising. They apply once a shape that fits was simulated.
   int64_t max_simulated_tasks = 20'000'000;
   double budget_s = 0;
   // Prune per width (slots used) instead of against the overall best: the best shape of every
@@ -46,9 +46,9 @@ struct PlanRequest {
   bool best_per_width = false;
 };
 
-// What the manager asks when it launches or morphs a job (manager/nodes/placement.cc): only
-// shapes that could be the best, heterogeneous mixes too, within about 30 ms of simulation here
-// (750 k tasks) and never over 1 s. Fill in the slots (and speeds).
+// What the manager asks when it launches or morphs a job (manager/nodes/placement.cc): the P x
+// D shapes that could be the best, heterogeneous mixes whose estimate is within 1.5x, within
+// 750 k simulated tasks (tens of ms here) and 1 s. Fill in the slots (and speeds).
 PlanRequest ManagerPlanRequest();
 
 // Ranks the shapes `spec` allows on the slots: fixed parallel.* values are kept, `auto` ones

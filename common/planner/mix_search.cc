@@ -495,9 +495,10 @@ absl::Status PlanFixedPipelines(const JobSpec& spec, const v1::Profile& profile,
 // The heterogeneous mixes on exactly `cap` slots (Note [Mix caps], Note [Batch split], Note
 // [Heterogeneous step]): templates for the micro-batch sizes of the P x D shapes simulated
 // within kPruneFactor of the best (every size when none was), mixes enumerated with a bound,
-// the kMaxMixCandidates best by estimate simulated while the estimate is within
-// request.simulate_within of the best step and the budgets (tasks, request.budget_s since t0)
-// last. Adds plans (and rejected ones) to *out, lowers *best; returns the tasks simulated.
+// the kMaxMixCandidates best by estimate simulated while the estimate is within kPruneFactor
+// (or request.simulate_within, if larger: an estimate is no bound, so exact pruning keeps this
+// slack) of the best step and the budgets (tasks, request.budget_s since t0) last. Adds plans (and
+// rejected ones) to *out, lowers *best; returns the tasks simulated.
 int64_t PlanMixes(const JobSpec& spec, const v1::Profile& profile, SegmentCache& cache,
                   const std::vector<SchedulePolicy>& policies, int cap, const PlanRequest& req,
                   absl::Time t0, int64_t simulated_before, double* best, v1::PlanSet* out) {
@@ -506,7 +507,8 @@ int64_t PlanMixes(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
   if (cap < 3 || nseg < 2 || cap < spec.resources.min_slots) return 0;
   std::set<int> mbs;
   for (const v1::Plan& p : out->plans()) {
-    if (!p.lower_bound() && p.step_s() <= kPruneFactor * *best) mbs.insert(p.micro_batch());
+    // Bounded shapes count by their bound: exact pruning simulates fewer P x D shapes.
+    if (p.step_s() <= kPruneFactor * *best) mbs.insert(p.micro_batch());
   }
   if (mbs.empty()) {
     if (spec.parallel.micro_batch > 0) {
@@ -590,7 +592,7 @@ int64_t PlanMixes(const JobSpec& spec, const v1::Profile& profile, SegmentCache&
   std::reverse(candidates.begin(), candidates.end());  // best estimate first
   int64_t tasks = 0;
   for (const MixCandidate& c : candidates) {
-    if (c.estimate > std::max(1.0, req.simulate_within) * *best) break;
+    if (c.estimate > std::max(kPruneFactor, req.simulate_within) * *best) break;
     if (simulated_before + tasks >= req.max_simulated_tasks) break;
     if (req.budget_s > 0 && absl::Now() - t0 > absl::Seconds(req.budget_s)) break;
     MixContext ctx{spec, profile, cache, req, c.mb, c.policy};

@@ -151,7 +151,13 @@ absl::StatusOr<v1::PlanSet> PlanTensorParallelSizes(const JobSpec& spec, const v
     if (t > 1 && !CheckTensorParallel(spec.model, t).ok()) continue;
     JobSpec fixed = spec;
     fixed.parallel.tp_size = t;
-    absl::StatusOr<v1::PlanSet> set = PlanShapes(fixed, profile, request);
+    // One time budget for all the sizes: each plan gets what the earlier ones left (at least
+    // a little, so every size is tried).
+    PlanRequest sized = request;
+    if (request.budget_s > 0) {
+      sized.budget_s = std::max(request.budget_s / 20, request.budget_s - out.planner_s());
+    }
+    absl::StatusOr<v1::PlanSet> set = PlanShapes(fixed, profile, sized);
     if (!set.ok()) {
       if (t == 1 && set.status().code() == absl::StatusCode::kInvalidArgument) return set.status();
       last = set.status();

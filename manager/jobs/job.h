@@ -58,7 +58,10 @@ struct Job {
   absl::Time last_stop_sent = absl::InfinitePast();
   absl::Time cancelling_since;  // since CANCELLING, or since this manager recovered the job
   absl::Time last_trigger = absl::InfinitePast();  // the newest cause merged into a morph
-  int cause_priority = 0;                          // of the morph's reason (Cause)
+  // The trigger whose coalescing window the morph record counted last (Note [Coalescing
+  // window] in manager/morph/morph_controller.cc).
+  std::optional<absl::Time> coalesce_counted;
+  int cause_priority = 0;  // of the morph's reason (Cause)
   bool progress_dirty = false;
   v1::JobInfo& info() { return *rec.mutable_info(); }
   const v1::JobInfo& info() const { return rec.info(); }

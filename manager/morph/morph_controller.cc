@@ -470,11 +470,17 @@ bool MorphController::CoalesceWindowOver(Job& job) {
   const absl::Time end = job.last_trigger + config_.morph_coalesce;
   if (kind != "resize" && kind != "evict" && clock_->Now() < end) return false;
   auto& phases = *m.mutable_record()->mutable_phases();
-  if (!phases.contains("coalesce")) {
+  if (job.coalesce_counted != job.last_trigger) {
+    // Each window once (a trigger while the morph waits for slots opens another): the part
+    // of it since this phase began, or since its trigger.
+    const bool decided = kind == "resize" || kind == "evict";
+    const double from = std::max(m.phase_since(), UnixSeconds(job.last_trigger));
     const double waited =
-        std::max(0.0, std::min(UnixSeconds(clock_->Now()), UnixSeconds(end)) - m.phase_since());
-    phases["coalesce"] = kind == "resize" || kind == "evict" ? 0.0 : waited;
-    m.set_phase_since(m.phase_since() + phases["coalesce"]);
+        decided ? 0.0
+                : std::max(0.0, std::min(UnixSeconds(clock_->Now()), UnixSeconds(end)) - from);
+    phases["coalesce"] += waited;
+    m.set_phase_since(m.phase_since() + waited);
+    job.coalesce_counted = job.last_trigger;
   }
   return true;
 }

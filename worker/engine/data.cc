@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -173,7 +174,9 @@ absl::Status TokenDataset::ResumeFrom(const std::string& record) const {
                      "): its sources, weights or shards changed, so where its stream "
                      "stands means nothing here; resume with the same data, or start afresh"));
   }
-  if (samples < 0 || static_cast<int>(pos.taken.size()) != corpus_->num_sources() ||
+  const bool negative =
+      std::any_of(pos.taken.begin(), pos.taken.end(), [](int64_t t) { return t < 0; });
+  if (samples < 0 || negative || static_cast<int>(pos.taken.size()) != corpus_->num_sources() ||
       pos.total() != samples) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint data_position '", record, "' does not add up"));

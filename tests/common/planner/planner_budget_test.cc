@@ -55,12 +55,21 @@ v1::Profile Uneven(const JobSpec& spec, unsigned seed, double slowdown) {
   return p;
 }
 
-// Every plan of the set by shape, simulated ones only.
-std::map<Key, double> Simulated(const v1::PlanSet& set) {
+// Every plan of the set by shape, simulated ones only. With `variants`, a speed-balanced
+// variant of a P x D shape (every pipeline P deep: Note [Speed-aware plans]) counts for that
+// shape too, the faster of the two.
+std::map<Key, double> Simulated(const v1::PlanSet& set, bool variants = false) {
   std::map<Key, double> out;
   for (const v1::Plan& p : set.plans()) {
-    if (p.lower_bound() || p.heterogeneous()) continue;
-    out[{p.stages(), p.replicas(), p.micro_batch(), p.schedule()}] = p.step_s();
+    if (p.lower_bound()) continue;
+    if (p.heterogeneous()) {
+      bool uniform_depth = variants && p.pipelines_size() > 0;
+      for (const auto& pp : p.pipelines()) uniform_depth &= pp.stages() == p.stages();
+      if (!uniform_depth) continue;
+    }
+    const Key key{p.stages(), p.replicas(), p.micro_batch(), p.schedule()};
+    auto [it, fresh] = out.emplace(key, p.step_s());
+    if (!fresh) it->second = std::min(it->second, p.step_s());
   }
   return out;
 }
@@ -86,12 +95,16 @@ TEST(PlannerBudgetTest, TheLowerBoundNeverExceedsTheSimulation) {
   cases.push_back({small, Uneven(small, 1, 1), {3, 3}, {}});
   cases.push_back({deep, Uneven(deep, 2, 1.6), {4, 4, 2}, {}});
   cases.push_back({deep, Uneven(deep, 3, 1), {4, 4}, {0.5, 2.0}});  // a node faster than normal
+  cases.push_back({small, Uneven(small, 4, 1), {3, 3, 2}, {0.9, 1.0, 0.5}});
   int compared = 0;
   for (const Case& c : cases) {
     PlanRequest full = Everything(c.slots);
     full.node_speed = c.speeds;
+    // With speeds, the planner also simulates each shape's speed-balanced variant (other cuts,
+    // an uneven split): the bound must hold for it too.
+    full.heterogeneous = !c.speeds.empty();
     ASSERT_OK_AND_ASSIGN(v1::PlanSet all, PlanShapes(c.spec, c.profile, full));
-    const std::map<Key, double> simulated = Simulated(all);
+    const std::map<Key, double> simulated = Simulated(all, /*variants=*/true);
     // One task of budget: the first shape is simulated, every other one only bounded.
     PlanRequest bounds_only = full;
     bounds_only.max_simulated_tasks = 1;
