@@ -68,6 +68,7 @@ std::set<int> Agent::Adopt(const v1::LaunchRequest& req, int master_port) {
     r->set_master_addr(req.master_addr());
     r->set_master_port(master_port);
     r->set_schedule(req.schedule());
+    r->set_why(req.why());
     c.set_generation(it->second.generation);
     absl::StatusOr<std::string> line = SerializeAgentCommand(c);
     const absl::Status sent =

@@ -79,6 +79,7 @@ LaunchContract ContractOf(const v1::LaunchRequest& req) {
   contract.stage_boundaries.assign(req.stage_boundaries().begin(), req.stage_boundaries().end());
   contract.tp_size = req.tp_size();
   contract.resume_step = req.resume_step();
+  contract.why = req.why();
   contract.in_place = req.in_place();
   contract.join_in_place = req.join_in_place();
   contract.profile = req.profile();

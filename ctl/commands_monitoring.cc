@@ -105,10 +105,12 @@ absl::StatusOr<int> RunMetrics(Session& s, const ParsedArgs& a) {
     for (const auto& r : steps) parts.push_back(s.Json(r));
     s.out() << "[" << absl::StrJoin(parts, ",\n") << "]\n";
   } else {
-    s.out() << absl::StrFormat("%-8s %-12s %-4s %-10s %s\n", "STEP", "LOSS", "GEN", "SAMPLES/S",
-                               "STEP_S");
+    s.out() << absl::StrFormat("%-8s %-12s %-12s %-4s %-10s %s\n", "STEP", "LOSS", "EVAL_LOSS",
+                               "GEN", "SAMPLES/S", "STEP_S");
     for (const auto& r : steps) {
-      s.out() << absl::StrFormat("%-8d %-12.6f %-4d %-10.1f %.3f\n", r.step(), r.loss(),
+      const std::string eval =
+          r.has_eval_loss() ? absl::StrFormat("%.6f", r.eval_loss()) : std::string("-");
+      s.out() << absl::StrFormat("%-8d %-12.6f %-12s %-4d %-10.1f %.3f\n", r.step(), r.loss(), eval,
                                  r.generation(), r.samples_per_s(), r.step_time_s());
     }
   }

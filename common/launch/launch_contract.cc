@@ -26,6 +26,7 @@ RankProcess RankContract(const LaunchContract& c, int rank, int local_rank,
   env["VARUNA_JOB_SPEC"] = c.spec_path;
   env["VARUNA_NODE"] = c.node;
   if (!c.resume_step.empty()) env["VARUNA_RESUME_STEP"] = c.resume_step;
+  if (!c.why.empty()) env["VARUNA_GENERATION_WHY"] = c.why;
   if (!c.node_addr.empty()) env["VARUNA_NODE_ADDR"] = c.node_addr;
   env["RANK"] = absl::StrCat(rank);
   env["LOCAL_RANK"] = absl::StrCat(local_rank);

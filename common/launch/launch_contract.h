@@ -22,6 +22,7 @@ struct LaunchContract {
   std::string job_id;
   std::string job_name;
   int generation = 1;
+  std::string why;           // why the generation exists (LaunchRequest.why); "" for the first
   int world_size = 0;        // processes in the generation
   int local_world_size = 0;  // processes of it on this node
   std::string master_addr;

@@ -21,153 +21,16 @@
 #include "common/data/manifest.h"
 #include "common/pipeline/pipeline_template.h"
 #include "common/spec/job_topology.h"
+#include "common/spec/spec_reader.h"
 
 namespace varuna {
 namespace {
 
-absl::Status Bad(const std::string& key, const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("job spec: '", key, "' ", what));
-}
-
-// Walks one YAML mapping, dispatching each key to a field reader; unknown keys, keys that
-// are not plain names and keys given twice are errors (ForEachEntry).
-class MapReader {
- public:
-  MapReader(const YAML::Node& node, std::string prefix) : node_(node), prefix_(std::move(prefix)) {}
-
-  template <typename T>
-  MapReader& Field(const std::string& key, T* out) {
-    readers_[key] = [this, key, out](const YAML::Node& v) -> absl::Status {
-      if constexpr (std::is_same_v<T, std::string>) {
-        auto s = YamlScalar(v, "job spec", Path(key));
-        if (!s.ok()) return s.status();
-        *out = *std::move(s);
-      } else {
-        auto r = YamlAs<T>(v, "job spec", Path(key));
-        if (!r.ok()) return r.status();
-        *out = *std::move(r);
-      }
-      return absl::OkStatus();
-    };
-    return *this;
-  }
-  MapReader& Sub(const std::string& key, std::function<absl::Status(const YAML::Node&)> fn) {
-    readers_[key] = std::move(fn);
-    return *this;
-  }
-
-  absl::Status Read() {
-    if (!node_ || node_.IsNull()) return absl::OkStatus();
-    return ForEachEntry(node_, "job spec", prefix_,
-                        [&](const std::string& key, const YAML::Node& value) -> absl::Status {
-                          auto it = readers_.find(key);
-                          if (it == readers_.end()) {
-                            std::vector<std::string> known;
-                            for (const auto& [k, _] : readers_) known.push_back(k);
-                            return absl::InvalidArgumentError(
-                                absl::StrCat("job spec: unknown key '", Path(key),
-                                             "' (known: ", absl::StrJoin(known, ", "), ")"));
-                          }
-                          return it->second(value);
-                        });
-  }
-
-  std::string Path(const std::string& key) const {
-    return prefix_.empty() ? key : absl::StrCat(prefix_, ".", key);
-  }
-
- private:
-  const YAML::Node& node_;
-  std::string prefix_;
-  std::map<std::string, std::function<absl::Status(const YAML::Node&)>> readers_;
-};
-
-absl::Status OneOf(const std::string& key, const std::string& value,
-                   const std::set<std::string>& allowed) {
-  if (allowed.count(value)) return absl::OkStatus();
-  return Bad(key,
-             absl::StrCat("is '", value, "'; expected one of: ", absl::StrJoin(allowed, ", ")));
-}
-
-template <typename T>
-absl::Status InRange(const std::string& key, T value, int64_t lo, int64_t hi) {
-  if (static_cast<int64_t>(value) >= lo && static_cast<int64_t>(value) <= hi) {
-    return absl::OkStatus();
-  }
-  return Bad(key, absl::StrCat("is ", value, "; must be in [", lo, ", ", hi, "]"));
-}
-
-absl::Status Finite(const std::string& key, double value, double lo, double hi,
-                    bool open_low = false) {
-  const bool ok = std::isfinite(value) && (open_low ? value > lo : value >= lo) && value <= hi;
-  if (ok) return absl::OkStatus();
-  return Bad(key, absl::StrCat("is ", value, "; must be a finite number in ", open_low ? "(" : "[",
-                               lo, ", ", hi, "]"));
-}
-
-// data: a file (text, tokens) or weighted sources of shards (indexed, llmc).
-absl::Status ValidateData(const DataSpec& data, int64_t vocab) {
-  RETURN_IF_ERROR(OneOf("data.kind", data.kind, {"text", "tokens", "indexed", "llmc"}));
-  if (!data.corpus()) {
-    if (data.path.empty()) return Bad("data.path", "is required");
-    if (!data.sources.empty()) {
-      return Bad("data.sources", absl::StrCat("is for kind indexed or llmc, not ", data.kind));
-    }
-    return OneOf("data.dtype", data.dtype, {"uint16", "uint32"});
-  }
-  if (!data.path.empty()) {
-    return Bad("data.path", absl::StrCat("is not used with kind ", data.kind,
-                                         ": list the shards under data.sources"));
-  }
-  if (data.sources.empty()) return Bad("data.sources", "is required for kind " + data.kind);
-  if (data.sources.size() > 1024) return Bad("data.sources", "has more than 1024 sources");
-  double sum = 0;
-  for (size_t i = 0; i < data.sources.size(); ++i) {
-    const DataSource& s = data.sources[i];
-    const std::string key = absl::StrCat("data.sources[", i, "]");
-    if (s.shards.empty()) return Bad(key + ".shards", "is empty");
-    for (const std::string& shard : s.shards) {
-      if (shard.empty()) return Bad(key + ".shards", "has an empty path");
-    }
-    RETURN_IF_ERROR(Finite(key + ".weight", s.weight, 0, 1e9));
-    sum += s.weight;
-  }
-  if (!(sum > 0)) return Bad("data.sources", "weights sum to zero: no source would be read");
-  if (data.eod_token >= vocab) {
-    return Bad("data.eod_token", absl::StrCat("is ", data.eod_token, "; model.vocab is ", vocab));
-  }
-  return absl::OkStatus();
-}
-
-// data.sources: a list of {shards: [...], weight: W}.
-absl::Status ReadSources(const YAML::Node& v, std::vector<DataSource>* out) {
-  if (!v.IsSequence()) {
-    return absl::InvalidArgumentError(
-        "job spec: 'data.sources' must be a list of {shards, weight}");
-  }
-  for (size_t i = 0; i < v.size(); ++i) {
-    const std::string key = absl::StrCat("data.sources[", i, "]");
-    DataSource src;
-    RETURN_IF_ERROR(ForEachEntry(
-        v[i], "job spec", key, [&](const std::string& k, const YAML::Node& f) -> absl::Status {
-          if (k == "weight") return ReadInto(f, "job spec", key + ".weight", &src.weight);
-          if (k != "shards") {
-            return absl::InvalidArgumentError(
-                absl::StrCat("job spec: unknown key '", key, ".", k, "' (known: shards, weight)"));
-          }
-          const std::vector<YAML::Node> items = f.IsSequence()
-                                                    ? std::vector<YAML::Node>(f.begin(), f.end())
-                                                    : std::vector<YAML::Node>{f};
-          for (const YAML::Node& item : items) {
-            ASSIGN_OR_RETURN(std::string path, YamlScalar(item, "job spec", key + ".shards"));
-            src.shards.push_back(std::move(path));
-          }
-          return absl::OkStatus();
-        }));
-    out->push_back(std::move(src));
-  }
-  return absl::OkStatus();
-}
+using spec_detail::Bad;
+using spec_detail::Finite;
+using spec_detail::InRange;
+using spec_detail::MapReader;
+using spec_detail::OneOf;
 
 // env: KEY: VALUE, every value a single scalar, every key a shell variable name.
 absl::Status ReadEnv(const YAML::Node& node, std::map<std::string, std::string>* env) {
@@ -270,6 +133,28 @@ bool IsValidEnvKey(absl::string_view key) {
   return true;
 }
 
+namespace {
+
+// eval: held-out data of the same form as data, how often, how many samples.
+absl::Status ValidateEval(const EvalSpec& eval, int64_t vocab) {
+  if (!eval.enabled) return absl::OkStatus();
+  if (eval.data.kind == "text" && eval.data.path.empty() && eval.data.sources.empty()) {
+    return Bad("eval.data", "is required: the held-out data, in the same form as data");
+  }
+  RETURN_IF_ERROR(ValidateDataSpec(eval.data, vocab, "eval.data"));
+  if (eval.data.kind == "text" && vocab < 256) {
+    return Bad("model.vocab",
+               absl::StrCat("is ", vocab, " but eval.data is text (bytes) and needs vocab >= 256"));
+  }
+  if (!eval.data.sample_log.empty()) {
+    return Bad("eval.data.sample_log", "is for the training data (data.sample_log)");
+  }
+  RETURN_IF_ERROR(InRange("eval.every_steps", eval.every_steps, 0, kMaxSteps));
+  return InRange("eval.samples", eval.samples, 0, kMaxEvalSamples);
+}
+
+}  // namespace
+
 // Note [Limits]: every number has a range a real job could use (docs/job_spec.md "Limits"),
 // so a typo or a hostile spec is refused at submit instead of exhausting memory, overflowing
 // an int32 on the wire, or running with an infinite timeout.
@@ -291,10 +176,14 @@ absl::Status JobSpec::Validate() const {
                "adds): 1-32 of a-z, 0-9, _ and -");
   }
   RETURN_IF_ERROR(ValidateModel(model));
-  RETURN_IF_ERROR(ValidateData(data, model.vocab));
+  RETURN_IF_ERROR(ValidateDataSpec(data, model.vocab, "data"));
   if (data.kind == "text" && model.vocab < 256) {
     return Bad("model.vocab",
                absl::StrCat("is ", model.vocab, " but text data is bytes and needs vocab >= 256"));
+  }
+  RETURN_IF_ERROR(ValidateEval(eval, model.vocab));
+  if (observability.tensorboard_dir.size() > 4096) {
+    return Bad("observability.tensorboard_dir", "is longer than 4096 characters");
   }
   RETURN_IF_ERROR(InRange("train.global_batch", train.global_batch, 1, kMaxGlobalBatch));
   RETURN_IF_ERROR(InRange("train.steps", train.steps, 0, kMaxSteps));
@@ -497,37 +386,12 @@ absl::Status JobSpec::ValidateShape() const {
   return absl::OkStatus();
 }
 
-std::vector<std::string> DataSpec::AllShards() const {
-  std::vector<std::string> out;
-  for (const DataSource& s : sources) out.insert(out.end(), s.shards.begin(), s.shards.end());
-  return out;
-}
-
 absl::Status JobSpec::ValidateFiles() const {
-  if (!data.corpus()) RETURN_IF_ERROR(CheckRegularFile(data.path, "data.path"));
-  for (const std::string& shard : data.AllShards()) {
-    if (data.kind == "indexed") {
-      RETURN_IF_ERROR(CheckRegularFile(shard + ".idx", "data.sources shard"));
-      RETURN_IF_ERROR(CheckRegularFile(shard + ".bin", "data.sources shard"));
-    } else {
-      RETURN_IF_ERROR(CheckRegularFile(shard, "data.sources shard"));
-    }
-  }
+  RETURN_IF_ERROR(ValidateDataFiles(data, model.vocab, "data"));
+  if (eval.enabled) RETURN_IF_ERROR(ValidateDataFiles(eval.data, model.vocab, "eval.data"));
   if (!env_file.empty()) RETURN_IF_ERROR(CheckRegularFile(env_file, "env_file"));
   if (model.kind == "torchscript") {
     RETURN_IF_ERROR(CheckRegularFile(model.path + "/segment_0.pt", "model.path segment_0.pt"));
-  }
-  if (!data.tokenizer_dir.empty()) {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(data.tokenizer_dir, ec)) {
-      return Bad("data.tokenizer_dir",
-                 absl::StrCat("'", data.tokenizer_dir, "' is not a directory"));
-    }
-  }
-  if (data.corpus()) {
-    // The manifests varuna-data wrote: the same tokenizer, a vocabulary that fits the model.
-    RETURN_IF_ERROR(
-        CheckManifests(data.AllShards(), model.vocab, data.eod_token, data.tokenizer_dir).status());
   }
   if (!model.init_from.empty()) {
     std::vector<std::string> missing;
@@ -652,18 +516,22 @@ absl::StatusOr<JobSpec> ParseJobSpecUnguarded(const std::string& yaml_text) {
                                 });
                               }
                             }))
-      .Sub("data", section("data",
+      .Sub("data", [&spec](const YAML::Node& v) { return ReadDataSpec(v, "data", &spec.data); })
+      .Sub("eval", section("eval",
                            [&](MapReader& r) {
-                             r.Field("kind", &spec.data.kind)
-                                 .Field("path", &spec.data.path)
-                                 .Field("dtype", &spec.data.dtype)
-                                 .Field("eod_token", &spec.data.eod_token)
-                                 .Field("sample_log", &spec.data.sample_log)
-                                 .Field("tokenizer_dir", &spec.data.tokenizer_dir)
-                                 .Sub("sources", [&spec](const YAML::Node& v) {
-                                   return ReadSources(v, &spec.data.sources);
-                                 });
+                             spec.eval.enabled = true;
+                             r.Sub("data",
+                                   [&spec](const YAML::Node& v) {
+                                     return ReadDataSpec(v, "eval.data", &spec.eval.data);
+                                   })
+                                 .Field("every_steps", &spec.eval.every_steps)
+                                 .Field("samples", &spec.eval.samples);
                            }))
+      .Sub("observability", section("observability",
+                                    [&](MapReader& r) {
+                                      r.Field("tensorboard_dir",
+                                              &spec.observability.tensorboard_dir);
+                                    }))
       .Sub("train", section("train",
                             [&](MapReader& r) {
                               TrainSpec& t = spec.train;

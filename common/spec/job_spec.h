@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/pipeline/limits.h"
+#include "common/spec/data_spec.h"
 #include "common/spec/model_spec.h"
 
 namespace varuna {
@@ -22,33 +23,24 @@ inline constexpr int64_t kMaxEnvFileBytes = 1 << 20;
 inline constexpr size_t kMaxEnvEntries = 4096;
 inline constexpr int kMaxLayers = 4096;
 inline constexpr int64_t kMaxSteps = 1000000000;
+inline constexpr int64_t kMaxEvalSamples = 10000000;
 
 // A shell variable name: [A-Za-z_][A-Za-z0-9_]*, at most 256 characters.
 bool IsValidEnvKey(absl::string_view key);
 
-// One weighted source of a corpus (docs/data.md "Corpora"): its shards are read end to end.
-struct DataSource {
-  std::vector<std::string> shards;  // Megatron prefixes (kind indexed) or llm.c files (llmc)
-  double weight = 1;
+// Validation (docs/job_spec.md "eval"): the loss over `samples` held-out samples of `data`,
+// forward only through the pipeline, every `every_steps` steps and after the last.
+struct EvalSpec {
+  bool enabled = false;  // the spec has an eval section
+  DataSpec data;
+  int64_t every_steps = 0;  // 0: after the last step only
+  int64_t samples = 0;      // 0: the global batch
 };
 
-struct DataSpec {
-  // text (bytes of a file, vocab >= 256) | tokens (flat binary) | indexed (Megatron
-  // PREFIX.bin/.idx shards) | llmc (llm.c token files); the last two read `sources`.
-  std::string kind = "text";
-  std::string path;                 // text and tokens
-  std::string dtype = "uint16";     // tokens only: uint16 | uint32
-  std::vector<DataSource> sources;  // indexed and llmc (Note [Sample stream] in corpus.h)
-  int64_t eod_token = -1;  // the end-of-document token; -1: the shards' manifests' (if any)
-  // When set, the rank that feeds a sample into its pipeline appends one JSON line per
-  // sample to DIR/rank-R.gen-G.jsonl when the step commits (indexed and llmc).
-  std::string sample_log;
-  // The Hugging Face tokenizer that made the tokens (tokenizer.json, ...): checked against the
-  // shards' manifests; varuna-ckpt export copies its files next to the weights.
-  std::string tokenizer_dir;
-  bool corpus() const { return kind == "indexed" || kind == "llmc"; }
-  // Every shard of every source, in order.
-  std::vector<std::string> AllShards() const;
+// What the job reports beyond its metrics (docs/observability.md "TensorBoard").
+struct ObservabilitySpec {
+  // The rank that reports the loss writes TensorBoard event files here ("" = none).
+  std::string tensorboard_dir;
 };
 
 struct TrainSpec {
@@ -150,6 +142,8 @@ struct JobSpec {
   std::string name = "job";
   ModelSpec model;
   DataSpec data;
+  EvalSpec eval;
+  ObservabilitySpec observability;
   TrainSpec train;
   ParallelSpec parallel;
   CheckpointSpec checkpoint;

@@ -80,10 +80,13 @@ void AbsolutizeKey(YAML::Node root, const std::string& section, const std::strin
   }
 }
 
-// data.sources[].shards[]: each path made absolute (a scalar shard list too).
-void AbsolutizeShards(YAML::Node root, const fs::path& base) {
-  if (!(root["data"].IsDefined() && root["data"].IsMap())) return;
-  YAML::Node sources = root["data"]["sources"];
+// A data section's paths (data, eval.data): path, tokenizer_dir, sample_log and
+// sources[].shards[] made absolute (a scalar shard list too).
+void AbsolutizeData(YAML::Node data, const fs::path& base) {
+  if (!(data.IsDefined() && data.IsMap())) return;
+  for (const char* key : {"path", "tokenizer_dir", "sample_log"})
+    AbsolutizeKey(data, "", key, base);
+  YAML::Node sources = data["sources"];
   if (!sources.IsDefined() || !sources.IsSequence()) return;
   for (size_t i = 0; i < sources.size(); ++i) {
     YAML::Node src = sources[i];
@@ -241,12 +244,11 @@ absl::StatusOr<std::string> Prepare(const std::string& path, const SubmitOptions
   if (!opts.env_file.empty()) root["env_file"] = opts.env_file;
 
   const fs::path base = fs::absolute(fs::path(path)).parent_path();
-  AbsolutizeKey(root, "data", "path", base);
   AbsolutizeKey(root, "model", "path", base);
   AbsolutizeKey(root, "model", "init_from", base);
-  AbsolutizeKey(root, "data", "tokenizer_dir", base);
-  AbsolutizeKey(root, "data", "sample_log", base);
-  AbsolutizeShards(root, base);
+  AbsolutizeData(root["data"], base);
+  if (root["eval"].IsDefined() && root["eval"].IsMap()) AbsolutizeData(root["eval"]["data"], base);
+  AbsolutizeKey(root, "observability", "tensorboard_dir", base);
   AbsolutizeKey(root, "checkpoint", "dir", base);
   AbsolutizeKey(root, "", "env_file", base);
 

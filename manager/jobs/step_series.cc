@@ -35,6 +35,7 @@ void StepSeries::Record(Job& job, const v1::WorkerStatus& w) {
     r.set_lr(finite(s.lr()));
     r.set_bubble_ratio(finite(s.bubble_ratio()));
     r.set_mfu(finite(s.mfu()));
+    if (s.has_eval_loss()) r.set_eval_loss(s.eval_loss());
     for (double v : s.stage_busy_s()) r.add_stage_busy_s(finite(v));
     for (double v : s.stage_wait_s()) r.add_stage_wait_s(finite(v));
     r.set_merged(1);

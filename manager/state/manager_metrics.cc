@@ -45,6 +45,8 @@ ManagerMetrics::ManagerMetrics(MetricsRegistry& r)
       jobs_(r.Gauge("varuna_jobs", "Jobs by state")),
       job_step_(r.Gauge("varuna_job_step", "Newest optimizer step a job reported")),
       job_loss_(r.Gauge("varuna_job_loss", "Training loss of the newest step")),
+      job_eval_loss_(
+          r.Gauge("varuna_job_eval_loss", "Validation loss of the newest step that computed one")),
       job_samples_(
           r.Gauge("varuna_job_samples_per_second", "Samples per second of the newest step")),
       job_step_seconds_(r.Histogram("varuna_job_step_seconds", "Wall-clock time per step")),
@@ -129,9 +131,20 @@ void ManagerMetrics::OnSteps(const std::string& job, const std::vector<v1::StepR
     return std::pair<int64_t, int64_t>(s.generation(), s.step());
   };
   const v1::StepRecord* newest = &steps[0];
+  const v1::StepRecord* newest_eval = nullptr;
   for (const v1::StepRecord& s : steps) {
     if (s.step_time_s() > 0 && Plausible(s.step_time_s(), 86400)) hist.Observe(s.step_time_s());
     if (key(s) >= key(*newest)) newest = &s;
+    if (s.has_eval_loss() && (newest_eval == nullptr || key(s) >= key(*newest_eval))) {
+      newest_eval = &s;
+    }
+  }
+  if (newest_eval != nullptr) {
+    auto [at, first] = shown_eval_.emplace(job, key(*newest_eval));
+    if (first || key(*newest_eval) >= at->second) {
+      at->second = key(*newest_eval);
+      job_eval_loss_.Add(l).Set(newest_eval->eval_loss());
+    }
   }
   auto [shown, fresh] = shown_step_.emplace(job, key(*newest));
   if (!fresh) {
@@ -196,6 +209,7 @@ void ManagerMetrics::AddJob(const std::string& job) {
 
 void ManagerMetrics::ForgetJob(const std::string& job) {
   shown_step_.erase(job);
+  shown_eval_.erase(job);
   if (!jobs_known_.erase(job)) return;
   const prometheus::Labels l{{"job", job}};
   for (const char* kind : kReasonKinds)
@@ -205,8 +219,8 @@ void ManagerMetrics::ForgetJob(const std::string& job) {
   }
   job_step_seconds_.Remove(&job_step_seconds_.Add(l, StepBuckets()));
   SetNodeSpeeds(job, {});
-  for (auto* family :
-       {&job_step_, &job_loss_, &job_samples_, &job_bubble_, &job_mfu_, &job_slots_}) {
+  for (auto* family : {&job_step_, &job_loss_, &job_eval_loss_, &job_samples_, &job_bubble_,
+                       &job_mfu_, &job_slots_}) {
     family->Remove(&family->Add(l));
   }
 }

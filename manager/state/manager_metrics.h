@@ -56,6 +56,7 @@ class ManagerMetrics {
   prometheus::Family<prometheus::Gauge>& jobs_;
   prometheus::Family<prometheus::Gauge>& job_step_;
   prometheus::Family<prometheus::Gauge>& job_loss_;
+  prometheus::Family<prometheus::Gauge>& job_eval_loss_;
   prometheus::Family<prometheus::Gauge>& job_samples_;
   prometheus::Family<prometheus::Histogram>& job_step_seconds_;
   prometheus::Family<prometheus::Gauge>& job_bubble_;
@@ -72,6 +73,7 @@ class ManagerMetrics {
   std::map<std::string, std::set<std::string>> speed_nodes_;  // job -> nodes with a series
   // job -> (generation, step) of the step its gauges show (OnSteps).
   std::map<std::string, std::pair<int64_t, int64_t>> shown_step_;
+  std::map<std::string, std::pair<int64_t, int64_t>> shown_eval_;  // ... its validation loss
   std::map<std::string, prometheus::Gauge*> slots_by_node_;
   std::map<std::string, prometheus::Histogram*> latency_by_node_;
   std::set<std::string> jobs_known_;

@@ -9,7 +9,9 @@
 //     job once it is typed in; HTTPS certificates are not checked (the test's own CA);
 //   - the job is in the job list (#jobs tr[data-job-id=JOBID]) and clicking it selects it
 //     (#job-detail[data-job-id=JOBID]);
-//   - its loss chart plotted exactly N points (#chart-loss[data-points=N][data-job=JOBID]);
+//   - its loss chart plotted exactly N points (#chart-loss[data-points=N][data-job=JOBID]),
+//     and with --evals K exactly K validation-loss points (data-eval-points), the newest a
+//     positive number (data-last-eval);
 //   - the stage map, from /stages (#stage-map[data-source=stages]), has one cell per rank
 //     0..R-1 ([data-rank]);
 //   - with --morph: the morph timeline has at least one entry (#morphs [data-morph]);
@@ -47,7 +49,7 @@ const opts = { morph: false, timeout_s: 120 };
     const eq = k.indexOf('=');
     if (eq >= 0) { v = k.slice(eq + 1); k = k.slice(0, eq); }
     if (k === 'morph') { opts.morph = true; continue; }
-    if (!['url', 'job', 'steps', 'ranks', 'screenshot', 'timeout_s', 'node_modules', 'token'].includes(k)) usage(`unknown flag --${k}`);
+    if (!['url', 'job', 'steps', 'ranks', 'screenshot', 'timeout_s', 'node_modules', 'token', 'evals'].includes(k)) usage(`unknown flag --${k}`);
     if (v === undefined) {
       if (i + 1 >= a.length) usage(`--${k} needs a value`);
       v = a[++i];
@@ -60,6 +62,9 @@ const STEPS = Number(opts.steps), RANKS = Number(opts.ranks), TIMEOUT_S = Number
 if (!Number.isInteger(STEPS) || STEPS < 0) usage('--steps must be a non-negative integer');
 if (!Number.isInteger(RANKS) || RANKS < 1) usage('--ranks must be a positive integer');
 if (!(TIMEOUT_S > 0)) usage('--timeout_s must be positive');
+const EVALS = opts.evals === undefined ? null : Number(opts.evals);
+if (EVALS !== null && !(Number.isInteger(EVALS) && EVALS >= 0)) usage('--evals must be a non-negative integer');
+const evalsOk = (s) => EVALS === null || (s.evalPoints === EVALS && (EVALS === 0 || s.lastEval > 0));
 const JOB = String(opts.job);
 
 if (!fs.existsSync(CHROMIUM)) {
@@ -107,6 +112,8 @@ async function snapshot(page) {
       generation: detail ? detail.dataset.generation : null,
       points: chart ? Number(chart.dataset.points) : NaN,
       chartJob: chart ? chart.dataset.job : null,
+      evalPoints: chart ? Number(chart.dataset.evalPoints) : NaN,
+      lastEval: chart ? Number(chart.dataset.lastEval) : NaN,
       stageSource: map ? map.dataset.source : null,
       ranks: [...document.querySelectorAll('#stage-map [data-rank]')].map((e) => Number(e.dataset.rank)),
       morphs: document.querySelectorAll('#morphs [data-morph]').length,
@@ -186,9 +193,13 @@ try {
   // Everything at once, then report each one from the same final snapshot.
   s = await waitFor(page, deadline, (x) =>
     x.detailJob === JOB && x.chartJob === JOB && x.points === STEPS && ranksOk(x) && (!opts.morph || x.morphs >= 1) &&
-    allocOk(x));
+    allocOk(x) && evalsOk(x));
   report('loss chart points', s.chartJob === JOB && s.points === STEPS,
          `${s.points} points plotted for job ${s.chartJob || '(none)'}, want ${STEPS}`);
+  if (EVALS !== null) {
+    report('validation loss points', evalsOk(s),
+           `${s.evalPoints} validation-loss points, newest ${s.lastEval}, want ${EVALS}`);
+  }
   report('stage map ranks', ranksOk(s),
          `source ${s.stageSource}, ranks [${[...s.ranks].sort((a, b) => a - b).join(',')}], want 0..${RANKS - 1}`);
   report('allocation chart', allocOk(s),

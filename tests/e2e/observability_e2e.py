@@ -23,7 +23,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.cluster import Cluster, wait_for  # noqa: E402
-from lib.harness import BIN_DIR, free_port  # noqa: E402
+from lib.harness import BIN_DIR, free_port, write_text_corpus  # noqa: E402
 from lib.jobs import MORPH_CONFIG, write_morph_job  # noqa: E402
 from lib.main import main  # noqa: E402
 
@@ -32,6 +32,7 @@ REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 # Long enough that the drain, sent at step 5, lands while the job runs: LibTorch 2.11 runs this
 # model's 2 x 2 step in about 30 ms on CI, so 40 steps ended before the drain took effect.
 STEPS = 200
+EVAL_EVERY = 50
 PROMTOOL = shutil.which("promtool")
 
 
@@ -85,7 +86,11 @@ class Scenario(unittest.TestCase):
         TLS["ca"] = os.path.join(cls.c.certs, "ca.pem")
         try:
             cls.base = f"https://127.0.0.1:{cls.http}"
-            job = write_morph_job(cls.c, steps=STEPS, stages=2)
+            # A validation loss every EVAL_EVERY steps (on the dashboard's loss chart too).
+            val = write_text_corpus(os.path.join(cls.c.dir, "val.txt"), size=20_000, seed=1)
+            job = write_morph_job(cls.c, steps=STEPS, stages=2, extra=(
+                f"eval: {{data: {{kind: text, path: {val}}}, every_steps: {EVAL_EVERY}, "
+                "samples: 8}\n"))
             cls.job = json.loads(cls.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
             wait_for(lambda: cls.c.status(cls.job)["step"] >= 5, 180, "step 5")
             cls.c.ctl("drain", "node1", check=0)
@@ -172,6 +177,7 @@ class ObservabilityTest(Scenario):
         self.assertEqual(value("varuna_jobs", state="SUCCEEDED"), 1)
         self.assertEqual(value("varuna_job_step", **job), STEPS)
         self.assertGreater(value("varuna_job_loss", **job), 0)
+        self.assertGreater(value("varuna_job_eval_loss", **job), 0)
         self.assertGreater(value("varuna_job_samples_per_second", **job), 0)
         self.assertGreaterEqual(value("varuna_job_step_seconds_count", **job), STEPS)
         self.assertEqual(value("varuna_job_step_seconds_bucket", le="+Inf", **job),
@@ -263,6 +269,7 @@ class DashboardTest(Scenario):
         r = subprocess.run([node, os.path.join(REPO, "tests", "browser", "dashboard.mjs"),
                             "--url", self.base + "/", "--job", self.job, "--steps", str(STEPS),
                             "--ranks", str(self.final["slots"]), "--morph", "--screenshot", shot,
+                            "--evals", str(STEPS // EVAL_EVERY),
                             "--token", self.c.token, "--timeout_s", "90"],
                            capture_output=True, text=True, timeout=180,
                            env=dict(os.environ, NODE_PATH=os.path.abspath(modules)))

@@ -12,6 +12,7 @@
 //   #jobs tr[data-job-id]                  one row per job
 //   #job-detail[data-job-id][data-generation][data-state]
 //   #chart-loss[data-points][data-job]     points actually plotted
+//     data-eval-points, data-last-eval      validation-loss points plotted, the newest one
 //   #stage-map[data-source="stages"] [data-rank]  one cell per rank
 //   #morphs [data-morph]                   one entry per morph
 //   #chart-alloc[data-jobs][data-points]   jobs and time points of the allocation chart;
@@ -676,7 +677,10 @@ function makeChart(name, series, axes, scales) {
 function ensureCharts() {
   if (charts.loss) return;
   makeChart('loss',
-    [{ label: 'loss', stroke: '#58a6ff', width: 1.5, fmt: (v) => fmt(v, 4) }],
+    [{ label: 'loss', stroke: '#58a6ff', width: 1.5, fmt: (v) => fmt(v, 4) },
+     // Validation steps are sparse: joined across the steps between them, each one marked.
+     { label: 'eval loss', stroke: '#ffa657', width: 1.5, spanGaps: true,
+       points: { show: true, size: 5, fill: '#ffa657' }, fmt: (v) => fmt(v, 4) }],
     [{ ...AXIS, size: 50 }]);
   makeChart('tput',
     [{ label: 'samples/s', stroke: '#3fb950', width: 1.5, scale: 'y', fmt: (v) => fmt(v) },
@@ -699,7 +703,7 @@ function ensureCharts() {
 
 function clearCharts() {
   if (!charts.loss) return;
-  charts.loss.u.setData([[], []]);
+  charts.loss.u.setData([[], [], []]);
   charts.tput.u.setData([[], [], []]);
   charts.eff.u.setData([[], [], []]);
   for (const c of Object.values(charts)) c.box.dataset.points = '0';
@@ -715,24 +719,29 @@ function renderCharts(js) {
   js.dirty = false;
   const keys = [...js.steps.keys()].sort((a, b) => a - b);
   const x = new Array(keys.length);
-  const loss = [], sps = [], tps = [], bub = [], mfu = [];
+  const loss = [], evals = [], sps = [], tps = [], bub = [], mfu = [];
   keys.forEach((k, i) => {
     const s = js.steps.get(k);
     x[i] = k;
     const l = num(s.loss);
     loss.push(Number.isFinite(l) ? l : null);
+    const e = s.eval_loss === undefined ? NaN : num(s.eval_loss);
+    evals.push(Number.isFinite(e) ? e : null);
     sps.push(Number.isFinite(num(s.samples_per_s)) ? num(s.samples_per_s) : null);
     tps.push(num(s.tokens_per_s) > 0 ? num(s.tokens_per_s) : null);
     bub.push(Number.isFinite(num(s.bubble_ratio)) ? num(s.bubble_ratio) * 100 : null);
     mfu.push(num(s.mfu) > 0 ? num(s.mfu) * 100 : null);
   });
-  charts.loss.u.setData([x, loss]);
+  charts.loss.u.setData([x, loss, evals]);
   charts.tput.u.setData([x, sps, tps]);
   charts.eff.u.setData([x, bub, mfu]);
   // What was actually plotted (the browser test reads it).
   for (const c of Object.values(charts)) c.box.dataset.points = String(c.u.data[0].length);
   charts.loss.box.dataset.job = js.id;
   charts.loss.box.dataset.lastStep = keys.length ? String(keys[keys.length - 1]) : '';
+  const plotted = evals.filter((v) => v !== null);
+  charts.loss.box.dataset.evalPoints = String(plotted.length);
+  charts.loss.box.dataset.lastEval = plotted.length ? String(plotted[plotted.length - 1]) : '';
 }
 
 // ---- allocation over time ---------------------------------------------------------------

@@ -703,27 +703,41 @@ absl::Status Varuna::RollForward(int64_t step, const std::vector<double>& vector
   });
 }
 
-absl::StatusOr<double> Varuna::evaluate(const TensorMap& inputs) {
-  RETURN_IF_ERROR(CheckInputs(inputs, 0));
+// Note [Validation]: each pipeline runs its share of the held-out samples forward, in rounds of
+// at most a training step's rows, its last stage summing loss x samples on the device; one
+// world sum of [loss, samples] then gives every rank the mean over all of them. A pipeline
+// whose share is empty runs nothing and adds zeros, so the figure does not depend on the shape
+// (up to the order of a floating-point sum).
+absl::StatusOr<double> Varuna::evaluate(const std::vector<TensorMap>& rounds) {
+  for (const TensorMap& inputs : rounds) RETURN_IF_ERROR(CheckInputs(inputs, 0));
   broken_ = true;
   for (auto& l : stage_.layers) l->eval();
-  // Each last stage sums loss x samples over its pipeline's inputs; one world sum of
-  // [loss, samples] gives the mean over every pipeline's inputs.
-  PipelineRunOptions run;
-  run.train = false;
-  absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, run);
+  torch::Tensor loss_sum;
+  double n = 0;
+  absl::Status run;
+  for (const TensorMap& inputs : rounds) {
+    PipelineRunOptions options;
+    options.train = false;
+    absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, options);
+    if (!piped.ok()) {
+      run = piped.status();
+      break;
+    }
+    if (piped->loss_sum.defined()) {
+      loss_sum = loss_sum.defined() ? loss_sum + piped->loss_sum : piped->loss_sum;
+    }
+    n += static_cast<double>(inputs.begin()->second.size(0));
+  }
   for (auto& l : stage_.layers) l->train();
-  RETURN_IF_ERROR(piped.status());
+  RETURN_IF_ERROR(run);
   double loss = 0;
   RETURN_IF_ERROR(TorchCall("the evaluation loss", [&] {
-    if (piped->loss_sum.defined()) {
-      loss = ReadBack(piped->loss_sum, stage_.groups.abort.get(), stage_.groups.timeout)
-                 .item<double>();
+    if (loss_sum.defined()) {
+      loss = ReadBack(loss_sum, stage_.groups.abort.get(), stage_.groups.timeout).item<double>();
     }
   }));
-  const double n = static_cast<double>(inputs.begin()->second.size(0));
-  auto t = torch::tensor({view().is_last_stage() ? loss : 0.0, view().is_last_stage() ? n : 0.0},
-                         torch::kDouble)
+  const bool last = view().is_last_stage();
+  auto t = torch::tensor({last ? loss : 0.0, last ? n : 0.0}, torch::kDouble)
                .to(TransferDevice(stage_.groups, device_));
   std::vector<torch::Tensor> v{t};
   if (stage_.topology.world_size() > 1)

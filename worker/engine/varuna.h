@@ -148,8 +148,10 @@ class Varuna {
   // reduced gradients are still on the parameters: the update is the one the others applied.
   // FailedPrecondition when this rank is not one step behind with that agreement pending.
   absl::Status RollForward(int64_t step, const std::vector<double>& vector);
-  // Mean loss per sample over every pipeline's `inputs` (each its own share); no update.
-  absl::StatusOr<double> evaluate(const TensorMap& inputs);
+  // Mean loss per sample over every pipeline's inputs, each pipeline its own share in rounds
+  // (Note [Validation] in varuna.cc; no round is fine: the pipeline adds nothing to the
+  // world's sum); no update.
+  absl::StatusOr<double> evaluate(const std::vector<TensorMap>& rounds);
   // Fills this stage's layers with load(layer name, layer) before the first step
   // (model.init_from), agreed by every rank like the start-up, then makes tied copies equal
   // again (a tied second the source lacks takes the first's loaded value).

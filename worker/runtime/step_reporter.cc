@@ -18,6 +18,9 @@ absl::Status StepReporter::Open(const WorkerTopology& topo, const std::string& w
   metrics_rank_ = topo.rank == topo.topology.pipeline(0).stages() - 1 && topo.tp_rank == 0;
   writes_ = !metrics_out_.empty() && topo.tp_rank == 0 && (metrics_rank_ || all_ranks_);
   if (file_.is_open()) file_.close();
+  // A rank that no longer reports closes its event file; one that still does keeps it (no
+  // other file was begun meanwhile, so TensorBoard reads them in order).
+  if (!metrics_rank_) tensorboard_.reset();
   if (!writes_) return absl::OkStatus();
   const std::string path =
       metrics_rank_ ? metrics_out_ : absl::StrCat(metrics_out_, ".rank", topo.rank);
@@ -29,7 +32,7 @@ absl::Status StepReporter::Open(const WorkerTopology& topo, const std::string& w
 }
 
 void StepReporter::Report(int64_t step, const StepResult& r, double dt, double lr,
-                          double loss_scale) {
+                          double loss_scale, std::optional<double> eval_loss) {
   const int64_t B = topo_.global_batch;
   // One schema for --metrics_out and the agent: the StepMetrics message (as JSON here, as the
   // step event's payload there).
@@ -54,6 +57,7 @@ void StepReporter::Report(int64_t step, const StepResult& r, double dt, double l
     m.set_mfu(6.0 * static_cast<double>(r.model_parameters) * m.tokens_per_s() /
               (peak_flops_ * topo_.world_size));
   }
+  if (eval_loss) m.set_eval_loss(*eval_loss);
   for (double v : r.stage_busy_s) m.add_stage_busy_s(v);
   for (double v : r.stage_wait_s) m.add_stage_wait_s(v);
   if (static_cast<int>(r.rank_busy_s.size()) <= kMaxRankValues) {
@@ -64,6 +68,7 @@ void StepReporter::Report(int64_t step, const StepResult& r, double dt, double l
     file_ << ProtoJson(m) << "\n";
     file_.flush();
   }
+  if (metrics_rank_ && !tensorboard_dir_.empty()) WriteTensorBoard(m);
   {
     v1::WorkerEvent e;
     e.set_t(m.at());
@@ -71,12 +76,48 @@ void StepReporter::Report(int64_t step, const StepResult& r, double dt, double l
     ReportToAgent(std::move(e));
   }
   if ((topo_.rank == 0 && topo_.tp_rank == 0) || metrics_rank_) {
-    if (step == 1 || step % 10 == 0 || step == topo_.steps) {
+    if (step == 1 || step % 10 == 0 || step == topo_.steps || eval_loss) {
       LOG(INFO) << who_ << " step=" << step << " loss=" << absl::StrFormat("%.4f", r.loss)
                 << " grad_norm=" << absl::StrFormat("%.3f", r.grad_norm)
                 << " step_time_s=" << absl::StrFormat("%.3f", dt)
+                << (eval_loss ? absl::StrFormat(" eval_loss=%.4f", *eval_loss) : "")
                 << (r.overflow ? " overflow=skipped" : "");
     }
+  }
+}
+
+void StepReporter::WriteTensorBoard(const v1::StepMetrics& m) {
+  const int64_t step = m.step();
+  if (!tensorboard_) {
+    absl::StatusOr<std::unique_ptr<TensorBoardWriter>> w =
+        TensorBoardWriter::Open(tensorboard_dir_, step);
+    if (!w.ok()) {
+      LOG(ERROR) << who_ << " TensorBoard off for the rest of the run: " << w.status();
+      tensorboard_dir_.clear();
+      return;
+    }
+    tensorboard_ = *std::move(w);
+  }
+  absl::Status st;
+  auto put = [&](const char* tag, double v) {
+    if (st.ok()) st = tensorboard_->Scalar(tag, step, v);
+  };
+  if (!generation_text_.empty() && st.ok()) {
+    st = tensorboard_->Text("generation", step, generation_text_);
+    generation_text_.clear();
+  }
+  put("train/loss", m.loss());
+  if (m.has_eval_loss()) put("eval/loss", m.eval_loss());
+  put("train/lr", m.lr());
+  put("train/grad_norm", m.grad_norm());
+  put("train/tokens_per_s", m.tokens_per_s());
+  put("train/samples_per_s", m.samples_per_s());
+  if (m.mfu() > 0) put("train/mfu", m.mfu());
+  if (st.ok()) st = tensorboard_->Flush();
+  if (!st.ok()) {
+    LOG(ERROR) << who_ << " TensorBoard off for the rest of the run: " << st;
+    tensorboard_.reset();
+    tensorboard_dir_.clear();
   }
 }
 

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <set>
 #include <thread>
@@ -79,7 +80,7 @@ absl::Status WorkerRun::Run() {
     if (ended) break;
     RETURN_IF_ERROR(Regroup());
   }
-  if (stopped_) return absl::OkStatus();
+  if (done_.stopped) return absl::OkStatus();
   return Evaluate();
 }
 
@@ -136,6 +137,11 @@ absl::Status WorkerRun::CheckInput(bool* done) {
     ASSIGN_OR_RETURN(TokenDataset d, TokenDataset::Open(spec.data, spec.model.seq_len,
                                                         spec.model.vocab, spec.train.seed));
     in_.data.emplace(std::move(d));
+    if (spec.eval.enabled) {
+      ASSIGN_OR_RETURN(TokenDataset e, TokenDataset::Open(spec.eval.data, spec.model.seq_len,
+                                                          spec.model.vocab, spec.train.seed));
+      in_.eval_data.emplace(std::move(e));
+    }
     return absl::OkStatus();
   }();
   if (!input.ok()) return MarkBadInput(input);
@@ -158,6 +164,17 @@ absl::Status WorkerRun::CheckInput(bool* done) {
   if (absl::Status m = reporter_->Open(topo, in_.who, /*append=*/false); !m.ok()) {
     return MarkBadInput(m);
   }
+  // Any rank may come to report (after a morph): each checks the directory.
+  if (const std::string& tb = spec.observability.tensorboard_dir; !tb.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(tb, ec);
+    if (ec) {
+      return MarkBadInput(absl::InvalidArgumentError(absl::StrCat(
+          "observability.tensorboard_dir '", tb, "' cannot be created: ", ec.message())));
+    }
+    reporter_->set_tensorboard_dir(tb);
+  }
+  done_.generation_why = env_("VARUNA_GENERATION_WHY").value_or("");
   in_.num_segments = in_.model->num_segments();
   in_.has_tied = !in_.model->tied().empty();
   link_.timeout = std::chrono::milliseconds(static_cast<int64_t>(spec.parallel.timeout_s * 1000));
@@ -332,6 +349,13 @@ absl::Status WorkerRun::ResumeFromCheckpoint() {
 }
 
 void WorkerRun::ReportReady(int64_t resumed_from, const HandoverStats* handed, double regroup_s) {
+  // The generation's shape and why, for TensorBoard (written at its first step).
+  reporter_->Generation(absl::StrCat(
+      "generation ", ProcessState::Get().regroup.generation(), ": ", in_.topo.topology.ToString(),
+      " (", in_.topo.world_size, " ranks, schedule ", in_.spec.parallel.schedule, "); ",
+      done_.generation_why.empty() ? "first" : done_.generation_why, "; continues after step ",
+      resumed_from,
+      handed != nullptr ? absl::StrCat(" (in place: ", handed->reason, ")") : std::string()));
   v1::WorkerEvent ready;
   ready.mutable_ready()->set_resumed_from(static_cast<int32_t>(resumed_from));
   if (handed != nullptr) {
@@ -372,19 +396,7 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
                      in_.data->Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch));
     absl::StatusOr<StepResult> stepped = engine_->step(batch);
     if (!stepped.ok() && timeline_) timeline_->StepFailed();
-    if (!stepped.ok()) {
-      LOG(ERROR) << in_.who << " step " << step << " failed: " << stepped.status();
-      if (in_.args.in_place) {  // park: wait for the agent's reconfigure
-        v1::WorkerEvent e;
-        e.set_t(UnixNow());
-        e.mutable_parked()->set_step(engine_->iteration());
-        e.mutable_parked()->set_reason(
-            absl::StrCat("step ", step, " failed: ", stepped.status().message()));
-        ReportToAgent(std::move(e));
-        return false;
-      }
-      rescuer_->RescueAndExit();
-    }
+    if (!stepped.ok()) return ParkAfterFailure(step, stepped.status());
     const StepResult r = *stepped;
     if (feeds) {
       RETURN_IF_ERROR(in_.sample_log.Append(
@@ -393,7 +405,9 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
     const TrainSpec& t = in_.spec.train;
     const double lr = LearningRate(t.schedule, t.lr, t.min_lr, t.warmup, t.steps, step);
     const double step_s = Seconds(t0);
-    reporter_->Report(step, r, step_s, lr, engine_->loss_scale());
+    absl::StatusOr<std::optional<double>> eval_loss = ValidateAfter(step);
+    if (!eval_loss.ok()) return ParkAfterFailure(step, eval_loss.status());
+    reporter_->Report(step, r, step_s, lr, engine_->loss_scale(), *eval_loss);
     if (timeline_) RETURN_IF_ERROR(timeline_->AfterStep(step, r.host_syncs, step_s));
     RETURN_IF_ERROR(CheckpointAfter(step, r.stop));
     if (r.stop && ps.regroup.in_place() && !ps.stop_requested.load()) {
@@ -423,12 +437,50 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
       LOG(INFO) << in_.who << " stop requested: "
                 << (saved ? "checkpointed" : "no checkpoint.dir, nothing saved") << " step=" << step
                 << "; exiting";
-      stopped_ = true;
+      done_.stopped = true;
       return true;
     }
     if (link_.step_min.count() > 0) std::this_thread::sleep_until(t0 + link_.step_min);
   }
   return true;
+}
+
+bool WorkerRun::ParkAfterFailure(int64_t step, const absl::Status& why) {
+  LOG(ERROR) << in_.who << " step " << step << " failed: " << why;
+  if (!in_.args.in_place) rescuer_->RescueAndExit();
+  // Park: wait for the agent's reconfigure.
+  v1::WorkerEvent e;
+  e.set_t(UnixNow());
+  e.mutable_parked()->set_step(engine_->iteration());
+  e.mutable_parked()->set_reason(absl::StrCat("step ", step, " failed: ", why.message()));
+  ReportToAgent(std::move(e));
+  return false;
+}
+
+// Note [Validation] in worker/engine/varuna.cc: this pipeline's share of eval.samples, in
+// proportion to its share of the global batch, in rounds of at most its training rows. The
+// samples are the eval data's first ones, whatever the shape.
+absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step) {
+  const EvalSpec& eval = in_.spec.eval;
+  const WorkerTopology& t = in_.topo;
+  const bool due =
+      eval.enabled && ((eval.every_steps > 0 && step % eval.every_steps == 0) || step == t.steps);
+  if (!due) return std::nullopt;
+  const auto e0 = Clock::now();
+  const int64_t samples = eval.samples > 0 ? eval.samples : t.global_batch;
+  const int64_t lo = samples * t.sample_offset / t.global_batch;
+  const int64_t hi = samples * (t.sample_offset + t.per_replica_batch) / t.global_batch;
+  std::vector<TensorMap> rounds;
+  for (int64_t first = lo; first < hi; first += t.per_replica_batch) {
+    ASSIGN_OR_RETURN(TensorMap b,
+                     in_.eval_data->Batch(first, std::min(t.per_replica_batch, hi - first)));
+    rounds.push_back(std::move(b));
+  }
+  ASSIGN_OR_RETURN(double loss, engine_->evaluate(rounds));
+  done_.last_eval = {step, loss};
+  LOG(INFO) << in_.who << " validation after step " << step << " took "
+            << absl::StrFormat("%.3f", Seconds(e0)) << " s";
+  return loss;
 }
 
 absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
@@ -440,6 +492,10 @@ absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
   std::map<std::string, std::string> info = ckpt_info_;
   if (in_.data->corpus())
     info["data_position"] = in_.data->PositionRecord(step * in_.topo.global_batch);
+  if (done_.last_eval) {
+    info["eval_step"] = absl::StrCat(done_.last_eval->first);
+    info["eval_loss"] = absl::StrFormat("%.9g", done_.last_eval->second);
+  }
   RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, info, c.tempdir, c.shard));
   LOG(INFO) << in_.who << " checkpoint step=" << step << " blocked training for "
             << absl::StrFormat("%.3f", Seconds(c0)) << " s (cpu "
@@ -538,6 +594,7 @@ absl::Status WorkerRun::Regroup() {
     }
   }
   ps.regroup.Done(cmd->generation());
+  done_.generation_why = cmd->why();
   ps.stop_requested.store(false);
   if (agent_commands_) agent_commands_->set_generation(cmd->generation());
   in_.topo = *nt;
@@ -556,11 +613,21 @@ absl::Status WorkerRun::Regroup() {
 
 absl::Status WorkerRun::Evaluate() {
   RETURN_IF_ERROR(engine_->checkpoints().Wait());
+  if (in_.spec.eval.enabled) {
+    // The last step validated (ValidateAfter); a run that had no step left to take does now.
+    if (!done_.last_eval || done_.last_eval->first != in_.topo.steps) {
+      ASSIGN_OR_RETURN(std::optional<double> loss, ValidateAfter(in_.topo.steps));
+      (void)loss;
+    }
+    LOG(INFO) << in_.who << " done steps=" << in_.topo.steps
+              << " eval_loss=" << absl::StrFormat("%.9g", done_.last_eval->second);
+    return absl::OkStatus();
+  }
   // Held-out evaluation: one global batch from far beyond any training index.
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
   ASSIGN_OR_RETURN(TensorMap batch, in_.data->Batch(kEvalFirstSample + in_.topo.sample_offset,
                                                     in_.topo.per_replica_batch));
-  ASSIGN_OR_RETURN(double eval_loss, engine_->evaluate(batch));
+  ASSIGN_OR_RETURN(double eval_loss, engine_->evaluate({batch}));
   LOG(INFO) << in_.who << " done steps=" << in_.topo.steps
             << " eval_loss=" << absl::StrFormat("%.9g", eval_loss);
   return absl::OkStatus();

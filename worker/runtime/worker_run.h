@@ -53,6 +53,7 @@ class WorkerRun {
     SchedulePolicy policy = SchedulePolicy::kVaruna;
     Precision precision = Precision::kFp32;
     std::optional<TokenDataset> data;
+    std::optional<TokenDataset> eval_data;  // the spec's eval.data
     SampleLog sample_log;       // data.sample_log (Note [Sample log] in common/data/sample_log.h)
     int64_t profile_batch = 0;  // the job's global batch, for a profile run
     int num_segments = 0;
@@ -81,7 +82,12 @@ class WorkerRun {
   absl::StatusOr<bool> TrainGeneration();
   absl::StatusOr<bool> TrainSteps();  // its loop
   absl::Status CheckpointAfter(int64_t step, bool stop);
+  // After a failed step or validation: reports this rank parked (false: it regroups), or
+  // rescues and exits.
+  bool ParkAfterFailure(int64_t step, const absl::Status& why);
   absl::Status Regroup();
+  // The validation loss after `step` where the job's eval section asks for one then.
+  absl::StatusOr<std::optional<double>> ValidateAfter(int64_t step);
   absl::Status Evaluate();
 
   // One generation's engine: the stage of `t`, over `g`, optimizer and schedule set.
@@ -102,7 +108,12 @@ class WorkerRun {
   int64_t first_step_ = 1;
   std::optional<HandoverStats> joined_;  // a joiner's hand-over
   std::map<std::string, std::string> ckpt_info_;
-  bool stopped_ = false;  // on request, after a checkpoint
+  // What the run has come to.
+  struct Progress {
+    bool stopped = false;                                 // on request, after a checkpoint
+    std::optional<std::pair<int64_t, double>> last_eval;  // step, validation loss
+    std::string generation_why;  // VARUNA_GENERATION_WHY, then each reconfigure's
+  } done_;
   // Last: destroyed first, while the engine it may rescue still exists.
   std::unique_ptr<Rescuer> rescuer_;
 };

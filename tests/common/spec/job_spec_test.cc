@@ -163,6 +163,48 @@ TEST(JobSpecTest, CorpusSourcesParseAndBadOnesAreNamed) {
   }
 }
 
+// The eval section: data of the same form as data (errors named under eval.data), how
+// often, how many samples; observability's TensorBoard directory.
+TEST(JobSpecTest, EvalAndObservabilityParseAndBadOnesAreNamed) {
+  auto spec = ParseJobSpec(
+      "data: {path: /x}\neval: {data: {kind: llmc, sources: [{shards: [/d/val.bin]}]}, "
+      "every_steps: 50, "
+      "samples: 256}\nobservability: {tensorboard_dir: /runs/tb}\n");
+  ASSERT_THAT(spec.status(), IsOk());
+  EXPECT_TRUE(spec->eval.enabled);
+  EXPECT_EQ(spec->eval.data.kind, "llmc");
+  EXPECT_EQ(spec->eval.data.AllShards(), (std::vector<std::string>{"/d/val.bin"}));
+  EXPECT_EQ(spec->eval.every_steps, 50);
+  EXPECT_EQ(spec->eval.samples, 256);
+  EXPECT_EQ(spec->observability.tensorboard_dir, "/runs/tb");
+  auto none = ParseJobSpec("data: {path: /x}\n");
+  ASSERT_THAT(none.status(), IsOk());
+  EXPECT_FALSE(none->eval.enabled);
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"eval: {every_steps: 5}\n", "'eval.data' is required"},
+      {"eval:\n", "'eval.data' is required"},
+      {"eval: {data: {kind: indexed}}\n", "eval.data.sources' is required"},
+      {"eval: {data: {kind: indexed, sources: [{shards: [/a], wieght: 1}]}}\n",
+       "unknown key 'eval.data.sources[0].wieght'"},
+      {"eval: {data: {path: /x, colour: red}}\n", "unknown key 'eval.data.colour'"},
+      {"eval: {data: {path: /x}, every_steps: -1}\n", "'eval.every_steps' is -1"},
+      {"eval: {data: {path: /x}, samples: 100000000}\n", "'eval.samples' is 100000000"},
+      {"eval: {data: {path: /x}, sample: 4}\n", "unknown key 'eval.sample'"},
+      {"eval: {data: {path: /x, sample_log: /l}}\n", "eval.data.sample_log' is for the training"},
+      {"eval: {data: {kind: tokens, path: /x, dtype: int8}}\n", "eval.data.dtype"},
+      {"observability: {tensorboard: /x}\n", "unknown key 'observability.tensorboard'"},
+  };
+  for (const auto& [yaml, want] : bad) {
+    EXPECT_THAT(ParseJobSpec("data: {path: /x}\n" + yaml),
+                StatusIs(absl::StatusCode::kInvalidArgument, want))
+        << yaml;
+  }
+  auto missing =
+      ParseJobSpec("data: {path: /etc/hostname}\neval: {data: {path: /nonexistent/v}}\n");
+  ASSERT_THAT(missing.status(), IsOk());
+  EXPECT_THAT(missing->ValidateFiles(), StatusIs(absl::StatusCode::kNotFound, "/nonexistent/v"));
+}
+
 absl::Status Shape(const std::string& yaml) {
   auto spec = ParseJobSpec(yaml);
   if (!spec.ok()) return spec.status();

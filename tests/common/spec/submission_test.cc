@@ -82,6 +82,21 @@ TEST_F(PrepareSubmissionTest, AppliesOverridesPathsAndEnvInOrder) {
                                               Pair("C", "from_flag")));
 }
 
+// The eval section's data and the TensorBoard directory resolve against the job file too.
+TEST_F(PrepareSubmissionTest, EvalDataAndTensorBoardPathsAreResolved) {
+  std::ofstream(dir_ + "/val.txt") << "held out";
+  Write(
+      "name: j\nmodel: {kind: gpt, layers: 2, d_model: 16, heads: 2, seq_len: 4}\n"
+      "data: {kind: text, path: corpus.txt}\neval: {data: {kind: text, path: val.txt}}\n"
+      "observability: {tensorboard_dir: runs/tb}\n");
+  auto yaml = PrepareSubmission(dir_ + "/job.yaml", SubmitOptions{});
+  ASSERT_THAT(yaml.status(), IsOk());
+  auto spec = ParseJobSpec(*yaml);
+  ASSERT_THAT(spec.status(), IsOk());
+  EXPECT_EQ(spec->eval.data.path, dir_ + "/val.txt");
+  EXPECT_EQ(spec->observability.tensorboard_dir, dir_ + "/runs/tb");
+}
+
 TEST_F(PrepareSubmissionTest, RefusesBadSpecsNamingTheProblem) {
   const std::string job = dir_ + "/job.yaml";
   EXPECT_THAT(PrepareSubmission(dir_ + "/nope.yaml", {}),
