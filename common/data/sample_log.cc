@@ -34,12 +34,18 @@ absl::Status SampleLog::Open(const std::string& dir, int rank, int generation,
   return absl::OkStatus();
 }
 
-absl::Status SampleLog::Append(int64_t step, const std::vector<SampleRef>& refs) {
+absl::Status SampleLog::Append(int64_t step, const std::vector<SampleRef>& refs,
+                               const std::vector<std::string>& extra) {
   if (file_ == nullptr) return absl::FailedPreconditionError("sample log not open");
+  if (!extra.empty() && extra.size() != refs.size()) {
+    return absl::InternalError("sample log: one extra fragment per sample expected");
+  }
   std::string lines;
-  for (const SampleRef& r : refs) {
+  for (size_t i = 0; i < refs.size(); ++i) {
+    const SampleRef& r = refs[i];
     absl::StrAppend(&lines, "{\"step\": ", step, ", \"source\": ", r.source,
-                    ", \"sample\": ", r.sample, ", \"epoch\": ", r.epoch, "}\n");
+                    ", \"sample\": ", r.sample, ", \"epoch\": ", r.epoch, extra.empty() ? "" : ", ",
+                    extra.empty() ? "" : extra[i], "}\n");
   }
   if (std::fwrite(lines.data(), 1, lines.size(), file_) != lines.size() ||
       std::fflush(file_) != 0) {

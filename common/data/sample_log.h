@@ -40,7 +40,10 @@ class SampleLog {
   // The newest step logged (the generation's resumed_from before its first).
   int64_t last_step() const { return last_step_; }
   // One line per sample of `step`, flushed to the kernel (a crash after it loses nothing).
-  absl::Status Append(int64_t step, const std::vector<SampleRef>& refs);
+  // `extra`, when not empty, holds one JSON fragment per sample appended to its record (a
+  // masked LM's `"input_ids": [...], "labels": [...]`).
+  absl::Status Append(int64_t step, const std::vector<SampleRef>& refs,
+                      const std::vector<std::string>& extra = {});
 
  private:
   std::FILE* file_ = nullptr;

@@ -43,7 +43,7 @@ std::string MismatchDetail(const std::vector<std::string>& want,
 
 const std::vector<std::string>& SupportedTemplateModels() {
   static const auto* models =
-      new std::vector<std::string>{"gpt", "mlp", "torchscript", "llama", "gpt2"};
+      new std::vector<std::string>{"gpt", "mlp", "torchscript", "llama", "gpt2", "bert"};
   return *models;
 }
 

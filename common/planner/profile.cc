@@ -122,6 +122,18 @@ absl::StatusOr<std::vector<SegmentShape>> DescribeModel(const ModelSpec& m) {
     }
     out.push_back(
         {"transformer.ln_f,lm_head", 2 * t * d * v, v * d + 2 * d, 1, 3 * t * v + 2 * t * d});
+  } else if (m.kind == "bert") {
+    // The same FLOP counts as worker/models/bert.cc; the head's transform and decoder bias.
+    const double f = m.ffn, pos = m.max_positions, types = m.type_vocab;
+    const double params = 4 * d * d + 2 * d * f + 9 * d + f;
+    out.push_back({"bert.embeddings", t * d, (v + pos + types) * d + 2 * d, t * d, 3 * t * d});
+    for (int i = 0; i < m.layers; ++i) {
+      out.push_back({absl::StrCat("bert.encoder.layer.", i),
+                     2 * t * (4 * d * d + 2 * d * f) + 4 * t * t * d, params, t * d,
+                     18 * t * d + 4 * t * f + 5 * h * t * t});
+    }
+    out.push_back({"cls.predictions", 2 * t * d * d + 2 * t * d * v, v * d + d * d + 3 * d + v, 1,
+                   3 * t * v + 4 * t * d});
   } else {
     return absl::FailedPreconditionError(absl::StrCat(
         "model.kind '", m.kind, "' has no built-in cost model; profile it (varunactl profile)"));

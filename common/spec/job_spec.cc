@@ -153,6 +153,17 @@ absl::Status ValidateEval(const EvalSpec& eval, int64_t vocab) {
   return InRange("eval.samples", eval.samples, 0, kMaxEvalSamples);
 }
 
+// A masked LM needs its [MASK] id: given, or in the tokenizer directory (checked with the
+// files: ResolveMaskToken).
+absl::Status ValidateMaskSource(const ModelSpec& model, const DataSpec& data) {
+  if (!IsMaskedLm(model.kind) || model.mask_token >= 0 || !data.tokenizer_dir.empty()) {
+    return absl::OkStatus();
+  }
+  return Bad("model.mask_token_id",
+             "is required for model.kind bert without data.tokenizer_dir (whose tokenizer.json "
+             "names the [MASK] token)");
+}
+
 }  // namespace
 
 // Note [Limits]: every number has a range a real job could use (docs/job_spec.md "Limits"),
@@ -182,6 +193,7 @@ absl::Status JobSpec::Validate() const {
                absl::StrCat("is ", model.vocab, " but text data is bytes and needs vocab >= 256"));
   }
   RETURN_IF_ERROR(ValidateEval(eval, model.vocab));
+  RETURN_IF_ERROR(ValidateMaskSource(model, data));
   if (observability.tensorboard_dir.size() > 4096) {
     return Bad("observability.tensorboard_dir", "is longer than 4096 characters");
   }
@@ -389,6 +401,10 @@ absl::Status JobSpec::ValidateShape() const {
 absl::Status JobSpec::ValidateFiles() const {
   RETURN_IF_ERROR(ValidateDataFiles(data, model.vocab, "data"));
   if (eval.enabled) RETURN_IF_ERROR(ValidateDataFiles(eval.data, model.vocab, "eval.data"));
+  if (IsMaskedLm(model.kind)) {
+    ModelSpec resolved = model;  // the tokenizer names the mask token
+    RETURN_IF_ERROR(ResolveMaskToken(&resolved, data.tokenizer_dir));
+  }
   if (!env_file.empty()) RETURN_IF_ERROR(CheckRegularFile(env_file, "env_file"));
   if (model.kind == "torchscript") {
     RETURN_IF_ERROR(CheckRegularFile(model.path + "/segment_0.pt", "model.path segment_0.pt"));

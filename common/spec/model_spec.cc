@@ -31,12 +31,14 @@ enum class Field {
   kRopeTheta,
   kTie,
   kMaxPositions,
+  kTypeVocab,
+  kMaskToken,
   kInitFrom,
 };
 
 // Which kinds take a key: our own kinds (gpt, mlp, torchscript) take our names, as they
-// always have; llama and gpt2 take Hugging Face's.
-enum Kinds : unsigned { kOurs = 1, kLlama = 2, kGpt2 = 4, kAll = 7 };
+// always have; llama, gpt2 and bert take Hugging Face's.
+enum Kinds : unsigned { kOurs = 1, kLlama = 2, kGpt2 = 4, kBert = 8, kAll = 15 };
 
 struct KeyDef {
   const char* key;
@@ -54,23 +56,26 @@ const std::vector<KeyDef>& KeyDefs() {
       {"heads", Field::kHeads, kOurs},
       {"vocab", Field::kVocab, kOurs},
       {"path", Field::kPath, kOurs},
-      {"init_from", Field::kInitFrom, kLlama | kGpt2},
-      {"vocab_size", Field::kVocab, kLlama | kGpt2},
-      {"hidden_size", Field::kDModel, kLlama},
-      {"intermediate_size", Field::kFfn, kLlama},
-      {"num_hidden_layers", Field::kLayers, kLlama},
-      {"num_attention_heads", Field::kHeads, kLlama},
+      {"init_from", Field::kInitFrom, kLlama | kGpt2 | kBert},
+      {"vocab_size", Field::kVocab, kLlama | kGpt2 | kBert},
+      {"hidden_size", Field::kDModel, kLlama | kBert},
+      {"intermediate_size", Field::kFfn, kLlama | kBert},
+      {"num_hidden_layers", Field::kLayers, kLlama | kBert},
+      {"num_attention_heads", Field::kHeads, kLlama | kBert},
       {"num_key_value_heads", Field::kKvHeads, kLlama},
       {"rms_norm_eps", Field::kNormEps, kLlama},
       {"rope_theta", Field::kRopeTheta, kLlama},
       {"tie_word_embeddings", Field::kTie, kLlama},
-      {"max_position_embeddings", Field::kMaxPositions, kLlama},
+      {"max_position_embeddings", Field::kMaxPositions, kLlama | kBert},
       {"n_embd", Field::kDModel, kGpt2},
       {"n_inner", Field::kFfn, kGpt2},
       {"n_layer", Field::kLayers, kGpt2},
       {"n_head", Field::kHeads, kGpt2},
       {"layer_norm_epsilon", Field::kNormEps, kGpt2},
       {"n_positions", Field::kMaxPositions, kGpt2},
+      {"layer_norm_eps", Field::kNormEps, kBert},
+      {"type_vocab_size", Field::kTypeVocab, kBert},
+      {"mask_token_id", Field::kMaskToken, kBert},
   };
   return *defs;
 }
@@ -78,6 +83,7 @@ const std::vector<KeyDef>& KeyDefs() {
 unsigned KindBit(const std::string& kind) {
   if (kind == "llama") return kLlama;
   if (kind == "gpt2") return kGpt2;
+  if (kind == "bert") return kBert;
   return kOurs;
 }
 
@@ -139,6 +145,10 @@ absl::Status SetField(Field f, const std::string& text, ModelSpec* m) {
       return as_int(&m->ffn) ? absl::OkStatus() : absl::UnknownError("");
     case Field::kMaxPositions:
       return as_int(&m->max_positions) ? absl::OkStatus() : absl::UnknownError("");
+    case Field::kTypeVocab:
+      return as_int(&m->type_vocab) ? absl::OkStatus() : absl::UnknownError("");
+    case Field::kMaskToken:
+      return absl::SimpleAtoi(text, &m->mask_token) ? absl::OkStatus() : absl::UnknownError("");
     case Field::kDropout:
       return as_double(&m->dropout) ? absl::OkStatus() : absl::UnknownError("");
     case Field::kNormEps:
@@ -183,6 +193,10 @@ std::string FieldText(const ModelSpec& m, Field f) {
       return absl::StrCat(m.ffn);
     case Field::kMaxPositions:
       return absl::StrCat(m.max_positions);
+    case Field::kTypeVocab:
+      return absl::StrCat(m.type_vocab);
+    case Field::kMaskToken:
+      return absl::StrCat(m.mask_token);
     case Field::kDropout:
       return Number(m.dropout);
     case Field::kNormEps:
@@ -198,12 +212,14 @@ std::string FieldText(const ModelSpec& m, Field f) {
 // The architecture fields config.json supplies for each Hugging Face kind.
 bool IsArchitecture(Field f) {
   return f != Field::kKind && f != Field::kSeqLen && f != Field::kDropout && f != Field::kPath &&
-         f != Field::kInitFrom;
+         f != Field::kInitFrom && f != Field::kMaskToken;
 }
 
 }  // namespace
 
-bool IsHfKind(const std::string& kind) { return kind == "llama" || kind == "gpt2"; }
+bool IsHfKind(const std::string& kind) {
+  return kind == "llama" || kind == "gpt2" || kind == "bert";
+}
 
 const std::vector<std::string>& ModelKeys() {
   static const auto* keys = [] {
@@ -229,12 +245,13 @@ absl::Status SetModelKey(const std::string& key, const std::string& text, ModelS
 
 void FillModelDefaults(ModelSpec* m) {
   if (!IsHfKind(m->kind)) return;
-  const bool llama = m->kind == "llama";
+  const bool llama = m->kind == "llama", bert = m->kind == "bert";
   if (m->kv_heads == 0) m->kv_heads = m->heads;
   if (m->ffn == 0) m->ffn = 4 * m->d_model;
-  if (m->norm_eps == 0) m->norm_eps = llama ? 1e-6 : 1e-5;
+  if (m->norm_eps == 0) m->norm_eps = llama ? 1e-6 : bert ? 1e-12 : 1e-5;
   if (m->rope_theta == 0) m->rope_theta = 10000;
-  if (m->max_positions == 0) m->max_positions = llama ? 2048 : 1024;
+  if (m->max_positions == 0) m->max_positions = llama ? 2048 : bert ? 512 : 1024;
+  if (bert && m->type_vocab == 0) m->type_vocab = 2;
   if (!llama) m->tie_embeddings = true;
 }
 
@@ -247,11 +264,10 @@ absl::Status CheckTensorParallel(const ModelSpec& m, int tp) {
         "are compiled into the segments, out of the engine's reach); use tp_size 1, or a "
         "built-in model (gpt, mlp, llama)"));
   }
-  if (m.kind == "gpt2") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what,
-        ": model.kind gpt2 does not split for tensor parallelism yet (gpt, mlp and llama "
-        "do)"));
+  if (m.kind == "gpt2" || m.kind == "bert") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": model.kind ", m.kind,
+                     " does not split for tensor parallelism yet (gpt, mlp and llama do)"));
   }
   auto divides = [&](const std::string& field, int64_t n, const std::string& why) {
     if (n % tp == 0) return absl::OkStatus();
@@ -272,7 +288,8 @@ absl::Status CheckTensorParallel(const ModelSpec& m, int tp) {
 }
 
 absl::Status ValidateModel(const ModelSpec& m) {
-  static const std::vector<std::string> kKinds = {"gpt", "mlp", "torchscript", "llama", "gpt2"};
+  static const std::vector<std::string> kKinds = {"gpt",   "mlp",  "torchscript",
+                                                  "llama", "gpt2", "bert"};
   if (std::find(kKinds.begin(), kKinds.end(), m.kind) == kKinds.end()) {
     return Bad("model.kind",
                absl::StrCat("is '", m.kind, "'; it must be one of ", absl::StrJoin(kKinds, ", ")));
@@ -322,6 +339,10 @@ absl::Status ValidateModel(const ModelSpec& m) {
                absl::StrCat("(", m.seq_len, ") is longer than ", Name(k, Field::kMaxPositions),
                             " (", m.max_positions, ")"));
   }
+  if (k == "bert") {
+    RETURN_IF_ERROR(InRange("model.type_vocab_size", m.type_vocab, 1, 1024));
+    RETURN_IF_ERROR(InRange("model.mask_token_id", m.mask_token, -1, m.vocab - 1));
+  }
   if (k == "llama") {
     RETURN_IF_ERROR(InRange(Name(k, Field::kKvHeads), m.kv_heads, 1, m.heads));
     if (m.heads % m.kv_heads != 0) {
@@ -357,6 +378,10 @@ absl::StatusOr<std::vector<std::vector<std::string>>> ModelLayout(const ModelSpe
     out.push_back({"transformer.wte", "transformer.wpe"});
     blocks("transformer.h.");
     out.push_back({"transformer.ln_f", "lm_head"});
+  } else if (m.kind == "bert") {
+    out.push_back({"bert.embeddings"});
+    blocks("bert.encoder.layer.");
+    out.push_back({"cls.predictions"});
   } else {
     return absl::UnimplementedError(absl::StrCat(
         "the modules of a ", m.kind, " model are known only to the worker (--list_modules)"));
@@ -367,6 +392,9 @@ absl::StatusOr<std::vector<std::vector<std::string>>> ModelLayout(const ModelSpe
 std::vector<std::pair<std::string, std::string>> TiedParameters(const ModelSpec& m) {
   if (m.kind == "gpt") return {{"embed.wte", "head.lm_head"}};
   if (m.kind == "gpt2") return {{"transformer.wte.weight", "lm_head.weight"}};
+  if (m.kind == "bert") {
+    return {{"bert.embeddings.word_embeddings.weight", "cls.predictions.decoder.weight"}};
+  }
   if (m.kind == "llama" && m.tie_embeddings)
     return {{"model.embed_tokens.weight", "lm_head.weight"}};
   return {};
@@ -375,7 +403,8 @@ std::vector<std::pair<std::string, std::string>> TiedParameters(const ModelSpec&
 absl::Status ResolveInitFrom(ModelSpec* m) {
   if (m->init_from.empty()) return absl::OkStatus();
   if (!IsHfKind(m->kind)) {
-    return Bad("model.init_from", absl::StrCat("needs model.kind llama or gpt2, not ", m->kind));
+    return Bad("model.init_from",
+               absl::StrCat("needs model.kind llama, gpt2 or bert, not ", m->kind));
   }
   const std::string path = m->init_from + "/config.json";
   ASSIGN_OR_RETURN(std::string text, ReadRegularFile(path, 1 << 20, "model.init_from config.json"));
@@ -438,6 +467,16 @@ absl::Status ResolveInitFrom(ModelSpec* m) {
         return refuse(absl::StrCat(bias, " is true (Llama has no biases here)"));
       }
     }
+  } else if (m->kind == "bert") {
+    if (const std::string a = text_of("hidden_act"); !a.empty() && a != "gelu") {
+      return refuse(absl::StrCat("hidden_act is '", a, "' (only gelu)"));
+    }
+    if (const std::string p = text_of("position_embedding_type"); !p.empty() && p != "absolute") {
+      return refuse(absl::StrCat("position_embedding_type is '", p, "' (only absolute)"));
+    }
+    if (const std::string d = text_of("is_decoder"); d == "true" || d == "True") {
+      return refuse("is_decoder is true (an encoder only)");
+    }
   } else {
     if (const std::string a = text_of("activation_function"); !a.empty() && a != "gelu_new") {
       return refuse(absl::StrCat("activation_function is '", a, "' (only gelu_new)"));
@@ -491,7 +530,7 @@ std::vector<std::pair<std::string, std::string>> ArchitectureKeys(const ModelSpe
 absl::StatusOr<std::string> HfConfigJson(const ModelSpec& m, const std::string& torch_dtype) {
   if (!IsHfKind(m.kind)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model.kind ", m.kind, " has no Hugging Face form (llama or gpt2 have)"));
+        absl::StrCat("model.kind ", m.kind, " has no Hugging Face form (llama, gpt2, bert have)"));
   }
   std::vector<std::pair<std::string, std::string>> f;  // key -> JSON value
   auto q = [](const std::string& s) { return absl::StrCat("\"", s, "\""); };
@@ -515,6 +554,25 @@ absl::StatusOr<std::string> HfConfigJson(const ModelSpec& m, const std::string& 
          {"vocab_size", absl::StrCat(m.vocab)},
          {"tie_word_embeddings", b(m.tie_embeddings)},
          {"max_position_embeddings", absl::StrCat(m.max_positions)},
+         {"initializer_range", "0.02"}};
+  } else if (m.kind == "bert") {
+    const std::string drop = Number(m.dropout);
+    f = {{"architectures", "[\"BertForMaskedLM\"]"},
+         {"model_type", q("bert")},
+         {"hidden_act", q("gelu")},
+         {"hidden_size", absl::StrCat(m.d_model)},
+         {"intermediate_size", absl::StrCat(m.ffn)},
+         {"num_hidden_layers", absl::StrCat(m.layers)},
+         {"num_attention_heads", absl::StrCat(m.heads)},
+         {"layer_norm_eps", Number(m.norm_eps)},
+         {"max_position_embeddings", absl::StrCat(m.max_positions)},
+         {"type_vocab_size", absl::StrCat(m.type_vocab)},
+         {"vocab_size", absl::StrCat(m.vocab)},
+         {"hidden_dropout_prob", drop},
+         {"attention_probs_dropout_prob", drop},
+         {"position_embedding_type", q("absolute")},
+         {"is_decoder", "false"},
+         {"tie_word_embeddings", "true"},
          {"initializer_range", "0.02"}};
   } else {
     const std::string drop = Number(m.dropout);
@@ -552,6 +610,7 @@ std::string ModelSpecLine(const ModelSpec& m) {
                     " norm_eps=", Number(m.norm_eps), " rope_theta=", Number(m.rope_theta),
                     " tie=", m.tie_embeddings ? 1 : 0, " max_positions=", m.max_positions);
   }
+  if (m.kind == "bert") absl::StrAppend(&line, " type_vocab=", m.type_vocab);
   return absl::StrCat(line, " path=", m.path);
 }
 
@@ -580,12 +639,68 @@ absl::StatusOr<ModelSpec> ParseModelSpecLine(const std::string& line) {
          absl::SimpleAtoi(kv["max_positions"], &m.max_positions);
     m.tie_embeddings = tie != 0;
   }
+  if (ok && m.kind == "bert") ok = absl::SimpleAtoi(kv["type_vocab"], &m.type_vocab);
   if (!ok) return absl::InvalidArgumentError(absl::StrCat("not a model line: '", line, "'"));
   if (absl::Status st = ValidateModel(m); !st.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model line '", line, "' describes no valid model: ", st.message()));
   }
   return m;
+}
+
+absl::Status ResolveMaskToken(ModelSpec* m, const std::string& tokenizer_dir) {
+  if (!IsMaskedLm(m->kind) || m->mask_token >= 0) return absl::OkStatus();
+  if (tokenizer_dir.empty()) {
+    return Bad("model.mask_token_id",
+               "is required for model.kind bert without data.tokenizer_dir (whose "
+               "tokenizer.json names the [MASK] token)");
+  }
+  // The mask token's text: tokenizer_config.json's mask_token (a string or {content: ...}),
+  // else BERT's "[MASK]".
+  std::string mask = "[MASK]";
+  const std::string config_path = tokenizer_dir + "/tokenizer_config.json";
+  if (CheckRegularFile(config_path, "data.tokenizer_dir tokenizer_config.json").ok()) {
+    ASSIGN_OR_RETURN(std::string text, ReadRegularFile(config_path, 16 << 20,
+                                                       "data.tokenizer_dir tokenizer_config.json"));
+    ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(text, config_path));
+    if (root.IsMap() && root["mask_token"]) {
+      const YAML::Node t = root["mask_token"];
+      if (t.IsScalar()) mask = t.Scalar();
+      if (t.IsMap() && t["content"] && t["content"].IsScalar()) mask = t["content"].Scalar();
+    }
+  }
+  const std::string path = tokenizer_dir + "/tokenizer.json";
+  ASSIGN_OR_RETURN(std::string text,
+                   ReadRegularFile(path, 256 << 20, "data.tokenizer_dir tokenizer.json"));
+  ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(text, path));
+  int64_t id = -1;
+  if (root.IsMap() && root["added_tokens"] && root["added_tokens"].IsSequence()) {
+    for (const YAML::Node& t : root["added_tokens"]) {
+      if (t.IsMap() && t["content"] && t["content"].IsScalar() && t["content"].Scalar() == mask &&
+          t["id"] && t["id"].IsScalar() && absl::SimpleAtoi(t["id"].Scalar(), &id)) {
+        break;
+      }
+      id = -1;
+    }
+  }
+  if (id < 0 && root.IsMap() && root["model"] && root["model"].IsMap()) {
+    const YAML::Node vocab = root["model"]["vocab"];
+    if (vocab && vocab.IsMap() && vocab[mask] && vocab[mask].IsScalar() &&
+        !absl::SimpleAtoi(vocab[mask].Scalar(), &id)) {
+      id = -1;
+    }
+  }
+  if (id < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " has no token '", mask,
+                     "' (model.kind bert masks with it); give model.mask_token_id"));
+  }
+  if (id >= m->vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": '", mask, "' is token ", id,
+                                                   ", outside the model's vocab_size ", m->vocab));
+  }
+  m->mask_token = id;
+  return absl::OkStatus();
 }
 
 }  // namespace varuna

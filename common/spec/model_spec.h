@@ -5,11 +5,15 @@
 // the worker builds the layers (worker/models/model.h), this file names them.
 //
 // Kinds: gpt (GPT-2-like, our names: embed, blocks.N, head), mlp, torchscript (segment files),
-// and two that follow Hugging Face exactly, with its field and module names:
+// and three that follow Hugging Face exactly, with its field and module names:
 //   llama  LlamaForCausalLM: model.embed_tokens, model.layers.N, model.norm, lm_head
 //   gpt2   GPT2LMHeadModel:  transformer.wte, transformer.wpe, transformer.h.N,
 //                            transformer.ln_f, lm_head (tied to transformer.wte)
+//   bert   BertForMaskedLM:  bert.embeddings, bert.encoder.layer.N, cls.predictions (its
+//                            decoder tied to bert.embeddings.word_embeddings); trained as a
+//                            masked language model (docs/models.md "BERT")
 
+#include <cstdint>
 #include <set>
 #include <string>
 #include <utility>
@@ -20,7 +24,7 @@
 namespace varuna {
 
 struct ModelSpec {
-  std::string kind = "gpt";  // gpt | mlp | torchscript | llama | gpt2
+  std::string kind = "gpt";  // gpt | mlp | torchscript | llama | gpt2 | bert
   int layers = 4;            // gpt: blocks; mlp: hidden blocks; llama/gpt2: num_hidden_layers
   int d_model = 128;         // llama hidden_size, gpt2 n_embd
   int heads = 4;             // gpt, llama, gpt2; must divide d_model
@@ -35,13 +39,23 @@ struct ModelSpec {
   double rope_theta = 0;        // llama (10000)
   bool tie_embeddings = false;  // llama tie_word_embeddings; gpt2 always ties
   int max_positions = 0;        // llama max_position_embeddings (2048), gpt2 n_positions (1024)
-  std::string init_from;        // a Hugging Face model directory to start from (llama, gpt2)
+  int type_vocab = 0;           // bert type_vocab_size (2)
+  // bert: the [MASK] token's id; -1: data.tokenizer_dir's (ResolveMaskToken).
+  int64_t mask_token = -1;
+  std::string init_from;  // a Hugging Face model directory to start from (llama, gpt2, bert)
   // The keys the spec's model section gave, by the name it gave them (parse time only).
   std::set<std::string> given;
 };
 
-// True for the kinds that follow Hugging Face (llama, gpt2).
+// True for the kinds that follow Hugging Face (llama, gpt2, bert).
 bool IsHfKind(const std::string& kind);
+// True for the kinds trained as masked language models (bert): a sample's loss is over its
+// masked positions, not every next token.
+inline bool IsMaskedLm(const std::string& kind) { return kind == "bert"; }
+// bert without model.mask_token_id: the id of "[MASK]" in `tokenizer_dir`'s tokenizer.json
+// (its added tokens, else its model's vocabulary); an error naming both keys when there is
+// neither. Other kinds: nothing.
+absl::Status ResolveMaskToken(ModelSpec* m, const std::string& tokenizer_dir);
 
 // The keys of the job spec's model section, every kind's: our names and Hugging Face's (which
 // names a kind accepts is checked by ValidateModel).

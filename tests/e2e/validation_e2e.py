@@ -115,6 +115,34 @@ class ShapesTest(unittest.TestCase):
         self.assertTrue(texts, "no generation text event")
         self.assertIn("first", texts[-1][1])
 
+    def test_tensorboard_steps_stay_increasing_across_a_resume(self):
+        # 8 steps, then the same job resumed from its step-4 checkpoint: TensorBoard shows
+        # steps 1..8 once each, 5..8 from the resumed run (its session start drops the first
+        # run's).
+        tb = os.path.join(self.tmp, "tb-resume")
+        ckpt = os.path.join(self.tmp, "ckpt-resume")
+        job = self.job("resume", self.eval_section() +
+                       f"observability: {{tensorboard_dir: {tb}}}\n"
+                       f"checkpoint: {{dir: {ckpt}, every_steps: 4}}\n")
+        first = harness.run_workers(1, ["--job", job])
+        self.assertTrue(first.ok, first.outputs[0][-2000:])
+        # The resumed run trains at another learning rate, so its values are told apart.
+        with open(job) as f:
+            text = f.read().replace("lr: 0.001", "lr: 0.01")
+        with open(job, "w") as f:
+            f.write(text)
+        second = harness.run_workers(1, ["--job", job, "--resume_step", "4"])
+        self.assertTrue(second.ok, second.outputs[0][-2000:])
+        self.assertEqual([int(m["step"]) for m in second.metrics], [5, 6, 7, 8])
+        scalars, _ = read_tensorboard(tb)
+        self.assertEqual([s for s, _ in scalars["train/loss"]], list(range(1, 9)))
+        got = dict(scalars["train/loss"])
+        for m in first.metrics[:4]:
+            self.assertAlmostEqual(got[int(m["step"])], m["loss"], delta=1e-5 * abs(m["loss"]))
+        for m in second.metrics:
+            self.assertAlmostEqual(got[int(m["step"])], m["loss"], delta=1e-5 * abs(m["loss"]))
+        self.assertAlmostEqual(dict(scalars["train/lr"])[8], 0.01, places=6)
+
     def test_bad_eval_and_tensorboard_input_is_named(self):
         plain = os.path.join(self.tmp, "plain")
         with open(plain, "w") as f:

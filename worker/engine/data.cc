@@ -24,7 +24,71 @@ uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Note [Masking]: BERT's masked language modelling, decided by the sample alone. A sample's
+// key is its identity: for a corpus (source, epoch, sample) of the stream, for text and tokens
+// its global index; with the seed it starts a SplitMix64 sequence, two draws per position:
+// the first picks 15% of the positions to predict, the second replaces a picked token by
+// [MASK] (80%), a uniformly random token (10%, a third draw) or leaves it (10%). So every
+// shape, replica, resume and morph masks a sample alike, and the count of predicted positions
+// of any batch is known before its forward (the step's loss is their mean: Note
+// [Masked-token weighting] in pipeline_executor.cc).
+class MaskDraws {
+ public:
+  explicit MaskDraws(uint64_t key) : state_(key) {}
+  double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+  uint64_t Next() {
+    state_ += 0x9e3779b97f4a7c15ULL;
+    return SplitMix64(state_);
+  }
+
+ private:
+  uint64_t state_;
+};
+constexpr double kMaskRate = 0.15;
+
+// Draws the masking of the sample with `key` over `n` positions; with `ids` and `labels` it
+// applies it (labels: the original token where predicted, else -100). Returns how many
+// positions are predicted.
+int64_t DrawMask(uint64_t key, int n, int64_t mask_token, int vocab, int64_t* ids,
+                 int64_t* labels) {
+  MaskDraws draws(key);
+  int64_t picked = 0;
+  for (int t = 0; t < n; ++t) {
+    const bool predict = draws.Uniform() < kMaskRate;
+    if (labels != nullptr) labels[t] = predict ? ids[t] : -100;
+    if (!predict) continue;
+    ++picked;
+    const double how = draws.Uniform();
+    if (how < 0.8) {
+      if (ids != nullptr) ids[t] = mask_token;
+    } else if (how < 0.9) {
+      const int64_t random = static_cast<int64_t>(draws.Next() % static_cast<uint64_t>(vocab));
+      if (ids != nullptr) ids[t] = random;
+    }
+  }
+  return picked;
+}
+
 }  // namespace
+
+uint64_t TokenDataset::MaskKey(int64_t index, const SampleRef* ref) const {
+  uint64_t k = SplitMix64(seed_ ^ 0x6d61736b6c6d0000ULL);  // "masklm"
+  if (ref == nullptr) return SplitMix64(k ^ static_cast<uint64_t>(index));
+  k = SplitMix64(k ^ static_cast<uint64_t>(ref->source));
+  k = SplitMix64(k ^ static_cast<uint64_t>(ref->epoch));
+  return SplitMix64(k ^ static_cast<uint64_t>(ref->sample));
+}
+
+int64_t TokenDataset::LossTokens(int64_t first, int64_t count) const {
+  if (!masked_lm()) return count * seq_len_;
+  const std::vector<SampleRef> refs = corpus_ ? Refs(first, count) : std::vector<SampleRef>();
+  int64_t total = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    total += DrawMask(MaskKey(first + s, corpus_ ? &refs[s] : nullptr), seq_len_, mask_token_,
+                      vocab_, nullptr, nullptr);
+  }
+  return total;
+}
 
 absl::StatusOr<TokenDataset> TokenDataset::Open(const DataSpec& spec, int seq_len, int vocab,
                                                 uint64_t seed) {
@@ -189,34 +253,39 @@ absl::Status TokenDataset::ResumeFrom(const std::string& record) const {
 absl::StatusOr<TensorMap> TokenDataset::Batch(int64_t first, int64_t count) const {
   auto ids = torch::empty({count, seq_len_}, torch::kLong);
   auto labels = torch::empty({count, seq_len_}, torch::kLong);
-  auto a = ids.accessor<int64_t, 2>();
-  auto b = labels.accessor<int64_t, 2>();
-  if (corpus_) {
-    // Evaluation (worker_run.cc asks for samples from 2^40 on) reads the stream's first
-    // samples; a held-out split is not there yet.
-    constexpr int64_t kFarAway = int64_t{1} << 40;
-    const std::vector<SampleRef> refs = Refs(first >= kFarAway ? first - kFarAway : first, count);
-    std::vector<int64_t> tokens(seq_len_ + 1);
-    for (int64_t s = 0; s < count; ++s) {
-      RETURN_IF_ERROR(corpus_->Tokens(refs[s], tokens.data()));
-      for (int t = 0; t < seq_len_; ++t) {
-        a[s][t] = tokens[t];
-        b[s][t] = tokens[t + 1];
-      }
-    }
-    return TensorMap{{"input_ids", ids}, {"labels", labels}};
-  }
+  int64_t* a = ids.data_ptr<int64_t>();
+  int64_t* b = labels.data_ptr<int64_t>();
+  // Evaluation without an eval section (worker_run.cc asks for samples from 2^40 on) reads a
+  // corpus's first samples.
+  constexpr int64_t kFarAway = int64_t{1} << 40;
+  const std::vector<SampleRef> refs =
+      corpus_ ? Refs(first >= kFarAway ? first - kFarAway : first, count)
+              : std::vector<SampleRef>();
   const uint64_t windows = static_cast<uint64_t>(num_tokens_ - seq_len_);
+  std::vector<int64_t> tokens(seq_len_ + 1);
   for (int64_t s = 0; s < count; ++s) {
-    const uint64_t index = static_cast<uint64_t>(first + s);
-    const int64_t off =
-        static_cast<int64_t>(SplitMix64(seed_ * 0x100000001b3ULL ^ index) % windows);
-    for (int t = 0; t < seq_len_; ++t) {
-      a[s][t] = static_cast<int64_t>(Token(off + t));
-      b[s][t] = static_cast<int64_t>(Token(off + t + 1));
+    if (corpus_) {
+      RETURN_IF_ERROR(corpus_->Tokens(refs[s], tokens.data()));
+    } else {
+      const uint64_t index = static_cast<uint64_t>(first + s);
+      const int64_t off =
+          static_cast<int64_t>(SplitMix64(seed_ * 0x100000001b3ULL ^ index) % windows);
+      for (int t = 0; t <= seq_len_; ++t) tokens[t] = static_cast<int64_t>(Token(off + t));
+    }
+    int64_t* row_ids = a + s * seq_len_;
+    int64_t* row_labels = b + s * seq_len_;
+    if (masked_lm()) {
+      std::copy(tokens.begin(), tokens.begin() + seq_len_, row_ids);
+      DrawMask(MaskKey(first + s, corpus_ ? &refs[s] : nullptr), seq_len_, mask_token_, vocab_,
+               row_ids, row_labels);
+    } else {  // the next token of each position
+      std::copy(tokens.begin(), tokens.begin() + seq_len_, row_ids);
+      std::copy(tokens.begin() + 1, tokens.end(), row_labels);
     }
   }
-  return TensorMap{{"input_ids", ids}, {"labels", labels}};
+  TensorMap out{{"input_ids", ids}, {"labels", labels}};
+  if (masked_lm()) out["loss_tokens"] = (labels != -100).sum(1);
+  return out;
 }
 
 }  // namespace varuna

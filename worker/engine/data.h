@@ -7,6 +7,8 @@
 //   hash(seed, i);
 // - indexed and llmc corpora: global sample i is the i-th sample of the corpus's stream
 //   (Note [Sample stream] in common/data/corpus.h): epochs, Megatron's blending.
+// A masked language model (bert) reads seq_len tokens per sample and masks them:
+// Note [Masking] in worker/engine/data.cc.
 
 #include <torch/torch.h>
 
@@ -37,8 +39,18 @@ class TokenDataset {
   ~TokenDataset();
 
   // Returns {input_ids, labels}, each int64 [count, seq_len], for global samples
-  // [first, first + count).
+  // [first, first + count). Masked: input_ids after masking, labels -100 where a position is
+  // not predicted, and loss_tokens [count], each sample's predicted positions.
   absl::StatusOr<TensorMap> Batch(int64_t first, int64_t count) const;
+  // Masked language modelling from now on, with `mask_token` ([MASK]) and ids below `vocab`.
+  void set_masked_lm(int64_t mask_token, int vocab) {
+    mask_token_ = mask_token;
+    vocab_ = vocab;
+  }
+  bool masked_lm() const { return mask_token_ >= 0; }
+  // Masked: the predicted positions of global samples [first, first + count) (the step's
+  // loss is their mean: its denominator, known before the forward); else count x seq_len.
+  int64_t LossTokens(int64_t first, int64_t count) const;
 
   bool corpus() const { return corpus_ != nullptr; }
   // Corpora: which samples global samples [first, first + count) are (for the sample log).
@@ -55,6 +67,9 @@ class TokenDataset {
  private:
   TokenDataset() = default;
   uint64_t Token(int64_t i) const;
+  // The key of global sample `index` whose stream sample is `ref` (corpora; Note [Masking] in
+  // worker/engine/data.cc).
+  uint64_t MaskKey(int64_t index, const SampleRef* ref) const;
   // The stream position after `samples` samples, from the nearest known one at or before it
   // (the start, or one a previous call or ResumeFrom left).
   StreamPosition PositionAt(int64_t samples) const;
@@ -65,6 +80,8 @@ class TokenDataset {
   int64_t num_tokens_ = 0;
   int seq_len_ = 0;
   uint64_t seed_ = 0;
+  int64_t mask_token_ = -1;  // masked LM when >= 0
+  int vocab_ = 0;
   // Corpora.
   std::unique_ptr<Corpus> corpus_;
   struct Positions {

@@ -173,6 +173,8 @@ struct PipelineExecutor::RunState {
   const PipelineRunOptions& options;
   std::vector<TensorMap> mbs;
   std::vector<int64_t> sizes;
+  // What each micro-batch's loss is a mean over (Note [Masked-token weighting]).
+  std::vector<double> units;
   // On a GPU, each micro-batch's inputs are on the device once its event has completed
   // (Note [Input prefetch]); cleared by its forward, which makes the compute stream wait.
   std::vector<c10::Event> inputs_ready;
@@ -215,6 +217,24 @@ absl::StatusOr<PipelineResult> PipelineExecutor::Run(const TensorMap& inputs,
   }));
   s.waited.assign(s.inputs_ready.size(), false);
   const int M = static_cast<int>(s.mbs.size());
+  // Note [Masked-token weighting]: a micro-batch's loss is a mean over its samples, or for a
+  // masked language model over its predicted positions (the batch's loss_tokens, counted by
+  // the data on the host). It is weighted by that count / options.weight_denominator (the
+  // global batch's count), so the pipelines' weighted sums add up to the mean over the global
+  // batch, as one model computing it whole would (BertForMaskedLM's loss).
+  if (auto it = inputs.find("loss_tokens"); it != inputs.end()) {
+    const torch::Tensor counts = it->second.to(torch::kCPU, torch::kLong).contiguous();
+    const int64_t* c = counts.data_ptr<int64_t>();
+    int64_t at = 0;
+    for (int m = 0; m < M; ++m) {
+      double sum = 0;
+      for (int64_t i = 0; i < s.sizes[m]; ++i) sum += static_cast<double>(c[at + i]);
+      at += s.sizes[m];
+      s.units.push_back(sum);
+    }
+  } else {
+    for (int m = 0; m < M; ++m) s.units.push_back(static_cast<double>(s.sizes[m]));
+  }
   if (options.train) {
     s.tasks = MakeSchedule(config_.schedule, config_.stages, M, config_.stage);
   } else {
@@ -308,8 +328,9 @@ absl::Status PipelineExecutor::Forward(const Task& t, RunState& s) {
                         /*keep_autocast_cache=*/true);
   }
   if (is_last_stage()) {
-    // Loss = mean over the global batch, each micro-batch weighted by its size.
-    out = out * (static_cast<double>(s.sizes[m]) / s.options.weight_denominator);
+    // Loss = mean over the global batch, each micro-batch weighted by its size (Note
+    // [Masked-token weighting]).
+    out = out * (s.units[m] / s.options.weight_denominator);
     const torch::Tensor l = out.detach().to(torch::kDouble);
     s.loss = s.loss.defined() ? s.loss + l : l;
     if (train) s.graphs[m] = {x, out * s.options.loss_scale};

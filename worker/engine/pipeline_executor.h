@@ -80,7 +80,8 @@ struct PipelineRunOptions {
   // Forwards, recomputes and backwards per the schedule; false: forwards only, without
   // autograd graphs (evaluation).
   bool train = true;
-  // Each micro-batch's loss is weighted by its samples / weight_denominator.
+  // Each micro-batch's loss is weighted by its samples (or, with a loss_tokens input, its
+  // predicted positions) / weight_denominator.
   double weight_denominator = 1;
   // The backward starts from loss x loss_scale (fp16's dynamic loss scale; 1 otherwise).
   double loss_scale = 1;

@@ -555,7 +555,7 @@ absl::Status Varuna::ReduceGradients(const std::vector<torch::Tensor>& params, i
   return reducer_->Finish();
 }
 
-absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
+absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs, double loss_denominator) {
   if (!train_.optimizer) return absl::FailedPreconditionError("step() before set_optimizer()");
   RETURN_IF_ERROR(CheckInputs(inputs, stage_.topology.pipeline(view().replica()).samples));
   // Any failure below leaves peers and in-flight messages in an unknown state.
@@ -566,7 +566,8 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs) {
   faults.Hit(FaultPoint::kForward, taking);
   const bool fp16 = options_.precision == Precision::kFp16;
   PipelineRunOptions run;
-  run.weight_denominator = static_cast<double>(stage_.topology.global_batch());
+  run.weight_denominator =
+      loss_denominator > 0 ? loss_denominator : static_cast<double>(stage_.topology.global_batch());
   run.loss_scale = fp16 ? train_.scaler.scale() : 1.0;
   run.timeline = options_.timeline;
   run.before_last_backward = [this, &faults, taking] {
@@ -726,7 +727,11 @@ absl::StatusOr<double> Varuna::evaluate(const std::vector<TensorMap>& rounds) {
     if (piped->loss_sum.defined()) {
       loss_sum = loss_sum.defined() ? loss_sum + piped->loss_sum : piped->loss_sum;
     }
-    n += static_cast<double>(inputs.begin()->second.size(0));
+    // Each micro-batch's loss is weighted by its samples or predicted positions (Note
+    // [Masked-token weighting] in pipeline_executor.cc): the mean is over the same.
+    auto units = inputs.find("loss_tokens");
+    n += units != inputs.end() ? static_cast<double>(units->second.sum().item<int64_t>())
+                               : static_cast<double>(inputs.begin()->second.size(0));
   }
   for (auto& l : stage_.layers) l->train();
   RETURN_IF_ERROR(run);

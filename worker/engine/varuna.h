@@ -141,7 +141,9 @@ class Varuna {
 
   // One optimizer step on this pipeline's share of the global batch (global_batch / D samples
   // in the uniform case; view().topology().pipeline(view().replica()).samples in general).
-  absl::StatusOr<StepResult> step(const TensorMap& inputs);
+  // `loss_denominator`: what the step's loss is a mean over, with a loss_tokens input the
+  // global batch's predicted positions (TokenDataset::LossTokens); 0 = the global batch.
+  absl::StatusOr<StepResult> step(const TensorMap& inputs, double loss_denominator = 0);
   // Applies step `step`, whose agreement this rank posted but never saw complete (a split, a
   // peer lost mid-collective: Note [Committed step] in varuna.cc), with `vector`, that step's
   // agreed vector as a rank that saw it completes holds it (checkpoints().CommitState()). The

@@ -18,6 +18,7 @@ Model MlpModel(const ModelSpec& spec, const TensorParallel& tp);  // worker/mode
 absl::StatusOr<Model> ScriptModel(const ModelSpec& spec);
 Model LlamaModel(const ModelSpec& spec, const TensorParallel& tp);  // worker/models/llama.cc
 Model Gpt2Model(const ModelSpec& spec);                             // worker/models/gpt2.cc
+Model BertModel(const ModelSpec& spec);                             // worker/models/bert.cc
 
 // "lm_head": logits = x W^T (W [vocab, d], no bias), then the mean cross-entropy against
 // the labels. Shared by llama and gpt2 (where W is tied to the token embedding).

@@ -361,6 +361,9 @@ absl::Status LoadHfLayer(const HfWeights& weights, const ModelSpec& spec, const 
       if (e == nullptr && spec.kind == "gpt2" && absl::StartsWith(name, "transformer.")) {
         e = weights.Find(name.substr(12), &shard);  // saved from GPT2Model: no prefix
       }
+      if (e == nullptr && spec.kind == "bert" && name == "cls.predictions.bias") {
+        e = weights.Find("cls.predictions.decoder.bias", &shard);  // the tied copy's name
+      }
       if (e == nullptr) {
         if (IsTiedSecond(spec, name)) continue;  // TieAtStart copies it from the first
         return absl::NotFoundError(

@@ -13,6 +13,7 @@ absl::StatusOr<Model> BuildModel(const ModelSpec& spec, const TensorParallel& tp
   if (spec.kind == "torchscript") return ScriptModel(spec);
   if (spec.kind == "llama") return LlamaModel(spec, tp);
   if (spec.kind == "gpt2") return Gpt2Model(spec);
+  if (spec.kind == "bert") return BertModel(spec);
   return absl::InvalidArgumentError(absl::StrCat("unknown model kind '", spec.kind, "'"));
 }
 

@@ -48,6 +48,24 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// A masked LM's sample-log fragments: each sample's input_ids and labels after masking (-100
+// where a position is not predicted), as Hugging Face takes them. None for other models.
+std::vector<std::string> MaskedRecords(const TokenDataset& data, const TensorMap& batch) {
+  std::vector<std::string> out;
+  if (!data.masked_lm()) return out;
+  const torch::Tensor ids = batch.at("input_ids").contiguous();
+  const torch::Tensor labels = batch.at("labels").contiguous();
+  const int64_t n = ids.size(0), t = ids.size(1);
+  const int64_t* a = ids.data_ptr<int64_t>();
+  const int64_t* b = labels.data_ptr<int64_t>();
+  for (int64_t s = 0; s < n; ++s) {
+    out.push_back(absl::StrCat("\"input_ids\": [", absl::StrJoin(a + s * t, a + (s + 1) * t, ", "),
+                               "], \"labels\": [", absl::StrJoin(b + s * t, b + (s + 1) * t, ", "),
+                               "]"));
+  }
+  return out;
+}
+
 }  // namespace
 
 WorkerRun::WorkerRun(std::vector<std::string> argv)
@@ -105,6 +123,7 @@ absl::Status WorkerRun::CheckInput(bool* done) {
   absl::Status input = [&]() -> absl::Status {
     ASSIGN_OR_RETURN(spec, LoadJobSpec(args.job_path));
     RETURN_IF_ERROR(ResolveInitFrom(&spec.model));
+    RETURN_IF_ERROR(ResolveMaskToken(&spec.model, spec.data.tokenizer_dir));
     RETURN_IF_ERROR(spec.ValidateFiles());
     ASSIGN_OR_RETURN(in_.model, BuildModel(spec.model));
     if (args.list_modules) return absl::OkStatus();
@@ -141,6 +160,10 @@ absl::Status WorkerRun::CheckInput(bool* done) {
       ASSIGN_OR_RETURN(TokenDataset e, TokenDataset::Open(spec.eval.data, spec.model.seq_len,
                                                           spec.model.vocab, spec.train.seed));
       in_.eval_data.emplace(std::move(e));
+    }
+    if (IsMaskedLm(spec.model.kind)) {  // Note [Masking] in worker/engine/data.cc
+      in_.data->set_masked_lm(spec.model.mask_token, spec.model.vocab);
+      if (in_.eval_data) in_.eval_data->set_masked_lm(spec.model.mask_token, spec.model.vocab);
     }
     return absl::OkStatus();
   }();
@@ -394,13 +417,17 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
     const auto t0 = Clock::now();
     ASSIGN_OR_RETURN(TensorMap batch,
                      in_.data->Batch((step - 1) * B + topo.sample_offset, topo.per_replica_batch));
-    absl::StatusOr<StepResult> stepped = engine_->step(batch);
+    // A masked LM's loss is a mean over the global batch's predicted positions.
+    const double denominator =
+        in_.data->masked_lm() ? static_cast<double>(in_.data->LossTokens((step - 1) * B, B)) : 0;
+    absl::StatusOr<StepResult> stepped = engine_->step(batch, denominator);
     if (!stepped.ok() && timeline_) timeline_->StepFailed();
     if (!stepped.ok()) return ParkAfterFailure(step, stepped.status());
     const StepResult r = *stepped;
     if (feeds) {
       RETURN_IF_ERROR(in_.sample_log.Append(
-          step, in_.data->Refs((step - 1) * B + topo.sample_offset, topo.per_replica_batch)));
+          step, in_.data->Refs((step - 1) * B + topo.sample_offset, topo.per_replica_batch),
+          MaskedRecords(*in_.data, batch)));
     }
     const TrainSpec& t = in_.spec.train;
     const double lr = LearningRate(t.schedule, t.lr, t.min_lr, t.warmup, t.steps, step);
@@ -588,9 +615,13 @@ absl::Status WorkerRun::Regroup() {
   SampleLog& log = in_.sample_log;
   if (log.open() && log.generation() == ps.regroup.generation()) {
     for (int64_t step = log.last_step() + 1; step <= handed->step; ++step) {
-      RETURN_IF_ERROR(log.Append(
-          step, in_.data->Refs((step - 1) * in_.topo.global_batch + in_.topo.sample_offset,
-                               in_.topo.per_replica_batch)));
+      const int64_t first = (step - 1) * in_.topo.global_batch + in_.topo.sample_offset;
+      std::vector<std::string> extra;
+      if (in_.data->masked_lm()) {
+        ASSIGN_OR_RETURN(TensorMap b, in_.data->Batch(first, in_.topo.per_replica_batch));
+        extra = MaskedRecords(*in_.data, b);
+      }
+      RETURN_IF_ERROR(log.Append(step, in_.data->Refs(first, in_.topo.per_replica_batch), extra));
     }
   }
   ps.regroup.Done(cmd->generation());

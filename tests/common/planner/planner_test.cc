@@ -208,6 +208,18 @@ TEST(ProfileTest, HuggingFaceKindsHaveCostModels) {
   ASSERT_OK_AND_ASSIGN(p, BuiltinProfile(spec));
   EXPECT_EQ(p.segments(0).layers(), "transformer.wte,transformer.wpe");
   EXPECT_EQ(p.segments(4).layers(), "transformer.ln_f,lm_head");
+  spec.model.kind = "bert";
+  spec.model.ffn = 0;
+  spec.model.max_positions = 0;
+  spec.model.mask_token = 1;
+  FillModelDefaults(&spec.model);
+  ASSERT_OK_AND_ASSIGN(p, BuiltinProfile(spec));
+  ASSERT_EQ(p.segments_size(), 5);
+  EXPECT_EQ(p.segments(0).layers(), "bert.embeddings");
+  EXPECT_EQ(p.segments(1).layers(), "bert.encoder.layer.0");
+  EXPECT_EQ(p.segments(4).layers(), "cls.predictions");
+  EXPECT_GT(p.tied_bytes(), 0);
+  EXPECT_OK(CheckProfileFor(p, spec));
 }
 
 TEST(ProfileTest, DamagedAndForeignProfilesAreClearErrors) {

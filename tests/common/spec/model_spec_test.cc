@@ -244,3 +244,95 @@ TEST_F(InitFromTest, SubmissionWritesTheArchitectureIntoTheSpec) {
 
 }  // namespace
 }  // namespace varuna
+
+namespace varuna {
+namespace {
+
+// BERT (docs/models.md "BERT"): Hugging Face's names and defaults, its layout, the spec line,
+// config.json both ways, the mask token from a tokenizer directory, and what is refused.
+TEST(BertSpecTest, NamesDefaultsLayoutAndLine) {
+  ASSERT_OK_AND_ASSIGN(JobSpec s, Spec("{kind: bert, hidden_size: 48, num_hidden_layers: 2, "
+                                       "num_attention_heads: 4, vocab_size: 300, "
+                                       "mask_token_id: 1, seq_len: 16}"));
+  EXPECT_EQ(s.model.ffn, 192);
+  EXPECT_EQ(s.model.max_positions, 512);
+  EXPECT_EQ(s.model.type_vocab, 2);
+  EXPECT_DOUBLE_EQ(s.model.norm_eps, 1e-12);
+  EXPECT_EQ(s.model.mask_token, 1);
+  EXPECT_TRUE(IsMaskedLm(s.model.kind));
+  ASSERT_OK_AND_ASSIGN(auto layout, ModelLayout(s.model));
+  EXPECT_EQ(layout.front(), std::vector<std::string>{"bert.embeddings"});
+  EXPECT_EQ(layout[1], std::vector<std::string>{"bert.encoder.layer.0"});
+  EXPECT_EQ(layout.back(), std::vector<std::string>{"cls.predictions"});
+  EXPECT_THAT(TiedParameters(s.model),
+              ElementsAre(std::make_pair(std::string("bert.embeddings.word_embeddings.weight"),
+                                         std::string("cls.predictions.decoder.weight"))));
+  const std::string line = ModelSpecLine(s.model);
+  EXPECT_THAT(line, HasSubstr("type_vocab=2"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec back, ParseModelSpecLine(line));
+  EXPECT_EQ(ModelSpecLine(back), line);
+  ASSERT_OK_AND_ASSIGN(std::string config, HfConfigJson(s.model, "float32"));
+  EXPECT_THAT(config, HasSubstr("\"BertForMaskedLM\""));
+  EXPECT_THAT(config, HasSubstr("\"hidden_act\": \"gelu\""));
+  EXPECT_THAT(config, HasSubstr("\"type_vocab_size\": 2"));
+  // Another kind's name, a mask id outside the vocabulary, no mask source, tensor parallelism.
+  EXPECT_THAT(Spec("{kind: bert, n_embd: 48, mask_token_id: 1}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "it is called model.hidden_size"));
+  EXPECT_THAT(Spec("{kind: bert, vocab_size: 300, mask_token_id: 300}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.mask_token_id"));
+  EXPECT_THAT(Spec("{kind: bert, vocab_size: 300}").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "model.mask_token_id' is required"));
+  EXPECT_THAT(CheckTensorParallel(s.model, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, "bert does not split"));
+}
+
+TEST_F(InitFromTest, BertConfigAndMaskTokenFromTheTokenizer) {
+  Config(R"({"model_type": "bert", "hidden_act": "gelu", "hidden_size": 48,
+             "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4,
+             "vocab_size": 300, "max_position_embeddings": 32, "type_vocab_size": 2,
+             "layer_norm_eps": 1e-12, "position_embedding_type": "absolute"})");
+  ModelSpec m;
+  m.kind = "bert";
+  m.seq_len = 16;
+  m.init_from = dir_.string();
+  m.given = {"kind", "init_from"};
+  FillModelDefaults(&m);
+  ASSERT_THAT(ResolveInitFrom(&m), IsOk());
+  EXPECT_EQ(m.layers, 3);
+  EXPECT_EQ(m.ffn, 96);
+  EXPECT_EQ(m.max_positions, 32);
+  // [MASK] among the added tokens, named by tokenizer_config.json.
+  std::ofstream(dir_ / "tokenizer_config.json") << R"({"mask_token": "[MASK]"})";
+  std::ofstream(dir_ / "tokenizer.json")
+      << R"({"added_tokens": [{"id": 0, "content": "[PAD]"}, {"id": 7, "content": "[MASK]"}],
+            "model": {"type": "WordLevel", "vocab": {"[PAD]": 0, "[MASK]": 7, "a": 1}}})";
+  ModelSpec with = m;
+  ASSERT_THAT(ResolveMaskToken(&with, dir_.string()), IsOk());
+  EXPECT_EQ(with.mask_token, 7);
+  // Only in the vocabulary, under another name.
+  std::ofstream(dir_ / "tokenizer_config.json") << R"({"mask_token": {"content": "<mask>"}})";
+  std::ofstream(dir_ / "tokenizer.json") << R"({"model": {"vocab": {"<mask>": 5, "a": 1}}})";
+  with = m;
+  ASSERT_THAT(ResolveMaskToken(&with, dir_.string()), IsOk());
+  EXPECT_EQ(with.mask_token, 5);
+  // None at all; a given id wins over the tokenizer.
+  std::ofstream(dir_ / "tokenizer.json") << R"({"model": {"vocab": {"a": 1}}})";
+  with = m;
+  EXPECT_THAT(ResolveMaskToken(&with, dir_.string()),
+              StatusIs(absl::StatusCode::kInvalidArgument, "has no token '<mask>'"));
+  with.mask_token = 3;
+  EXPECT_THAT(ResolveMaskToken(&with, dir_.string()), IsOk());
+  EXPECT_EQ(with.mask_token, 3);
+  // A config of another activation is refused naming it.
+  Config(R"({"model_type": "bert", "hidden_act": "relu", "hidden_size": 48,
+             "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 300})");
+  ModelSpec relu;
+  relu.kind = "bert";
+  relu.init_from = dir_.string();
+  relu.given = {"kind", "init_from"};
+  EXPECT_THAT(ResolveInitFrom(&relu),
+              StatusIs(absl::StatusCode::kInvalidArgument, "hidden_act is 'relu'"));
+}
+
+}  // namespace
+}  // namespace varuna

@@ -49,9 +49,8 @@ TEST(PipelineTemplateTest, CreateChecksAgainstTheModel) {
   EXPECT_THAT(PipelineTemplate::Create("gpt", {{"embed", "blocks.0", "blocks.1"}, {"head"}, {}}, m)
                   .status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "The last stage must contain"));
-  EXPECT_THAT(
-      PipelineTemplate::Create("bert", {PipelineTemplate::GetModules(m)}, m).status(),
-      StatusIs(absl::StatusCode::kUnimplemented, "Auto policy for bert is not implemented"));
+  EXPECT_THAT(PipelineTemplate::Create("t5", {PipelineTemplate::GetModules(m)}, m).status(),
+              StatusIs(absl::StatusCode::kUnimplemented, "Auto policy for t5 is not implemented"));
 }
 
 TEST(HeterogeneousParallelPluginTest, SetPipelinesBuildsTheTopology) {
