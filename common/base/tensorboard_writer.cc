@@ -125,12 +125,16 @@ absl::StatusOr<std::unique_ptr<TensorBoardWriter>> TensorBoardWriter::Open(const
   std::string version;
   Bytes(3, "brain.Event:2", &version);
   RETURN_IF_ERROR(w->WriteEvent(Event(first_step, version)));
+  RETURN_IF_ERROR(w->SessionStart(first_step));
+  RETURN_IF_ERROR(w->Flush());
+  return w;
+}
+
+absl::Status TensorBoardWriter::SessionStart(int64_t step) {
   std::string start, session;
   VarintField(1, 1, &session);  // SessionLog.START
   Bytes(7, session, &start);
-  RETURN_IF_ERROR(w->WriteEvent(Event(first_step, start)));
-  RETURN_IF_ERROR(w->Flush());
-  return w;
+  return WriteEvent(Event(step, start));
 }
 
 TensorBoardWriter::~TensorBoardWriter() { std::fclose(file_); }

@@ -34,6 +34,9 @@ class TensorBoardWriter {
   TensorBoardWriter(const TensorBoardWriter&) = delete;
   TensorBoardWriter& operator=(const TensorBoardWriter&) = delete;
 
+  // A session start at `step`: TensorBoard drops what came before at steps >= it (a run that
+  // goes on in this file after a rewind: a morph that resumed from an older step).
+  absl::Status SessionStart(int64_t step);
   absl::Status Scalar(absl::string_view tag, int64_t step, double value);
   absl::Status Text(absl::string_view tag, int64_t step, absl::string_view text);
   // Writes what is buffered to the file (TensorBoard reads it while the run goes on).

@@ -76,7 +76,7 @@ class MapReader {
   }
 
  private:
-  const YAML::Node& node_;
+  const YAML::Node node_;  // a handle (copying shares the node)
   std::string prefix_;
   std::map<std::string, std::function<absl::Status(const YAML::Node&)>> readers_;
 };

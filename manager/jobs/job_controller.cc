@@ -362,7 +362,8 @@ v1::LaunchRequest JobController::MakeLaunch(const Job& job, const std::string& n
   // morph's saves included); the first starts as the job spec says.
   if (info.generation() > 1 && !job.spec.checkpoint.dir.empty()) req.set_resume_step("auto");
   req.set_code_dir(job.spec.code_dir);
-  if (job.morphing()) req.set_why(job.rec.morph().record().reason());
+  // Bounded: it rides in the survivors' reconfigure command, whose line has a size limit.
+  if (job.morphing()) req.set_why(job.rec.morph().record().reason().substr(0, 256));
   req.set_schedule(info.schedule());
   for (int b : info.boundaries()) req.add_stage_boundaries(b);
   req.set_profile(info.profile_job());

@@ -356,7 +356,9 @@ absl::Status SqliteStateStore::ThinSteps(const std::string& job_id, int max_reco
     a.set_bubble_ratio(mean(a.bubble_ratio(), b.bubble_ratio()));
     a.set_mfu(mean(a.mfu(), b.mfu()));
     // Validation losses are sparse: a merged record keeps the newer one it stands for.
-    if (b.has_eval_loss()) a.set_eval_loss(b.eval_loss());
+    if (b.has_eval_loss() && (std::isfinite(b.eval_loss()) || !a.has_eval_loss())) {
+      a.set_eval_loss(b.eval_loss());
+    }
     a.set_generation(std::max(a.generation(), b.generation()));
     a.set_merged(static_cast<int32_t>(w));
     keep.push_back(std::move(a));

@@ -234,8 +234,10 @@ class MorphTest(Fixture):
         self.addCleanup(c.close)
         steps = 40
         ckpt = os.path.join(c.dir, "ckpt")
+        # Paced (at least 100 ms a step), so the notice lands mid-run on a loaded machine too.
         job, _ = self.job("morph", steps=steps, parallel={"micro_batch": 1, "stages": 2},
-                          extra=f"checkpoint: {{dir: {ckpt}}}\n")
+                          extra=f"checkpoint: {{dir: {ckpt}}}\n"
+                                "env: {VARUNA_STEP_MIN_MS: '100'}\n")
         ref_job, _ = self.job("morph-ref", steps=steps)
         ref = self.run_job(ref_job, 1).losses()
         t = morph_driver(c)

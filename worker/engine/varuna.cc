@@ -1,6 +1,7 @@
 #include "worker/engine/varuna.h"
 
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -434,6 +435,10 @@ absl::Status Varuna::CheckInputs(const TensorMap& inputs, int64_t want) const {
     return absl::FailedPreconditionError(
         "an earlier step failed; messages may be in flight, so this engine cannot continue");
   }
+  return CheckBatch(inputs, want);
+}
+
+absl::Status Varuna::CheckBatch(const TensorMap& inputs, int64_t want) {
   if (inputs.empty()) return absl::InvalidArgumentError("no inputs");
   const int64_t n = inputs.begin()->second.dim() >= 1 ? inputs.begin()->second.size(0) : -1;
   for (const auto& [k, t] : inputs) {
@@ -709,14 +714,19 @@ absl::Status Varuna::RollForward(int64_t step, const std::vector<double>& vector
 // world sum of [loss, samples] then gives every rank the mean over all of them. A pipeline
 // whose share is empty runs nothing and adds zeros, so the figure does not depend on the shape
 // (up to the order of a floating-point sum).
-absl::StatusOr<double> Varuna::evaluate(const std::vector<TensorMap>& rounds) {
-  for (const TensorMap& inputs : rounds) RETURN_IF_ERROR(CheckInputs(inputs, 0));
+absl::StatusOr<double> Varuna::evaluate(
+    int64_t rounds, const std::function<absl::StatusOr<TensorMap>(int64_t)>& round) {
+  if (broken_) return CheckInputs({}, 0);  // names the earlier failure
   broken_ = true;
   for (auto& l : stage_.layers) l->eval();
   torch::Tensor loss_sum;
   double n = 0;
   absl::Status run;
-  for (const TensorMap& inputs : rounds) {
+  for (int64_t r = 0; r < rounds; ++r) {
+    absl::StatusOr<TensorMap> read = round(r);
+    run = read.ok() ? CheckBatch(*read, 0) : read.status();
+    if (!run.ok()) break;
+    const TensorMap& inputs = *read;
     PipelineRunOptions options;
     options.train = false;
     absl::StatusOr<PipelineResult> piped = executor_->Run(inputs, options);
@@ -750,7 +760,9 @@ absl::StatusOr<double> Varuna::evaluate(const std::vector<TensorMap>& rounds) {
   double mean = 0;
   RETURN_IF_ERROR(TorchCall("the evaluation's sum", [&] {
     const torch::Tensor sum = ReadBack(v[0], stage_.groups.abort.get(), stage_.groups.timeout);
-    mean = sum[0].item<double>() / sum[1].item<double>();
+    // Nothing to average (no masked position in any sample): NaN says so.
+    mean = sum[1].item<double>() > 0 ? sum[0].item<double>() / sum[1].item<double>()
+                                     : std::numeric_limits<double>::quiet_NaN();
   }));
   broken_ = false;
   return mean;

@@ -153,7 +153,8 @@ class Varuna {
   // Mean loss per sample over every pipeline's inputs, each pipeline its own share in rounds
   // (Note [Validation] in varuna.cc; no round is fine: the pipeline adds nothing to the
   // world's sum); no update.
-  absl::StatusOr<double> evaluate(const std::vector<TensorMap>& rounds);
+  absl::StatusOr<double> evaluate(int64_t rounds,
+                                  const std::function<absl::StatusOr<TensorMap>(int64_t)>& round);
   // Fills this stage's layers with load(layer name, layer) before the first step
   // (model.init_from), agreed by every rank like the start-up, then makes tied copies equal
   // again (a tied second the source lacks takes the first's loaded value).
@@ -182,6 +183,8 @@ class Varuna {
   absl::Status BuildLocal();
   absl::Status DryRun(const TensorMap& dummy_inputs, bool ok_so_far, StageConfig* config);
   absl::Status CheckInputs(const TensorMap& inputs, int64_t want) const;
+  // Its second half: every input holds the batch (`want` samples if > 0) along dim 0.
+  static absl::Status CheckBatch(const TensorMap& inputs, int64_t want);
   // This rank's squared gradient norm, a double on the device (a tied pair's second copy not
   // counted; with tensor parallelism summed over the tp group, which also joins *stop, a
   // device scalar) and its parameter count. Reads nothing back. Throws as LibTorch does:

@@ -35,6 +35,30 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+// Names older BERT files use for a tensor: the tied bias's other name, LayerNorm's gamma and
+// beta (the original TensorFlow port), no "bert." prefix (saved from BertModel).
+const SafetensorsEntry* FindBertAlias(const HfWeights& weights, const std::string& name,
+                                      const SafetensorsReader** shard) {
+  std::vector<std::string> names;
+  if (name == "cls.predictions.bias") names.push_back("cls.predictions.decoder.bias");
+  for (const auto& [now, old] :
+       {std::pair<std::string, std::string>{"LayerNorm.weight", "LayerNorm.gamma"},
+        {"LayerNorm.bias", "LayerNorm.beta"}}) {
+    if (absl::EndsWith(name, now)) {
+      names.push_back(name.substr(0, name.size() - now.size()) + old);
+    }
+  }
+  const size_t direct = names.size();
+  names.push_back(name);
+  for (size_t i = 0; i <= direct; ++i) {
+    if (absl::StartsWith(names[i], "bert.")) names.push_back(names[i].substr(5));
+  }
+  for (const std::string& n : names) {
+    if (const SafetensorsEntry* e = weights.Find(n, shard)) return e;
+  }
+  return nullptr;
+}
+
 bool IsTiedSecond(const ModelSpec& spec, const std::string& name) {
   for (const auto& [first, second] : TiedParameters(spec)) {
     if (name == second) return true;
@@ -361,9 +385,7 @@ absl::Status LoadHfLayer(const HfWeights& weights, const ModelSpec& spec, const 
       if (e == nullptr && spec.kind == "gpt2" && absl::StartsWith(name, "transformer.")) {
         e = weights.Find(name.substr(12), &shard);  // saved from GPT2Model: no prefix
       }
-      if (e == nullptr && spec.kind == "bert" && name == "cls.predictions.bias") {
-        e = weights.Find("cls.predictions.decoder.bias", &shard);  // the tied copy's name
-      }
+      if (e == nullptr && spec.kind == "bert") e = FindBertAlias(weights, name, &shard);
       if (e == nullptr) {
         if (IsTiedSecond(spec, name)) continue;  // TieAtStart copies it from the first
         return absl::NotFoundError(

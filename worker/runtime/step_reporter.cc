@@ -21,6 +21,9 @@ absl::Status StepReporter::Open(const WorkerTopology& topo, const std::string& w
   // A rank that no longer reports closes its event file; one that still does keeps it (no
   // other file was begun meanwhile, so TensorBoard reads them in order).
   if (!metrics_rank_) tensorboard_.reset();
+  // A kept file marks the new generation's first step with a session start: a morph may have
+  // resumed from an older step, and TensorBoard then drops the steps it redoes.
+  session_start_ = tensorboard_ != nullptr;
   if (!writes_) return absl::OkStatus();
   const std::string path =
       metrics_rank_ ? metrics_out_ : absl::StrCat(metrics_out_, ".rank", topo.rank);
@@ -99,6 +102,10 @@ void StepReporter::WriteTensorBoard(const v1::StepMetrics& m) {
     tensorboard_ = *std::move(w);
   }
   absl::Status st;
+  if (session_start_) {
+    st = tensorboard_->SessionStart(step);
+    session_start_ = false;
+  }
   auto put = [&](const char* tag, double v) {
     if (st.ok()) st = tensorboard_->Scalar(tag, step, v);
   };

@@ -58,6 +58,7 @@ class StepReporter {
   std::string tensorboard_dir_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // the reporting rank's, from its first step
   std::string generation_text_;                     // to write at the next step
+  bool session_start_ = false;  // a kept file's new generation: a session start first
 };
 
 }  // namespace varuna

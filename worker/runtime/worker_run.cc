@@ -376,8 +376,10 @@ void WorkerRun::ReportReady(int64_t resumed_from, const HandoverStats* handed, d
   reporter_->Generation(absl::StrCat(
       "generation ", ProcessState::Get().regroup.generation(), ": ", in_.topo.topology.ToString(),
       " (", in_.topo.world_size, " ranks, schedule ", in_.spec.parallel.schedule, "); ",
-      done_.generation_why.empty() ? "first" : done_.generation_why, "; continues after step ",
-      resumed_from,
+      !done_.generation_why.empty()                   ? done_.generation_why
+      : ProcessState::Get().regroup.generation() <= 1 ? std::string("first")
+                                                      : std::string("restarted"),
+      "; continues after step ", resumed_from,
       handed != nullptr ? absl::StrCat(" (in place: ", handed->reason, ")") : std::string()));
   v1::WorkerEvent ready;
   ready.mutable_ready()->set_resumed_from(static_cast<int32_t>(resumed_from));
@@ -432,7 +434,7 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
     const TrainSpec& t = in_.spec.train;
     const double lr = LearningRate(t.schedule, t.lr, t.min_lr, t.warmup, t.steps, step);
     const double step_s = Seconds(t0);
-    absl::StatusOr<std::optional<double>> eval_loss = ValidateAfter(step);
+    absl::StatusOr<std::optional<double>> eval_loss = ValidateAfter(step, r.stop);
     if (!eval_loss.ok()) return ParkAfterFailure(step, eval_loss.status());
     reporter_->Report(step, r, step_s, lr, engine_->loss_scale(), *eval_loss);
     if (timeline_) RETURN_IF_ERROR(timeline_->AfterStep(step, r.host_syncs, step_s));
@@ -487,23 +489,24 @@ bool WorkerRun::ParkAfterFailure(int64_t step, const absl::Status& why) {
 // Note [Validation] in worker/engine/varuna.cc: this pipeline's share of eval.samples, in
 // proportion to its share of the global batch, in rounds of at most its training rows. The
 // samples are the eval data's first ones, whatever the shape.
-absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step) {
+absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step, bool stopping) {
   const EvalSpec& eval = in_.spec.eval;
   const WorkerTopology& t = in_.topo;
   const bool due =
       eval.enabled && ((eval.every_steps > 0 && step % eval.every_steps == 0) || step == t.steps);
-  if (!due) return std::nullopt;
+  // A stop (a notice, a morph) checkpoints first: its validation is skipped, but the last.
+  if (!due || (stopping && step != t.steps)) return std::nullopt;
   const auto e0 = Clock::now();
   const int64_t samples = eval.samples > 0 ? eval.samples : t.global_batch;
   const int64_t lo = samples * t.sample_offset / t.global_batch;
   const int64_t hi = samples * (t.sample_offset + t.per_replica_batch) / t.global_batch;
-  std::vector<TensorMap> rounds;
-  for (int64_t first = lo; first < hi; first += t.per_replica_batch) {
-    ASSIGN_OR_RETURN(TensorMap b,
-                     in_.eval_data->Batch(first, std::min(t.per_replica_batch, hi - first)));
-    rounds.push_back(std::move(b));
-  }
-  ASSIGN_OR_RETURN(double loss, engine_->evaluate(rounds));
+  // Each round read when it runs: memory of one training step's rows, whatever eval.samples.
+  const int64_t rows = t.per_replica_batch;
+  const int64_t rounds = hi > lo ? (hi - lo + rows - 1) / rows : 0;
+  ASSIGN_OR_RETURN(double loss, engine_->evaluate(rounds, [&](int64_t r) {
+    const int64_t first = lo + r * rows;
+    return in_.eval_data->Batch(first, std::min(rows, hi - first));
+  }));
   done_.last_eval = {step, loss};
   LOG(INFO) << in_.who << " validation after step " << step << " took "
             << absl::StrFormat("%.3f", Seconds(e0)) << " s";
@@ -645,9 +648,10 @@ absl::Status WorkerRun::Regroup() {
 absl::Status WorkerRun::Evaluate() {
   RETURN_IF_ERROR(engine_->checkpoints().Wait());
   if (in_.spec.eval.enabled) {
-    // The last step validated (ValidateAfter); a run that had no step left to take does now.
-    if (!done_.last_eval || done_.last_eval->first != in_.topo.steps) {
-      ASSIGN_OR_RETURN(std::optional<double> loss, ValidateAfter(in_.topo.steps));
+    // The generation's last step validated (ValidateAfter, on every rank); a generation that
+    // had no step left to take (a joiner has no validation of its own) does now, every rank.
+    if (first_step_ > in_.topo.steps || !done_.last_eval) {
+      ASSIGN_OR_RETURN(std::optional<double> loss, ValidateAfter(in_.topo.steps, false));
       (void)loss;
     }
     LOG(INFO) << in_.who << " done steps=" << in_.topo.steps
@@ -658,7 +662,9 @@ absl::Status WorkerRun::Evaluate() {
   constexpr int64_t kEvalFirstSample = int64_t{1} << 40;
   ASSIGN_OR_RETURN(TensorMap batch, in_.data->Batch(kEvalFirstSample + in_.topo.sample_offset,
                                                     in_.topo.per_replica_batch));
-  ASSIGN_OR_RETURN(double eval_loss, engine_->evaluate({batch}));
+  ASSIGN_OR_RETURN(
+      double eval_loss,
+      engine_->evaluate(1, [&](int64_t) -> absl::StatusOr<TensorMap> { return batch; }));
   LOG(INFO) << in_.who << " done steps=" << in_.topo.steps
             << " eval_loss=" << absl::StrFormat("%.9g", eval_loss);
   return absl::OkStatus();

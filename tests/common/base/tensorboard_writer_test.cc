@@ -57,9 +57,11 @@ TEST(TensorBoardWriterTest, RecordsAreFramedAndHoldTheEvents) {
   EXPECT_NE((*w)->path().find("events.out.tfevents."), std::string::npos);
   ASSERT_TRUE((*w)->Scalar("train/loss", 7, 2.5).ok());
   ASSERT_TRUE((*w)->Text("generation", 7, "1x2 because node lost").ok());
+  ASSERT_TRUE((*w)->SessionStart(5).ok());
   ASSERT_TRUE((*w)->Flush().ok());
   const std::vector<std::string> records = ReadRecords((*w)->path());
-  ASSERT_EQ(records.size(), 4u);
+  ASSERT_EQ(records.size(), 5u);
+  EXPECT_EQ(records[4].substr(9), std::string("\x10\x05\x3a\x02\x08\x01", 6));
   EXPECT_NE(records[0].find("brain.Event:2"), std::string::npos);
   // Event.step = 7 (field 2, varint) right after the 9-byte wall time.
   EXPECT_EQ(records[1].substr(9, 2), std::string("\x10\x07", 2));
