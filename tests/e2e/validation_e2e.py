@@ -142,6 +142,11 @@ class ShapesTest(unittest.TestCase):
         for m in second.metrics:
             self.assertAlmostEqual(got[int(m["step"])], m["loss"], delta=1e-5 * abs(m["loss"]))
         self.assertAlmostEqual(dict(scalars["train/lr"])[8], 0.01, places=6)
+        # The checkpoint records the newest validation loss (steps 3 and 6 validate).
+        with open(os.path.join(ckpt, "varuna_ckpt_4", "common.json")) as f:
+            common = json.load(f)
+        self.assertEqual(common["eval_step"], "3")
+        self.assertAlmostEqual(float(common["eval_loss"]), evals(first.metrics)[3], places=6)
 
     def test_bad_eval_and_tensorboard_input_is_named(self):
         plain = os.path.join(self.tmp, "plain")
