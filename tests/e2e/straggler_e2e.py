@@ -105,18 +105,22 @@ class StragglerTest(unittest.TestCase):
         if evicted:
             self.assertNotIn(slow, {p["node"] for p in st["placement"]}, st)
         set_share(os.path.join(self.root, slow), SHARE)
-        st = wait_for(lambda: (lambda s: (any(m.get("kind") == "recovered"
-                                              for m in s.get("morphs", [])) or
-                                          s["state"] != "RUNNING") and s)(
+        # Under load another node may be measured slow and recover on its own; the morph that
+        # matters is the one back at full width (three slots).
+        def full_width(m):
+            to = m["to"]
+            return sum(to.get("depths", [])) or to["stages"] * to["replicas"]
+
+        def readmitted(s):
+            return next((m for m in s.get("morphs", [])
+                         if m.get("kind") == "recovered" and full_width(m) == 3), None)
+
+        st = wait_for(lambda: (lambda s: (readmitted(s) or s["state"] != "RUNNING") and s)(
             self.status(job_id)), 180, "the node re-admitted")
         final = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED", "CANCELLED")
                                   and s)(self.status(job_id)), 600, "the job to finish")
         self.assertEqual(final["state"], "SUCCEEDED", f"{final}\n{c.tail()}")
-        kinds = [m.get("kind") for m in final["morphs"]]
-        self.assertIn("recovered", kinds, json.dumps(final["morphs"]))
-        rec = next(m for m in final["morphs"] if m.get("kind") == "recovered")
-        to = rec["to"]
-        self.assertEqual(sum(to.get("depths", [])) or to["stages"] * to["replicas"], 3, rec)
+        self.assertTrue(readmitted(final), json.dumps(final["morphs"]))
         print(f"morphs: {json.dumps(final['morphs'])}", file=sys.stderr)
         # Every step once, each loss as in one process.
         metrics = json.loads(c.ctl("-o", "json", "metrics", job_id, check=0).stdout)

@@ -176,7 +176,9 @@ class ClusterTest(unittest.TestCase):
         c = self.c
         val = write_heldout(os.path.join(c.dir, "val.txt"))
         tb = os.path.join(c.dir, "tb")
-        extra = (f"eval: {{data: {{kind: text, path: {val}}}, every_steps: 10, samples: 12}}\n"
+        # Every step validates, so the step the morph stops at does too: a morph loses no
+        # validation point (the stop saves first, then validates).
+        extra = (f"eval: {{data: {{kind: text, path: {val}}}, every_steps: 1, samples: 12}}\n"
                  f"observability: {{tensorboard_dir: {tb}}}\n")
         # The reference: the same job as one process.
         ref = harness.run_workers(1, ["--job", write_morph_job(c, "ref.yaml", stages=1,
@@ -184,7 +186,7 @@ class ClusterTest(unittest.TestCase):
                                   timeout=900)
         self.assertTrue(ref.ok, ref.outputs[0][-2000:])
         want = evals(ref.metrics)
-        self.assertEqual(sorted(want), list(range(10, STEPS + 1, 10)))
+        self.assertEqual(sorted(want), list(range(1, STEPS + 1)))
         os.rename(tb, tb + "-ref")
         t = morph_driver(c)
         job_id = t.submit(write_morph_job(c, extra=extra))

@@ -434,11 +434,14 @@ absl::StatusOr<bool> WorkerRun::TrainSteps() {
     const TrainSpec& t = in_.spec.train;
     const double lr = LearningRate(t.schedule, t.lr, t.min_lr, t.warmup, t.steps, step);
     const double step_s = Seconds(t0);
-    absl::StatusOr<std::optional<double>> eval_loss = ValidateAfter(step, r.stop);
+    // A stop (a notice, a morph) saves first, so a deadline finds the state on disk; the
+    // step's validation, if due, follows in the same generation (every rank is still here).
+    if (r.stop) RETURN_IF_ERROR(CheckpointAfter(step, true));
+    absl::StatusOr<std::optional<double>> eval_loss = ValidateAfter(step);
     if (!eval_loss.ok()) return ParkAfterFailure(step, eval_loss.status());
     reporter_->Report(step, r, step_s, lr, engine_->loss_scale(), *eval_loss);
     if (timeline_) RETURN_IF_ERROR(timeline_->AfterStep(step, r.host_syncs, step_s));
-    RETURN_IF_ERROR(CheckpointAfter(step, r.stop));
+    if (!r.stop) RETURN_IF_ERROR(CheckpointAfter(step, false));
     if (r.stop && ps.regroup.in_place() && !ps.stop_requested.load()) {
       // The stop is agreed by every rank as soon as one of them was asked; this rank's own
       // command, which says whether it parks (it stays) or exits (it leaves), may still be on
@@ -489,13 +492,12 @@ bool WorkerRun::ParkAfterFailure(int64_t step, const absl::Status& why) {
 // Note [Validation] in worker/engine/varuna.cc: this pipeline's share of eval.samples, in
 // proportion to its share of the global batch, in rounds of at most its training rows. The
 // samples are the eval data's first ones, whatever the shape.
-absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step, bool stopping) {
+absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step) {
   const EvalSpec& eval = in_.spec.eval;
   const WorkerTopology& t = in_.topo;
   const bool due =
       eval.enabled && ((eval.every_steps > 0 && step % eval.every_steps == 0) || step == t.steps);
-  // A stop (a notice, a morph) checkpoints first: its validation is skipped, but the last.
-  if (!due || (stopping && step != t.steps)) return std::nullopt;
+  if (!due) return std::nullopt;
   const auto e0 = Clock::now();
   const int64_t samples = eval.samples > 0 ? eval.samples : t.global_batch;
   const int64_t lo = samples * t.sample_offset / t.global_batch;
@@ -651,7 +653,7 @@ absl::Status WorkerRun::Evaluate() {
     // The generation's last step validated (ValidateAfter, on every rank); a generation that
     // had no step left to take (a joiner has no validation of its own) does now, every rank.
     if (first_step_ > in_.topo.steps || !done_.last_eval) {
-      ASSIGN_OR_RETURN(std::optional<double> loss, ValidateAfter(in_.topo.steps, false));
+      ASSIGN_OR_RETURN(std::optional<double> loss, ValidateAfter(in_.topo.steps));
       (void)loss;
     }
     LOG(INFO) << in_.who << " done steps=" << in_.topo.steps

@@ -86,9 +86,8 @@ class WorkerRun {
   // rescues and exits.
   bool ParkAfterFailure(int64_t step, const absl::Status& why);
   absl::Status Regroup();
-  // The validation loss after `step` where the job's eval section asks for one then (not on a
-  // `stopping` step but the last).
-  absl::StatusOr<std::optional<double>> ValidateAfter(int64_t step, bool stopping);
+  // The validation loss after `step` where the job's eval section asks for one then.
+  absl::StatusOr<std::optional<double>> ValidateAfter(int64_t step);
   absl::Status Evaluate();
 
   // One generation's engine: the stage of `t`, over `g`, optimizer and schedule set.

@@ -34,12 +34,14 @@ class Cluster:
 
     def __init__(self, agents=2, slots=2, manager_host="127.0.0.1", agent_host=None,
                  secure=False, manager_config="", agent_args=None, worker_user=None,
-                 tokens=None, port=None):
+                 tokens=None, port=None, defaults=False):
         """agent_host(name) -> (argv prefix, listen host) places agents elsewhere (NetnsTest).
         secure: mutual TLS (certificates from scripts/make_certs.sh) and a tokens file; ctl()
         then sends the CA and `self.token`; alice's jobs run as her tenant uid (docs/operations.md
         "Who workers run as"). worker_user: the agents' --worker_user (default: workers run as
-        the agent, --allow_root_workers). tokens: extra tokens-file lines."""
+        the agent, --allow_root_workers). tokens: extra tokens-file lines.
+        defaults: the manager's and agents' own timers, standbys and probes (benchmarks), not
+        the tests' short heartbeats, report-only stragglers and no standbys."""
         self.worker_user = worker_user
         self.dir = tempfile.mkdtemp(prefix="varuna-cp-")
         # Workers of another uid (a tenant's, --worker_user) read the corpus, enter the agents'
@@ -63,9 +65,11 @@ class Cluster:
         with open(self.config, "w") as f:
             # Stragglers are reported, not acted on, unless a test asks: tests run side by side
             # on two cores, and a rank that shares its core looks slow to the detector.
-            f.write("heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_missed: 4\n"
+            f.write(manager_config if defaults else
+                    "heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_missed: 4\n"
                     "stop_grace_s: 3\n" + manager_config +
                     ("" if "stragglers" in manager_config else "stragglers: {policy: report}\n"))
+        self.defaults = defaults
         self.manager = None
         self.agents = {}
         try:
@@ -103,6 +107,8 @@ class Cluster:
     def standby_flags(self, name):
         """No warm standby workers unless a test asks (agent_args): they cost CPU here."""
         args = self.agent_args.get(name, [])
+        if getattr(self, "defaults", False):
+            return []
         given = any(a.startswith("--standby_workers") for a in args)
         probe = any(a.startswith("--startup_probe_ms") for a in args)
         # Nor a startup speed probe (half a second of CPU per agent) unless a test asks.
