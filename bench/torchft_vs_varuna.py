@@ -253,11 +253,18 @@ class Varuna:
         rows = self.timeline()
         return len(rows) > 3 and rows[-1][2] == REPLICAS
 
+    def pid(self, r):
+        pid = self.worker(r)
+        if pid is None:
+            raise RuntimeError(f"node{r} runs no worker of job {self.job}: "
+                               f"{self.c.ctl('status', self.job).stdout}\n{self.c.tail()}")
+        return pid
+
     def kill(self, r):
-        os.kill(self.worker(r), signal.SIGKILL)
+        os.kill(self.pid(r), signal.SIGKILL)
 
     def stop(self, r, on):
-        os.kill(self.worker(r), signal.SIGSTOP if on else signal.SIGCONT)
+        os.kill(self.pid(r), signal.SIGSTOP if on else signal.SIGCONT)
 
     def leave(self, r):
         pid = self.worker(r)
