@@ -39,3 +39,12 @@ def proc_cpu_s(pid="self", children=False):
         fields = f.read().rsplit(")", 1)[1].split()
     first = 13 if children else 11
     return (int(fields[first]) + int(fields[first + 1])) / os.sysconf("SC_CLK_TCK")
+
+
+def project_python():
+    """The project's Python environment (torch 2.11, the wheel varuna-worker is built against)."""
+    out = subprocess.run([os.path.join(ROOT, "scripts", "python_env.sh"), "--path"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("the project's Python environment is missing: run scripts/install_deps.sh")
+    return out.stdout.strip()

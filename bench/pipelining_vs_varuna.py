@@ -29,13 +29,12 @@ Usage: bench/pipelining_vs_varuna.py [--build build] [--rounds 5] [--steps 10] [
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from common import ROOT, corpus, harness, proc_cpu_s, read_metrics
+from common import ROOT, corpus, harness, proc_cpu_s, project_python, read_metrics
 from hetero import capped_launcher
 
 MODEL = {"layers": 8, "d_model": 128, "heads": 4, "seq_len": 64}
@@ -43,13 +42,6 @@ BATCH = 32
 TWIN = os.path.join(ROOT, "bench", "pipelining_gpt.py")
 
 
-def project_python():
-    """The project's environment (torch 2.11, the wheel varuna-worker is built against)."""
-    out = subprocess.run([os.path.join(ROOT, "scripts", "python_env.sh"), "--path"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit("the project's Python environment is missing: run scripts/install_deps.sh")
-    return out.stdout.strip()
 
 
 def bubble_and_time(rows, warmup, steps):

@@ -61,7 +61,7 @@ import time
 
 os.environ.setdefault("VARUNA_BIN_DIR", os.path.join(
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build", "bin"))
-from common import ROOT, corpus, proc_cpu_s  # noqa: E402
+from common import ROOT, corpus, proc_cpu_s, project_python  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
 from lib.cluster import Cluster, wait_for  # noqa: E402
@@ -81,12 +81,6 @@ TUNED_VARUNA = ("heartbeat_period_s: 1\nsuspect_after_missed: 2\ndead_after_miss
                 "scale_up_delay_s: 2\n")
 
 
-def project_python():
-    out = subprocess.run([os.path.join(ROOT, "scripts", "python_env.sh"), "--path"],
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.exit("the project's Python environment is missing: run scripts/install_deps.sh")
-    return out.stdout.strip()
 
 
 def children_of(pid):

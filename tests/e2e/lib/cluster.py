@@ -107,7 +107,7 @@ class Cluster:
     def standby_flags(self, name):
         """No warm standby workers unless a test asks (agent_args): they cost CPU here."""
         args = self.agent_args.get(name, [])
-        if getattr(self, "defaults", False):
+        if self.defaults:
             return []
         given = any(a.startswith("--standby_workers") for a in args)
         probe = any(a.startswith("--startup_probe_ms") for a in args)
