@@ -239,9 +239,20 @@ class Varuna:
         self.job = json.loads(self.c.ctl("-o", "json", "submit", job, check=0).stdout)["id"]
 
     def worker(self, r):
-        pids = subprocess.run(["pgrep", "-f", "--", f"--job {self.c.dir}/node{r}/jobs/"],
-                              capture_output=True, text=True).stdout.split()
-        return int(pids[0]) if pids else None
+        """The job's worker on node r: a process started for it (`--job` under the node's job
+        directory) or a warm standby that took it (started as `--standby`, it moves into the
+        generation's directory when it takes a job)."""
+        jobs = f"{self.c.dir}/node{r}/jobs/"
+        for pid in subprocess.run(["pgrep", "-f", "varuna-worker"], capture_output=True,
+                                  text=True).stdout.split():
+            try:
+                cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if f"--job\0{jobs}" in cmd or cwd.startswith(jobs):
+                return int(pid)
+        return None
 
     def ready(self):
         rows = self.timeline()
@@ -328,10 +339,13 @@ def measure(sys_, rows, events, t_end):
         before = [t for t, _, _ in rows if t <= te]
         after = [t for t, _, _ in rows if te < t <= until]
         ts = before[-1:] + after
-        stall = max((b - a for a, b in zip(ts, ts[1:])), default=float("nan"))
+        gaps = [(b - a, b) for a, b in zip(ts, ts[1:])]
+        stall, resumed = max(gaps, default=(float("nan"), te))
         ref = t_back or te
         narrow = [t for t, _, w in rows if te < t <= until and w < REPLICAS]
-        start = narrow[0] if narrow else ref
+        # A job that never ran narrower (a warm standby took the lost rank) is back at full
+        # width with its first step after the stall, not with a step in flight at the event.
+        start = narrow[0] if narrow else (resumed - 1e-6 if t_back is None else ref)
         full = next((t - ref for t, _, w in rows if start < t <= until and w == REPLICAS),
                     None)
         out.append({"kind": kind, "stall": stall, "full": full})
