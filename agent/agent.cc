@@ -754,6 +754,7 @@ void Agent::ForgetJobsWithoutDirs() {
   std::error_code ec;
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (!it->second.running && !fs::exists(JobDir(it->first.first), ec)) {
+      if (metrics_) metrics_->ForgetJob(it->first.first);
       it = workers_.erase(it);
     } else {
       ++it;

@@ -27,6 +27,16 @@ void AgentMetrics::OnWorkerExited(const std::string& job, int exit_code, int sig
   exits_.Add({{"job", job}, {"how", how}}).Increment();
 }
 
+void AgentMetrics::ForgetJob(const std::string& job) {
+  const prometheus::Labels of_job = {{"job", job}};
+  if (starts_.Has(of_job)) starts_.Remove(&starts_.Add(of_job));
+  if (restarts_.Has(of_job)) restarts_.Remove(&restarts_.Add(of_job));
+  for (const char* how : {"signal", "ok", "error"}) {
+    const prometheus::Labels labels = {{"job", job}, {"how", how}};
+    if (exits_.Has(labels)) exits_.Remove(&exits_.Add(labels));
+  }
+}
+
 void AgentMetrics::SetWorkers(int running, int exited) {
   workers_.Add({{"state", "running"}}).Set(running);
   workers_.Add({{"state", "exited"}}).Set(exited);

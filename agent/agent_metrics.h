@@ -16,6 +16,8 @@ class AgentMetrics {
   void OnWorkerStarted(const std::string& job, bool restart);
   // A worker exited: by signal, non-zero code or cleanly.
   void OnWorkerExited(const std::string& job, int exit_code, int signal);
+  // The job's series go (its directory was removed here): series per job do not pile up.
+  void ForgetJob(const std::string& job);
   void SetWorkers(int running, int exited);
   void SetNotice(bool under_notice, double seconds_left);
 

@@ -147,9 +147,17 @@ void Register(HttpServer& http, EventLoop& loop, ManagerApi& m, const MetricsReg
     return caller_of ? caller_of(req.principal) : TokenTable::Caller{};
   };
   auto owned = [&](HttpServer::Handler h) { return Owned(loop, m, caller_of, std::move(h)); };
+  // The cluster's /metrics names every job (its loss, step, slots): once roles are on it is an
+  // admin's, as node management is (a Prometheus scraper gets an admin token, or the operator
+  // opens it with --http_open_metrics); a user reads its own job's at /api/v1/jobs/ID/metrics.
   http.Get(
       "/metrics",
-      [&metrics](const Request&) -> Response {
+      [&metrics, caller, open_metrics](const Request& req) -> Response {
+        if (!open_metrics && caller(req).role != TokenTable::Role::kAdmin) {
+          return JsonError(
+              403, absl::StrCat("/metrics names every tenant's jobs: token '", caller(req).name,
+                                "' has the user role; it needs an admin's"));
+        }
         return {200, "text/plain; version=0.0.4; charset=utf-8", metrics.Text(), {}};
       },
       open_metrics ? Access::kPublic : Access::kToken);

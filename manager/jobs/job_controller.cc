@@ -170,7 +170,7 @@ absl::StatusOr<v1::JobInfo> JobController::Submit(const v1::SubmitRequest& req, 
                                                   const std::string& run_as, uint32_t run_as_uid,
                                                   bool admin) {
   if (!req.request_id().empty()) {
-    if (const Job* repeat = jobs_->ByRequest(req.request_id())) return repeat->info();
+    if (const Job* repeat = jobs_->ByRequest(user, req.request_id())) return repeat->info();
   }
   RETURN_IF_ERROR(admission_.Check(spec, user, admin));
   Job job;

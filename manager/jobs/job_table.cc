@@ -32,6 +32,15 @@ absl::Status CheckJobRecord(const v1::JobRecord& rec) {
   return absl::OkStatus();
 }
 
+// Request ids are the submitter's own: the key pairs the token's name with the id (a name
+// holds no '\n'), so one tenant's id neither finds nor blocks another tenant's job.
+std::string RequestKey(const std::string& user, const std::string& request_id) {
+  return absl::StrCat(user, "\n", request_id);
+}
+std::string RequestKey(const Job& job) {
+  return RequestKey(job.info().submitted_by(), job.rec.request_id());
+}
+
 }  // namespace
 
 // Note [Records on load]: the store is outside data to a manager that loads it (an etcd any
@@ -81,7 +90,7 @@ absl::Status JobTable::Load(absl::Time now) {
     next_seq_ = std::max(next_seq_, job.rec.seq() + 1);
     const std::string id = job.info().id();
     if (id.empty() || jobs_.count(id)) continue;  // a stub without a key, or a duplicate
-    if (!job.rec.request_id().empty()) by_request_[job.rec.request_id()] = id;
+    if (!job.rec.request_id().empty()) by_request_[RequestKey(job)] = id;
     order_.push_back(id);
     jobs_[id] = std::move(job);
   }
@@ -134,7 +143,7 @@ Job& JobTable::Add(Job job, absl::Time now) {
   CHECK(saved.ok()) << "manager: cannot write job " << id << "'s spec: " << saved.message();
   job.rec.clear_spec_yaml();
   Persist(job);
-  if (!job.rec.request_id().empty()) by_request_[job.rec.request_id()] = id;
+  if (!job.rec.request_id().empty()) by_request_[RequestKey(job)] = id;
   order_.push_back(id);
   return jobs_[id] = std::move(job);
 }
@@ -167,7 +176,7 @@ std::vector<std::string> JobTable::Prune(absl::Time now, int max_finished, absl:
     const absl::Status s = store_->DeleteJob(id);
     CHECK(s.ok()) << "manager: cannot delete job " << id << ": " << s.message();
     const Job& job = jobs_.at(id);
-    if (!job.rec.request_id().empty()) by_request_.erase(job.rec.request_id());
+    if (!job.rec.request_id().empty()) by_request_.erase(RequestKey(job));
     jobs_.erase(id);
     order_.erase(std::find(order_.begin(), order_.end(), id));
   }
@@ -190,8 +199,8 @@ absl::StatusOr<Job*> JobTable::Get(const std::string& id) {
   return job;
 }
 
-Job* JobTable::ByRequest(const std::string& request_id) {
-  auto it = by_request_.find(request_id);
+Job* JobTable::ByRequest(const std::string& user, const std::string& request_id) {
+  auto it = by_request_.find(RequestKey(user, request_id));
   return it == by_request_.end() ? nullptr : Find(it->second);
 }
 

@@ -35,8 +35,9 @@ class JobTable {
   const Job* Find(const std::string& id) const;
   // NotFound "no job with id 'X'".
   absl::StatusOr<Job*> Get(const std::string& id);
-  // The job a submit with this request id created, if any (submits are idempotent).
-  Job* ByRequest(const std::string& request_id);
+  // The job `user`'s submit with this request id created, if any (submits are idempotent;
+  // another user's equal request id is another request and reveals nothing of this one).
+  Job* ByRequest(const std::string& user, const std::string& request_id);
   const std::vector<std::string>& order() const { return order_; }
   std::map<std::string, Job>& all() { return jobs_; }
   const std::map<std::string, Job>& all() const { return jobs_; }
@@ -64,9 +65,9 @@ class JobTable {
 
   StateStore* const store_;
   const NodeTable* const nodes_;
-  std::map<std::string, Job> jobs_;  // by id
-  std::vector<std::string> order_;   // ids in submission order
-  std::map<std::string, std::string> by_request_;
+  std::map<std::string, Job> jobs_;                // by id
+  std::vector<std::string> order_;                 // ids in submission order
+  std::map<std::string, std::string> by_request_;  // RequestKey(user, request id) -> job id
   int64_t next_seq_ = 1;
 };
 

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/agent_metrics.h"
 #include "common/base/status_macros.h"
 #include "common/launch/worker_protocol.h"
 #include "tests/testing/fake_clock.h"
@@ -471,6 +472,26 @@ TEST(AgentJobDirTest, AJobsFilesAreItsOwnAndGoAfterTheRetention) {
   EXPECT_FALSE(std::filesystem::exists(job));
   EXPECT_TRUE(std::filesystem::exists(outside + "/keep"));
   std::filesystem::remove_all(dir);
+}
+
+// Issue 47's lows: per-job series on an agent went on for ever; they go with the job's
+// directory (Agent::ForgetJobsWithoutDirs calls ForgetJob).
+TEST(AgentMetricsTest, AJobsSeriesGoWhenItIsForgotten) {
+  MetricsRegistry registry;
+  AgentMetrics m(registry, 2);
+  m.OnWorkerStarted("7", false);
+  m.OnWorkerStarted("7", true);
+  m.OnWorkerExited("7", 1, 0);
+  m.OnWorkerExited("7", 0, 9);
+  m.OnWorkerStarted("8", false);
+  m.OnWorkerExited("8", 0, 0);
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_agent_worker_restarts_total{job=\"7\"}"));
+  m.ForgetJob("7");
+  m.ForgetJob("never-here");
+  const std::string text = registry.Text();
+  EXPECT_EQ(text.find("job=\"7\""), std::string::npos) << text;
+  EXPECT_THAT(text, HasSubstr("varuna_agent_worker_starts_total{job=\"8\"} 1"));
+  EXPECT_THAT(text, HasSubstr("varuna_agent_worker_exits_total{how=\"ok\",job=\"8\"} 1"));
 }
 
 // A tensor-parallel launch: world_size counts processes, the pipelines positions, and each

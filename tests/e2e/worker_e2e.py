@@ -198,7 +198,7 @@ class PrecisionTest(Fixture):
 class BadInputTest(Fixture):
     """Bad input exits non-zero within seconds, naming the problem, before any rendezvous."""
 
-    def expect_error(self, args, needle, world=2, env=None):
+    def expect_error(self, args, needle, world=2, env=None, code=None):
         t0 = time.time()
         port = harness.free_port()
         env = dict(os.environ, RANK="1", WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
@@ -207,6 +207,8 @@ class BadInputTest(Fixture):
         p = subprocess.run([harness.WORKER] + args, env=env, capture_output=True, text=True,
                            timeout=60)
         self.assertNotEqual(p.returncode, 0)
+        if code is not None:
+            self.assertEqual(p.returncode, code, p.stderr[-1000:])
         self.assertLess(time.time() - t0, 20)
         last = p.stderr.strip().splitlines()[-1]
         self.assertIn("error", last)
@@ -234,6 +236,11 @@ class BadInputTest(Fixture):
         # A GPU asked for on this CPU-only build (or a machine without one) is named.
         gpu = self.job("gpu", train={"device": "cuda"})
         self.expect_error(["--job", gpu, "--stage_to_rank_map", "0;1;"], "train.device 'cuda'")
+        # Issue 47's lows: the worker's own variables, malformed, are bad input (exit 3).
+        for name, value in (("VARUNA_FAULT", "nowhere@x"), ("VARUNA_STEP_MIN_MS", "fast"),
+                            ("VARUNA_TP_SIZE", "0")):
+            self.expect_error(["--job", good, "--stage_to_rank_map", "0;1;"], name,
+                              env={name: value}, code=3)
 
     def test_dead_peer_is_an_error_not_a_hang(self):
         # Rank 1 never starts: rank 0 must give up after the configured timeout.

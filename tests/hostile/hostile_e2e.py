@@ -10,7 +10,12 @@ server (multi-range requests, slow heads against /healthz), identity (workers ar
 token's user an agent does not allow), notices (an Azure event for another VM; a metadata
 server that never answers does not hold the agent's shutdown), clients and names (escape
 codes in a job name, a token with a newline), metrics (counters at 0 from the job's start),
-retention (a per-user cap on pending jobs). Exits 77 (a ctest skip) when it cannot run here:
+retention (a per-user cap on pending jobs); and issue 47's: tenants reaching each other's jobs,
+roles (a user reaches only her own jobs and no node; the tokens file has an admin), links a job
+plants for the root agent (a progress file; profile.json in ProfileLinkTest), an agent whose
+workers cannot use its directory, a launch every rank fails, the manager opening tenants'
+files, a non-address --advertise, job ids after a state reset (StateResetTest); bad records in
+etcd and a standby's unusable leader address are tests/hostile/ha_hostile_e2e.py's. Exits 77 (a ctest skip) when it cannot run here:
 not root, or no user 'varuna' (scripts/install_deps.sh makes it)."""
 
 import http.server
@@ -19,6 +24,7 @@ import os
 import pwd
 import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -37,6 +43,7 @@ from lib.harness import free_port  # noqa: E402
 
 BOB = "bob-token-0123456789abcdef"  # maps to a Unix user no agent allows
 MALLORY = "mallory-token-0123456789ab"  # another tenant: a uid of her own
+OPS = "ops-token-0123456789abcdef01"  # the cluster's admin (alice, bob, mallory are users)
 
 # What a tenant's job tries against every other job's worker on its node: each must fail.
 ATTACK = r"""
@@ -132,7 +139,7 @@ class HostileTest(unittest.TestCase):
         cls.http = free_port()
         cls.c = Cluster(
             agents=2, slots=4, secure=True, worker_user="varuna",
-            tokens=[f"bob {BOB} bob", f"mallory {MALLORY}"],
+            tokens=[f"bob {BOB} bob", f"mallory {MALLORY}", f"ops {OPS} - admin"],
             manager_config=(f"http_listen: 127.0.0.1:{cls.http}\nmax_pending_jobs_per_user: 3\n"
                             ),
             agent_args={"node1": ["--preemption_notice_url",
@@ -250,6 +257,38 @@ class HostileTest(unittest.TestCase):
             for s in slow:
                 s.close()
 
+    def ctl_as(self, token, *args):
+        return subprocess.run([CTL, "--manager", self.c.address, "--tls_ca", self.ca, "--token",
+                               token, *args], capture_output=True, text=True, timeout=60)
+
+    def test_roles_a_user_reaches_only_her_own_jobs_and_no_node(self):
+        """Issue 47: any token was an admin (bob cancelled alice's job and read her logs; alice
+        drained a node). With an admin line in the tokens file, mallory (a user) sees the
+        victim's summary but cannot cancel it, read its logs, metrics, events or the cluster's
+        /metrics, nor drain a node; the admin can. Every RPC and path by role is
+        tests/manager/api/roles_test.cc's table."""
+        listing = self.ctl_as(MALLORY, "list")
+        self.assertEqual(listing.returncode, 0, listing.stderr)
+        self.assertIn(self.victim, listing.stdout)  # as squeue shows every job
+        for args in (("cancel", self.victim), ("logs", self.victim), ("metrics", self.victim),
+                     ("events", self.victim), ("drain", "node0"), ("preempt", "node0")):
+            r = self.ctl_as(MALLORY, *args)
+            self.assertNotEqual(r.returncode, 0, (args, r.stdout))
+            self.assertRegex(r.stderr, r"submitted by 'alice'|admin role", (args, r.stderr))
+        for path in (f"/api/v1/jobs/{self.victim}/logs", f"/api/v1/jobs/{self.victim}/metrics",
+                     f"/api/v1/jobs/{self.victim}/events", "/metrics"):
+            status, body = self.get(path, token=MALLORY)
+            self.assertEqual(status, 403, (path, body[:200]))
+            self.assertNotIn(b"varuna_job_loss", body)
+        self.assertEqual(self.get("/metrics", token=self.c.token)[0], 403)  # alice: a user too
+        self.assertEqual(self.get(f"/api/v1/jobs/{self.victim}/logs", token=self.c.token)[0], 200)
+        # The admin may (a node the cluster lacks, so the victim is not moved): refused for
+        # what it names, not for the role.
+        r = self.ctl_as(OPS, "drain", "node9")
+        self.assertIn("node9", r.stderr)
+        self.assertNotIn("role", r.stderr)
+        self.assert_victim_unharmed()
+
     def test_identity_workers_are_not_root_and_token_users_need_the_agents_consent(self):
         uids = set()
         for pid in filter(str.isdigit, os.listdir("/proc")):
@@ -272,7 +311,9 @@ class HostileTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         bobs = json.loads(r.stdout)["id"]
         wait_for(lambda: self.c.status(bobs)["state"] == "FAILED", 90, "bob's job to be refused")
-        self.assertIn("allowed_worker_users", self.c.status(bobs).get("reason", ""))
+        # Bob reads his own job's reason (alice, a user, sees only its summary).
+        st = json.loads(self.ctl_as(BOB, "-o", "json", "status", bobs).stdout)
+        self.assertIn("allowed_worker_users", st.get("reason", ""))
         self.assert_victim_unharmed()
 
     def test_tenants_cannot_reach_each_others_jobs(self):
@@ -435,7 +476,7 @@ class HostileTest(unittest.TestCase):
         self.assertIn("token", r.stderr)
 
     def test_metrics_counters_exist_at_zero_from_the_start(self):
-        status, text = self.get("/metrics", token=self.c.token)
+        status, text = self.get("/metrics", token=OPS)
         self.assertEqual(status, 200)
         self.assertIn(f'varuna_morphs_total{{job="{self.victim}",reason="lost"}} 0',
                       text.decode())
@@ -466,6 +507,72 @@ class HostileTest(unittest.TestCase):
         agent.terminate()
         agent.wait(timeout=30)
         self.assertLess(time.monotonic() - t0, 5)
+
+
+class ProfileLinkTest(unittest.TestCase):
+    """Issue 47: a job planted `profile.json -> a root-only file`; the root agent read it and
+    the JSON error put its first bytes in the job's reason. A tenant's process can replace
+    the file between the worker's write and the agent's read (the job's uid owns the
+    directory); the test makes that window as wide as it wants by stopping the agent until
+    the profiling worker wrote its file and exited, then plants the link and lets the agent
+    go on. Now the agent opens it with O_NOFOLLOW, as a regular file owned by the job's uid
+    (Note [Files a job wrote] in agent/agent.cc), and says so without its content."""
+
+    def test_a_profile_replaced_by_a_link_is_not_read_for_the_job(self):
+        # Heartbeats missed while the agent is stopped must not make its node dead.
+        c = Cluster(agents=1, slots=1, worker_user="varuna", defaults=True,
+                    manager_config="heartbeat_period_s: 1\nsuspect_after_missed: 90\n"
+                                   "dead_after_missed: 120\nstragglers: {policy: report}\n",
+                    agent_args={"node0": ["--standby_workers=0", "--startup_probe_ms=0"]})
+        agent = c.agents["node0"]
+        try:
+            secret = os.path.join(c.dir, "root-secret")
+            with open(os.open(secret, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+                f.write("ROOT-SECRET-MARKER not json\n")
+            job = write_job(c, "prof.yaml", steps=4, parallel={"stages": 1, "replicas": 1})
+            jid = json.loads(c.ctl("-o", "json", "profile", job, check=0).stdout)["id"]
+            gen = os.path.join(c.dir, "node0", "jobs", jid, "gen1")
+
+            def worker():
+                for pid in filter(str.isdigit, os.listdir("/proc")):
+                    try:
+                        if os.readlink(f"/proc/{pid}/cwd") == gen:
+                            return int(pid)
+                    except OSError:
+                        pass
+                return None
+
+            pid = wait_for(worker, 60, "the profiling worker")
+            agent.send_signal(signal.SIGSTOP)
+            try:
+                profile = os.path.join(gen, "profile.json")
+                wait_for(lambda: os.path.exists(profile), 120, "the worker's profile.json")
+                # Exited: a zombie of the stopped agent, or gone.
+                def exited():
+                    try:
+                        with open(f"/proc/{pid}/stat") as f:
+                            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+                    except OSError:
+                        return True  # gone
+                wait_for(exited, 60, "the worker to exit")
+                planted = profile + ".planted"
+                os.symlink(secret, planted)
+                os.lchown(planted, pwd.getpwnam("varuna").pw_uid, -1)  # as the job made it
+                os.rename(planted, profile)
+            finally:
+                agent.send_signal(signal.SIGCONT)
+            st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
+                c.status(jid)), 60, "the profile job to end")
+            seen = json.dumps(st) + c.ctl("events", check=None).stdout
+            self.assertNotIn("ROOT-SECRET-MARKER", seen)
+            # No profile came of it: the job failed saying why (the file, not its content).
+            self.assertEqual(st["state"], "FAILED", st)
+            self.assertIn("'profile.json' is not a regular file", st.get("reason", ""), st)
+            self.assertNotIn("profile_stored", c.ctl("events", check=None).stdout)
+        finally:
+            if agent.poll() is None:
+                agent.send_signal(signal.SIGCONT)
+            c.close()
 
 
 class StateResetTest(unittest.TestCase):

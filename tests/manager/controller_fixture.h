@@ -153,14 +153,15 @@ class ControllerFixture : public ::testing::Test, public NodeTable::Listener {
     return Spec(absl::StrCat(extra, "\ncheckpoint: {dir: ", dir_, "/ckpt}"));
   }
 
-  std::string Submit(const std::string& yaml, const std::string& request_id = "") {
+  std::string Submit(const std::string& yaml, const std::string& request_id = "",
+                     const std::string& user = "") {
     v1::SubmitRequest req;
     req.set_spec_yaml(yaml);
     req.set_request_id(request_id);
     auto spec = JobAdmission::Admit(req);
     EXPECT_TRUE(spec.ok()) << spec.status();
     if (!spec.ok()) return "";
-    auto info = jobs_ctl_->Submit(req, *std::move(spec), "");
+    auto info = jobs_ctl_->Submit(req, *std::move(spec), user);
     EXPECT_TRUE(info.ok()) << info.status();
     loop_.Run();  // Schedule
     return info.ok() ? info->id() : "";

@@ -127,6 +127,31 @@ TEST_F(SafetensorsTest, WriterDigestIsTheFilesOwn) {
   EXPECT_TRUE(back == big);
 }
 
+// Issue 47: export followed a link planted at its temporary shard name and overwrote the
+// file it pointed at (as root). The writer removes whatever sits at its temporary name and
+// creates the file exclusively, never following a link (the write lands beside the target).
+TEST_F(SafetensorsTest, WriterNeverFollowsALinkAtItsTemporaryName) {
+  const std::string victim = Write("victim", "root's own bytes");
+  const std::string out = (dir_ / "model.safetensors").string();
+  const std::string tmp = absl::StrCat(out, ".tmp.", getpid(), ".0");
+  fs::create_symlink(victim, tmp);
+  std::vector<SafetensorsEntry> e(1);
+  e[0].name = "w";
+  e[0].dtype = "F32";
+  e[0].shape = {2};
+  const float w[2] = {1.5f, -2.0f};
+  ASSERT_OK_AND_ASSIGN(SafetensorsWriter writer, SafetensorsWriter::Create(out, e, {}));
+  ASSERT_THAT(writer.Append("w", w, sizeof w), IsOk());
+  ASSERT_THAT(writer.Finish(), IsOk());
+  EXPECT_EQ(ReadAll(victim), "root's own bytes");
+  EXPECT_FALSE(fs::is_symlink(out));
+  EXPECT_FALSE(fs::exists(fs::symlink_status(tmp)));
+  ASSERT_OK_AND_ASSIGN(SafetensorsReader r, SafetensorsReader::Open(out));
+  float back[2] = {0, 0};
+  ASSERT_THAT(r.Read(r.tensors()[0], back), IsOk());
+  EXPECT_EQ(back[1], -2.0f);
+}
+
 TEST_F(SafetensorsTest, WriterRefusesMisuse) {
   std::vector<SafetensorsEntry> e(2);
   e[0].name = "x";

@@ -208,7 +208,26 @@ TEST_F(ApiRolesTest, EveryRpcByRoleAndOwner) {
     bool other_user, admin_only;  // another user may call it / only an admin may
   };
   const std::string id = job_;
+  const std::string spec =
+      absl::StrCat("name: r\nmodel: {kind: gpt, layers: 4, d_model: 32, heads: 2, seq_len: 8}\n",
+                   "data: {kind: text, path: ", data_, "}\ntrain: {global_batch: 8, steps: 5}\n");
   const std::vector<Row> table = {
+      {"Submit",
+       [&](grpc::ClientContext* c) {
+         v1::SubmitRequest q;
+         q.set_spec_yaml(spec);
+         v1::SubmitResponse r;
+         return jobs_->Submit(c, q, &r);
+       },
+       true, false},
+      {"PlanJob",
+       [&](grpc::ClientContext* c) {
+         v1::PlanJobRequest q;
+         q.set_spec_yaml(spec);
+         v1::PlanJobResponse r;
+         return jobs_->PlanJob(c, q, &r);
+       },
+       true, false},
       {"ListManagers",
        [&](grpc::ClientContext* c) {
          v1::ListManagersResponse r;
@@ -386,6 +405,15 @@ TEST_F(ApiRolesTest, EveryHttpPathByRoleAndOwner) {
     }
   }
   EXPECT_EQ(HttpGet(http, base, "not-a-token-0123456789").first, 401);
+  // The cluster's /metrics names every tenant's jobs (their loss and step): an admin's only,
+  // own job or not (a user reads its job's at .../metrics above).
+  for (const auto& [token, allowed] :
+       {std::pair<const char*, bool>{kBobToken, false}, {kAliceToken, false}, {kRootToken, true}}) {
+    const auto [status, body] = HttpGet(http, "/metrics", token);
+    EXPECT_EQ(status, allowed ? 200 : 403) << token << ": " << body;
+    if (allowed) EXPECT_THAT(body, HasSubstr("job=\"" + job_ + "\""));
+    if (!allowed) EXPECT_THAT(body, HasSubstr("needs an admin's"));
+  }
 }
 
 // Sharing (docs/operations.md "Sharing a cluster"): a class above normal needs the admin role

@@ -193,6 +193,20 @@ TEST_F(JobControllerTest, SubmitIsIdempotentByRequestId) {
   EXPECT_THAT(JobAdmission::Admit(long_id).status().message(), HasSubstr("request_id"));
 }
 
+// Issue 47: request ids were one namespace for every tenant, so bob repeating alice's id got
+// her job's whole record back (and taking an id first blocked her submits). Now an id is the
+// submitter's own.
+TEST_F(JobControllerTest, ARequestIdIsTheSubmittersOwn) {
+  AddNode("a", 4);
+  const std::string alices = Submit(Spec(), "req-1", "alice");
+  const std::string bobs = Submit(Spec(), "req-1", "bob");
+  EXPECT_NE(alices, bobs);
+  EXPECT_EQ(Job(bobs).info().submitted_by(), "bob");
+  EXPECT_EQ(Submit(Spec(), "req-1", "alice"), alices);
+  EXPECT_EQ(Submit(Spec(), "req-1", "bob"), bobs);
+  EXPECT_EQ(jobs_->order().size(), 2u);
+}
+
 // Note [Tensor-parallel placement] in manager/nodes/placement.cc: a tp job is planned in groups of
 // tp_size slots on one node, each group's processes get consecutive ranks there, and every
 // A tensor-parallel group larger than every node waits, saying so (not "waiting for slots").
