@@ -34,7 +34,7 @@ absl::StatusOr<int> RunData(Session& s, const ParsedArgs& a) {
   ASSIGN_OR_RETURN(const int64_t from, Count(a, "--from", 1, 1));
   ASSIGN_OR_RETURN(const int64_t show, Count(a, "--tokens", 8, 0));
   if (steps > 10000) return UsageError("--steps: at most 10000");
-  SubmitOptions opts;
+  SubmitOptions opts;  // check_files: the shards and their manifests are checked here
   opts.sets = a.Values("--set");
   auto yaml = PrepareSubmission(a.Get("FILE"), opts);
   if (!yaml.ok()) return absl::InvalidArgumentError(yaml.status().message());
@@ -47,7 +47,6 @@ absl::StatusOr<int> RunData(Session& s, const ParsedArgs& a) {
                      ": its samples are windows at hashed offsets (docs/data.md); "
                      "varunactl data shows corpora (kind indexed or llmc)"));
   }
-  RETURN_IF_ERROR(spec->ValidateFiles());  // the shards and their manifests, here
   CorpusOptions o;
   o.kind = d.kind;
   for (const DataSource& src : d.sources) o.sources.push_back({src.shards, src.weight});

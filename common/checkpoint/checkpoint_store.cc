@@ -217,6 +217,16 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
   if (n["tokenizer_dir"]) {
     ASSIGN_OR_RETURN(c.tokenizer_dir, Get<std::string>(n, "tokenizer_dir", what));
   }
+  if (n["eval_step"] || n["eval_loss"]) {
+    ASSIGN_OR_RETURN(const std::string eval_step, Get<std::string>(n, "eval_step", what));
+    ASSIGN_OR_RETURN(const std::string eval_loss, Get<std::string>(n, "eval_loss", what));
+    if (!absl::SimpleAtoi(eval_step, &c.eval_step) || c.eval_step < 1 ||
+        !absl::SimpleAtod(eval_loss, &c.eval_loss)) {
+      return Damaged(absl::StrCat(what, ": eval_step '", eval_step.substr(0, 40),
+                                  "' or eval_loss '", eval_loss.substr(0, 40),
+                                  "' is not a validation record"));
+    }
+  }
   if (n["pipelines"]) {
     ASSIGN_OR_RETURN(c.pipelines, Get<std::string>(n, "pipelines", what));
   }

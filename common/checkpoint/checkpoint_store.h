@@ -80,6 +80,10 @@ struct CheckpointCommon {
   // Where a corpus's sample stream stood after this step (worker/engine/data.h
   // PositionRecord; "" for text and tokens data, and in rescues).
   std::string data_position;
+  // The newest validation loss at or before this step (eval_step 0: none), which a resumed
+  // run carries into its own checkpoints until it validates again.
+  int64_t eval_step = 0;
+  double eval_loss = 0;
   // Written for people and tools, not read back:
   int micro_batch = 0;
   std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)

@@ -10,22 +10,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "common/base/sha256.h"
+#include "common/base/splitmix.h"
 #include "common/base/status_macros.h"
 
 namespace varuna {
 namespace {
 
-uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
 // The key of (seed, source, epoch)'s order.
 uint64_t EpochKey(uint64_t seed, int source, int64_t epoch) {
-  return Mix(Mix(seed ^ 0x5eed5eedULL) ^ Mix(static_cast<uint64_t>(source) + 1) ^
-             Mix(static_cast<uint64_t>(epoch) * 0x2545f4914f6cdd1dULL));
+  return SplitMix64(SplitMix64(seed ^ 0x5eed5eedULL) ^
+                    SplitMix64(static_cast<uint64_t>(source) + 1) ^
+                    SplitMix64(static_cast<uint64_t>(epoch) * 0x2545f4914f6cdd1dULL));
 }
 
 }  // namespace
@@ -39,7 +34,8 @@ int64_t PermutedIndex(uint64_t key, int64_t n, int64_t index) {
   do {  // cycle walking: the permutation of [0, 4^half) restricted to [0, n)
     uint64_t left = x >> half, right = x & mask;
     for (int round = 0; round < 4; ++round) {
-      const uint64_t f = Mix(key ^ Mix(right + (static_cast<uint64_t>(round) << 56))) & mask;
+      const uint64_t f =
+          SplitMix64(key ^ SplitMix64(right + (static_cast<uint64_t>(round) << 56))) & mask;
       const uint64_t next = left ^ f;
       left = right;
       right = next;

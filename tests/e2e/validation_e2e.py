@@ -126,9 +126,12 @@ class ShapesTest(unittest.TestCase):
                        f"checkpoint: {{dir: {ckpt}, every_steps: 4}}\n")
         first = harness.run_workers(1, ["--job", job])
         self.assertTrue(first.ok, first.outputs[0][-2000:])
-        # The resumed run trains at another learning rate, so its values are told apart.
+        # The resumed run trains at another learning rate, so its values are told apart, and
+        # saves every step: its step-5 checkpoint, before it validates, carries the step-3
+        # validation it resumed with.
         with open(job) as f:
-            text = f.read().replace("lr: 0.001", "lr: 0.01")
+            text = f.read().replace("lr: 0.001", "lr: 0.01").replace(
+                f"dir: {ckpt}, every_steps: 4", f"dir: {ckpt}, every_steps: 1")
         with open(job, "w") as f:
             f.write(text)
         second = harness.run_workers(1, ["--job", job, "--resume_step", "4"])
@@ -147,6 +150,10 @@ class ShapesTest(unittest.TestCase):
             common = json.load(f)
         self.assertEqual(common["eval_step"], "3")
         self.assertAlmostEqual(float(common["eval_loss"]), evals(first.metrics)[3], places=6)
+        with open(os.path.join(ckpt, "varuna_ckpt_5", "common.json")) as f:
+            resumed = json.load(f)
+        self.assertEqual((resumed.get("eval_step"), resumed.get("eval_loss")),
+                         (common["eval_step"], common["eval_loss"]))
 
     def test_bad_eval_and_tensorboard_input_is_named(self):
         plain = os.path.join(self.tmp, "plain")

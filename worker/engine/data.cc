@@ -11,18 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/base/safe_file.h"
+#include "common/base/splitmix.h"
 #include "common/base/status_macros.h"
 #include "common/base/yaml_util.h"
 
 namespace varuna {
 namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // Note [Masking]: BERT's masked language modelling, decided by the sample alone. A sample's
 // key is its identity: for a corpus (source, epoch, sample) of the stream, for text and tokens

@@ -367,6 +367,7 @@ absl::Status WorkerRun::ResumeFromCheckpoint() {
   }
   ASSIGN_OR_RETURN(int64_t step, engine_->checkpoints().Load(path));
   RETURN_IF_ERROR(in_.data->ResumeFrom(common.data_position));
+  if (common.eval_step > 0) done_.last_eval = {common.eval_step, common.eval_loss};
   first_step_ = step + 1;
   return absl::OkStatus();
 }

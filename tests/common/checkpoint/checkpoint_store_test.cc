@@ -97,6 +97,35 @@ TEST_F(CheckpointStoreTest, FormattedCommonReadsBack) {
   EXPECT_EQ(back->writers, c.writers);
   EXPECT_EQ(back->layers, c.layers);
   EXPECT_EQ(back->model_spec, "model: {kind: \"gpt\"} name: a\\b");  // newlines become spaces
+  EXPECT_EQ(back->eval_step, 0);                                     // no validation recorded
+}
+
+// The newest validation before a step (Note [Validation] in worker/engine/varuna.cc)
+// reads back for a resume to carry on; a record that is not one is damage naming it.
+TEST_F(CheckpointStoreTest, AValidationRecordReadsBackOrIsDamage) {
+  CheckpointCommon c;
+  c.step = 5;
+  c.global_batch = 8;
+  c.stages = 2;
+  c.replicas = 1;
+  c.world = 2;
+  c.writers = {0, 1};
+  c.layers = {"a", "b"};
+  Write(5, true, FormatCheckpointCommon(c, {{"eval_step", "3"}, {"eval_loss", "4.25"}}),
+        ".safetensors");
+  auto back = ReadCheckpointCommon(Path(5));
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_EQ(back->eval_step, 3);
+  EXPECT_EQ(back->eval_loss, 4.25);
+  c.step = 6;
+  Write(6, true, FormatCheckpointCommon(c, {{"eval_step", "three"}, {"eval_loss", "4.25"}}),
+        ".safetensors");
+  EXPECT_THAT(ReadCheckpointCommon(Path(6)).status(),
+              StatusIs(absl::StatusCode::kDataLoss, "eval_step 'three'"));
+  c.step = 7;
+  Write(7, true, FormatCheckpointCommon(c, {{"eval_step", "3"}}), ".safetensors");
+  EXPECT_THAT(ReadCheckpointCommon(Path(7)).status(),
+              StatusIs(absl::StatusCode::kDataLoss, "'eval_loss' is missing"));
 }
 
 // The layer files a checkpoint must hold follow its format: format 1 (no "format" field, or
