@@ -232,10 +232,10 @@ absl::Status Agent::MakeGenerationDir(const std::string& job_dir, const std::str
   return absl::OkStatus();
 }
 
-int SweepJobDirs(const std::string& jobs_dir, absl::Duration retention, absl::Time now,
-                 const std::set<std::string>& keep) {
-  if (retention <= absl::ZeroDuration()) return 0;
-  int removed = 0;
+std::vector<std::string> SweepJobDirs(const std::string& jobs_dir, absl::Duration retention,
+                                      absl::Time now, const std::set<std::string>& keep) {
+  std::vector<std::string> removed;
+  if (retention <= absl::ZeroDuration()) return removed;
   std::error_code ec;
   for (fs::directory_iterator it(jobs_dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string id = it->path().filename().string();
@@ -254,7 +254,7 @@ int SweepJobDirs(const std::string& jobs_dir, absl::Duration retention, absl::Ti
       continue;
     }
     LOG(INFO) << "job=" << id << " directory removed (no worker for " << retention << ")";
-    ++removed;
+    removed.push_back(id);
   }
   return removed;
 }
@@ -711,10 +711,13 @@ void Agent::Tick() {
     for (const auto& [key, w] : workers_) {
       if (w.running) running.insert(key.first);
     }
-    if (SweepJobDirs(config_.work_dir + "/jobs", config_.job_dir_retention, absl::Now(), running) >
-        0) {
-      ForgetJobsWithoutDirs();
+    const std::vector<std::string> removed =
+        SweepJobDirs(config_.work_dir + "/jobs", config_.job_dir_retention, absl::Now(), running);
+    // The job's metric series go with its directory (its workers were released long ago).
+    for (const std::string& id : removed) {
+      if (metrics_) metrics_->ForgetJob(id);
     }
+    if (!removed.empty()) ForgetJobsWithoutDirs();
   }
   // A parked or stopped worker starts a morph: tell the manager now, not at the next period.
   for (auto& [key, w] : workers_) {
@@ -754,7 +757,6 @@ void Agent::ForgetJobsWithoutDirs() {
   std::error_code ec;
   for (auto it = workers_.begin(); it != workers_.end();) {
     if (!it->second.running && !fs::exists(JobDir(it->first.first), ec)) {
-      if (metrics_) metrics_->ForgetJob(it->first.first);
       it = workers_.erase(it);
     } else {
       ++it;

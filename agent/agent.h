@@ -84,9 +84,9 @@ bool ProcessStopped(int pid);
 
 // Removes each directory under `jobs_dir` not named in `keep` (jobs with a running worker) whose
 // newest change (the directory, the files directly in it) is `retention` or more before `now`
-// (Note [Job directories] in agent.cc); returns how many went. 0 retention: none.
-int SweepJobDirs(const std::string& jobs_dir, absl::Duration retention, absl::Time now,
-                 const std::set<std::string>& keep);
+// (Note [Job directories] in agent.cc); returns the ids of those that went. 0 retention: none.
+std::vector<std::string> SweepJobDirs(const std::string& jobs_dir, absl::Duration retention,
+                                      absl::Time now, const std::set<std::string>& keep);
 
 class Agent {
  public:

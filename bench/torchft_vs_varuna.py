@@ -243,6 +243,7 @@ class Varuna:
         directory) or a warm standby that took it (started as `--standby`, it moves into the
         generation's directory when it takes a job)."""
         jobs = f"{self.c.dir}/node{r}/jobs/"
+        real = os.path.join(os.path.realpath(self.c.dir), f"node{r}", "jobs") + "/"
         for pid in subprocess.run(["pgrep", "-f", "varuna-worker"], capture_output=True,
                                   text=True).stdout.split():
             try:
@@ -250,7 +251,7 @@ class Varuna:
                 cwd = os.readlink(f"/proc/{pid}/cwd")
             except OSError:
                 continue
-            if f"--job\0{jobs}" in cmd or cwd.startswith(jobs):
+            if f"--job\0{jobs}" in cmd or cwd.startswith(real):
                 return int(pid)
         return None
 

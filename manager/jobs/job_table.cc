@@ -32,12 +32,13 @@ absl::Status CheckJobRecord(const v1::JobRecord& rec) {
   return absl::OkStatus();
 }
 
-// Request ids are the submitter's own: the key pairs the token's name with the id (a name
-// holds no '\n'), so one tenant's id neither finds nor blocks another tenant's job.
-std::string RequestKey(const std::string& user, const std::string& request_id) {
-  return absl::StrCat(user, "\n", request_id);
+// Request ids are the submitter's own: the key pairs the token's name with the id, so one
+// tenant's id neither finds nor blocks another tenant's job.
+std::pair<std::string, std::string> RequestKey(const std::string& user,
+                                               const std::string& request_id) {
+  return {user, request_id};
 }
-std::string RequestKey(const Job& job) {
+std::pair<std::string, std::string> RequestKey(const Job& job) {
   return RequestKey(job.info().submitted_by(), job.rec.request_id());
 }
 

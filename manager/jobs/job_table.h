@@ -6,6 +6,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,9 +66,10 @@ class JobTable {
 
   StateStore* const store_;
   const NodeTable* const nodes_;
-  std::map<std::string, Job> jobs_;                // by id
-  std::vector<std::string> order_;                 // ids in submission order
-  std::map<std::string, std::string> by_request_;  // RequestKey(user, request id) -> job id
+  std::map<std::string, Job> jobs_;  // by id
+  std::vector<std::string> order_;   // ids in submission order
+  // (submitter, request id) -> job id
+  std::map<std::pair<std::string, std::string>, std::string> by_request_;
   int64_t next_seq_ = 1;
 };
 

@@ -9,12 +9,14 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -51,7 +53,7 @@ class RecordingLauncher final : public ProcessLauncher {
     procs_[pid].signals.push_back(sig);
     return absl::OkStatus();
   }
-  std::vector<ProcessExit> Reap() override { return {}; }
+  std::vector<ProcessExit> Reap() override { return std::exchange(exits_, {}); }
   absl::Status SendCommand(int pid, const std::string& line) override {
     if (!procs_[pid].listens) return absl::UnavailableError("nothing reads it");
     procs_[pid].commands.push_back(line);
@@ -59,6 +61,7 @@ class RecordingLauncher final : public ProcessLauncher {
   }
 
   std::map<int, Proc> procs_;
+  std::vector<ProcessExit> exits_;  // what the next Reap returns
   int next_pid_ = 100;
 };
 
@@ -463,12 +466,16 @@ TEST(AgentJobDirTest, AJobsFilesAreItsOwnAndGoAfterTheRetention) {
   std::filesystem::create_directories(job + "/gen2/a/b");
   std::ofstream(job + "/gen2/a/b/f") << "y";
   const absl::Time now = absl::Now();
-  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24), {}), 0);
-  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24 * 8), {"7"}), 0)
+  using Ids = std::vector<std::string>;
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24), {}), Ids{});
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24 * 8), {"7"}),
+            Ids{})
       << "a job with a running worker stays";
-  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::ZeroDuration(), now + absl::Hours(24 * 800), {}), 0)
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::ZeroDuration(), now + absl::Hours(24 * 800), {}),
+            Ids{})
       << "0: never";
-  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24 * 8), {}), 1);
+  EXPECT_EQ(SweepJobDirs(dir + "/jobs", absl::Hours(24 * 7), now + absl::Hours(24 * 8), {}),
+            Ids{"7"});
   EXPECT_FALSE(std::filesystem::exists(job));
   EXPECT_TRUE(std::filesystem::exists(outside + "/keep"));
   std::filesystem::remove_all(dir);
@@ -492,6 +499,54 @@ TEST(AgentMetricsTest, AJobsSeriesGoWhenItIsForgotten) {
   EXPECT_EQ(text.find("job=\"7\""), std::string::npos) << text;
   EXPECT_THAT(text, HasSubstr("varuna_agent_worker_starts_total{job=\"8\"} 1"));
   EXPECT_THAT(text, HasSubstr("varuna_agent_worker_exits_total{how=\"ok\",job=\"8\"} 1"));
+}
+
+// The wiring: a job's worker exits, its directory outlives the retention, and the sweep takes
+// the job's metric series with it.
+TEST(AgentJobDirTest, AJobsMetricSeriesGoWithItsDirectory) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/agent_jobseries_", getpid());
+  std::filesystem::remove_all(dir);
+  AgentConfig c;
+  c.name = "a";
+  c.manager = "127.0.0.1:1";
+  c.work_dir = dir;
+  c.slots = 1;
+  c.standby_workers = 0;
+  c.job_dir_retention = absl::Hours(1);
+  FakeClock clock;
+  RecordingLauncher launcher;
+  Agent agent(c, &clock, &launcher);
+  MetricsRegistry registry;
+  AgentMetrics metrics(registry, 1);
+  agent.set_metrics(&metrics);
+  v1::LaunchRequest launch;
+  launch.set_job_id("7");
+  launch.set_generation(1);
+  launch.set_spec_yaml("x: 1");
+  launch.set_world_size(1);
+  launch.add_ranks()->set_rank(0);
+  ASSERT_THAT(agent.Launch(launch), IsOk());
+  launcher.exits_.push_back({100, 0, 0});
+  agent.Tick();  // reaps it; the directory is young
+  EXPECT_THAT(registry.Text(), HasSubstr("varuna_agent_worker_exits_total{how=\"ok\",job=\"7\"}"));
+  // The manager releases the exited worker at once: the agent holds nothing of the job but
+  // its directory and series when the sweep comes.
+  v1::HeartbeatResponse release;
+  release.add_release()->set_job_id("7");
+  agent.OnHeartbeatResponse(release);
+  EXPECT_EQ(agent.BuildHeartbeat().workers_size(), 0);
+  // Two hours pass for the directory (its files' times are what the sweep reads).
+  const std::string job = dir + "/jobs/7";
+  const auto old = std::filesystem::file_time_type::clock::now() - std::chrono::hours(2);
+  for (const auto& e : std::filesystem::directory_iterator(job)) {
+    std::filesystem::last_write_time(e.path(), old);
+  }
+  std::filesystem::last_write_time(job, old);
+  clock.Advance(absl::Minutes(2));
+  agent.Tick();
+  EXPECT_FALSE(std::filesystem::exists(job));
+  EXPECT_EQ(registry.Text().find("job=\"7\""), std::string::npos) << registry.Text();
+  std::filesystem::remove_all(dir);
 }
 
 // A tensor-parallel launch: world_size counts processes, the pipelines positions, and each

@@ -22,7 +22,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import harness  # noqa: E402
 from lib.slurm import (ENV, SBATCH, Fixture, job_state, rank0_losses, read,  # noqa: E402
-                       resumed_from, slurm, stop_cluster, wait_for, write_job)
+                       generations, resumed_by_generation, slurm, stop_cluster,
+                       wait_for, write_job)
 from lib.main import main  # noqa: E402
 
 class SrunTest(Fixture):
@@ -114,6 +115,9 @@ class SbatchTest(Fixture):
         hi = slurm("sbatch", "--parsable", "-p", "high", "-N", "3", "--wrap", "sleep 5").strip()
         wait_for(lambda: job_state(job_id)[1] >= 1, 120, "the requeue")
         before = max(rank0_losses(state))
+        # The generations so far ran in the first allocation (the requeued one starts after
+        # the high-priority job).
+        first_run = max(generations(state))
         wait_for(lambda: job_state(hi)[0] == "COMPLETED", 120, "the high-priority job")
         wait_for(lambda: job_state(job_id)[0] in ("COMPLETED", "FAILED", "CANCELLED"), 900,
                  "the requeued allocation to end")
@@ -122,12 +126,14 @@ class SbatchTest(Fixture):
         self.assertIn("restart 1", out)
         self.assertGreater(steps, before, "preempted before the end (a machine so slow that "
                            "the preemption took longer than the job?)")
-        # Nothing lost: a generation after the requeue resumed from the last step run
+        # Nothing lost: the first generation after the requeue resumed from the last step run
         # before it (the agents' notice made the job checkpoint at that step boundary). Slurm
         # counts the requeue when it signals the agents, so the step in flight when `before`
         # was read may still complete and be the one saved: at least `before`, never older.
-        resumed = resumed_from(state)
-        self.assertGreaterEqual(max(resumed), before,
+        resumed = resumed_by_generation(state)
+        after = [g for g in sorted(resumed) if g > first_run]
+        self.assertTrue(after, f"no generation after the requeue: {resumed}")
+        self.assertGreaterEqual(resumed[after[0]], before,
                                 f"last step seen before preemption {before}; resumed {resumed}")
         # After the requeue the job may start on the first agent back and grow in place as
         # the others register; growing may redo the step in flight, with the same loss.

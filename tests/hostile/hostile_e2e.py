@@ -531,7 +531,7 @@ class ProfileLinkTest(unittest.TestCase):
                 f.write("ROOT-SECRET-MARKER not json\n")
             job = write_job(c, "prof.yaml", steps=4, parallel={"stages": 1, "replicas": 1})
             jid = json.loads(c.ctl("-o", "json", "profile", job, check=0).stdout)["id"]
-            gen = os.path.join(c.dir, "node0", "jobs", jid, "gen1")
+            gen = os.path.realpath(os.path.join(c.dir, "node0", "jobs", jid, "gen1"))
 
             def worker():
                 for pid in filter(str.isdigit, os.listdir("/proc")):

@@ -205,6 +205,15 @@ TEST_F(JobControllerTest, ARequestIdIsTheSubmittersOwn) {
   EXPECT_EQ(Submit(Spec(), "req-1", "alice"), alices);
   EXPECT_EQ(Submit(Spec(), "req-1", "bob"), bobs);
   EXPECT_EQ(jobs_->order().size(), 2u);
+  // After a restart (a requeued Slurm allocation submits again with its request id) the ids
+  // are still each submitter's own.
+  Build();
+  ASSERT_TRUE(nodes_->Load().ok());
+  ASSERT_TRUE(jobs_->Load(clock_.Now()).ok());
+  EXPECT_EQ(Submit(Spec(), "req-1", "bob"), bobs);
+  EXPECT_EQ(Submit(Spec(), "req-1", "alice"), alices);
+  EXPECT_NE(Submit(Spec(), "req-1", "carol"), alices);
+  EXPECT_EQ(jobs_->order().size(), 3u);
 }
 
 // Note [Tensor-parallel placement] in manager/nodes/placement.cc: a tp job is planned in groups of
