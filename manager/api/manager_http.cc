@@ -153,10 +153,13 @@ void Register(HttpServer& http, EventLoop& loop, ManagerApi& m, const MetricsReg
   http.Get(
       "/metrics",
       [&metrics, caller, open_metrics](const Request& req) -> Response {
-        if (!open_metrics && caller(req).role != TokenTable::Role::kAdmin) {
-          return JsonError(
-              403, absl::StrCat("/metrics names every tenant's jobs: token '", caller(req).name,
-                                "' has the user role; it needs an admin's"));
+        if (!open_metrics) {
+          const TokenTable::Caller who = caller(req);
+          if (who.role != TokenTable::Role::kAdmin) {
+            return JsonError(403,
+                             absl::StrCat("/metrics names every tenant's jobs: token '", who.name,
+                                          "' has the user role; it needs an admin's"));
+          }
         }
         return {200, "text/plain; version=0.0.4; charset=utf-8", metrics.Text(), {}};
       },

@@ -34,12 +34,8 @@ absl::Status CheckJobRecord(const v1::JobRecord& rec) {
 
 // Request ids are the submitter's own: the key pairs the token's name with the id, so one
 // tenant's id neither finds nor blocks another tenant's job.
-std::pair<std::string, std::string> RequestKey(const std::string& user,
-                                               const std::string& request_id) {
-  return {user, request_id};
-}
 std::pair<std::string, std::string> RequestKey(const Job& job) {
-  return RequestKey(job.info().submitted_by(), job.rec.request_id());
+  return {job.info().submitted_by(), job.rec.request_id()};
 }
 
 }  // namespace
@@ -201,7 +197,7 @@ absl::StatusOr<Job*> JobTable::Get(const std::string& id) {
 }
 
 Job* JobTable::ByRequest(const std::string& user, const std::string& request_id) {
-  auto it = by_request_.find(RequestKey(user, request_id));
+  auto it = by_request_.find({user, request_id});
   return it == by_request_.end() ? nullptr : Find(it->second);
 }
 

@@ -147,20 +147,3 @@ def generations(state_dir):
     """The generations any agent started so far (their directories)."""
     pattern = os.path.join(state_dir, "agent-*", "jobs", "*", "gen*")
     return {int(os.path.basename(p)[3:]) for p in glob.glob(pattern)}
-
-
-def resumed_from(state_dir):
-    """The step each generation's rank 0 resumed from (its progress file's ready record)."""
-    out = []
-    pattern = os.path.join(state_dir, "agent-*", "jobs", "*", "gen*", "progress.rank0")
-    for path in glob.glob(pattern):
-        with open(path, errors="replace") as f:
-            for line in f:
-                try:
-                    ready = json.loads(line).get("ready")
-                except ValueError:
-                    continue
-                if isinstance(ready, dict):
-                    out.append(int(ready.get("resumed_from", 0)))
-                    break
-    return sorted(out)
