@@ -3,7 +3,9 @@
 # PyTorch (the same CMake as everywhere: VARUNA_PYTHON, cmake/VarunaTorch.cmake), with
 # the Debian packages scripts/gpu_deps.sh fetched into .gpudeps/ unpacked under /tmp/varuna-deps.
 # CMake detects the CUDA LibTorch (VARUNA_CUDA=AUTO) and c10d's NCCL; the result is
-# build-gpu/bin/varuna-worker. Usage: scripts/gpu_build.sh [BUILD_DIR]
+# build-gpu/bin/varuna-worker. CONFIGURE_ONLY=1 stops after CMake's configure (what
+# tests/gpu/device_check.sh --dry-run rehearses here, with PYTHON=scripts/python).
+# Usage: scripts/gpu_build.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build-gpu}
@@ -25,6 +27,13 @@ libdir=$deps/usr/lib/x86_64-linux-gnu
 sed -i "s|\"/usr/share/glog/cmake\"|\"$deps/usr/share/glog/cmake\"|" "$libdir/cmake/glog/glog-modules.cmake"
 export LD_LIBRARY_PATH=$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PATH=$deps/usr/bin:$PATH
+# The machine's CUDA compiler: on PATH, else the toolkit's usual home. None: CMake looks for the
+# pip toolkit beside torch (cmake/VarunaTorch.cmake).
+if ! command -v nvcc >/dev/null && [[ -x /usr/local/cuda/bin/nvcc ]]; then
+  export PATH=/usr/local/cuda/bin:$PATH
+fi
+cuda=()
+command -v nvcc >/dev/null && cuda=(-DCMAKE_CUDA_COMPILER="$(command -v nvcc)")
 "$PYTHON" -c 'import torch; print("gpu_build: torch", torch.__version__, "cuda", torch.version.cuda,
       "gpus", torch.cuda.device_count())'
 gen=()
@@ -33,7 +42,11 @@ cmake -S . -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DVARUNA_CUDA=ON \
   -DVARUNA_WORKER_ONLY=ON -DVARUNA_PYTHON="$(command -v "$PYTHON")" -DCMAKE_PREFIX_PATH="$deps/usr" \
   -DVARUNA_GLOO_FALLBACK="$gloo/usr/include" \
   -DProtobuf_PROTOC_EXECUTABLE="$deps/usr/bin/protoc" \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DTORCH_CUDA_ARCH_LIST=9.0 "${cuda[@]}"
+if [[ ${CONFIGURE_ONLY:-0} == 1 ]]; then
+  echo "gpu_build: configured $build (CONFIGURE_ONLY=1)"
+  exit 0
+fi
 # Keep going past the first error: one GPU session should show every error there is.
 keep=(-k); [[ ${#gen[@]} -gt 0 ]] && keep=(-k 0)
 cmake --build "$build" -j "$(nproc)" --target varuna-worker -- "${keep[@]}"

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The one script a lent GPU machine runs (docs/gpu.md "The device check"), within BUDGET_S
-# seconds from its start (default 360), each phase logged to OUT/<phase>.log (OUT defaults to
-# gpu-out) and OUT/results.json rewritten after every phase (so a run cut off still returns
-# what it measured):
+# seconds from its start (default 360). Phases write their logs into a work folder (DC_WORK,
+# default /tmp/varuna-device-check, emptied first); after every phase OUT (default gpu-out)
+# gets results.json and logs.tgz (that folder, packed), so a run cut off still returns what
+# it measured, and OUT never holds more than those two files (a device machine returns at
+# most 8):
 #   env     the card (nvidia-smi), torch, CUDA, compilers
 #   build   scripts/gpu_build.sh -> build-gpu/bin/varuna-worker
 #   parity  tests/gpu/cuda_parity.sh (DEVICE=cuda, SHAPE=large): P=1, P=2, D=2, tp 2, llama,
@@ -14,8 +16,10 @@
 #           left (timeout); skipped, saying so, when less than BENCH_MIN_S (60) is left
 #   then a summary on stdout.
 # --dry-run: every phase here on the CPU in a few minutes, so device minutes are never spent on
-# a typo: env (the CPU, torch), build (scripts/build.sh varuna-worker -> build/bin/varuna-worker;
-# BUILD=0 skips it and uses the worker there), parity with DEVICE=cpu SHAPE=small (the same runs
+# a typo: env (the CPU, torch), build (scripts/gpu_build.sh's configure with CONFIGURE_ONLY=1
+# into build-gpu-dry, which needs .gpudeps/ as the GPU run does, then scripts/build.sh
+# varuna-worker -> build/bin/varuna-worker; BUILD=0 skips both and uses the worker there),
+# parity with DEVICE=cpu SHAPE=small (the same runs
 # and comparisons with the CPU as "the device"; fp16 reported skipped), bench with DEVICE=cpu on
 # a tiny GPT, 1 round of 4 steps (MFU n/a). BUDGET_S defaults to 300 there.
 # Exits non-zero when the build or any parity check fails (or runs out of time).
@@ -62,7 +66,13 @@ print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__f
       fi
       ;;
     build)
-      if [[ $dry == 1 ]]; then scripts/build.sh varuna-worker; else scripts/gpu_build.sh; fi ;;
+      if [[ $dry == 1 ]]; then
+        # The GPU run's configure with what it will carry, then this machine's worker.
+        CONFIGURE_ONLY=1 PYTHON=$PWD/scripts/python scripts/gpu_build.sh build-gpu-dry &&
+          scripts/build.sh varuna-worker
+      else
+        scripts/gpu_build.sh
+      fi ;;
     parity)
       DEVICE=$DC_DEVICE SHAPE=$DC_SHAPE STEPS=${PARITY_STEPS:-} PYTHON=$PYTHON \
         PARITY_JSON=$out/parity.json PARITY_LOGS=$out/parity "$here/cuda_parity.sh" "$DC_WORKER" ;;
@@ -115,12 +125,27 @@ else
 fi
 export COMPILE=${COMPILE:-0} PARITY_STEPS=${PARITY_STEPS:-}
 mode=$([[ $dry == 1 ]] && echo dry-run || echo gpu)
-mkdir -p "$out"
-out=$(cd "$out" && pwd)
+# `ret` is what comes back (results.json, logs.tgz); the phases write into `out`, the work
+# folder, which every phase's own OUT names.
+ret=$out
+mkdir -p "$ret"
+ret=$(cd "$ret" && pwd)
+out=${DC_WORK:-${TMPDIR:-/tmp}/varuna-device-check}
+rm -rf "$out" && mkdir -p "$out" && out=$(cd "$out" && pwd)
 export OUT=$out
-rm -rf "$out"/{env,build,parity,timeline,bench}.log "$out"/{results,parity,.phases}.json \
-  "$out"/{bench,timeline,timeline_run}.jsonl "$out/parity"
-report() { "$PYTHON" "$here/device_check_report.py" "$@"; }
+rm -f "$ret"/{results.json,logs.tgz,.results.json.part,.logs.tgz.part}
+ship() {  # results.json and the packed logs into `ret`, each replaced whole
+  [[ -f $out/results.json ]] && cp "$out/results.json" "$ret/.results.json.part" &&
+    mv "$ret/.results.json.part" "$ret/results.json"
+  tar czf "$ret/.logs.tgz.part" -C "$out" . 2>/dev/null && mv "$ret/.logs.tgz.part" "$ret/logs.tgz"
+  return 0
+}
+report() {
+  "$PYTHON" "$here/device_check_report.py" "$@"
+  local rc=$?
+  ship
+  return $rc
+}
 report start "$out" "$mode" "$DC_DEVICE" "$budget" ||
   { echo "device_check: $PYTHON cannot run $here/device_check_report.py" >&2; exit 1; }
 t0=$SECONDS
@@ -151,11 +176,18 @@ phase() {  # name [key=value ...]: runs the phase in what is left of the budget;
   say "$name rc=$prc in $((SECONDS - t)) s$( ((prc == 124 || prc == 137)) && echo ' (ran out of budget)')"
 }
 
-say "$mode, OUT=$out, budget $budget s"
+say "$mode, OUT=$ret (results.json, logs.tgz; the logs in $out), budget $budget s"
 phase env
 cat "$out/env.log"
 
 rc=0
+# What the GPU run's build needs that git does not carry (scripts/gpu_deps.sh makes it here;
+# the device call names it in `carry`).
+carried=ok
+if ! ls .gpudeps/*.deb >/dev/null 2>&1; then
+  carried=".gpudeps/ is empty: the GPU machine cannot build without it; run scripts/gpu_deps.sh here and carry .gpudeps"
+  say "$carried"
+fi
 if [[ $dry == 1 && ${BUILD:-1} == 0 ]]; then
   if [[ -x $DC_WORKER ]]; then
     say "build skipped (BUILD=0): using $DC_WORKER as it is"
@@ -209,4 +241,14 @@ else
 fi
 
 report final "$out"
+if [[ $carried != ok ]]; then
+  say "FAILED: $carried"
+  rc=1
+fi
+# A device machine returns at most 8 files from OUT.
+n=$(find "$ret" -type f | wc -l)
+if ((n > 8)); then
+  say "FAILED: $ret holds $n files; a device machine returns at most 8"
+  rc=1
+fi
 exit $rc

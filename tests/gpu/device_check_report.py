@@ -230,7 +230,7 @@ def print_summary(state):
     if bench.get("summary", {}).get("note"):
         print(f"bench: {bench['summary']['note']}")
     print(f"device_check: {'OK' if state['ok'] else 'FAILED'} (build and parity "
-          f"{'passed' if state['ok'] else 'did not all pass'}); results in results.json")
+          f"{'passed' if state['ok'] else 'did not all pass'}); results.json and logs.tgz in OUT")
 
 
 if __name__ == "__main__":

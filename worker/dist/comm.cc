@@ -5,6 +5,18 @@
 
 namespace varuna {
 
+// Note [Transfer threads]: the receiver and sender threads wait for their works on the host
+// (Work::WaitOnHost), never with Wait. On NCCL, Wait makes the calling thread's current stream
+// wait for the transfer (Note [NCCL waits] in read_back.cc), and a transfer thread's current
+// stream is the device's default stream, the one compute runs on. A receiver pre-posts its
+// window at the start of the step, so waiting that way would queue "wait for gradient 0"
+// ahead of the forwards whose activations the next stage needs to compute gradient 0: the
+// device would stop at P >= 2 until the timeout, every step. Each sender wait would likewise
+// hold compute until its send completed. Waiting on the host (an event query, polled at most
+// 20 us apart) hands a tensor over only once it has arrived, so the compute stream needs no
+// wait at all, Ready() tells the truth, and the windows bound what is in flight.
+// dist/comm_test.cc holds this with a group whose Wait may be called only by compute.
+
 void Receiver::Start(std::vector<TensorSpec> specs) {
   Join().IgnoreError();  // the previous step's error was already reported
   error_ = absl::OkStatus();
@@ -30,7 +42,7 @@ void Receiver::Run(std::vector<TensorSpec> specs) {
         if (inflight_.empty()) return absl::OkStatus();
         work = inflight_.front().second;
       }
-      work->Wait(timeout_);
+      work->WaitOnHost(timeout_);  // Note [Transfer threads]
       std::lock_guard<std::mutex> l(mu_);
       if (aborted_) return absl::CancelledError("receive aborted");
       ready_.push_back(inflight_.front().first);
@@ -114,7 +126,7 @@ void Sender::Run(int count) {
         if (static_cast<int>(inflight_.size()) < kWindow) continue;
         oldest = inflight_.front();
       }
-      oldest->Wait(timeout_);
+      oldest->WaitOnHost(timeout_);  // Note [Transfer threads]
       std::lock_guard<std::mutex> l(mu_);
       inflight_.pop_front();
     }
@@ -125,7 +137,7 @@ void Sender::Run(int count) {
         if (inflight_.empty() || aborted_) break;
         w = inflight_.front();
       }
-      w->Wait(timeout_);
+      w->WaitOnHost(timeout_);
       std::lock_guard<std::mutex> l(mu_);
       inflight_.pop_front();
     }

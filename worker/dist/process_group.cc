@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "worker/dist/read_back.h"
 #include "worker/dist/torch_status.h"
 
 namespace varuna {
@@ -95,6 +96,17 @@ class C10dWork : public Work {
       }
       if (abort_->aborted()) throw std::runtime_error("wait aborted: the job is regrouping");
     }
+  }
+  void WaitOnHost(std::chrono::milliseconds timeout) override {
+    if (!on_stream_) {
+      Wait(timeout);
+      return;
+    }
+    // An event query per poll, backing off to 20 us: a pipeline message's latency is on the
+    // schedule's critical path (Note [Transfer threads] in comm.cc).
+    WaitPolling([this] { return w_->isCompleted(); }, abort_.get(), timeout,
+                "a point-to-point transfer", std::chrono::microseconds(20));
+    if (std::exception_ptr e = w_->exception()) std::rethrow_exception(e);
   }
   void Abort() override {
     // Gloo's point-to-point works can be aborted; its collectives throw "not implemented"
@@ -243,16 +255,39 @@ class GlooFactory : public ProcessGroupFactory {
 };
 
 #ifdef VARUNA_WITH_NCCL
-// No blocking wait: works are waited on the stream, and the host's reads of results poll with
-// the job's timeout and abort the communicators on expiry (Note [NCCL waits] in read_back.cc),
-// so c10d's watchdog must not tear the process down first: a survivor is rescued or
-// regrouped.
+// Note [NCCL watchdog]: no blocking wait: works are waited on the stream, and the host's reads
+// of results poll with the job's timeout and abort the communicators on expiry (Note [NCCL
+// waits] in read_back.cc), so nothing of c10d's may tear the process down first: a survivor is
+// rescued or regrouped. Three switches, set before the first group and only where the user has
+// not set them: TORCH_NCCL_ASYNC_ERROR_HANDLING=0 (the watchdog does not abort and exit on a
+// failed work), TORCH_NCCL_DUMP_ON_TIMEOUT=0 (a timed-out or aborted work, which our own
+// abort() makes, does not signal every rank through the store to dump and terminate) and
+// TORCH_NCCL_ENABLE_MONITORING=0 (the heartbeat monitor does not kill a process whose watchdog
+// it thinks stuck). c10d's own timeout is twice the job's, so the host's polled timeout always
+// comes first and c10d's only backs it up.
+void NcclWatchdogLeavesTheProcessAlone() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* name : {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                             "TORCH_NCCL_ENABLE_MONITORING"}) {
+      const char* set = std::getenv(name);
+      if (set == nullptr) {
+        setenv(name, "0", /*overwrite=*/0);
+      } else if (std::string(set) != "0") {
+        LOG(WARNING) << name << "=" << set << " is set: c10d may end this process on a "
+                     << "timeout or abort, so a survivor cannot be rescued or regrouped "
+                        "(Note [NCCL watchdog])";
+      }
+    }
+  });
+}
+
 class NcclFactory : public ProcessGroupFactory {
  public:
   NcclFactory(c10::intrusive_ptr<c10d::Store> store, std::chrono::milliseconds timeout,
               std::shared_ptr<AbortSignal> abort, torch::Device device)
       : store_(std::move(store)), timeout_(timeout), abort_(std::move(abort)), device_(device) {
-    setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0", /*overwrite=*/0);
+    NcclWatchdogLeavesTheProcessAlone();
   }
   Backend backend() const override { return Backend::kNccl; }
   absl::StatusOr<ProcessGroupPtr> Create(const std::string& name, const std::vector<int>& members,
@@ -260,12 +295,21 @@ class NcclFactory : public ProcessGroupFactory {
     ProcessGroupPtr out;
     RETURN_IF_ERROR(TorchCall(absl::StrCat("nccl group ", name), [&] {
       auto opts = c10d::ProcessGroupNCCL::Options::create();
-      opts->timeout = timeout_;
+      opts->timeout = 2 * timeout_;  // Note [NCCL watchdog]
       auto pg = c10::make_intrusive<c10d::ProcessGroupNCCL>(
           c10::make_intrusive<c10d::PrefixStore>(name, store_), IndexIn(members, rank),
           static_cast<int>(members.size()), opts);
-      // This rank's GPU, not the current device at first use (GPU 0 without set_device).
-      if (device_.is_cuda()) pg->setBoundDeviceId(device_);
+      if (device_.is_cuda()) {
+        // This rank's GPU, not the current device at first use (GPU 0 without set_device).
+        pg->setBoundDeviceId(device_);
+        // The communicator now, not at the first operation: every rank creates its groups in
+        // one global order (CreateGroups), so these waits cannot cross, whereas first
+        // operations posted in schedule or hook order by two ranks in several holder groups
+        // could each wait on a different group; a peer that never comes fails the rendezvous.
+        // c10d then runs the group's point-to-point on that communicator, serialised with its
+        // other operations: a pipeline link carries one direction (Note [Pipeline links]).
+        pg->eagerConnectSingleDevice(device_);
+      }
       out = std::make_shared<C10dGroup<c10d::ProcessGroupNCCL>>(std::move(pg), "nccl",
                                                                 /*device_transfers=*/true, abort_);
     }));

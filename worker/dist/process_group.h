@@ -36,6 +36,10 @@ class Work {
   // Blocks until done; throws (c10::Error or std::runtime_error, mapped by TorchCall: "timed
   // out" -> DeadlineExceeded) on failure or when `timeout` passes first.
   virtual void Wait(std::chrono::milliseconds timeout) = 0;
+  // Blocks the host until done, even where Wait only makes the calling thread's current stream
+  // wait for the operation (NCCL): what a transfer thread calls, since its current stream is
+  // the one compute runs on (Note [Transfer threads] in comm.cc). Throws as Wait does.
+  virtual void WaitOnHost(std::chrono::milliseconds timeout) { Wait(timeout); }
   // Gives up on the operation: a later Wait returns or throws promptly, and the buffer is no
   // longer written.
   virtual void Abort() = 0;

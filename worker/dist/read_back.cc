@@ -18,14 +18,16 @@ namespace varuna {
 // job's own timeout and the generation's abort signal (Note [Aborting waits] in
 // process_group.h). On expiry it aborts the generation's works, which aborts their NCCL
 // communicators (their kernels return, the stream drains), and fails naming the timeout; c10d's
-// watchdog is told not to tear the process down itself (TORCH_NCCL_ASYNC_ERROR_HANDLING=0),
-// since a survivor must live to be rescued or regrouped. Polling starts at 50 us and backs off
-// to 1 ms: at most a millisecond added to a step that waited that long anyway.
+// watchdog and monitor are told not to tear the process down themselves (Note [NCCL watchdog]
+// in process_group.cc), since a survivor must live to be rescued or regrouped. The pipeline's
+// transfer threads wait on the host instead (Note [Transfer threads] in comm.cc). Polling starts at
+// 50 us and backs off to 1 ms: at most a millisecond added to a step that waited that long anyway.
 void WaitPolling(const std::function<bool()>& done, AbortSignal* abort,
-                 std::chrono::milliseconds timeout, const std::string& what) {
+                 std::chrono::milliseconds timeout, const std::string& what,
+                 std::chrono::microseconds max_pause) {
   using Clock = std::chrono::steady_clock;
   const auto deadline = Clock::now() + timeout;
-  auto pause = std::chrono::microseconds(50);
+  auto pause = std::min<std::chrono::microseconds>(std::chrono::microseconds(50), max_pause);
   while (!done()) {
     if (abort != nullptr && abort->aborted()) {
       throw std::runtime_error(absl::StrCat(what, ": wait aborted: the job is regrouping"));
@@ -37,7 +39,7 @@ void WaitPolling(const std::function<bool()>& done, AbortSignal* abort,
           " ms (a collective waits for a peer that is gone or stuck; its groups were aborted)"));
     }
     std::this_thread::sleep_for(pause);
-    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(1));
+    pause = std::min<std::chrono::microseconds>(pause * 2, max_pause);
   }
 }
 

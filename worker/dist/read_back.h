@@ -17,8 +17,10 @@ namespace varuna {
 // aborted (a regroup: "wait aborted"), or when `timeout` passes ("timed out"), after aborting
 // `abort` itself: that ends the groups' works, an NCCL communicator's kernels with them, so
 // the stream behind a collective that waits for a dead peer moves again. `abort` may be null.
+// The pause between polls starts at 50 us (at most `max_pause`) and doubles up to `max_pause`.
 void WaitPolling(const std::function<bool()>& done, AbortSignal* abort,
-                 std::chrono::milliseconds timeout, const std::string& what);
+                 std::chrono::milliseconds timeout, const std::string& what,
+                 std::chrono::microseconds max_pause = std::chrono::milliseconds(1));
 
 // `t` on the host. A host tensor is returned as it is; a device tensor is copied into pinned
 // memory behind an event on the current stream, and the event is polled (WaitPolling).

@@ -60,8 +60,8 @@ class HeterogeneousParallelPlugin {
  public:
   // tp_size in [1, 64]. With tp_size > 1 the topology places positions of tp_size processes
   // (Note [Tensor parallelism] in tensor_parallel.cc): make the groups with CreateGroups(...,
-  // tp_size) and the model with BuildModel(spec, TensorParallelOf(groups)). microbatch_size >= 1;
-  // precision fp32 | bf16 | fp16.
+  // tp_size) and the model with BuildModel(spec, TensorParallelOf(groups, device)).
+  // microbatch_size >= 1; precision fp32 | bf16 | fp16.
   static absl::StatusOr<HeterogeneousParallelPlugin> Create(int tp_size, int microbatch_size,
                                                             const std::string& precision = "fp16");
   // `pipelines` in rank order; `num_microbatches` gives each distinct template its count (the

@@ -19,6 +19,7 @@
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/planner/profile.h"
+#include "worker/dist/read_back.h"
 #include "worker/dist/torch_status.h"
 #include "worker/models/linear.h"
 
@@ -102,6 +103,16 @@ double Since(Clock::time_point t0) {
 // Waits for the device's queued work, so a time covers it (a no-op off CUDA).
 void Sync(torch::Device device) {
   if (device.is_cuda()) torch::cuda::synchronize();
+}
+
+// Note [Timed transfers]: on NCCL the blocking helpers' waits only order the stream (Note [NCCL
+// waits] in read_back.cc), so a host clock around them would time the enqueue and a barrier
+// would hold nobody. Reading one element of the result back (polled, with the timeout) ends
+// the wait on the host. A no-op for a host tensor.
+absl::Status Settled(const torch::Tensor& t, std::chrono::milliseconds timeout) {
+  if (!t.is_cuda()) return absl::OkStatus();
+  return TorchCall("waiting for a timed transfer",
+                   [&] { (void)ReadBack(t.reshape({-1}).narrow(0, 0, 1), nullptr, timeout); });
 }
 
 TensorMap ToDevice(const TensorMap& in, torch::Device device) {
@@ -391,7 +402,8 @@ absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1
   const torch::Device xfer = pg->device_transfers() ? device_ : torch::Device(torch::kCPU);
   auto barrier = [&]() -> absl::Status {
     std::vector<torch::Tensor> t{torch::zeros({1}, torch::device(xfer))};
-    return AllReduceSum(pg, t, options_.timeout);
+    RETURN_IF_ERROR(AllReduceSum(pg, t, options_.timeout));
+    return Settled(t[0], options_.timeout);  // Note [Timed transfers]
   };
   // One pair per locality: rank 0 and the first rank on its host / on another host.
   int same = -1, cross = -1;
@@ -419,6 +431,7 @@ absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1
           RETURN_IF_ERROR(RecvBlocking(pg, buf, 0, 7, options_.timeout));
           RETURN_IF_ERROR(SendBlocking(pg, buf, 0, 7, options_.timeout));
         }
+        RETURN_IF_ERROR(Settled(buf, options_.timeout));
         if (r >= options_.warmup) rtts.push_back(Since(t0));
       }
       auto* s = samples->Add();
@@ -440,6 +453,7 @@ absl::Status Profiler::ProfileLinks(double max_bytes, double max_param_bytes, v1
           torch::zeros({static_cast<int64_t>(bytes / 4)}, torch::device(xfer))};
       const auto t0 = Clock::now();
       RETURN_IF_ERROR(AllReduceSum(pg, t, options_.timeout));
+      RETURN_IF_ERROR(Settled(t[0], options_.timeout));
       if (r >= options_.warmup) times.push_back(Since(t0));
     }
     auto* s = ar->add_samples();
@@ -483,7 +497,8 @@ absl::StatusOr<v1::Profile> Profiler::ProfileAll(const GetBatch& get_batch,
     const bool on_device = options_.world->device_transfers();
     std::vector<torch::Tensor> t{
         torch::zeros({1}, torch::device(on_device ? device_ : torch::kCPU))};
-    return AllReduceSum(options_.world, t, long_wait);
+    RETURN_IF_ERROR(AllReduceSum(options_.world, t, long_wait));
+    return Settled(t[0], long_wait);  // Note [Timed transfers]
   };
   if (options_.rank == 0) RETURN_IF_ERROR(ProfileSegments(get_batch, micro_batch_sizes, &p));
   if (distributed) RETURN_IF_ERROR(barrier());
@@ -506,6 +521,7 @@ absl::StatusOr<v1::Profile> Profiler::ProfileAll(const GetBatch& get_batch,
           torch::Tensor in = x.defined() ? x.detach().requires_grad_(true) : torch::Tensor();
           torch::Tensor o = ForwardLayers(segments_[seg], in, batch, precision_, device_);
           o.backward(torch::ones_like(o));
+          Sync(device_);
           if (r >= options_.warmup) t.push_back(Since(t0));
         }
         *out = Median(t);

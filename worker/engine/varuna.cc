@@ -188,7 +188,7 @@ absl::Status Varuna::Build(const TensorMap& dummy_inputs) {
                      "' for rank ", stage_.rank, " (create them with CreateProcessGroups)"));
   }
   const torch::Device xfer = TransferDevice(stage_.groups, device_);
-  stage_.tp = TensorParallelOf(stage_.groups);
+  stage_.tp = TensorParallelOf(stage_.groups, device_);
   absl::Status st = BuildLocal();
   RETURN_IF_ERROR(AgreeOnStartup(stage_.groups, xfer, st));
   StageConfig config;
@@ -362,8 +362,13 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
       meta_tensor = ReadBack(meta_tensor, stage_.groups.abort.get(), stage_.groups.timeout);
     });
     if (st.ok()) st = read;
-    in_meta.assign(meta_tensor.data_ptr<int64_t>(),
-                   meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
+    if (read.ok()) {
+      in_meta.assign(meta_tensor.data_ptr<int64_t>(),
+                     meta_tensor.data_ptr<int64_t>() + meta_tensor.numel());
+    } else {
+      // Not read back (on NCCL the tensor is still on the device): nothing to take from it.
+      in_meta.assign(kBoundaryMetaSize, -1);
+    }
     if (st.ok() && in_meta[0] < 0) {
       st = absl::AbortedError(absl::StrCat("stage ", stage - 1, " failed its dry run"));
     }

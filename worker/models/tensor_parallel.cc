@@ -4,24 +4,28 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "worker/dist/read_back.h"
 #include "worker/dist/torch_status.h"
 
 namespace varuna {
 namespace {
 
 // Sums `t` over the group in place, through a copy where the group needs another device (a
-// host copy for gloo, a device copy of a host value for NCCL).
+// host copy for gloo, a copy on the rank's own GPU of a host value for NCCL). A host value
+// summed on the GPU comes back through ReadBack, so a peer that died mid-sum fails it after the
+// timeout instead of blocking the copy (and the checkpoint's lock) for ever.
 void AllReduceInPlace(torch::Tensor& t, const TensorParallel& tp) {
   torch::Tensor buf;
   if (tp.group->backend() == "nccl") {
-    buf = t.is_cuda() ? t.contiguous() : t.to(torch::kCUDA);
+    buf = t.device() == tp.device ? t.contiguous() : t.to(tp.device);
   } else if (!tp.group->device_transfers()) {
     buf = t.is_cpu() ? t.contiguous() : t.to(torch::kCPU);
   } else {
     buf = t.contiguous();
   }
   tp.group->AllReduceSum(buf, tp.timeout)->Wait(tp.timeout);
-  if (!buf.is_same(t)) t.copy_(buf);
+  if (buf.is_same(t)) return;
+  t.copy_(t.is_cpu() && !buf.is_cpu() ? ReadBack(buf, tp.abort.get(), tp.timeout) : buf);
 }
 
 }  // namespace
@@ -123,13 +127,15 @@ absl::StatusOr<std::vector<torch::Tensor>> AllGather(const torch::Tensor& t,
   return out;
 }
 
-TensorParallel TensorParallelOf(const ProcessGroups& groups) {
+TensorParallel TensorParallelOf(const ProcessGroups& groups, torch::Device device) {
   TensorParallel tp;
   if (!groups.tp) return tp;
   tp.size = groups.tp->size();
   tp.rank = groups.tp->rank();
   tp.group = groups.tp;
   tp.timeout = groups.timeout;
+  tp.device = device;
+  tp.abort = groups.abort;
   return tp;
 }
 

@@ -38,6 +38,8 @@ struct TensorParallel {
   int rank = 0;
   ProcessGroupPtr group;  // the stage's tp ranks (null when size is 1)
   std::chrono::milliseconds timeout{300000};
+  torch::Device device{torch::kCPU};   // the rank's compute device
+  std::shared_ptr<AbortSignal> abort;  // the generation's (Note [Aborting waits])
   bool enabled() const { return size > 1; }
 };
 
@@ -70,7 +72,7 @@ absl::StatusOr<std::vector<torch::Tensor>> AllGather(const torch::Tensor& t,
                                                      const TensorParallel& tp);
 
 // The TensorParallel of `groups` (size 1 without a tp group).
-TensorParallel TensorParallelOf(const ProcessGroups& groups);
+TensorParallel TensorParallelOf(const ProcessGroups& groups, torch::Device device);
 
 // A module that holds sharded parameters says which, by their names within the module.
 class ShardedModule {

@@ -164,7 +164,7 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
         return;
       }
       absl::StatusOr<Model> model =
-          BuildModel(GptSpec(o.heads, o.dropout), TensorParallelOf(*groups));
+          BuildModel(GptSpec(o.heads, o.dropout), TensorParallelOf(*groups, torch::kCPU));
       if (!model.ok()) {
         out.status = model.status();
         return;
