@@ -94,7 +94,9 @@ struct CheckpointSpec {
   int64_t every_steps = 0;
   int keep = 0;
   std::string tempdir;
-  bool shard = false;
+  // Every replica of a stage writes its share of the stage's layers (Note [Sharded writes] in
+  // worker/engine/checkpoint.cc); false: replica 0 of each stage writes them all.
+  bool shard = true;
   // Keep each step's pre-update state until it is committed (Note [Committed step] in
   // worker/engine/varuna.cc); false saves its memory and copy at the price of a possible fallback
   // to an older checkpoint when a failure splits a step.

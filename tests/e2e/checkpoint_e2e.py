@@ -50,14 +50,27 @@ class ExactResumeTest(CheckpointFixture):
         self.assertClose(res.losses(), full[4:], 1e-4, "resume after background upload")
 
     def test_sharded_writes_spread_over_replicas(self):
+        # Sharded writes are the default (checkpoint.shard: true).
         ck = os.path.join(self.tmp, "ck_shard")
         job = self.job("shard", train={"steps": 6},
-                       extra=f"checkpoint: {{dir: {ck}, every_steps: 4, shard: true}}\n")
-        full = self.run_config(job, 2, 2).losses()
+                       extra=f"checkpoint: {{dir: {ck}, every_steps: 4}}\n")
+        run = self.run_config(job, 2, 2)
+        full = run.losses()
         path = os.path.join(ck, "varuna_ckpt_4")
         manifests = sorted(f for f in os.listdir(path) if f.startswith("manifest."))
         # Both replicas of both stages write (ranks 0..3), each some of its stage's layers.
         self.assertEqual(manifests, [f"manifest.rank{r}.json" for r in range(4)])
+        # The relaunch path's per-step copy is announced with its size.
+        for out in run.outputs:
+            self.assertIn("copies its pre-update state every step", out)
+        # shard: false leaves every layer to replica 0 of its stage (ranks 0 and 1).
+        ck0 = os.path.join(self.tmp, "ck_unsharded")
+        job0 = self.job("unsharded", train={"steps": 4},
+                        extra=f"checkpoint: {{dir: {ck0}, every_steps: 4, shard: false}}\n")
+        self.assertClose(self.run_config(job0, 2, 2).losses(), full[:4], 1e-6, "shard: false")
+        path0 = os.path.join(ck0, "varuna_ckpt_4")
+        self.assertEqual(sorted(f for f in os.listdir(path0) if f.startswith("manifest.")),
+                         ["manifest.rank0.json", "manifest.rank1.json"])
         dst = self.copy_ckpt(ck, 4, "ck_shard_resume")
         res = self.run_config(self.ckpt_job("shard_res", dst, 0, 6), 1, 1,
                               extra=["--resume_step", "latest"])

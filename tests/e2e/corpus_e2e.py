@@ -18,15 +18,17 @@
 import json
 import os
 import random
+import signal
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib.cluster import Cluster, wait_for  # noqa: E402
-from lib.harness import BIN_DIR, run_workers  # noqa: E402
+from lib.harness import BIN_DIR, run_workers, start_workers, wait_workers  # noqa: E402
 from lib.main import main  # noqa: E402
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
@@ -180,6 +182,73 @@ class FormatsTest(unittest.TestCase):
         r = ctl("data", job, check=False)
         self.assertNotEqual(r.returncode, 0)
         self.assertIn("good.manifest.json: made with another tokenizer", r.stderr)
+
+
+    def test_a_rescue_records_the_stream_and_the_validation(self):
+        """A rescue (SIGUSR2, as the agent sends it) writes what a periodic checkpoint does
+        besides the state: where the corpus's stream stood and the newest validation. So a
+        resume from it on other data is refused by name, and one on the same data keeps the
+        validation record."""
+        rnd = random.Random(3)
+        shard = write_megatron(os.path.join(self.dir, "r"), random_docs(rnd, 80, 256), 8)
+        val = os.path.join(self.dir, "val.txt")
+        with open(val, "wb") as f:
+            f.write(bytes(rnd.randrange(256) for _ in range(4000)))
+        ckpt = os.path.join(self.dir, "ck_rescue")
+        extra = (f"eval: {{data: {{kind: text, path: {val}}}, every_steps: 2, samples: 4}}\n"
+                 f"checkpoint: {{dir: {ckpt}}}\n")
+        job = job_file(os.path.join(self.dir, "rescue.yaml"), "indexed", [([shard], 1)],
+                       steps=400, stages=1, extra=extra)
+        t0 = time.time()
+        procs, logs, metrics = start_workers(1, ["--job", job],
+                                             env_extra={"VARUNA_STEP_MIN_MS": "40"})
+        deadline = time.time() + 120
+        rows = []
+        while time.time() < deadline and procs[0].poll() is None:
+            if os.path.exists(metrics):
+                with open(metrics) as f:
+                    rows = [json.loads(line) for line in f if line.strip()]
+            if any(r.get("step", 0) >= 5 for r in rows):
+                break
+            time.sleep(0.05)
+        self.assertIsNone(procs[0].poll(), "the run ended before the rescue")
+        procs[0].send_signal(signal.SIGUSR2)
+        res = wait_workers(procs, logs, metrics, 60, t0)
+        self.assertEqual(res.returncodes, [75], res.outputs[0][-2000:])  # kExitRescued
+        saved = [int(d.split("_")[-1]) for d in os.listdir(ckpt)]
+        self.assertEqual(len(saved), 1, saved)
+        step = saved[0]
+        with open(os.path.join(ckpt, f"varuna_ckpt_{step}", "rescue.rank0.json")) as f:
+            record = json.load(f)
+        position = json.loads(record["data_position"])
+        self.assertEqual(position["samples"], step * 8)
+        self.assertTrue(position["corpus"], record)
+        evals = {m["step"]: m["eval_loss"] for m in res.metrics if "eval_loss" in m}
+        newest = max(s for s in evals if s <= step)
+        self.assertEqual(int(record["eval_step"]), newest)
+        self.assertAlmostEqual(float(record["eval_loss"]), evals[newest], places=5)
+        # Other data: refused by name, as from a periodic checkpoint.
+        other = write_megatron(os.path.join(self.dir, "other"), random_docs(rnd, 80, 256), 8)
+        moved = job_file(os.path.join(self.dir, "moved.yaml"), "indexed", [([other], 1)],
+                         steps=step + 2, stages=1,
+                         extra=f"checkpoint: {{dir: {ckpt}, resume: latest}}\n")
+        r = run_workers(1, ["--job", moved])
+        self.assertFalse(r.ok)
+        self.assertIn("trained on another corpus", r.outputs[0])
+        # The same data: the run goes on from the rescue and carries its validation record
+        # into the next checkpoint, written before it validates again (only at its end).
+        same = job_file(os.path.join(self.dir, "same.yaml"), "indexed", [([shard], 1)],
+                        steps=step + 2, stages=1,
+                        extra=(f"eval: {{data: {{kind: text, path: {val}}}, every_steps: 1000, "
+                               f"samples: 4}}\ncheckpoint: {{dir: {ckpt}, every_steps: 1, "
+                               f"resume: latest}}\n"))
+        r = run_workers(1, ["--job", same])
+        self.assertTrue(r.ok, r.outputs[0][-2000:])
+        self.assertEqual([m["step"] for m in r.metrics], [step + 1, step + 2])
+        with open(os.path.join(ckpt, f"varuna_ckpt_{step + 1}", "common.json")) as f:
+            common = json.load(f)
+        self.assertEqual((common["eval_step"], common["eval_loss"]),
+                         (record["eval_step"], record["eval_loss"]))
 
 
 class PrepareTest(unittest.TestCase):

@@ -274,8 +274,7 @@ std::string Checkpointer::CommonJsonAt(int64_t step, double loss_scale, int64_t 
 // model (VerifyCheckpoint); the next generation loads it like any other. The state's lock
 // (TrainingState::mu) keeps the snapshot off a half-applied optimizer step when this runs on
 // another thread.
-absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir,
-                                             const std::map<std::string, std::string>& info) {
+absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoAt& info) {
   std::lock_guard<std::mutex> state(state_->mu);
   if (!state_->optimizer) return absl::FailedPreconditionError("Rescue() before set_optimizer()");
   absl::Status upload = Wait();
@@ -295,9 +294,10 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir,
   const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(state_->iteration - 1);
   if (state_->iteration > committed_step() && pre != nullptr && pre->step > 0) {
     if (!VerifyCheckpoint(CheckpointPath(dir, pre->step), /*checksums=*/false).ok()) {
-      RETURN_IF_ERROR(WriteRescue(
-          dir, pre->step, pre->layers,
-          CommonJsonAt(pre->step, pre->loss_scale, pre->clean_steps, {stage_->rank}, info)));
+      RETURN_IF_ERROR(
+          WriteRescue(dir, pre->step, pre->layers,
+                      CommonJsonAt(pre->step, pre->loss_scale, pre->clean_steps, {stage_->rank},
+                                   info ? info(pre->step) : std::map<std::string, std::string>())));
     }
     rescued_also_ = pre->step;
   }
@@ -306,7 +306,10 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir,
   ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(*stage_, *state_->optimizer,
                                                  std::vector<bool>(stage_->layers.size(), true),
                                                  ChangedEvent(*state_), /*borrow=*/true));
-  RETURN_IF_ERROR(WriteRescue(dir, state_->iteration, snapshot, CommonJson({stage_->rank}, info)));
+  RETURN_IF_ERROR(
+      WriteRescue(dir, state_->iteration, snapshot,
+                  CommonJson({stage_->rank}, info ? info(state_->iteration)
+                                                  : std::map<std::string, std::string>())));
   return state_->iteration;
 }
 

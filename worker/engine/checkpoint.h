@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -79,12 +80,16 @@ class Checkpointer {
   // Collective over the tp group with tensor parallelism. Call after set_optimizer().
   absl::Status Save(const std::string& dir, const std::map<std::string, std::string>& info = {},
                     const std::string& tempdir = "", bool shard = false);
+  // What a checkpoint of a given step records besides the state (common.json's further fields:
+  // the job's, where the data stream stood after that step, the newest validation by then).
+  using InfoAt = std::function<std::map<std::string, std::string>(int64_t step)>;
   // Saves the state of the last completed step after a failed one, with no collective
   // (Note [Rescue] in checkpoint.cc): every layer of this stage plus its rescue record into
-  // DIR/varuna_ckpt_<iteration>. Safe to call from another thread while step() is blocked
-  // on a dead peer. Returns the step saved (0: nothing trained yet, nothing written).
-  absl::StatusOr<int64_t> Rescue(const std::string& dir,
-                                 const std::map<std::string, std::string>& info = {});
+  // DIR/varuna_ckpt_<iteration>, each step written with info(step) (none when null). Safe to
+  // call from another thread while step() is blocked on a dead peer; `info` is called on that
+  // thread with the state's lock held. Returns the step saved (0: nothing trained yet,
+  // nothing written).
+  absl::StatusOr<int64_t> Rescue(const std::string& dir, const InfoAt& info = nullptr);
   // Waits for a background upload; returns its outcome (OK if none was running).
   absl::Status Wait();
   // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,

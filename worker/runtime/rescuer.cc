@@ -29,7 +29,7 @@ void StartupWatch::Done() {
   if (thread_.joinable()) thread_.join();
 }
 
-Rescuer::Rescuer(Varuna* engine, std::string ckpt_dir, std::map<std::string, std::string> ckpt_info,
+Rescuer::Rescuer(Varuna* engine, std::string ckpt_dir, Checkpointer::InfoAt ckpt_info,
                  std::string who)
     : engine_(engine),
       who_(std::move(who)),

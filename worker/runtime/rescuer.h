@@ -39,9 +39,8 @@ class StartupWatch {
 class Rescuer {
  public:
   // Watches for a rescue of `engine` into `ckpt_dir` (empty: nothing can be saved, the
-  // worker exits 1 saying so), writing `ckpt_info` into the checkpoint.
-  Rescuer(Varuna* engine, std::string ckpt_dir, std::map<std::string, std::string> ckpt_info,
-          std::string who);
+  // worker exits 1 saying so), writing `ckpt_info(step)` into each step's checkpoint.
+  Rescuer(Varuna* engine, std::string ckpt_dir, Checkpointer::InfoAt ckpt_info, std::string who);
   ~Rescuer();
   Rescuer(const Rescuer&) = delete;
   Rescuer& operator=(const Rescuer&) = delete;
@@ -64,7 +63,7 @@ class Rescuer {
   Varuna* engine_;   // guarded by mu_
   std::string who_;  // guarded by mu_
   const std::string ckpt_dir_;
-  const std::map<std::string, std::string> ckpt_info_;
+  const Checkpointer::InfoAt ckpt_info_;
   std::atomic<bool> finished_{false};
   std::thread thread_;
 };

@@ -90,7 +90,9 @@ absl::Status WorkerRun::Run() {
   RETURN_IF_ERROR(StartEngine());
   RETURN_IF_ERROR(Restore());
   startup_->Done();  // the rescuer takes over
-  rescuer_ = std::make_unique<Rescuer>(engine_.get(), in_.spec.checkpoint.dir, ckpt_info_, in_.who);
+  rescuer_ = std::make_unique<Rescuer>(
+      engine_.get(), in_.spec.checkpoint.dir, [this](int64_t step) { return CheckpointInfo(step); },
+      in_.who);
   ReportReady(first_step_ - 1, joined_ ? &*joined_ : nullptr, 0);
   ProcessState::Get().regroup.SetCurrentAbort(engine_->view().groups().abort);
   for (;;) {
@@ -228,6 +230,13 @@ absl::Status WorkerRun::Connect() {
       ChooseBackend(link_.device, local_world, link_.device.is_cuda() ? CudaDeviceCount() : 0);
   if (!backend.ok()) return MarkBadInput(backend.status());
   link_.backend = *backend;
+  if (link_.device.is_cuda() && link_.backend == Backend::kGloo && !env_("VARUNA_BACKEND")) {
+    LOG(WARNING) << "rank=" << topo.rank << " " << local_world << " ranks on this machine and "
+                 << CudaDeviceCount() << " GPU(s) visible: ranks share a GPU, which NCCL "
+                 << "refuses, so every transfer goes through host memory over gloo (slow); "
+                    "where each rank sees a GPU of its own (CUDA_VISIBLE_DEVICES per rank), "
+                    "set VARUNA_BACKEND=nccl";
+  }
   LOG(INFO) << "rank=" << topo.rank << " device=" << link_.device.str()
             << " backend=" << BackendName(link_.backend);
   // A malformed VARUNA_FAULT is a start-up error naming it, before any rendezvous: bad input
@@ -242,7 +251,8 @@ absl::Status WorkerRun::Connect() {
   ASSIGN_OR_RETURN(link_.groups, CreateProcessGroups(topo, in_.has_tied, link_.timeout,
                                                      link_.backend, link_.device));
   if (link_.groups->tp) {
-    ASSIGN_OR_RETURN(in_.model, BuildModel(in_.spec.model, TensorParallelOf(*link_.groups)));
+    ASSIGN_OR_RETURN(in_.model,
+                     BuildModel(in_.spec.model, TensorParallelOf(*link_.groups, link_.device)));
   }
   return absl::OkStatus();
 }
@@ -288,6 +298,15 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
                    Varuna::Create(std::move(m), t.topology, t.rank, std::move(g),
                                   std::move(sample_batch), t.micro_batch, link_.device, opts));
   e->set_optimizer(MakeOptimizer(spec.train, e->view().named_parameters()));
+  if (opts.keep_pre_update) {
+    // Say what the relaunch path's guarantee costs, so a large model does not pay it unseen.
+    int64_t params = 0;
+    for (const auto& p : e->view().parameters()) params += p.numel();
+    LOG(INFO) << in_.who << " commit: this rank copies its pre-update state every step, "
+              << absl::StrFormat("%.1f MB", 12.0 * static_cast<double>(params) / 1e6)
+              << " (12 bytes a parameter) to host memory (Note [Committed step]); a job that "
+                 "morphs in place copies nothing, and checkpoint.commit: false turns it off";
+  }
   const TrainSpec train = spec.train;
   e->set_lr_schedule([train](int64_t step) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);
@@ -367,7 +386,7 @@ absl::Status WorkerRun::ResumeFromCheckpoint() {
   }
   ASSIGN_OR_RETURN(int64_t step, engine_->checkpoints().Load(path));
   RETURN_IF_ERROR(in_.data->ResumeFrom(common.data_position));
-  if (common.eval_step > 0) done_.last_eval = {common.eval_step, common.eval_loss};
+  if (common.eval_step > 0) done_.SetLastEval(common.eval_step, common.eval_loss);
   first_step_ = step + 1;
   return absl::OkStatus();
 }
@@ -510,10 +529,26 @@ absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step) {
     const int64_t first = lo + r * rows;
     return in_.eval_data->Batch(first, std::min(rows, hi - first));
   }));
-  done_.last_eval = {step, loss};
+  done_.SetLastEval(step, loss);
   LOG(INFO) << in_.who << " validation after step " << step << " took "
             << absl::StrFormat("%.3f", Seconds(e0)) << " s";
   return loss;
+}
+
+// What a checkpoint of `step` records besides the state, periodic or rescued alike: the job's
+// fields, where a corpus's stream stood after the step (so a resume on other data is refused
+// by name) and the newest validation at or before it. A rescue calls this on the rescuer's
+// thread, hence the lock around the validation record.
+std::map<std::string, std::string> WorkerRun::CheckpointInfo(int64_t step) const {
+  std::map<std::string, std::string> info = ckpt_info_;
+  if (in_.data->corpus())
+    info["data_position"] = in_.data->PositionRecord(step * in_.spec.train.global_batch);
+  const std::optional<std::pair<int64_t, double>> eval = done_.LastEval();
+  if (eval && eval->first <= step) {
+    info["eval_step"] = absl::StrCat(eval->first);
+    info["eval_loss"] = absl::StrFormat("%.9g", eval->second);
+  }
+  return info;
 }
 
 absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
@@ -522,14 +557,7 @@ absl::Status WorkerRun::CheckpointAfter(int64_t step, bool stop) {
   if (c.dir.empty() || !(periodic || stop)) return absl::OkStatus();
   const auto c0 = Clock::now();
   const double cpu0 = ProcessCpuSeconds();
-  std::map<std::string, std::string> info = ckpt_info_;
-  if (in_.data->corpus())
-    info["data_position"] = in_.data->PositionRecord(step * in_.topo.global_batch);
-  if (done_.last_eval) {
-    info["eval_step"] = absl::StrCat(done_.last_eval->first);
-    info["eval_loss"] = absl::StrFormat("%.9g", done_.last_eval->second);
-  }
-  RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, info, c.tempdir, c.shard));
+  RETURN_IF_ERROR(engine_->checkpoints().Save(c.dir, CheckpointInfo(step), c.tempdir, c.shard));
   LOG(INFO) << in_.who << " checkpoint step=" << step << " blocked training for "
             << absl::StrFormat("%.3f", Seconds(c0)) << " s (cpu "
             << absl::StrFormat("%.3f", ProcessCpuSeconds() - cpu0) << " s)"
@@ -653,12 +681,12 @@ absl::Status WorkerRun::Evaluate() {
   if (in_.spec.eval.enabled) {
     // The generation's last step validated (ValidateAfter, on every rank); a generation that
     // had no step left to take (a joiner has no validation of its own) does now, every rank.
-    if (first_step_ > in_.topo.steps || !done_.last_eval) {
+    if (first_step_ > in_.topo.steps || !done_.LastEval()) {
       ASSIGN_OR_RETURN(std::optional<double> loss, ValidateAfter(in_.topo.steps));
       (void)loss;
     }
     LOG(INFO) << in_.who << " done steps=" << in_.topo.steps
-              << " eval_loss=" << absl::StrFormat("%.9g", done_.last_eval->second);
+              << " eval_loss=" << absl::StrFormat("%.9g", done_.LastEval()->second);
     return absl::OkStatus();
   }
   // Held-out evaluation: one global batch from far beyond any training index.

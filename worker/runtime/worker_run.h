@@ -14,8 +14,10 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -82,6 +84,7 @@ class WorkerRun {
   absl::StatusOr<bool> TrainGeneration();
   absl::StatusOr<bool> TrainSteps();  // its loop
   absl::Status CheckpointAfter(int64_t step, bool stop);
+  std::map<std::string, std::string> CheckpointInfo(int64_t step) const;
   // After a failed step or validation: reports this rank parked (false: it regroups), or
   // rescues and exits.
   bool ParkAfterFailure(int64_t step, const absl::Status& why);
@@ -110,9 +113,21 @@ class WorkerRun {
   std::map<std::string, std::string> ckpt_info_;
   // What the run has come to.
   struct Progress {
-    bool stopped = false;                                 // on request, after a checkpoint
-    std::optional<std::pair<int64_t, double>> last_eval;  // step, validation loss
+    bool stopped = false;        // on request, after a checkpoint
     std::string generation_why;  // VARUNA_GENERATION_WHY, then each reconfigure's
+    // The newest validation (step, loss); a rescue reads it on its own thread.
+    void SetLastEval(int64_t step, double loss) {
+      std::lock_guard<std::mutex> l(eval_mu);
+      last_eval = {step, loss};
+    }
+    std::optional<std::pair<int64_t, double>> LastEval() const {
+      std::lock_guard<std::mutex> l(eval_mu);
+      return last_eval;
+    }
+
+   private:
+    mutable std::mutex eval_mu;
+    std::optional<std::pair<int64_t, double>> last_eval;
   } done_;
   // Last: destroyed first, while the engine it may rescue still exists.
   std::unique_ptr<Rescuer> rescuer_;
