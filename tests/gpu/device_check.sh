@@ -14,6 +14,10 @@
 #           summary by kernel category (docs/gpu.md "Where a step's time goes")
 #   bench   bench/gpu_mfu.sh, the 1.3B GPT, ROUNDS=1 (COMPILE=0 unless COMPILE=1), in the time
 #           left (timeout); skipped, saying so, when less than BENCH_MIN_S (60) is left
+#   multi   tests/gpu/multi_check.py: D=2 over gloo on the one GPU at 350M, the commit's cost
+#           (off, in place, relaunch) and a rescue after killing rank 1 (its time); last, in
+#           what is left, skipped under MULTI_MIN_S (60); PHASES="multi" with BUILD=0 runs it
+#           alone on a machine that built before
 #   then a summary on stdout.
 # --dry-run: every phase here on the CPU in a few minutes, so device minutes are never spent on
 # a typo: env (the CPU, torch), build (scripts/gpu_build.sh's configure with CONFIGURE_ONLY=1
@@ -23,7 +27,7 @@
 # and comparisons with the CPU as "the device"; fp16 reported skipped), bench with DEVICE=cpu on
 # a tiny GPT, 1 round of 4 steps (MFU n/a). BUDGET_S defaults to 300 there.
 # Exits non-zero when the build or any parity check fails (or runs out of time).
-# Knobs: OUT, BUDGET_S, BUILD=0, PYTHON (python3; dry: scripts/python), PARITY_STEPS, COMPILE,
+# Knobs: OUT, DC_WORK, BUDGET_S, BUILD=0, PHASES, PYTHON (python3; dry: scripts/python), PARITY_STEPS, COMPILE,
 #   TIMELINE_STEPS (6; dry 4),
 #   BENCH_MODELS (1.3b), BENCH_STEPS (20), BENCH_SKIP (8), BENCH_MIN_S, PEAK_TFLOPS (from the
 #   card's name: H100 SXM/H200 989, H100 PCIe 756, A100 312, L4 121; else n/a).
@@ -83,6 +87,9 @@ print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__f
         MODELS=$BENCH_MODELS COMPILE=0 PEAK_TFLOPS=$PEAK_TFLOPS PYTHON=$PYTHON \
         CORPUS_BYTES=$CORPUS_BYTES RESULTS_JSONL=$out/timeline_run.jsonl \
         TIMELINE_OUT=$out/timeline.jsonl TRACE_STEPS=2 bench/gpu_mfu.sh ;;
+    multi)
+      "$PYTHON" "$here/multi_check.py" --worker "$DC_WORKER" --out "$out" --device "$DC_DEVICE" \
+        --model "$MULTI_MODEL" --steps "$MULTI_STEPS" ;;
     bench)
       echo "device_check: bench/gpu_mfu.sh, models $BENCH_MODELS, ROUNDS=1 (fewer rounds than" \
         "the five of the CPU benchmarks: one sample per system, no median), $BENCH_STEPS steps," \
@@ -104,7 +111,8 @@ if [[ $dry == 1 ]]; then
   export PEAK_TFLOPS=0
   # Two cores: one OpenMP thread per rank, as the agent launches workers (tests/e2e/lib).
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
-  budget=${BUDGET_S:-300} bench_min=${BENCH_MIN_S:-20}
+  budget=${BUDGET_S:-300} bench_min=${BENCH_MIN_S:-20} multi_min=${MULTI_MIN_S:-20}
+  export MULTI_MODEL=${MULTI_MODEL:-tiny} MULTI_STEPS=${MULTI_STEPS:-6}
 else
   export DC_DRY=0 DC_DEVICE=cuda DC_SHAPE=large DC_WORKER=build-gpu/bin/varuna-worker
   export PYTHON=${PYTHON:-python3} BENCH_MODELS=${BENCH_MODELS:-1.3b}
@@ -121,8 +129,19 @@ else
     esac
   fi
   export PEAK_TFLOPS
-  budget=${BUDGET_S:-360} bench_min=${BENCH_MIN_S:-60}
+  budget=${BUDGET_S:-360} bench_min=${BENCH_MIN_S:-60} multi_min=${MULTI_MIN_S:-60}
+  export MULTI_MODEL=${MULTI_MODEL:-350m} MULTI_STEPS=${MULTI_STEPS:-8}
 fi
+# Which phases after env and build run (PHASES, default all): "multi" alone with BUILD=0
+# reruns the multi-rank checks on a machine that built before.
+phases=" ${PHASES:-parity timeline bench multi} "
+for p in $phases; do
+  case $p in parity | timeline | bench | multi) ;;
+    *) echo "device_check: PHASES names '$p'; expected parity, timeline, bench, multi" >&2
+       exit 2 ;;
+  esac
+done
+wanted() { [[ $phases == *" $1 "* ]]; }
 export COMPILE=${COMPILE:-0} PARITY_STEPS=${PARITY_STEPS:-}
 mode=$([[ $dry == 1 ]] && echo dry-run || echo gpu)
 # `ret` is what comes back (results.json, logs.tgz); the phases write into `out`, the work
@@ -131,9 +150,17 @@ ret=$out
 mkdir -p "$ret"
 ret=$(cd "$ret" && pwd)
 out=${DC_WORK:-${TMPDIR:-/tmp}/varuna-device-check}
-rm -rf "$out" && mkdir -p "$out" && out=$(cd "$out" && pwd)
+mkdir -p "$out" && out=$(cd "$out" && pwd)
+if [[ $ret == "$out" || $ret == "$out"/* || $out == "$ret"/* ]]; then
+  echo "device_check: DC_WORK ($out) and OUT ($ret) must be apart: OUT gets the work packed" >&2
+  exit 2
+fi
+rm -rf "$out" && mkdir -p "$out"
 export OUT=$out
-rm -f "$ret"/{results.json,logs.tgz,.results.json.part,.logs.tgz.part}
+# OUT's own files, and what the layout before 2026-11-29 left there (logs, parity/).
+rm -rf "$ret"/{results.json,logs.tgz,.results.json.part,.logs.tgz.part} \
+  "$ret"/{env,build,parity,timeline,bench,multi}.log "$ret"/{parity,.phases,multi}.json \
+  "$ret"/{bench,timeline,timeline_run}.jsonl "$ret/parity" "$ret/multi"
 ship() {  # results.json and the packed logs into `ret`, each replaced whole
   [[ -f $out/results.json ]] && cp "$out/results.json" "$ret/.results.json.part" &&
     mv "$ret/.results.json.part" "$ret/results.json"
@@ -184,11 +211,12 @@ rc=0
 # What the GPU run's build needs that git does not carry (scripts/gpu_deps.sh makes it here;
 # the device call names it in `carry`).
 carried=ok
-if ! ls .gpudeps/*.deb >/dev/null 2>&1; then
+# A GPU run with BUILD=0 uses the worker and the unpacked packages of an earlier call.
+if [[ ! ($dry == 0 && ${BUILD:-1} == 0) ]] && ! ls .gpudeps/*.deb >/dev/null 2>&1; then
   carried=".gpudeps/ is empty: the GPU machine cannot build without it; run scripts/gpu_deps.sh here and carry .gpudeps"
   say "$carried"
 fi
-if [[ $dry == 1 && ${BUILD:-1} == 0 ]]; then
+if [[ ${BUILD:-1} == 0 ]]; then
   if [[ -x $DC_WORKER ]]; then
     say "build skipped (BUILD=0): using $DC_WORKER as it is"
     report record "$out" build 0 0 "skipped=BUILD=0: using $DC_WORKER as built before" \
@@ -215,21 +243,32 @@ if ((rc != 0)); then
   report record "$out" parity 0 0 "skipped=the build failed"
   report record "$out" timeline 0 0 "skipped=the build failed"
   report record "$out" bench 0 0 "skipped=the build failed"
+  report record "$out" multi 0 0 "skipped=the build failed"
   report final "$out"
   exit 1
 fi
 
-phase parity
-((prc == 0)) || rc=1
-grep -E "^[a-z0-9_]+: (ok|FAIL|skipped|not run)|^cuda_parity:|FAILED" "$out/parity.log" 2>/dev/null
+if wanted parity; then
+  phase parity
+  ((prc == 0)) || rc=1
+  grep -E "^[a-z0-9_]+: (ok|FAIL|skipped|not run)|^cuda_parity:|FAILED" "$out/parity.log" 2>/dev/null
+else
+  report record "$out" parity 0 0 "skipped=not in PHASES"
+fi
 
-phase timeline "steps=$TIMELINE_STEPS" "models=$BENCH_MODELS"
-((prc == 0)) || tail -15 "$out/timeline.log"
+if wanted timeline; then
+  phase timeline "steps=$TIMELINE_STEPS" "models=$BENCH_MODELS"
+  ((prc == 0)) || tail -15 "$out/timeline.log"
+else
+  report record "$out" timeline 0 0 "skipped=not in PHASES"
+fi
 
 l=$(left)
 note="ROUNDS=1: one round per system, fewer than the five rounds of the CPU benchmarks"
 [[ $dry == 1 ]] && note="$note; dry run on the CPU, tiny model: MFU n/a"
-if ((l < bench_min)); then
+if ! wanted bench; then
+  report record "$out" bench 0 0 "skipped=not in PHASES"
+elif ((l < bench_min)); then
   say "bench skipped: $l s left, under BENCH_MIN_S=$bench_min"
   report record "$out" bench 0 0 "skipped=only $l s of the budget left (BENCH_MIN_S=$bench_min)"
 else
@@ -240,15 +279,33 @@ else
   ((prc == 0)) || tail -15 "$out/bench.log"
 fi
 
-report final "$out"
-if [[ $carried != ok ]]; then
-  say "FAILED: $carried"
-  rc=1
+l=$(left)
+if ! wanted multi; then
+  report record "$out" multi 0 0 "skipped=not in PHASES"
+elif ((l < multi_min)); then
+  say "multi skipped: $l s left, under MULTI_MIN_S=$multi_min (rerun: PHASES=multi BUILD=0)"
+  report record "$out" multi 0 0 \
+    "skipped=only $l s of the budget left (MULTI_MIN_S=$multi_min; rerun with PHASES=multi BUILD=0)"
+else
+  phase multi "model=$MULTI_MODEL"
+  grep -E "^multi_check:" "$out/multi.log"
+  ((prc == 0)) || tail -15 "$out/multi.log"
 fi
-# A device machine returns at most 8 files from OUT.
-n=$(find "$ret" -type f | wc -l)
-if ((n > 8)); then
-  say "FAILED: $ret holds $n files; a device machine returns at most 8"
+
+# What the run itself needs besides the phases, recorded before the end: what the GPU run
+# carries, and an OUT that a device machine can return whole (at most 8 files).
+extra=$(find "$ret" -type f ! -name results.json ! -name logs.tgz | wc -l)
+if [[ $carried != ok ]]; then
+  report record "$out" carry 1 0 "note=$carried"
+elif ((extra > 0)); then
+  report record "$out" carry 1 0 \
+    "note=$ret holds $extra file(s) besides results.json and logs.tgz; a device machine returns at most 8"
+else
+  report record "$out" carry 0 0 "note=what the GPU run carries is there; OUT holds results.json and logs.tgz alone"
+fi
+report final "$out"
+if [[ $carried != ok ]] || ((extra > 0)); then
+  say "FAILED: $(if [[ $carried != ok ]]; then echo "$carried"; else echo "$ret holds other files"; fi)"
   rc=1
 fi
 exit $rc

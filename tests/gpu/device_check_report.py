@@ -129,8 +129,24 @@ def timeline_summary(out, kv):
     return s
 
 
+def carry_summary(_, kv):
+    return {"note": kv.get("note", "")}
+
+
+def multi_summary(out, _):
+    m = load(f"{out}/multi.json", None)
+    if m is None:
+        return {"note": "no multi.json"}
+    s = {k: m[k] for k in ("model", "shape", "steps", "skip", "rounds", "ok") if k in m}
+    s["commit"] = {name: {k: v for k, v in e.items() if k != "log_tail"}
+                   for name, e in m.get("commit", {}).items()}
+    s["rescue"] = {k: v for k, v in m.get("rescue", {}).items() if k != "log_tail"}
+    return s
+
+
 SUMMARIES = {"env": env_summary, "build": build_summary, "parity": parity_summary,
-             "timeline": timeline_summary, "bench": bench_summary}
+             "timeline": timeline_summary, "bench": bench_summary, "multi": multi_summary,
+             "carry": carry_summary}
 
 
 def write(out, state):
@@ -174,8 +190,9 @@ def main():
         except Exception as e:  # the record must be written whatever the artifacts hold
             p["summary"] = {"note": f"summary unreadable: {type(e).__name__}: {e}"}
         state["phases"][name] = p
-        # A build skipped on purpose (BUILD=0, the worker there) is not a failure.
-        if name in ("build", "parity") and status not in ("ok", "skipped"):
+        # A build skipped on purpose (BUILD=0, the worker there) is not a failure; "carry" is
+        # what the run needs besides its phases (.gpudeps, an OUT a device can return).
+        if name in ("build", "parity", "carry") and status not in ("ok", "skipped"):
             state["ok"] = False
     elif cmd == "final":
         state = state_of(out)
@@ -229,7 +246,21 @@ def print_summary(state):
               f"{r['samples_per_s']:.2f} samples/s, MFU {fmt(m6)} (6N), {fmt(ma)} (6N + attn)")
     if bench.get("summary", {}).get("note"):
         print(f"bench: {bench['summary']['note']}")
-    print(f"device_check: {'OK' if state['ok'] else 'FAILED'} (build and parity "
+    multi = state["phases"].get("multi", {}).get("summary", {})
+    for name, e in multi.get("commit", {}).items():
+        cost = (f", {100 * e['cost_vs_off']:+.1f}% vs off" if "cost_vs_off" in e else "")
+        step = f"step {e['step_s']:.4f} s" if "step_s" in e else f"rc {e.get('rc')}"
+        print(f"multi {multi.get('model')} D=2 (gloo, one device) commit {name}: {step}{cost}")
+    r = multi.get("rescue", {})
+    if r:
+        print(f"multi rescue after killing rank 1 in step {r.get('kill_at')}: " +
+              (f"saved step {r['saved_step']} in {r['rescue_s']} s, rank 0 out "
+               f"{r['exit_after_kill_s']} s after rank 1 died" if "rescue_s" in r
+               else f"failed (rc {r.get('rc')})"))
+    carry = state["phases"].get("carry", {})
+    if carry.get("status") == "failed":
+        print(f"carry: {carry.get('summary', {}).get('note', '')}")
+    print(f"device_check: {'OK' if state['ok'] else 'FAILED'} (build, parity and carry "
           f"{'passed' if state['ok'] else 'did not all pass'}); results.json and logs.tgz in OUT")
 
 
