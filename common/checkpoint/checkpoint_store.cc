@@ -287,7 +287,9 @@ absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_pa
   try {  // Note [Parser boundary] (common/spec/submission.cc).
     auto common = ReadCommonUnguarded(ckpt_path);
     if (common.ok()) return common;
-    // A checkpoint saved by rescue has the same fields in each rescuer's record.
+    // A checkpoint saved by rescue: the lowest rescuer's record. The records agree on the
+    // state's fields; the validation record (eval_step, eval_loss) is each rescuer's newest
+    // when it took the state, so two may differ by one validation.
     for (int r : RescuedRanks(ckpt_path)) {
       auto rescued = ReadCommonUnguarded(ckpt_path, absl::StrCat("rescue.rank", r, ".json"));
       if (rescued.ok()) return rescued;

@@ -78,7 +78,7 @@ struct CheckpointCommon {
   std::string model_spec;
   std::string tokenizer_dir;  // the job's data.tokenizer_dir ("" if none), for export
   // Where a corpus's sample stream stood after this step (worker/engine/data.h
-  // PositionRecord; "" for text and tokens data, and in rescues).
+  // PositionRecord; "" for text and tokens data).
   std::string data_position;
   // The newest validation loss at or before this step (eval_step 0: none), which a resumed
   // run carries into its own checkpoints until it validates again.

@@ -224,12 +224,23 @@ class ClusterTest(Fixture):
                                train={"global_batch": batch, "steps": steps},
                                parallel=auto, extra=f"checkpoint: {{dir: {ck}}}\n"
                                                     "resources: {min_slots: 5}\n")
-        prof = json.loads(c.ctl("-o", "json", "profile", job, check=0).stdout)["id"]
-        st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
-            c.status(prof)), 300, "the profile job")
-        self.assertEqual(st["state"], "SUCCEEDED", f"{st}\n{c.tail()}")
-        plan5 = json.loads(c.ctl("-o", "json", "plan", job, "--nodes", "2,2,1", check=0).stdout)
-        best = plan5["plans"][0]
+        # The profile is measured here, beside four agents on two cores: its all-reduce and
+        # compute times move by tens of percent from one profile to the next. In a typical one
+        # the best mix for 5 slots beats 5 x 1 by about 25%; in one of four it came out 1% behind
+        # (2026-11-29). The morph under test needs a profile in which the mix wins, so a new
+        # profile (which replaces the old) is taken up to three times.
+        for attempt in range(3):
+            prof = json.loads(c.ctl("-o", "json", "profile", job, check=0).stdout)["id"]
+            st = wait_for(lambda: (lambda s: s["state"] in ("SUCCEEDED", "FAILED") and s)(
+                c.status(prof)), 300, "the profile job")
+            self.assertEqual(st["state"], "SUCCEEDED", f"{st}\n{c.tail()}")
+            plan5 = json.loads(c.ctl("-o", "json", "plan", job, "--nodes", "2,2,1",
+                                     check=0).stdout)
+            best = plan5["plans"][0]
+            if len(best.get("pipelines", [])) > 1:
+                break
+            print(f"profile {attempt + 1}: the best plan for 5 slots is {best['stages']} x "
+                  f"{best['replicas']}, not a mix; profiling again", file=sys.stderr)
         self.assertGreater(len(best.get("pipelines", [])), 1,
                            f"the best plan for 5 slots is not heterogeneous: {best}")
         jid = self.submit(job)

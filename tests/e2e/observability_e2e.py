@@ -270,8 +270,8 @@ class DashboardTest(Scenario):
                             "--url", self.base + "/", "--job", self.job, "--steps", str(STEPS),
                             "--ranks", str(self.final["slots"]), "--morph", "--screenshot", shot,
                             "--evals", str(STEPS // EVAL_EVERY),
-                            "--token", self.c.token, "--timeout_s", "90"],
-                           capture_output=True, text=True, timeout=180,
+                            "--token", self.c.token, "--timeout_s", "60"],
+                           capture_output=True, text=True, timeout=90,
                            env=dict(os.environ, NODE_PATH=os.path.abspath(modules)))
         if r.returncode == 77:
             self.skipTest(r.stdout.strip())

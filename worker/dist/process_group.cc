@@ -264,7 +264,9 @@ class GlooFactory : public ProcessGroupFactory {
 // abort() makes, does not signal every rank through the store to dump and terminate) and
 // TORCH_NCCL_ENABLE_MONITORING=0 (the heartbeat monitor does not kill a process whose watchdog
 // it thinks stuck). c10d's own timeout is twice the job's, so the host's polled timeout always
-// comes first and c10d's only backs it up.
+// comes first and c10d's only backs it up. And TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_
+// WARNING=false: point-to-point on an eagerly made communicator is serialised with the group's
+// other operations, which a pipeline link (one direction) wants anyway.
 void NcclWatchdogLeavesTheProcessAlone() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -279,6 +281,7 @@ void NcclWatchdogLeavesTheProcessAlone() {
                         "(Note [NCCL watchdog])";
       }
     }
+    setenv("TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING", "false", /*overwrite=*/0);
   });
 }
 

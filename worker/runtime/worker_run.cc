@@ -230,7 +230,8 @@ absl::Status WorkerRun::Connect() {
       ChooseBackend(link_.device, local_world, link_.device.is_cuda() ? CudaDeviceCount() : 0);
   if (!backend.ok()) return MarkBadInput(backend.status());
   link_.backend = *backend;
-  if (link_.device.is_cuda() && link_.backend == Backend::kGloo && !env_("VARUNA_BACKEND")) {
+  if (link_.device.is_cuda() && link_.backend == Backend::kGloo && !env_("VARUNA_BACKEND") &&
+      local_world > CudaDeviceCount()) {
     LOG(WARNING) << "rank=" << topo.rank << " " << local_world << " ranks on this machine and "
                  << CudaDeviceCount() << " GPU(s) visible: ranks share a GPU, which NCCL "
                  << "refuses, so every transfer goes through host memory over gloo (slow); "
@@ -302,10 +303,11 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
     // Say what the relaunch path's guarantee costs, so a large model does not pay it unseen.
     int64_t params = 0;
     for (const auto& p : e->view().parameters()) params += p.numel();
-    LOG(INFO) << in_.who << " commit: this rank copies its pre-update state every step, "
-              << absl::StrFormat("%.1f MB", 12.0 * static_cast<double>(params) / 1e6)
-              << " (12 bytes a parameter) to host memory (Note [Committed step]); a job that "
-                 "morphs in place copies nothing, and checkpoint.commit: false turns it off";
+    LOG(INFO)
+        << in_.who << " commit: this rank copies its pre-update state every step, "
+        << absl::StrFormat("%.1f MB", 12.0 * static_cast<double>(params) / 1e6)
+        << " (12 bytes a parameter with AdamW) to host memory (Note [Committed step]); a job that "
+           "morphs in place copies nothing, and checkpoint.commit: false turns it off";
   }
   const TrainSpec train = spec.train;
   e->set_lr_schedule([train](int64_t step) {
@@ -541,6 +543,8 @@ absl::StatusOr<std::optional<double>> WorkerRun::ValidateAfter(int64_t step) {
 // thread, hence the lock around the validation record.
 std::map<std::string, std::string> WorkerRun::CheckpointInfo(int64_t step) const {
   std::map<std::string, std::string> info = ckpt_info_;
+  // The job's global batch, fixed for its life (every shape a morph picks keeps it), read from
+  // the spec because a regroup rewrites in_.topo while a rescue may be reading.
   if (in_.data->corpus())
     info["data_position"] = in_.data->PositionRecord(step * in_.spec.train.global_batch);
   const std::optional<std::pair<int64_t, double>> eval = done_.LastEval();
