@@ -119,8 +119,10 @@ class HaCluster:
         for i in range(managers):
             self.start_manager(i)
             if hosts and i == 0:
+                # 90 s: at the start of a CI run, beside the heaviest tests, a 3-member etcd
+                # and the first election took over 30 s once (2026-11-29).
                 wait_for(lambda: self.managers_view(self.addresses[0]).get("leader") ==
-                         self.addresses[0], 30, "the first manager to lead")
+                         self.addresses[0], 90, "the first manager to lead")
         for k in range(agents):
             name = f"node{k}"
             with open(os.path.join(self.dir, f"{name}.log"), "a") as log:

@@ -329,6 +329,12 @@ class NcclFactory : public ProcessGroupFactory {
 
 }  // namespace
 
+// Note [Aborting together]: NCCL wants the communicators of one device aborted together (c10d
+// brackets its own aborts of a group's communicators with ncclGroupStart/End). A communicator
+// aborted alone frees its device memory, and that free waits for every kernel on the GPU, among
+// them another communicator's kernel that waits for the dead peer and ends only when its own
+// abort runs: the survivor hangs, untimed. So the works are aborted on threads of their own,
+// all at once, and joined: every communicator's abort flag is raised before any free waits.
 void AbortSignal::Abort() {
   aborted_.store(true);
   std::vector<WorkPtr> works;
@@ -336,7 +342,14 @@ void AbortSignal::Abort() {
     std::lock_guard<std::mutex> l(mu_);
     works = works_;
   }
-  for (auto& w : works) w->Abort();
+  if (works.size() <= 1) {
+    for (auto& w : works) w->Abort();
+    return;
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(works.size());
+  for (auto& w : works) threads.emplace_back([w] { w->Abort(); });
+  for (auto& t : threads) t.join();
 }
 
 void AbortSignal::PruneLocked() {

@@ -55,4 +55,10 @@ torch::Tensor ReadBack(const torch::Tensor& t, AbortSignal* abort,
   return host;
 }
 
+torch::Tensor ToDevice(const torch::Tensor& host, torch::Device device) {
+  if (!host.defined() || !device.is_cuda() || !host.device().is_cpu()) return host.to(device);
+  // The caching host allocator takes the pinned buffer back only once the copy has run.
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+}
+
 }  // namespace varuna

@@ -27,4 +27,9 @@ void WaitPolling(const std::function<bool()>& done, AbortSignal* abort,
 torch::Tensor ReadBack(const torch::Tensor& t, AbortSignal* abort,
                        std::chrono::milliseconds timeout);
 
+// A host value on `device`, the host never waiting: through pinned memory, non-blocking. A
+// plain copy from pageable memory makes the host wait for everything queued on the stream
+// before it (on NCCL the step's collectives too), with no timeout (Note [NCCL waits]).
+torch::Tensor ToDevice(const torch::Tensor& host, torch::Device device);
+
 }  // namespace varuna

@@ -296,10 +296,18 @@ std::optional<v1::ReconfigureCommand> RegroupMailbox::Wait(double timeout_s,
 }
 
 void RegroupMailbox::Done(int generation) {
-  std::lock_guard<std::mutex> l(mu_);
-  posted_.reset();
-  generation_ = generation;
-  park_on_stop_.store(false);
+  std::shared_ptr<AbortSignal> newer;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    // A reconfigure to a later generation may have come while this one was handed over: it
+    // stays posted, and the new generation's groups (SetCurrentAbort was called first) are
+    // aborted, so the first step fails at once and the worker regroups again.
+    if (posted_ && posted_->generation() <= generation) posted_.reset();
+    generation_ = generation;
+    park_on_stop_.store(false);
+    if (posted_) newer = abort_;
+  }
+  if (newer) newer->Abort();
 }
 
 int RegroupMailbox::generation() const {

@@ -36,7 +36,9 @@ class RegroupMailbox {
   // The posted reconfigure, waiting up to `timeout_s`; nullopt on timeout or once `give_up`.
   std::optional<v1::ReconfigureCommand> Wait(double timeout_s,
                                              const std::atomic<bool>& give_up) const;
-  // The regroup into `generation` is done: later commands are for it.
+  // The regroup into `generation` is done: later commands are for it. One for a later
+  // generation posted meanwhile (during the hand-over) stays posted and aborts the current
+  // groups, which SetCurrentAbort must already name: the worker regroups again at once.
   void Done(int generation);
   // This process's generation: Start's, then each Done's.
   int generation() const;

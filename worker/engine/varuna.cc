@@ -56,7 +56,8 @@ std::mutex& InitMutex() {
 // every rank fail at once with a message, instead of the others hanging until the timeout.
 absl::Status AgreeOnStartup(const ProcessGroups& groups, torch::Device xfer,
                             const absl::Status& local) {
-  std::vector<torch::Tensor> flag{torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kDouble).to(xfer)};
+  std::vector<torch::Tensor> flag{
+      ToDevice(torch::tensor({local.ok() ? 0.0 : 1.0}, torch::kDouble), xfer)};
   absl::Status reduced = AllReduceSum(groups.world, flag, groups.timeout);
   if (!local.ok()) return local;
   RETURN_IF_ERROR(reduced);
@@ -428,8 +429,8 @@ absl::Status Varuna::DryRun(const TensorMap& dummy_inputs, bool ok_so_far, Stage
         st.ok() ? config->out_meta : std::vector<int64_t>(kBoundaryMetaSize, 0);
     if (!st.ok()) meta[0] = -1;
     absl::Status s =
-        SendBlocking(stage_.groups.links.act_out, torch::tensor(meta, torch::kLong).to(xfer), 1,
-                     kMetaTag, stage_.groups.timeout);
+        SendBlocking(stage_.groups.links.act_out, ToDevice(torch::tensor(meta, torch::kLong), xfer),
+                     1, kMetaTag, stage_.groups.timeout);
     if (st.ok()) st = s;
   }
   return st;
@@ -634,7 +635,9 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs, double loss_den
          view().replica() == 0 ? torch::where(finite, norm_sq, zero) : zero,
          view().is_last_stage() && piped->loss_sum.defined() ? piped->loss_sum : zero, stop_t});
     const torch::Device xfer = TransferDevice(stage_.groups, device_);
-    torch::Tensor meta = torch::tensor(vote.Pack(W), torch::kDouble).to(xfer);
+    // From pinned memory: a pageable copy would make the host wait, untimed, for the
+    // data-parallel reductions Finish() queued (Note [NCCL waits]).
+    torch::Tensor meta = ToDevice(torch::tensor(vote.Pack(W), torch::kDouble), xfer);
     // On a device the step reads back once, here or after the all-reduce (Note [Host syncs]).
     meta.narrow(0, 0, 4).add_(xfer == device_ ? computed
                                               : HostRead(computed, stage_.groups, &result));
@@ -757,8 +760,8 @@ absl::StatusOr<double> Varuna::evaluate(
     }
   }));
   const bool last = view().is_last_stage();
-  auto t = torch::tensor({last ? loss : 0.0, last ? n : 0.0}, torch::kDouble)
-               .to(TransferDevice(stage_.groups, device_));
+  auto t = ToDevice(torch::tensor({last ? loss : 0.0, last ? n : 0.0}, torch::kDouble),
+                    TransferDevice(stage_.groups, device_));
   std::vector<torch::Tensor> v{t};
   if (stage_.topology.world_size() > 1)
     RETURN_IF_ERROR(AllReduceSum(stage_.groups.world, v, stage_.groups.timeout));

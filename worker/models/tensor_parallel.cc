@@ -17,7 +17,7 @@ namespace {
 void AllReduceInPlace(torch::Tensor& t, const TensorParallel& tp) {
   torch::Tensor buf;
   if (tp.group->backend() == "nccl") {
-    buf = t.device() == tp.device ? t.contiguous() : t.to(tp.device);
+    buf = t.device() == tp.device ? t.contiguous() : ToDevice(t.contiguous(), tp.device);
   } else if (!tp.group->device_transfers()) {
     buf = t.is_cpu() ? t.contiguous() : t.to(torch::kCPU);
   } else {

@@ -6,7 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -117,6 +119,43 @@ TEST(RetiredGroupsTest, ACollectiveInFlightKeepsItsGenerationUntilItEnds) {
 // Note [NCCL waits] (worker/dist/read_back.cc): the host meets the device only where it reads
 // a result, polling with the job's timeout; on expiry the generation's works are aborted (an
 // NCCL communicator's kernels with them), and a regroup's abort ends the poll at once.
+v1::ReconfigureCommand Reconfigure(int generation) {
+  v1::ReconfigureCommand r;
+  r.set_generation(generation);
+  return r;
+}
+
+// A second failure while a morph in place hands over: the agent's reconfigure to generation 3
+// arrives after the worker took 2's, before 2 is done. It must stay posted and cut 2's groups
+// short, or the worker trains on with peers that moved on and waits out the timeout.
+TEST(RegroupMailboxTest, AReconfigureForALaterGenerationSurvivesTheHandOver) {
+  RegroupMailbox mb;
+  mb.Start(/*in_place=*/true, 1);
+  auto gen1 = std::make_shared<AbortSignal>();
+  mb.SetCurrentAbort(gen1);
+  mb.Post(Reconfigure(2));
+  EXPECT_TRUE(gen1->aborted());
+  // The hand-over into 2 runs; meanwhile 3 is posted (it aborts 2's predecessor's signal).
+  auto gen2 = std::make_shared<AbortSignal>();
+  mb.Post(Reconfigure(3));
+  mb.SetCurrentAbort(gen2);
+  EXPECT_FALSE(gen2->aborted());
+  mb.Done(2);
+  EXPECT_EQ(mb.generation(), 2);
+  ASSERT_TRUE(mb.Pending()) << "the reconfigure to generation 3 was lost";
+  std::atomic<bool> give_up{false};
+  EXPECT_EQ(mb.Wait(1.0, give_up)->generation(), 3);
+  EXPECT_TRUE(gen2->aborted()) << "generation 2's groups must fail their first wait";
+  // The ordinary case: nothing newer, nothing posted, nothing aborted.
+  auto gen3 = std::make_shared<AbortSignal>();
+  mb.SetCurrentAbort(gen3);
+  mb.Done(3);
+  EXPECT_FALSE(mb.Pending());
+  EXPECT_FALSE(gen3->aborted());
+  mb.Post(Reconfigure(3));  // stale: ignored
+  EXPECT_FALSE(mb.Pending());
+}
+
 TEST(WaitPollingTest, ReturnsOnceDoneAndNamesATimeoutAfterAbortingTheGroups) {
   auto abort = std::make_shared<AbortSignal>();
   int polls = 0;
