@@ -334,7 +334,8 @@ class NcclFactory : public ProcessGroupFactory {
 // aborted alone frees its device memory, and that free waits for every kernel on the GPU, among
 // them another communicator's kernel that waits for the dead peer and ends only when its own
 // abort runs: the survivor hangs, untimed. So the works are aborted on threads of their own,
-// all at once, and joined: every communicator's abort flag is raised before any free waits.
+// all at once, and joined: while one abort's free waits, the others raise their own flags, so
+// every stuck kernel returns and every free ends.
 void AbortSignal::Abort() {
   aborted_.store(true);
   std::vector<WorkPtr> works;
