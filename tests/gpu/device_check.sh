@@ -88,6 +88,10 @@ print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__f
         CORPUS_BYTES=$CORPUS_BYTES RESULTS_JSONL=$out/timeline_run.jsonl \
         TIMELINE_OUT=$out/timeline.jsonl TRACE_STEPS=2 bench/gpu_mfu.sh ;;
     multi)
+      # The worker gpu_build.sh made links the packages it unpacked there (as in parity, bench).
+      if [[ -d /tmp/varuna-deps ]]; then
+        export LD_LIBRARY_PATH=/tmp/varuna-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+      fi
       "$PYTHON" "$here/multi_check.py" --worker "$DC_WORKER" --out "$out" --device "$DC_DEVICE" \
         --model "$MULTI_MODEL" --steps "$MULTI_STEPS" ;;
     bench)
