@@ -2,7 +2,8 @@
 """Benchmark: the cost of committed steps (docs/morphing.md "Committed steps"): bench (b)'s
 GPT and shape (P=1, D=2 on 2 local ranks, global batch 32, micro-batch 16) with checkpoint.dir
 set, in three modes alternated round by round in one run: `checkpoint.commit: false`; `true`
-on the relaunch path (each rank copies its pre-update state every step); `true` with
+on the relaunch path (a rescue rolls forward at resume, Note [Rolled rescue]; nothing copied
+per step; until 2026-11-30 each rank copied its pre-update state every step); `true` with
 --in_place, as the agent starts a job that morphs in place (nothing copied: a rank that misses
 an agreement rolls forward, Note [Roll forward]). Per round: median samples/s over the steps
 after the warm-up (wall clock) and samples per CPU-second of the whole run (user + system of

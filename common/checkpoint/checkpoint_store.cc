@@ -15,6 +15,7 @@
 #include <optional>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -155,6 +156,35 @@ absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
   return WriteFileAtomic(absl::StrCat(ckpt_path, "/rescued.rank", rank), "", rank);
 }
 
+// Note [Rolled rescue]: no state is copied per step to make a rescue possible (Note [Committed
+// step] in worker/engine/varuna.cc). When a link fails in the last phase of step S's
+// agreement, some survivors applied S and others are at S - 1 with S's agreement posted: their
+// reduced gradients of S are still on their parameters, which is all S's update needs besides
+// the agreed vote (the skip on overflow, the global gradient norm for the clip). So a rescuer
+// at S records that vote in its rescue record (update_skipped, update_grad_norm), and a rescuer
+// at S - 1 with S pending writes, besides its own step S - 1, its layers with those gradients
+// into S's directory (pending/<layer>.safetensors, recorded in pending.rank<R>.json). Step S
+// is then complete when the rescuers at S and the pending layers together cover the model and
+// a rescuer recorded the vote; the loader applies the update to the pending layers
+// (Checkpointer::Load), which gives the bytes the survivors at S hold (the update is the same
+// elementwise arithmetic on the same inputs). Without a rescuer at S nobody has the vote, the
+// directory stays incomplete and S - 1, which every survivor then wrote, is the resume point.
+absl::Status WritePendingRecord(const std::string& ckpt_path, int rank, int64_t step,
+                                int64_t global_batch, const std::vector<std::string>& layers,
+                                const std::vector<FileDigest>& files) {
+  std::string json =
+      absl::StrCat("{\"step\": ", step, ", \"global_batch\": ", global_batch, ",\n \"layers\": [");
+  for (size_t i = 0; i < layers.size(); ++i) {
+    absl::StrAppend(&json, i ? ", " : "", "\"", layers[i], "\"");
+  }
+  absl::StrAppend(&json, "],\n \"files\": ", FilesJson(files), "}\n");
+  return WriteFileAtomic(absl::StrCat(ckpt_path, "/pending.rank", rank, ".json"), json, rank);
+}
+
+std::string PendingLayerFileOf(const std::string& layer) {
+  return absl::StrCat("pending/", layer, ".safetensors");
+}
+
 namespace {
 
 absl::Status Damaged(const std::string& what) { return absl::DataLossError(what); }
@@ -226,6 +256,18 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
                                   "' or eval_loss '", eval_loss.substr(0, 40),
                                   "' is not a validation record"));
     }
+  }
+  if (n["update_skipped"] || n["update_grad_norm"]) {  // Note [Rolled rescue]
+    ASSIGN_OR_RETURN(const std::string skipped, Get<std::string>(n, "update_skipped", what));
+    ASSIGN_OR_RETURN(const std::string norm, Get<std::string>(n, "update_grad_norm", what));
+    if ((skipped != "0" && skipped != "1") || !absl::SimpleAtod(norm, &c.update_grad_norm) ||
+        !(c.update_grad_norm >= 0)) {
+      return Damaged(absl::StrCat(what, ": update_skipped '", skipped.substr(0, 40),
+                                  "' or update_grad_norm '", norm.substr(0, 40),
+                                  "' is not an agreed update"));
+    }
+    c.has_update = true;
+    c.update_skipped = skipped == "1";
   }
   if (n["pipelines"]) {
     ASSIGN_OR_RETURN(c.pipelines, Get<std::string>(n, "pipelines", what));
@@ -383,6 +425,42 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
   return CheckLayersCovered(common, covered);
 }
 
+// Counts the layers of consistent pending records (Note [Rolled rescue]) as covered: a layer's
+// pending file stands for its file at this step. A damaged record is left out, as a rescuer's.
+void AddPendingLayers(const std::string& ckpt_path, const CheckpointCommon& common, bool checksums,
+                      std::set<std::string>* covered, std::string* problems) {
+  std::error_code ec;
+  for (fs::directory_iterator it(ckpt_path, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    int r;
+    if (name.rfind("pending.rank", 0) != 0 || !absl::EndsWith(name, ".json") ||
+        !absl::SimpleAtoi(name.substr(12, name.size() - 12 - 5), &r) || r < 0) {
+      continue;
+    }
+    absl::Status st = [&]() -> absl::Status {
+      const std::string what = absl::StrCat(ckpt_path, "/", name);
+      ASSIGN_OR_RETURN(YAML::Node doc, LoadMetadata(what, what));
+      ASSIGN_OR_RETURN(int64_t step, Get<int64_t>(doc, "step", what));
+      ASSIGN_OR_RETURN(int64_t batch, Get<int64_t>(doc, "global_batch", what));
+      ASSIGN_OR_RETURN(auto layers, Get<std::vector<std::string>>(doc, "layers", what));
+      if (step != common.step || batch != common.global_batch) {
+        return Damaged(absl::StrCat(name, " is for step ", step, " and global batch ", batch,
+                                    ", not ", common.step, " and ", common.global_batch));
+      }
+      std::set<std::string> files;
+      RETURN_IF_ERROR(VerifyFiles(ckpt_path, doc["files"], name, checksums, &files));
+      for (const std::string& l : layers) {
+        if (!files.count(PendingLayerFileOf(l))) {
+          return Damaged(absl::StrCat(name, " lists layer ", l, " but not its file"));
+        }
+      }
+      for (const std::string& l : layers) covered->insert(LayerFileOf(common.format, l));
+      return absl::OkStatus();
+    }();
+    if (!st.ok()) absl::StrAppend(problems, problems->empty() ? "" : "; ", st.message());
+  }
+}
+
 // Complete by rescue (Note [Rescue] in worker/engine/checkpoint.cc): the rescuers that verify agree
 // on the step and batch, and their files cover every layer. A rescuer whose record or files
 // are damaged is left out; the rest may still cover the model.
@@ -390,6 +468,7 @@ absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,
                            const std::vector<std::string>* expected_layers) {
   const std::vector<int> ranks = RescuedRanks(ckpt_path);
   if (ranks.empty()) return Damaged("no rescue records");
+  bool has_update = false;  // a rescuer recorded the step's agreed update
   std::optional<CheckpointCommon> first;
   std::set<std::string> covered;
   std::string problems;
@@ -410,10 +489,12 @@ absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,
       continue;
     }
     if (!first) first = *c;
+    has_update = has_update || c->has_update;
     covered.insert(mine.begin(), mine.end());
   }
   if (!first) return Damaged(absl::StrCat("no usable rescue record (", problems, ")"));
   RETURN_IF_ERROR(CheckExpectedLayers(*first, expected_layers));
+  if (has_update) AddPendingLayers(ckpt_path, *first, checksums, &covered, &problems);
   absl::Status st = CheckLayersCovered(*first, covered);
   if (!st.ok()) {
     return Damaged(absl::StrCat("rescued by ranks ", ranks.size(), " but ", st.message(),

@@ -10,6 +10,9 @@
 //                                      pickled dict)
 //     manifest.rank<R>.json            per writer: every file it wrote, size and CRC-32
 //     complete.rank<R>                 per writer, written last (after fsync of the rest)
+//     rescue.rank<R>.json, rescued.rank<R>   a rescue's record and marker (Note [Rescue])
+//     pending/<layer>.safetensors      a rescue of the step before, with this step's gradients
+//     pending.rank<R>.json             their record (Note [Rolled rescue])
 //
 // A checkpoint is complete when common.json parses, every writer it lists has its marker and
 // manifest, and every file in every manifest has the recorded size and checksum.
@@ -54,6 +57,17 @@ absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
                                const std::string& common_json,
                                const std::vector<FileDigest>& files);
 
+// Note [Rolled rescue] in checkpoint_store.cc: a rank at step `step` - 1 whose agreement of
+// `step` was posted but never completed writes its layers with their reduced gradients
+// (`files`, each PendingLayerFileOf) into DIR/varuna_ckpt_<step>, then this record,
+// pending.rank<R>.json (`global_batch` and `layers` as in common.json).
+absl::Status WritePendingRecord(const std::string& ckpt_path, int rank, int64_t step,
+                                int64_t global_batch, const std::vector<std::string>& layers,
+                                const std::vector<FileDigest>& files);
+// "pending/<layer>.safetensors": a layer at the step before the checkpoint's, with the
+// checkpoint step's gradients as "grad.<parameter>" tensors.
+std::string PendingLayerFileOf(const std::string& layer);
+
 // Limits on what a checkpoint's metadata may claim (a manifest is data, not trusted).
 inline constexpr int64_t kMaxCheckpointMetadataBytes = 16 << 20;
 inline constexpr uint64_t kMaxCheckpointFileBytes = uint64_t{1} << 40;
@@ -84,6 +98,11 @@ struct CheckpointCommon {
   // run carries into its own checkpoints until it validates again.
   int64_t eval_step = 0;
   double eval_loss = 0;
+  // A rescue's record of this step's agreed update (Note [Rolled rescue]): what a layer saved
+  // at the step before with this step's gradients needs to be brought to this step.
+  bool has_update = false;
+  bool update_skipped = false;  // the agreement found an overflow: no update was applied
+  double update_grad_norm = 0;  // the global gradient norm the update clipped by
   // Written for people and tools, not read back:
   int micro_batch = 0;
   std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)
@@ -107,7 +126,8 @@ absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_pa
 // exactly the model's layers) is covered. With checksums=false only presence and sizes are
 // checked (cheap; for retention). Never blocks on a FIFO and never throws. A checkpoint that
 // is not complete this way is also complete when its rescue records (WriteRescueRecord) are
-// consistent and together cover every layer.
+// consistent and together cover every layer, counting a layer that only a pending record
+// (WritePendingRecord) holds when a rescuer recorded the step's update (Note [Rolled rescue]).
 absl::Status VerifyCheckpoint(const std::string& ckpt_path, bool checksums = true,
                               const std::vector<std::string>* expected_layers = nullptr);
 

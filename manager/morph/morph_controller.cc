@@ -486,9 +486,10 @@ bool MorphController::CoalesceWindowOver(Job& job) {
 }
 
 // Note [Saved steps]: the survivors' saves are compared, not just counted. Each saver (exit 75,
-// or exit 0 after a stop request) reports the step it saved (and the committed step before
-// it, which a rescue also writes while its newest is not committed); a stage (a segment range, for
-// heterogeneous pipelines) is covered at step S when one of its savers saved S. The relaunch
+// or exit 0 after a stop request) reports the step it saved (and the next step, when its rescue
+// wrote pending layers for it: Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc); a
+// stage (a segment range, for heterogeneous pipelines) is covered at step S when one of its
+// savers saved S, or wrote pending layers for S and another saver saved S. The relaunch
 // resumes from the newest complete checkpoint ("auto"); this says which step that should be
 // and why, so a morph record explains a resume from further back: a stage no rank was left to
 // save (every replica lost at once), or saves that cover no common step.

@@ -18,15 +18,26 @@ SaveCoverage CoverageOf(const Job& job) {
   std::vector<std::set<int64_t>> by_stage(stages);
   std::vector<std::set<int64_t>> by_segment(topo.ok() ? topo->pipeline(0).boundaries.back() : 0);
   SaveCoverage out;
+  auto saver = [&](const v1::RankExit& e) {
+    return e.signal() == 0 &&
+           (e.exit_code() == kExitRescued || (e.exit_code() == 0 && job.gen.stopped_after > 0));
+  };
+  // A rescue writes the step it has and, with the next step's agreement pending, its layers
+  // with that step's gradients into that step's checkpoint (Note [Rolled rescue] in
+  // common/checkpoint/checkpoint_store.cc), which covers it only when another saver has the
+  // step (and with it the update): so a pending step counts when some saver saved it.
+  std::set<int64_t> own;
+  for (const auto& e : job.rec.exits()) {
+    if (saver(e) && e.saved_step() > 0) own.insert(e.saved_step());
+  }
   for (const auto& e : job.rec.exits()) {
     out.committed = std::max(out.committed, e.committed_step());
-    const bool saver = e.signal() == 0 && (e.exit_code() == kExitRescued ||
-                                           (e.exit_code() == 0 && job.gen.stopped_after > 0));
-    if (!saver || e.saved_step() <= 0) continue;
-    // A rescue writes the step it has and, when that one is not committed, the committed
-    // one before it (Note [Committed step] in worker/engine/varuna.cc), and says which.
-    std::vector<int64_t> steps = {e.saved_step()};
-    if (e.also_saved_step() > 0) steps.push_back(e.also_saved_step());
+    if (!saver(e)) continue;
+    std::vector<int64_t> steps;
+    if (e.saved_step() > 0) steps.push_back(e.saved_step());
+    if (e.also_saved_step() > 0 && own.count(e.also_saved_step())) {
+      steps.push_back(e.also_saved_step());
+    }
     for (int64_t step : steps) {
       v1::SavedStep s;
       s.set_rank(e.rank());

@@ -21,7 +21,8 @@ struct SaveCoverage {
 };
 
 // A saver is a rank that exited rescued (kExitRescued) or, after a stop on request, cleanly;
-// a rescue may have saved two steps (Note [Committed step] in worker/engine/varuna.cc).
+// a rescue may also have written pending layers for the next step, which count where another
+// saver saved that step (Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc).
 // Heterogeneous pipelines count by segment: a stage is covered by a step when every one of
 // its segments is.
 SaveCoverage CoverageOf(const Job& job);

@@ -5,7 +5,8 @@ on the GPT of bench (i) at ~350M (two 1.3B states do not fit one GPU beside each
 
   commit   the same run in three modes, one after the other: checkpoint.commit false (off),
            true with --in_place (the default path: nothing copied per step, Note [Roll
-           forward]) and true on the relaunch path (the pre-update copy every step); the
+           forward]) and true on the relaunch path (nothing copied either: Note [Rolled
+           rescue]; until 2026-11-30 a pre-update copy every step); the
            median step time past the first SKIP steps, and each mode's cost against off;
   rescue   the relaunch mode with rank 1 killing itself in step KILL_AT's forward
            (VARUNA_FAULT): rank 0's step fails, it rescues and exits 75; the seconds from
@@ -136,14 +137,15 @@ def rescue(args, tmp, data, result):
     codes, ended, rows, outs = run(args, "rescue", job, [],
                                    {"VARUNA_FAULT": f"forward@{args.kill_at}:1:kill"})
     entry = {"rc": codes, "kill_at": args.kill_at}
-    m = re.search(r"rescued step (\d+)(?: and step (\d+))? \(committed (\d+)\) in ([0-9.]+) s",
+    m = re.search(r"rescued step (\d+)(?: and its layers with step (\d+)'s gradients)? "
+                  r"\(committed (\d+)\) in ([0-9.]+) s",
                   outs[0])
     if m and codes[0] == 75 and None not in ended:
         entry.update(saved_step=int(m.group(1)), rescue_s=float(m.group(4)),
                      exit_after_kill_s=round(ended[0] - ended[1], 3),
                      saved=sorted(os.listdir(ckpt)) if os.path.isdir(ckpt) else [])
         if m.group(2):
-            entry["also_saved"] = int(m.group(2))
+            entry["pending_for"] = int(m.group(2))
     else:
         entry["log_tail"] = outs[0][-2500:]
     result["rescue"] = entry

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <type_traits>
@@ -183,9 +184,9 @@ int64_t Checkpointer::committed_step() const {
 // change after its last update (the next one needs the state's lock, which the snapshot holds),
 // so the copies need only that update to be done: each change to the state records
 // TrainingState::changed on the compute stream, and the snapshot runs on a side stream from
-// the pool that waits for that event and nothing else. Periodic checkpoints and the relaunch
-// path's pre-update copy take the same road (they too then skip whatever the compute stream
-// has queued since).
+// the pool that waits for that event and nothing else. Periodic checkpoints take the same road
+// (they too then skip whatever the compute stream has queued since), and a rolled rescue's
+// gradients one behind TrainingState::grads_ready.
 namespace {
 
 torch::Device StageDevice(const RankStage& stage) {
@@ -199,11 +200,23 @@ const c10::Event* ChangedEvent(const TrainingState& state) {
   return state.changed ? &*state.changed : nullptr;
 }
 
-void MarkStateChanged(TrainingState& state, torch::Device device) {
+namespace {
+
+void RecordOnComputeStream(std::optional<c10::Event>* event, torch::Device device) {
   if (device.is_cpu()) return;
-  if (!state.changed) state.changed.emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);
+  if (!*event) event->emplace(device.type(), c10::EventFlag::BACKEND_DEFAULT);
   c10::impl::VirtualGuardImpl impl(device.type());
-  state.changed->record(impl.getStream(device));
+  (*event)->record(impl.getStream(device));
+}
+
+}  // namespace
+
+void MarkStateChanged(TrainingState& state, torch::Device device) {
+  RecordOnComputeStream(&state.changed, device);
+}
+
+void MarkGradientsReady(TrainingState& state, torch::Device device) {
+  RecordOnComputeStream(&state.grads_ready, device);
 }
 
 absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
@@ -243,13 +256,9 @@ absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
 
 std::string Checkpointer::CommonJson(const std::vector<int>& writers,
                                      const std::map<std::string, std::string>& info) const {
-  return CommonJsonAt(state_->iteration, state_->scaler.scale(), state_->scaler.clean_steps(),
-                      writers, info);
-}
-
-std::string Checkpointer::CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
-                                       const std::vector<int>& writers,
-                                       const std::map<std::string, std::string>& info) const {
+  const int64_t step = state_->iteration;
+  const double loss_scale = state_->scaler.scale();
+  const int64_t clean_steps = state_->scaler.clean_steps();
   CheckpointCommon c;
   c.step = step;
   c.global_batch = stage_->topology.global_batch();
@@ -281,7 +290,11 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
   if (!upload.ok()) LOG(WARNING) << "rank=" << stage_->rank << " earlier upload failed: " << upload;
   rescued_also_ = 0;
   faults_->Hit(FaultPoint::kRescueSave, state_->iteration);
-  if (state_->iteration == 0) return 0;  // nothing trained since a fresh start
+  const int64_t step = state_->iteration;
+  // Note [Rolled rescue] in checkpoint_store.cc. This rank's gradients of the next step, posted to
+  // its agreement, are what a peer's record of that step's update needs to bring this stage there.
+  const int64_t pending = rolled_rescue_ && state_->commit.pending() == step + 1 ? step + 1 : 0;
+  if (step == 0 && pending == 0) return 0;  // nothing trained since a fresh start
   if (stage_->tp.enabled()) {
     // A rescue runs without collectives and a tp rank holds a slice: it cannot write full
     // tensors alone.
@@ -289,38 +302,87 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
         absl::StrCat("no rescue with tensor parallelism (tp_size ", stage_->tp.size,
                      "): the job resumes from its last periodic checkpoint"));
   }
-  // Note [Committed step] in varuna.cc: while this rank's newest step is not committed, a
-  // peer may not have it; the step before it, which every survivor has, goes first.
-  const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(state_->iteration - 1);
-  if (state_->iteration > committed_step() && pre != nullptr && pre->step > 0) {
-    if (!VerifyCheckpoint(CheckpointPath(dir, pre->step), /*checksums=*/false).ok()) {
-      RETURN_IF_ERROR(
-          WriteRescue(dir, pre->step, pre->layers,
-                      CommonJsonAt(pre->step, pre->loss_scale, pre->clean_steps, {stage_->rank},
-                                   info ? info(pre->step) : std::map<std::string, std::string>())));
+  LayerSnapshot snapshot;
+  auto take = [&]() -> absl::Status {
+    if (!snapshot.empty()) return absl::OkStatus();
+    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer,
+                                              std::vector<bool>(stage_->layers.size(), true),
+                                              ChangedEvent(*state_), /*borrow=*/true));
+    return absl::OkStatus();
+  };
+  // Already saved (a periodic checkpoint of this step) unless only through pending layers,
+  // which this rank's own files spare the resume from rolling forward.
+  const std::string path = CheckpointPath(dir, step);
+  std::error_code ec;
+  if (step > 0 && (!VerifyCheckpoint(path, /*checksums=*/false).ok() ||
+                   std::filesystem::exists(path + "/pending", ec))) {
+    RETURN_IF_ERROR(take());
+    std::map<std::string, std::string> fields =
+        info ? info(step) : std::map<std::string, std::string>();
+    if (rolled_rescue_ && state_->commit.agreed() == step) {  // what a peer behind needs
+      const StepCommit::Update& u = state_->commit.agreed_update();
+      fields["update_skipped"] = u.skipped ? "1" : "0";
+      fields["update_grad_norm"] = absl::StrFormat("%.17g", u.grad_norm);
     }
-    rescued_also_ = pre->step;
+    RETURN_IF_ERROR(WriteRescue(dir, step, snapshot, CommonJson({stage_->rank}, fields)));
   }
-  const std::string path = CheckpointPath(dir, state_->iteration);
-  if (VerifyCheckpoint(path, /*checksums=*/false).ok()) return state_->iteration;  // already saved
-  ASSIGN_OR_RETURN(auto snapshot, SnapshotLayers(*stage_, *state_->optimizer,
-                                                 std::vector<bool>(stage_->layers.size(), true),
-                                                 ChangedEvent(*state_), /*borrow=*/true));
-  RETURN_IF_ERROR(
-      WriteRescue(dir, state_->iteration, snapshot,
-                  CommonJson({stage_->rank}, info ? info(state_->iteration)
-                                                  : std::map<std::string, std::string>())));
-  return state_->iteration;
+  if (pending > 0) {
+    // The step's own save stands whatever happens here: the pending layers only help.
+    absl::Status st = take();
+    if (st.ok()) st = WritePending(dir, pending, std::move(snapshot));
+    if (st.ok()) {
+      rescued_also_ = pending;
+    } else {
+      LOG(WARNING) << "rank=" << stage_->rank << " wrote no pending layers for step " << pending
+                   << ": " << st;
+    }
+  }
+  return step;
+}
+
+absl::Status Checkpointer::WritePending(const std::string& dir, int64_t step,
+                                        LayerSnapshot layers) {
+  // The gradients were final on the compute stream when the agreement was posted: copy behind
+  // that event alone. Not reached yet, the reductions never finished here, so no peer can have
+  // completed the agreement either (theirs needed this rank's): nothing to offer.
+  const c10::Event* ready = state_->grads_ready ? &*state_->grads_ready : nullptr;
+  if (ready != nullptr && !ready->query()) {
+    return absl::UnavailableError("its gradients never finished reducing");
+  }
+  RETURN_IF_ERROR(TorchCall("snapshotting the gradients", [&] {
+    std::optional<c10::StreamGuard> side;
+    if (ready != nullptr) {
+      c10::impl::VirtualGuardImpl impl(ready->device_type());
+      const c10::Stream stream = impl.getStreamFromGlobalPool(
+          c10::Device(ready->device_type(), ready->device_index()), /*isHighPriority=*/true);
+      ready->block(stream);
+      side.emplace(stream);
+    }
+    for (size_t i = 0; i < stage_->layers.size(); ++i) {
+      for (const auto& p : stage_->layers[i]->named_parameters(/*recurse=*/true)) {
+        if (!p.value().grad().defined()) continue;  // frozen: nothing to update
+        layers[i].second.insert_or_assign("grad." + p.key(),
+                                          OnHost(p.value().grad(), /*borrow=*/true, torch::kFloat));
+      }
+    }
+    if (ready != nullptr) {  // the pinned copies were queued: wait for them
+      c10::impl::VirtualGuardImpl impl(ready->device_type());
+      impl.getStream(c10::Device(ready->device_type(), ready->device_index())).synchronize();
+    }
+  }));
+  const std::string path = CheckpointPath(dir, step);
+  std::error_code ec;
+  std::filesystem::create_directories(path + "/pending", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", path, ": ", ec.message()));
+  ASSIGN_OR_RETURN(std::vector<FileDigest> written,
+                   WriteLayerFiles(path, layers, stage_->rank, /*pending=*/true));
+  return WritePendingRecord(path, stage_->rank, step, stage_->topology.global_batch(),
+                            stage_->layer_names, written);
 }
 
 std::vector<Checkpointer::RestorableStep> Checkpointer::RestorableSteps() const {
   std::lock_guard<std::mutex> lock(state_->mu);
-  std::vector<RestorableStep> steps = {
-      {state_->iteration, state_->scaler.scale(), state_->scaler.clean_steps()}};
-  if (const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(state_->iteration - 1)) {
-    steps.push_back({pre->step, pre->loss_scale, pre->clean_steps});
-  }
-  return steps;
+  return {{state_->iteration, state_->scaler.scale(), state_->scaler.clean_steps()}};
 }
 
 Checkpointer::CommitRecord Checkpointer::CommitState() const {
@@ -338,21 +400,16 @@ absl::StatusOr<Checkpointer::HeldState> Checkpointer::HeldAt(int64_t step) const
   HeldState out;
   out.step = step;
   LayerSnapshot snapshot;
-  if (step == state_->iteration) {
-    if (!state_->optimizer) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
-    ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer,
-                                              std::vector<bool>(stage_->layers.size(), true),
-                                              ChangedEvent(*state_)));
-    out.loss_scale = state_->scaler.scale();
-    out.clean_steps = state_->scaler.clean_steps();
-  } else if (const StepCommit::PreUpdate* pre = state_->commit.PreUpdateAt(step)) {
-    snapshot = pre->layers;
-    out.loss_scale = pre->loss_scale;
-    out.clean_steps = pre->clean_steps;
-  } else {
+  if (step != state_->iteration) {
     return absl::NotFoundError(absl::StrCat("rank ", stage_->rank, " holds no state of step ", step,
                                             " (it is at step ", state_->iteration, ")"));
   }
+  if (!state_->optimizer) return absl::FailedPreconditionError("HeldAt() before set_optimizer()");
+  ASSIGN_OR_RETURN(snapshot, SnapshotLayers(*stage_, *state_->optimizer,
+                                            std::vector<bool>(stage_->layers.size(), true),
+                                            ChangedEvent(*state_)));
+  out.loss_scale = state_->scaler.scale();
+  out.clean_steps = state_->scaler.clean_steps();
   for (auto& [name, dict] : snapshot) out.layers.emplace(std::move(name), std::move(dict));
   return out;
 }
@@ -561,12 +618,20 @@ absl::StatusOr<int64_t> Checkpointer::Load(const std::string& ckpt_path) {
         "checkpoint ", ckpt_path, " was written with global batch ", batch, "; this run has ",
         stage_->topology.global_batch(), " (it must not change across a resume)"));
   }
+  std::vector<std::pair<size_t, LayerDict>> rolled;  // Note [Rolled rescue]
   for (size_t i = 0; i < stage_->layers.size(); ++i) {
-    const std::string file =
+    std::string file =
         absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, stage_->layer_names[i]));
+    const std::string pending =
+        absl::StrCat(ckpt_path, "/", PendingLayerFileOf(stage_->layer_names[i]));
+    std::error_code ec;
+    const bool roll = !std::filesystem::exists(file, ec) && std::filesystem::exists(pending, ec);
+    if (roll) file = pending;
     ASSIGN_OR_RETURN(auto in, ReadLayerFile(file, nullptr));
     RETURN_IF_ERROR(LoadLayer(i, in, file));
+    if (roll) rolled.emplace_back(i, std::move(in));
   }
+  if (!rolled.empty()) RETURN_IF_ERROR(RollLoadedForward(ckpt_path, common, rolled));
   state_->scaler.Restore(common.loss_scale, common.clean_steps);
   state_->iteration = step;
   state_->commit.Start(step);  // Note [Committed step] in varuna.cc: every rank loaded it
@@ -574,8 +639,67 @@ absl::StatusOr<int64_t> Checkpointer::Load(const std::string& ckpt_path) {
   LOG(INFO) << "rank=" << stage_->rank << " loaded " << ckpt_path << " (written by "
             << (common.pipelines.empty() ? absl::StrCat(common.stages, "x", common.replicas)
                                          : common.pipelines)
-            << ", step " << step << ")";
+            << ", step " << step
+            << (rolled.empty()
+                    ? std::string()
+                    : absl::StrCat("; ", rolled.size(), " layer(s) rolled forward from step ",
+                                   step - 1, " with the update its rescuers recorded"))
+            << ")";
   return step;
+}
+
+// Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc: the rolled layers hold step
+// `common.step` - 1 and that step's gradients; the engine's own update, with the schedule of
+// that step and the recorded norm, brings them to it. Only their parameters carry gradients
+// during it (an optimizer steps every parameter that has one); the others' gradients, a
+// data-parallel bucket's views among them, are put back after.
+absl::Status Checkpointer::RollLoadedForward(
+    const std::string& ckpt_path, const CheckpointCommon& common,
+    const std::vector<std::pair<size_t, LayerDict>>& rolled) {
+  const std::string& first = stage_->layer_names[rolled.front().first];
+  if (!common.has_update) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ckpt_path, " holds layer ", first, " only as step ", common.step - 1, " with step ",
+        common.step, "'s gradients, and no rescuer recorded that step's update"));
+  }
+  if (!apply_update_) return absl::InternalError("Load(): no update to roll layers forward with");
+  state_->iteration = common.step - 1;                 // the update is the next step's: its rate
+  if (common.update_skipped) return absl::OkStatus();  // an overflow: the step changed nothing
+  return TorchCall(
+      absl::StrCat("rolling ", first, " forward to step ", common.step), [&]() -> absl::Status {
+        torch::NoGradGuard no_grad;
+        // Each parameter once: a tied pair in one stage is one tensor held by two layers.
+        std::set<const void*> seen;
+        std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (parameter, its gradient)
+        for (const auto& l : stage_->layers) {
+          for (auto& p : l->parameters(/*recurse=*/true)) {
+            if (!seen.insert(p.unsafeGetTensorImpl()).second) continue;
+            kept.emplace_back(p, p.grad());
+            p.mutable_grad() = torch::Tensor();
+          }
+        }
+        seen.clear();
+        absl::Status st;
+        std::vector<torch::Tensor> params;
+        for (const auto& [i, in] : rolled) {
+          for (auto& p : stage_->layers[i]->named_parameters(/*recurse=*/true)) {
+            auto it = in.find("grad." + p.key());
+            // Frozen when written (no update), or already given its gradient by a tied layer.
+            if (it == in.end() || !seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
+            if (!it->value().sizes().equals(p.value().sizes())) {
+              st = absl::DataLossError(absl::StrCat(ckpt_path, ": the gradient of ",
+                                                    stage_->layer_names[i], "'s ", p.key(),
+                                                    " has the wrong shape"));
+              break;
+            }
+            p.value().mutable_grad() = it->value().to(p.value().options());
+            params.push_back(p.value());
+          }
+        }
+        if (st.ok()) apply_update_(params, common.update_grad_norm);
+        for (auto& [p, g] : kept) p.mutable_grad() = g;
+        return st;
+      });
 }
 
 }  // namespace varuna

@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/checkpoint/checkpoint_store.h"
 #include "worker/engine/engine_state.h"
 #include "worker/engine/fault.h"
 #include "worker/engine/step_commit.h"
@@ -36,6 +37,8 @@ absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              bool borrow = false);
 // Records `state.changed` on `device`'s current stream (nothing on the CPU). Under state.mu.
 void MarkStateChanged(TrainingState& state, torch::Device device);
+// Records `state.grads_ready` the same way.
+void MarkGradientsReady(TrainingState& state, torch::Device device);
 // `state.changed` for SnapshotLayers' `after`, or null before the first change (or on the CPU).
 const c10::Event* ChangedEvent(const TrainingState& state);
 
@@ -85,20 +88,32 @@ class Checkpointer {
   using InfoAt = std::function<std::map<std::string, std::string>(int64_t step)>;
   // Saves the state of the last completed step after a failed one, with no collective
   // (Note [Rescue] in checkpoint.cc): every layer of this stage plus its rescue record into
-  // DIR/varuna_ckpt_<iteration>, each step written with info(step) (none when null). Safe to
-  // call from another thread while step() is blocked on a dead peer; `info` is called on that
-  // thread with the state's lock held. Returns the step saved (0: nothing trained yet,
-  // nothing written).
+  // DIR/varuna_ckpt_<iteration>, written with info(iteration) (none when null) and the step's
+  // agreed update; with the next step's agreement pending, also the layers with that step's
+  // gradients into its directory (Note [Rolled rescue] in
+  // common/checkpoint/checkpoint_store.cc; rescued_also() says so). Safe to call from another
+  // thread while step() is blocked on a dead peer; `info` is called on that thread with the
+  // state's lock held. Returns the step saved (0: nothing trained yet, no step written).
   absl::StatusOr<int64_t> Rescue(const std::string& dir, const InfoAt& info = nullptr);
   // Waits for a background upload; returns its outcome (OK if none was running).
   absl::Status Wait();
   // Loads a complete checkpoint directory (verify it first: ResolveResumeStep) into this stage,
   // whatever configuration wrote it: parameters, buffers, optimizer state, loss scaler, step.
-  // Call after set_optimizer(). Returns the step it resumes after.
+  // A layer saved only at the step before, with this step's gradients, is brought to this
+  // step with the update its rescuers recorded (Note [Rolled rescue]). Call after
+  // set_optimizer(). Returns the step it resumes after.
   absl::StatusOr<int64_t> Load(const std::string& ckpt_path);
+  // The engine's update of the step after the state's iteration, to the parameters given (with
+  // their gradients) and clipped by a global gradient norm: what Load() applies to a rolled
+  // layer. Set by the engine.
+  using ApplyUpdateFn = std::function<void(const std::vector<torch::Tensor>&, double)>;
+  void set_apply_update(ApplyUpdateFn fn) { apply_update_ = std::move(fn); }
+  // false: Rescue() writes its own step alone, no pending layers and no update record
+  // (VarunaOptions::rolled_rescue).
+  void set_rolled_rescue(bool on) { rolled_rescue_ = on; }
 
-  // The steps whose state this rank can hand over: the newest it applied and, while that one
-  // is not committed, the one before it (Note [Committed step] in varuna.cc); newest first.
+  // The steps whose state this rank can hand over: the newest it applied (Note [Committed
+  // step] in varuna.cc; a peer behind it rolls forward instead of taking an older one).
   std::vector<RestorableStep> RestorableSteps() const;
   // What a morph in place needs of this rank's commit record (Note [Committed step] in
   // varuna.cc): the newest step whose agreement completed here with its agreed vector, and the
@@ -120,7 +135,7 @@ class Checkpointer {
   // The newest step this rank knows every rank has or can restore (Note [Committed step] in
   // varuna.cc).
   int64_t committed_step() const;
-  // What the last Rescue() wrote besides the step it returned (0: nothing else).
+  // The step whose checkpoint the last Rescue() also wrote pending layers into (0: none).
   int64_t rescued_also() const { return rescued_also_; }
 
  private:
@@ -134,13 +149,15 @@ class Checkpointer {
 
   std::string CommonJson(const std::vector<int>& writers,
                          const std::map<std::string, std::string>& info) const;
-  // The same for a step other than the current one (a rescue of the pre-update state).
-  std::string CommonJsonAt(int64_t step, double loss_scale, int64_t clean_steps,
-                           const std::vector<int>& writers,
-                           const std::map<std::string, std::string>& info) const;
   // Writes a rescue of `layers` as step `step` into DIR (Note [Rescue] in checkpoint.cc).
   absl::Status WriteRescue(const std::string& dir, int64_t step, const LayerSnapshot& layers,
                            const std::string& common_json);
+  // Writes `layers` with the gradients of step `step` (its agreement pending) into DIR's
+  // checkpoint of `step` (Note [Rolled rescue]). Under the state's lock.
+  absl::Status WritePending(const std::string& dir, int64_t step, LayerSnapshot layers);
+  // Load()'s part for rolled layers (`rolled`: layer index and its pending file's tensors).
+  absl::Status RollLoadedForward(const std::string& ckpt_path, const CheckpointCommon& common,
+                                 const std::vector<std::pair<size_t, LayerDict>>& rolled);
   // Copies layer i's parameters, optimizer state and buffers from `in` (the checkpoint's
   // per-layer format); `what` names the source in errors.
   absl::Status LoadLayer(size_t i, const c10::Dict<std::string, at::Tensor>& in,
@@ -153,6 +170,8 @@ class Checkpointer {
   TrainingState* state_;
   const FaultInjector* faults_;
   int64_t rescued_also_ = 0;
+  ApplyUpdateFn apply_update_;
+  bool rolled_rescue_ = true;
   Upload upload_;
 };
 

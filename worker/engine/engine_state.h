@@ -68,7 +68,11 @@ struct TrainingState {
   // load, an adoption), so snapshots copy behind it alone (Note [Rescue copies] in
   // checkpoint.cc). Empty on the CPU and before the first change.
   std::optional<c10::Event> changed;
-  std::mutex mu;  // parameters, optimizer, scaler, iteration, commit, changed
+  // On a device: recorded on the compute stream when a step's gradients are reduced and
+  // unscaled, before its agreement is posted, so a rescue copies them behind it alone (Note
+  // [Rolled rescue] in common/checkpoint/checkpoint_store.cc). Empty on the CPU.
+  std::optional<c10::Event> grads_ready;
+  std::mutex mu;  // parameters, optimizer, scaler, iteration, commit, changed, grads_ready
 };
 
 // Read-only answers about one rank's engine that do not change once Varuna::Create() returns:

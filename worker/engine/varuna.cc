@@ -121,7 +121,11 @@ Varuna::Varuna(Model model, Topology topology, int rank, ProcessGroups groups, i
       device_(device),
       options_(options),
       train_(options.init_loss_scale, options.loss_scale_window),
-      checkpointer_(stage_, train_, options_.faults) {}
+      checkpointer_(stage_, train_, options_.faults) {
+  checkpointer_.set_rolled_rescue(options_.rolled_rescue);
+  checkpointer_.set_apply_update([this](const std::vector<torch::Tensor>& params,
+                                        double grad_norm) { ApplyUpdate(params, grad_norm); });
+}
 
 absl::StatusOr<std::unique_ptr<Varuna>> Varuna::Create(Model model, Topology topology, int rank,
                                                        ProcessGroups groups,
@@ -503,30 +507,16 @@ torch::Tensor Varuna::LocalGradNormSq(torch::Tensor* stop, int64_t* local_params
 //   its newest step (a few doubles) and marks a posted agreement pending until it completes; in
 //   the hand-over a rank at X with X+1 pending applies X+1 with a survivor's vector (Note [Roll
 //   forward] in regroup.cc), so every survivor holds X+1 when any saw it complete.
-// - On the relaunch path (morph_in_place off) a rescue has no peer to ask, so each rank keeps
-//   its pre-update state of the newest step until that step is committed (keep_pre_update: 12
-//   bytes a parameter copied per step), and a rescue writes both the step it has and, when
-//   that one is not committed, the step before it: every survivor then writes X, and the
-//   newest complete checkpoint is X+1 when every stage's survivors had it, else X; the next
-//   generation's "auto" resume finds it. The manager compares the saves (Note [Saved steps] in
+// - On the relaunch path (morph_in_place off, or a hand-over that failed) a rescue has no peer
+//   to ask: each survivor writes the step it has, and one at X with X+1 pending also writes
+//   its layers with X+1's gradients into X+1's checkpoint, while one at X+1 records X+1's vote
+//   there; X+1 is then complete when every stage has a survivor, and the next generation's
+//   loader applies the update (Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc).
+//   With nobody at X+1 nobody has the vote and X, which every survivor wrote, is the resume
+//   point. The manager compares the saves (Note [Saved steps] in
 //   manager/morph/morph_controller.cc) and records them in the morph.
-// A job that morphs in place but falls back to a relaunch after a split keeps no pre-update
-// state, so its saves may cover no common step and it resumes from its periodic checkpoint.
-absl::Status Varuna::KeepPreUpdate() {
-  if (!options_.keep_pre_update || stage_.topology.world_size() <= 1) return absl::OkStatus();
-  StepCommit::PreUpdate pre;
-  ASSIGN_OR_RETURN(pre.layers, SnapshotLayers(stage_, *train_.optimizer,
-                                              std::vector<bool>(stage_.layers.size(), true),
-                                              ChangedEvent(train_)));
-  pre.step = train_.iteration;
-  pre.loss_scale = train_.scaler.scale();
-  pre.clean_steps = train_.scaler.clean_steps();
-  train_.commit.KeepPreUpdate(std::move(pre));
-  return absl::OkStatus();
-}
-
-void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm,
-                         int64_t taking) {
+// Neither copies anything per step: a step's only extra work is a few doubles of record.
+void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm) {
   if (options_.clip_grad_norm > 0) {
     const double coef = options_.clip_grad_norm / (grad_norm + 1e-6);
     if (coef < 1) {
@@ -546,7 +536,6 @@ void Varuna::ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_n
     const double lr = lr_fn_(train_.iteration + 1);
     for (auto& group : train_.optimizer->param_groups()) group.options().set_lr(lr);
   }
-  options_.faults.Hit(FaultPoint::kUpdate, taking);
   train_.optimizer->step();
 }
 
@@ -644,6 +633,7 @@ absl::StatusOr<StepResult> Varuna::step(const TensorMap& inputs, double loss_den
     {
       std::lock_guard<std::mutex> state(train_.mu);
       train_.commit.Posted(taking);  // from here it can roll forward (Note [Committed step])
+      MarkGradientsReady(train_, device_);
     }
     const bool split = faults.Hit(FaultPoint::kAgreement, taking);
     phase.emplace(options_.timeline, StepPhase::kComm);
@@ -678,8 +668,6 @@ absl::Status Varuna::ApplyAgreed(const std::vector<torch::Tensor>& params,
                      static_cast<size_t>(StepAgreement::Size(W)), " (a world of ", W, ")"));
   }
   const StepAgreement agreed = StepAgreement::Unpack(vector.data(), W);
-  train_.commit.Agreed(taking, std::move(vector));  // Note [Committed step]
-  RETURN_IF_ERROR(KeepPreUpdate());
   result->overflow = agreed.overflow;
   result->grad_norm = std::sqrt(agreed.norm_sq);
   result->loss = agreed.loss;
@@ -688,8 +676,13 @@ absl::Status Varuna::ApplyAgreed(const std::vector<torch::Tensor>& params,
   SetStageTimes(stage_.topology, agreed, result);
   const bool fp16 = options_.precision == Precision::kFp16;
   const bool skip = fp16 ? train_.scaler.Update(result->overflow) : result->overflow;
+  // The vote (Note [Committed step]), and what it decided for a peer rolling forward.
+  train_.commit.Agreed(taking, std::move(vector), {skip, skip ? 0.0 : result->grad_norm});
   StepTimeline::Scope phase(options_.timeline, StepPhase::kOptimizer);
-  if (!skip) ApplyUpdate(params, result->grad_norm, taking);
+  if (!skip) {
+    options_.faults.Hit(FaultPoint::kUpdate, taking);
+    ApplyUpdate(params, result->grad_norm);
+  }
   // Undefined, not zeroed: the next backward's first gradient is then taken as it is instead
   // of added to zeros (a memset and an add per parameter saved); a parameter left without
   // one is given zeros after the pipeline, before the reductions. Gradients that are views of

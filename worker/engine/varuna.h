@@ -66,12 +66,10 @@ struct VarunaOptions {
   std::vector<int> boundaries;
   // Polled once per step; true asks to stop (e.g. set from a SIGUSR1 handler). Optional.
   const std::atomic<bool>* stop_flag = nullptr;
-  // Note [Committed step] in varuna.cc: keep each step's pre-update state until the next
-  // step's agreement commits it, so a rescue can save a step every survivor has. Costs a
-  // copy of this stage's parameters and optimizer state per step (docs/morphing.md has the
-  // measured cost); the worker turns it on only for jobs on the relaunch path (checkpoint.dir
-  // set, more than one rank, not morphing in place: those roll forward instead).
-  bool keep_pre_update = false;
+  // Note [Committed step] in varuna.cc: a rescue also writes what a peer behind or ahead of
+  // this rank needs to reach the newest step (Note [Rolled rescue]); nothing is copied per
+  // step. false: a rescue writes its own step alone (the job spec's checkpoint.commit).
+  bool rolled_rescue = true;
   // Note [Faults] in fault.cc: VARUNA_FAULT's entries for this rank (none in production).
   FaultInjector faults;
   // Marks each step's phases on it (Note [Step timeline] in step_timeline.cc); the caller
@@ -193,16 +191,14 @@ class Varuna {
   // After the pipeline: gives parameters without a gradient zeros, reduces tied weights and
   // finishes the data-parallel all-reduce (the step's comm phase until the agreement).
   absl::Status ReduceGradients(const std::vector<torch::Tensor>& params, int64_t taking);
-  // With options_.keep_pre_update, the state before this step's update (Note [Committed step]
-  // in varuna.cc).
-  absl::Status KeepPreUpdate();
   // Everything after step `taking`'s agreement `vector` is known, under train_.mu: the
   // commit's record, the scaler, the update, the gradients released, the step counted.
   absl::Status ApplyAgreed(const std::vector<torch::Tensor>& params, std::vector<double> vector,
                            int64_t taking, StepResult* result);
-  // The update of an agreed step: clipping to options_.clip_grad_norm, the scheduled rate,
-  // the optimizer's step.
-  void ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm, int64_t taking);
+  // The update of the agreed step train_.iteration + 1 to every parameter with a gradient:
+  // clipping to options_.clip_grad_norm by `grad_norm` (the global norm), the scheduled rate,
+  // the optimizer's step. Also the loader's, for a rolled rescue (Note [Rolled rescue]).
+  void ApplyUpdate(const std::vector<torch::Tensor>& params, double grad_norm);
 
   RankStage stage_;  // filled by Build(), fixed afterwards
   torch::Device device_;

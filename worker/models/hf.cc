@@ -225,6 +225,18 @@ absl::StatusOr<std::vector<ExportItem>> ListExportItems(const std::string& ckpt_
   for (size_t l = 0; l < common.layers.size(); ++l) {
     const std::string file =
         absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, common.layers[l]));
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec) &&
+        std::filesystem::exists(absl::StrCat(ckpt_path, "/", PendingLayerFileOf(common.layers[l])),
+                                ec)) {
+      // Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc: only a resume applies
+      // the step's update to it.
+      return absl::FailedPreconditionError(absl::StrCat(
+          ckpt_path, " holds layer ", common.layers[l], " only as step ", common.step - 1,
+          " with step ", common.step,
+          "'s gradients (a rolled rescue), which only a resume "
+          "applies: resume the job and export a checkpoint it writes, or export an older step"));
+    }
     ASSIGN_OR_RETURN(auto mapped, MappedLayer::Open(file));
     uint64_t layer_bytes = 0;
     for (const auto& [key, t] : mapped->Params()) {

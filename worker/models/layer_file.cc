@@ -75,12 +75,14 @@ absl::StatusOr<FileDigest> WriteLayerFile(const std::string& root, const std::st
 
 absl::StatusOr<std::vector<FileDigest>> WriteLayerFiles(
     const std::string& root, const std::vector<std::pair<std::string, LayerDict>>& layers,
-    int writer) {
+    int writer, bool pending) {
   std::vector<absl::StatusOr<FileDigest>> written(layers.size(), absl::UnknownError("not written"));
   std::atomic<size_t> next{0};
   auto work = [&] {
     for (size_t i; (i = next.fetch_add(1)) < layers.size();) {
-      written[i] = WriteLayerFile(root, LayerFileOf(kCheckpointFormat, layers[i].first),
+      written[i] = WriteLayerFile(root,
+                                  pending ? PendingLayerFileOf(layers[i].first)
+                                          : LayerFileOf(kCheckpointFormat, layers[i].first),
                                   layers[i].second, writer);
     }
   };

@@ -36,9 +36,11 @@ absl::StatusOr<FileDigest> WriteLayerFile(const std::string& root, const std::st
 // `root`/layers/<name>.safetensors, two files at a time: a file's last piece and its fsyncs
 // leave the disk idle, which the other file's writes fill (Note [Writes at disk speed] in
 // common/checkpoint/safetensors.cc). The digests in `layers`' order, or the first error.
+// With `pending`, to `root`/pending/<name>.safetensors instead (Note [Rolled rescue] in
+// common/checkpoint/checkpoint_store.cc).
 absl::StatusOr<std::vector<FileDigest>> WriteLayerFiles(
     const std::string& root, const std::vector<std::pair<std::string, LayerDict>>& layers,
-    int writer);
+    int writer, bool pending = false);
 
 // Reads a layer file of either format (by its name's extension), adding its size to
 // `bytes_read` if given. A file that lies about its contents is DataLoss naming the problem.

@@ -68,7 +68,9 @@ void Rescuer::Watch() {
     std::_Exit(1);
   }
   LOG(INFO) << who_ << " rescued step " << *saved
-            << (ckpt.rescued_also() > 0 ? absl::StrCat(" and step ", ckpt.rescued_also()) : "")
+            << (ckpt.rescued_also() > 0 ? absl::StrCat(" and its layers with step ",
+                                                       ckpt.rescued_also(), "'s gradients")
+                                        : "")
             << " (committed " << ckpt.committed_step() << ") in "
             << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
             << " s; exiting";

@@ -287,28 +287,13 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
   const JobSpec& spec = in_.spec;
   VarunaOptions opts = base_opts_;
   opts.schedule = schedule;
-  // Note [Committed step] in varuna.cc: a job that morphs in place copies nothing per step (a
-  // survivor that missed the newest agreement rolls forward in the hand-over); only the
-  // relaunch path's rescue, which has no peer to ask, keeps the pre-update state.
-  // Tensor-parallel jobs neither rescue nor regroup (Note [Tensor parallelism]).
-  opts.keep_pre_update = spec.checkpoint.commit && t.topology.world_size() > 1 && t.tp_size == 1 &&
-                         !spec.checkpoint.dir.empty() && !in_.args.in_place;
+  opts.rolled_rescue = spec.checkpoint.commit;  // Note [Committed step] in varuna.cc
   opts.faults = std::move(f);
   ASSIGN_OR_RETURN(TensorMap sample_batch, in_.data->Batch(0, 2));
   ASSIGN_OR_RETURN(auto e,
                    Varuna::Create(std::move(m), t.topology, t.rank, std::move(g),
                                   std::move(sample_batch), t.micro_batch, link_.device, opts));
   e->set_optimizer(MakeOptimizer(spec.train, e->view().named_parameters()));
-  if (opts.keep_pre_update) {
-    // Say what the relaunch path's guarantee costs, so a large model does not pay it unseen.
-    int64_t params = 0;
-    for (const auto& p : e->view().parameters()) params += p.numel();
-    LOG(INFO)
-        << in_.who << " commit: this rank copies its pre-update state every step, "
-        << absl::StrFormat("%.1f MB", 12.0 * static_cast<double>(params) / 1e6)
-        << " (12 bytes a parameter with AdamW) to host memory (Note [Committed step]); a job that "
-           "morphs in place copies nothing, and checkpoint.commit: false turns it off";
-  }
   const TrainSpec train = spec.train;
   e->set_lr_schedule([train](int64_t step) {
     return LearningRate(train.schedule, train.lr, train.min_lr, train.warmup, train.steps, step);

@@ -314,5 +314,65 @@ TEST(RescueTest, RescueRecordsThatCoverTheModelMakeACompleteCheckpoint) {
   fs::remove_all(dir);
 }
 
+// Note [Rolled rescue] (checkpoint_store.cc): rank 0 applied step 7 and records its update;
+// rank 1, the only survivor of stage 1, is at step 6 with step 7 pending and writes its layer
+// with step 7's gradients into step 7's directory. The two complete step 7 only together.
+TEST(RescueTest, PendingLayersCountOnlyBesideARecordedUpdate) {
+  const fs::path dir = fs::temp_directory_path() / absl::StrCat("rolled_rescue_test_", getpid());
+  fs::remove_all(dir);
+  const std::string path = CheckpointPath(dir.string(), 7);
+  fs::create_directories(path + "/layers");
+  fs::create_directories(path + "/pending");
+  const std::vector<std::string> layers = {"a", "b"};
+  auto rescue = [&](const std::string& update) {
+    const std::string rel = "layers/a.safetensors", bytes(100, 'a');
+    ASSERT_THAT(WriteFileAtomic(path + "/" + rel, bytes, 0), IsOk());
+    ASSERT_THAT(WriteRescueRecord(path, 0,
+                                  absl::StrCat("{\"format\": 2, \"step\": 7, \"global_batch\": 8, "
+                                               "\"stages\": 2, \"replicas\": 1, \"loss_scale\": 1, "
+                                               "\"clean_steps\": 0, \"writers\": [0], \"layers\": "
+                                               "[\"a\", \"b\"]",
+                                               update, "}\n"),
+                                  {DigestBytes(rel, bytes)}),
+                IsOk());
+  };
+  auto pending = [&](int64_t batch, const std::string& bytes) {
+    const std::string rel = PendingLayerFileOf("b");
+    EXPECT_EQ(rel, "pending/b.safetensors");
+    ASSERT_THAT(WriteFileAtomic(path + "/" + rel, bytes, 1), IsOk());
+    ASSERT_THAT(WritePendingRecord(path, 1, 7, batch, {"b"}, {DigestBytes(rel, bytes)}), IsOk());
+  };
+  pending(8, std::string(60, 'b'));
+  rescue("");  // a rescuer at 7 that never agreed on 7 here (it loaded it): no update
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "layers/b.safetensors"))
+      << "without the update nobody can bring layer b to step 7";
+  rescue(", \"update_skipped\": \"0\", \"update_grad_norm\": \"0.75\"");
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers), IsOk());
+  auto c = ReadCheckpointCommon(path);
+  ASSERT_THAT(c.status(), IsOk());
+  EXPECT_TRUE(c->has_update);
+  EXPECT_FALSE(c->update_skipped);
+  EXPECT_EQ(c->update_grad_norm, 0.75);
+  auto resolved = ResolveResumeStep(dir.string(), std::nullopt, &layers);
+  ASSERT_THAT(resolved.status(), IsOk());
+  EXPECT_EQ(*resolved, std::optional<int64_t>(7));
+
+  // A pending record of another job's shape, or a damaged pending file, covers nothing.
+  pending(16, std::string(60, 'b'));
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "global batch 16"));
+  pending(8, std::string(60, 'b'));
+  ASSERT_THAT(WriteFileAtomic(path + "/pending/b.safetensors", std::string(60, 'x'), 1), IsOk());
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "checksum"));
+
+  // An update record that is not one is damage, named.
+  rescue(", \"update_skipped\": \"maybe\", \"update_grad_norm\": \"0.75\"");
+  EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+              StatusIs(absl::StatusCode::kDataLoss, "is not an agreed update"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace varuna

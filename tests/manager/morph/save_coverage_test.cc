@@ -60,11 +60,23 @@ TEST(SaveCoverageTest, TheTable) {
        {},
        -1,
        8},
-      {"a rescue's second step makes one common",
-       MakeJob(2, "", 1, {{0, R, 7}, {1, R, 8, /*also=*/7}}),
+      // Note [Rolled rescue] in checkpoint_store.cc. Rank 0 is at 7 with 8 pending, rank 1
+      // applied 8.
+      {"pending layers make the next step common",
+       MakeJob(2, "", 1, {{0, R, 7, /*also=*/8}, {1, R, 8}}),
+       {},
+       8,
+       8},
+      {"... only where a saver has that step (nobody has 8's update)",
+       MakeJob(2, "", 1, {{0, R, 7, /*also=*/8}, {1, R, 7, /*also=*/8}}),
        {},
        7,
-       8},
+       7},
+      {"a rank at step 0 with step 1 pending",
+       MakeJob(2, "", 1, {{0, R, 0, /*also=*/1}, {1, R, 1}}),
+       {},
+       1,
+       1},
       {"stage 1 saved by nobody", MakeJob(2, "", 1, {{0, R, 7}, {2, R, 7}}), {1}, -1, 7},
       {"a killed rank saves nothing",
        MakeJob(2, "", 1, {{0, R, 7}, {1, 0, 7, 0, 0, 9}}),
@@ -109,12 +121,13 @@ TEST(SaveCoverageTest, TheTable) {
 
 TEST(SaveCoverageTest, KeepsEachSaverAndTheNewestCommittedStep) {
   const SaveCoverage c =
-      CoverageOf(MakeJob(2, "", 1, {{0, R, 8, 7, /*committed=*/7}, {1, R, 7, 0, 6}}));
+      CoverageOf(MakeJob(2, "", 1, {{0, R, 8, 0, /*committed=*/7}, {1, R, 7, 8, 6}}));
   ASSERT_EQ(c.saved.size(), 3u);
   EXPECT_EQ(c.saved[0].rank(), 0);
   EXPECT_EQ(c.saved[0].step(), 8);
+  EXPECT_EQ(c.saved[1].rank(), 1);
   EXPECT_EQ(c.saved[1].step(), 7);
-  EXPECT_EQ(c.saved[2].rank(), 1);
+  EXPECT_EQ(c.saved[2].step(), 8);  // its pending layers of step 8
   EXPECT_EQ(c.committed, 7);
 }
 

@@ -74,7 +74,7 @@ const std::vector<TensorMap>& Batches() {
 
 absl::StatusOr<std::unique_ptr<Varuna>> Build(ProcessGroupFactory& factory, int rank,
                                               std::chrono::milliseconds timeout,
-                                              FaultInjector faults, bool keep_pre_update,
+                                              FaultInjector faults,
                                               c10::intrusive_ptr<c10d::Store> store = {}) {
   const Topology t = Shape();
   ASSIGN_OR_RETURN(Model probe, BuildModel(testing::TinyGptSpec()));
@@ -85,7 +85,6 @@ absl::StatusOr<std::unique_ptr<Varuna>> Build(ProcessGroupFactory& factory, int 
   VarunaOptions opts;
   opts.seed = 5;
   opts.clip_grad_norm = 1.0;
-  opts.keep_pre_update = keep_pre_update;
   opts.faults = std::move(faults);
   ASSIGN_OR_RETURN(std::unique_ptr<Varuna> engine,
                    Varuna::Create(std::move(model), t, rank, std::move(groups), Batches()[0], 2,
@@ -133,7 +132,7 @@ Outcome TrainOn(Start start) {
     threads.emplace_back([&, r] {
       ThreadFactory factory(world);
       absl::Status& st = out.status[r];
-      auto engine = Build(factory, r, kTimeout, FaultInjector(), false, store);
+      auto engine = Build(factory, r, kTimeout, FaultInjector(), store);
       if (!engine.ok()) {
         st = engine.status();
         return;
@@ -224,8 +223,7 @@ std::vector<Survivor> Interrupt(const Cell& cell, Path path, const std::string& 
       });
       ThreadFactory factory(world);
       try {
-        auto engine = Build(factory, r, kTimeout, std::move(injector),
-                            /*keep_pre_update=*/path == Path::kRelaunch);
+        auto engine = Build(factory, r, kTimeout, std::move(injector));
         if (!engine.ok()) {
           me.status = engine.status();
           done(&counted);
@@ -299,7 +297,7 @@ TEST_P(FaultMatrixTest, LosesAtMostTheStepInFlightAndTrainsOnBitForBit) {
     // Every survivor's step failed (nobody finished the run around a lost peer), none hung.
     EXPECT_FALSE(gen1[r].status.ok()) << "rank " << r;
     EXPECT_GE(gen1[r].last, kFaultStep - 1) << "rank " << r;
-    // A rescue writes the newest step the rank applied (and the committed one before it).
+    // A rescue writes the newest step the rank applied (and, pending, its next step's layers).
     if (path == Path::kRelaunch) EXPECT_EQ(gen1[r].rescued, gen1[r].last) << "rank " << r;
   }
   const bool takes_a_rank =
@@ -356,13 +354,14 @@ std::vector<Cell> Cells(Path path) {
   // Rank 1 misses the step its replica (rank 3) applies.
   cells.push_back({"agreement_split", absl::StrCat("agreement@", f, ":1:split"), false, 0});
   // morph_link_cut's failure: stage 1's only survivor is the rank that missed the step. In
-  // place it rolls forward with rank 0's vector (Note [Roll forward] in regroup.cc); a rescue
-  // has no peer to ask, so every survivor writes the committed step too and the job resumes
-  // from that.
+  // place it rolls forward with rank 0's vector (Note [Roll forward] in regroup.cc); on the
+  // relaunch path its rescue writes its layers with the step's gradients into the step's
+  // checkpoint, rank 0's records the step's update, and the loader rolls them forward (Note
+  // [Rolled rescue] in common/checkpoint/checkpoint_store.cc).
   cells.push_back({"agreement_split_replicas_lost",
                    absl::StrCat("agreement@", f, ":1:split,after_agreement@", f,
                                 ":2:kill,after_agreement@", f, ":3:kill"),
-                   false, path == Path::kInPlace ? 0 : -1});
+                   false, 0});
   // The periodic checkpoint of the faulted step is left half written; the survivors hold it.
   cells.push_back(
       {"checkpoint_write_kill", absl::StrCat("checkpoint_write@", f, ":0:kill"), true, 0});
