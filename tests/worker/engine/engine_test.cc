@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -19,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include "common/base/status_macros.h"
+#include "common/checkpoint/checkpoint_store.h"
 #include "tests/testing/status_matchers.h"
 #include "tests/worker/tiny_gpt.h"
 #include "worker/dist/thread_process_group.h"
@@ -638,6 +641,104 @@ TEST(EngineTest, ARankThatMissedTheAgreementRollsForwardBitForBit) {
           << params[i].first << " differs from the unbroken run's";
     }
   }
+}
+
+// Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc, the relaunch path's side of
+// the same split: rank 1 (stage 1) rescues its step 2 and its layers with step 3's gradients,
+// rank 0 (stage 0) its step 3 with step 3's update; ranks 2 and 3 are lost. A fresh
+// one-process engine resumes step 3 from those two rescues alone, bit for bit the unbroken
+// run's. Without the update (rank 0's rescue written with the rolled rescue off) step 3 is
+// not complete, and a load of it anyway names why.
+TEST(EngineTest, ARescueBehindTheAgreementRollsForwardAtResumeBitForBit) {
+  std::string tmpl = ::testing::TempDir() + "/rolled_rescue_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl, off = tmpl + "/off";
+  for (const bool fused : {false, true}) {
+    SCOPED_TRACE(fused ? "fused AdamW" : "AdamW");
+    std::filesystem::remove_all(dir + "/varuna_ckpt_2");
+    std::filesystem::remove_all(dir + "/varuna_ckpt_3");
+    std::filesystem::remove_all(off);
+    RunOptions o;
+    o.fused = fused;
+    o.clip = 0.05;  // the clip's coefficient comes from the recorded norm
+    const auto want = Train(Uniform(2, 2, 8), o);
+    o.faults = "agreement@3:1:split";
+    o.keep_engines = true;
+    const auto got = Train(Uniform(2, 2, 8), o);
+    ASSERT_THAT(got[1].status, StatusIs(absl::StatusCode::kAborted, "split at step 3"));
+    Checkpointer& behind = got[1].engine->checkpoints();
+    Checkpointer& ahead = got[0].engine->checkpoints();
+    {
+      const auto v = behind.Rescue(dir);
+      ASSERT_THAT(v.status(), IsOk());
+      EXPECT_EQ(*v, 2);
+    }
+    EXPECT_EQ(behind.rescued_also(), 3);  // its layers with step 3's gradients
+    EXPECT_FALSE(VerifyCheckpoint(CheckpointPath(dir, 3)).ok()) << "nobody's update yet";
+    {
+      const auto v = ahead.Rescue(dir);
+      ASSERT_THAT(v.status(), IsOk());
+      EXPECT_EQ(*v, 3);
+    }
+    EXPECT_EQ(ahead.rescued_also(), 0);
+    ASSERT_THAT(VerifyCheckpoint(CheckpointPath(dir, 3)), IsOk());
+
+    auto world = std::make_shared<ThreadWorld>();
+    ThreadFactory factory(world);
+    auto fresh = [&]() -> absl::StatusOr<std::unique_ptr<Varuna>> {
+      ASSIGN_OR_RETURN(ProcessGroups g,
+                       CreateGroups(factory, Uniform(1, 1, 8), 0, true, std::chrono::seconds(5)));
+      ASSIGN_OR_RETURN(Model m, BuildModel(GptSpec()));
+      VarunaOptions opts;
+      opts.seed = 5;
+      opts.clip_grad_norm = o.clip;
+      ASSIGN_OR_RETURN(auto e, Varuna::Create(std::move(m), Uniform(1, 1, 8), 0, std::move(g),
+                                              Batch(99, 2), 2, torch::kCPU, opts));
+      const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0);
+      if (fused) {
+        e->set_optimizer(std::make_shared<FusedAdamW>(e->view().parameters(), adamw));
+      } else {
+        e->set_optimizer(std::make_shared<torch::optim::AdamW>(e->view().parameters(), adamw));
+      }
+      return e;
+    };
+    ASSERT_OK_AND_ASSIGN(auto resumed, fresh());
+    {
+      const auto v = resumed->checkpoints().Load(CheckpointPath(dir, 3));
+      ASSERT_THAT(v.status(), IsOk());
+      EXPECT_EQ(*v, 3);
+    }
+    std::map<std::string, torch::Tensor> unbroken;
+    for (int r : {0, 1}) {
+      for (const auto& [name, p] : want[r].params) unbroken[name] = p;
+    }
+    const auto params = resumed->view().named_parameters();
+    ASSERT_EQ(params.size(), unbroken.size());
+    for (const auto& [name, p] : params) {
+      ASSERT_TRUE(unbroken.count(name)) << name;
+      EXPECT_TRUE(torch::equal(p, unbroken[name])) << name << " differs from the unbroken run's";
+    }
+
+    // The rolled rescue off on the rank ahead: no update recorded, so no step 3.
+    ahead.set_rolled_rescue(false);
+    {
+      const auto v = behind.Rescue(off);
+      ASSERT_THAT(v.status(), IsOk());
+      EXPECT_EQ(*v, 2);
+    }
+    {
+      const auto v = ahead.Rescue(off);
+      ASSERT_THAT(v.status(), IsOk());
+      EXPECT_EQ(*v, 3);
+    }
+    EXPECT_THAT(VerifyCheckpoint(CheckpointPath(off, 3)),
+                StatusIs(absl::StatusCode::kDataLoss, "no writer recorded layers/"));
+    ASSERT_OK_AND_ASSIGN(auto refused, fresh());
+    EXPECT_THAT(
+        refused->checkpoints().Load(CheckpointPath(off, 3)),
+        StatusIs(absl::StatusCode::kFailedPrecondition, "no rescuer recorded that step's update"));
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(EngineTest, GroupsThatDoNotMatchTheTopologyAreRefused) {
