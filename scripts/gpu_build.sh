@@ -3,7 +3,8 @@
 # PyTorch (the same CMake as everywhere: VARUNA_PYTHON, cmake/VarunaTorch.cmake), with
 # the Debian packages scripts/gpu_deps.sh fetched into .gpudeps/ unpacked under /tmp/varuna-deps.
 # CMake detects the CUDA LibTorch (VARUNA_CUDA=AUTO) and c10d's NCCL; the result is
-# build-gpu/bin/varuna-worker. CONFIGURE_ONLY=1 stops after CMake's configure (what
+# build-gpu/bin/varuna-worker (and build-gpu/tests/gpu/fault_matrix_test when .gpudeps has
+# GoogleTest). CONFIGURE_ONLY=1 stops after CMake's configure (what
 # tests/gpu/device_check.sh --dry-run rehearses here, with PYTHON=scripts/python).
 # Usage: scripts/gpu_build.sh [BUILD_DIR]
 set -euo pipefail
@@ -51,3 +52,9 @@ fi
 keep=(-k); [[ ${#gen[@]} -gt 0 ]] && keep=(-k 0)
 cmake --build "$build" -j "$(nproc)" --target varuna-worker -- "${keep[@]}"
 echo "gpu_build: $build/bin/varuna-worker (LD_LIBRARY_PATH=$libdir)"
+# The device's test binaries (tests/gpu/CMakeLists.txt), when GoogleTest came along; the
+# worker above stands whatever happens here.
+if [[ -f $build/tests/gpu/CTestTestfile.cmake ]]; then
+  cmake --build "$build" -j "$(nproc)" --target fault_matrix_test -- "${keep[@]}" &&
+    echo "gpu_build: $build/tests/gpu/fault_matrix_test"
+fi

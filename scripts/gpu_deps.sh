@@ -14,7 +14,7 @@ apt-get download \
   libabsl-dev libabsl20220623 libyaml-cpp-dev libyaml-cpp0.7 \
   libgoogle-glog-dev libgoogle-glog0v6 libgflags-dev libgflags2.2 libunwind-dev libunwind8 \
   libsqlite3-dev libsqlite3-0 libre2-9 libre2-dev libc-ares2 libc-ares-dev \
-  libssl-dev libssl3 zlib1g-dev libupb-dev libsystemd-dev 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
+  libssl-dev libssl3 zlib1g-dev libupb-dev libsystemd-dev libgtest-dev libgmock-dev 2>&1 | grep -v '^W: Download is performed unsandboxed' || true
 # Gloo's headers, for a PyTorch wheel that ships none (c10d's ProcessGroupGloo.hpp includes
 # them): kept apart in gloo/, unpacked only to stand in for those (scripts/gpu_build.sh).
 mkdir -p gloo

@@ -9,6 +9,10 @@
 #   build   scripts/gpu_build.sh -> build-gpu/bin/varuna-worker
 #   parity  tests/gpu/cuda_parity.sh (DEVICE=cuda, SHAPE=large): P=1, P=2, D=2, tp 2, llama,
 #           gpt2 vs the CPU within 1e-4; bf16 and fp16 train; resume GPU <-> CPU
+#   matrix  the commit's fault matrix (tests/worker/engine/fault_matrix_test.cc) with every
+#           rank's state on the GPU, ranks as threads: each point x kill/freeze/split on both
+#           morph paths (the rescue's side-stream copies, the rolled rescue, the in-place
+#           hand-over on CUDA tensors), within 1e-4 of an unbroken run
 #   timeline  varuna-worker on the bench's model for TIMELINE_STEPS steps (6) with --timeline_out
 #           OUT/timeline.jsonl --trace_steps 2: each step split by device events and a profiler
 #           summary by kernel category (docs/gpu.md "Where a step's time goes")
@@ -22,11 +26,13 @@
 # --dry-run: every phase here on the CPU in a few minutes, so device minutes are never spent on
 # a typo: env (the CPU, torch), build (scripts/gpu_build.sh's configure with CONFIGURE_ONLY=1
 # into build-gpu-dry, which needs .gpudeps/ as the GPU run does, then scripts/build.sh
-# varuna-worker -> build/bin/varuna-worker; BUILD=0 skips both and uses the worker there),
+# varuna-worker fault_matrix_test -> build/bin/varuna-worker; BUILD=0 skips both and uses the
+# worker there), the matrix on the CPU (bit for bit, as ctest's),
 # parity with DEVICE=cpu SHAPE=small (the same runs
 # and comparisons with the CPU as "the device"; fp16 reported skipped), bench with DEVICE=cpu on
 # a tiny GPT, 1 round of 4 steps (MFU n/a). BUDGET_S defaults to 300 there.
-# Exits non-zero when the build or any parity check fails (or runs out of time).
+# Exits non-zero when the build, any parity check or any matrix cell fails (or runs out of
+# time).
 # Knobs: OUT, DC_WORK, BUDGET_S, BUILD=0, PHASES, PYTHON (python3; dry: scripts/python), PARITY_STEPS, COMPILE,
 #   TIMELINE_STEPS (6; dry 4),
 #   BENCH_MODELS (1.3b), BENCH_STEPS (20), BENCH_SKIP (8), BENCH_MIN_S, PEAK_TFLOPS (from the
@@ -73,7 +79,7 @@ print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__f
       if [[ $dry == 1 ]]; then
         # The GPU run's configure with what it will carry, then this machine's worker.
         CONFIGURE_ONLY=1 PYTHON=$PWD/scripts/python scripts/gpu_build.sh build-gpu-dry &&
-          scripts/build.sh varuna-worker
+          scripts/build.sh varuna-worker fault_matrix_test
       else
         scripts/gpu_build.sh
       fi ;;
@@ -87,6 +93,13 @@ print("gloo_headers=" + str(os.path.isdir(os.path.join(os.path.dirname(torch.__f
         MODELS=$BENCH_MODELS COMPILE=0 PEAK_TFLOPS=$PEAK_TFLOPS PYTHON=$PYTHON \
         CORPUS_BYTES=$CORPUS_BYTES RESULTS_JSONL=$out/timeline_run.jsonl \
         TIMELINE_OUT=$out/timeline.jsonl TRACE_STEPS=2 bench/gpu_mfu.sh ;;
+    matrix)
+      # Built by gpu_build.sh when .gpudeps carried GoogleTest (tests/gpu/CMakeLists.txt).
+      if [[ -d /tmp/varuna-deps ]]; then
+        export LD_LIBRARY_PATH=/tmp/varuna-deps/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+      fi
+      VARUNA_TEST_DEVICE=$DC_DEVICE "$DC_MATRIX" --gtest_brief=1 \
+        --gtest_output="json:$out/matrix.json" ;;
     multi)
       # The worker gpu_build.sh made links the packages it unpacked there (as in parity, bench).
       if [[ -d /tmp/varuna-deps ]]; then
@@ -109,6 +122,7 @@ fi
 # ---- the run ----
 if [[ $dry == 1 ]]; then
   export DC_DRY=1 DC_DEVICE=cpu DC_SHAPE=small DC_WORKER=build/bin/varuna-worker
+  export DC_MATRIX=build/tests/worker/fault_matrix_test
   export PYTHON=${PYTHON:-scripts/python} BENCH_MODELS=${BENCH_MODELS:-tiny}
   export BENCH_STEPS=${BENCH_STEPS:-4} BENCH_SKIP=${BENCH_SKIP:-1} CORPUS_BYTES=1000000
   export TIMELINE_STEPS=${TIMELINE_STEPS:-4}
@@ -119,6 +133,7 @@ if [[ $dry == 1 ]]; then
   export MULTI_MODEL=${MULTI_MODEL:-tiny} MULTI_STEPS=${MULTI_STEPS:-6}
 else
   export DC_DRY=0 DC_DEVICE=cuda DC_SHAPE=large DC_WORKER=build-gpu/bin/varuna-worker
+  export DC_MATRIX=build-gpu/tests/gpu/fault_matrix_test
   export PYTHON=${PYTHON:-python3} BENCH_MODELS=${BENCH_MODELS:-1.3b}
   export BENCH_STEPS=${BENCH_STEPS:-20} BENCH_SKIP=${BENCH_SKIP:-8} CORPUS_BYTES=64000000
   export TIMELINE_STEPS=${TIMELINE_STEPS:-6}
@@ -138,10 +153,10 @@ else
 fi
 # Which phases after env and build run (PHASES, default all): "multi" alone with BUILD=0
 # reruns the multi-rank checks on a machine that built before.
-phases=" ${PHASES:-parity timeline bench multi} "
+phases=" ${PHASES:-parity matrix timeline bench multi} "
 for p in $phases; do
-  case $p in parity | timeline | bench | multi) ;;
-    *) echo "device_check: PHASES names '$p'; expected parity, timeline, bench, multi" >&2
+  case $p in parity | matrix | timeline | bench | multi) ;;
+    *) echo "device_check: PHASES names '$p'; expected parity, matrix, timeline, bench, multi" >&2
        exit 2 ;;
   esac
 done
@@ -163,7 +178,8 @@ rm -rf "$out" && mkdir -p "$out"
 export OUT=$out
 # OUT's own files, and what the layout before 2026-11-29 left there (logs, parity/).
 rm -rf "$ret"/{results.json,logs.tgz,.results.json.part,.logs.tgz.part} \
-  "$ret"/{env,build,parity,timeline,bench,multi}.log "$ret"/{parity,.phases,multi}.json \
+  "$ret"/{env,build,parity,matrix,timeline,bench,multi}.log \
+  "$ret"/{parity,matrix,.phases,multi}.json \
   "$ret"/{bench,timeline,timeline_run}.jsonl "$ret/parity" "$ret/multi"
 ship() {  # results.json and the packed logs into `ret`, each replaced whole
   [[ -f $out/results.json ]] && cp "$out/results.json" "$ret/.results.json.part" &&
@@ -245,6 +261,7 @@ fi
 
 if ((rc != 0)); then
   report record "$out" parity 0 0 "skipped=the build failed"
+  report record "$out" matrix 0 0 "skipped=the build failed"
   report record "$out" timeline 0 0 "skipped=the build failed"
   report record "$out" bench 0 0 "skipped=the build failed"
   report record "$out" multi 0 0 "skipped=the build failed"
@@ -258,6 +275,17 @@ if wanted parity; then
   grep -E "^[a-z0-9_]+: (ok|FAIL|skipped|not run)|^cuda_parity:|FAILED" "$out/parity.log" 2>/dev/null
 else
   report record "$out" parity 0 0 "skipped=not in PHASES"
+fi
+
+if ! wanted matrix; then
+  report record "$out" matrix 0 0 "skipped=not in PHASES"
+elif [[ ! -x $DC_MATRIX ]]; then
+  say "matrix skipped: $DC_MATRIX was not built (.gpudeps without GoogleTest?)"
+  report record "$out" matrix 0 0 "skipped=$DC_MATRIX was not built (no GoogleTest in .gpudeps)"
+else
+  phase matrix "device=$DC_DEVICE"
+  ((prc == 0)) || rc=1
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/matrix.log" | head -20
 fi
 
 if wanted timeline; then

@@ -144,7 +144,19 @@ def multi_summary(out, _):
     return s
 
 
+def matrix_summary(out, kv):
+    m = load(f"{out}/matrix.json", None)  # GoogleTest's --gtest_output=json
+    if m is None:
+        return {"note": "no matrix.json (the phase was cut off or the binary did not start)"}
+    failed = [f"{s['name']}.{t['name']}" for s in m.get("testsuites", [])
+              for t in s.get("testsuite", []) if t.get("failures")]
+    return {"device": kv.get("device", ""), "tests": m.get("tests", 0),
+            "failures": m.get("failures", 0), "seconds": m.get("time", ""),
+            "failed": failed[:20]}
+
+
 SUMMARIES = {"env": env_summary, "build": build_summary, "parity": parity_summary,
+             "matrix": matrix_summary,
              "timeline": timeline_summary, "bench": bench_summary, "multi": multi_summary,
              "carry": carry_summary}
 
@@ -192,7 +204,7 @@ def main():
         state["phases"][name] = p
         # A build skipped on purpose (BUILD=0, the worker there) is not a failure; "carry" is
         # what the run needs besides its phases (.gpudeps, an OUT a device can return).
-        if name in ("build", "parity", "carry") and status not in ("ok", "skipped"):
+        if name in ("build", "parity", "matrix", "carry") and status not in ("ok", "skipped"):
             state["ok"] = False
     elif cmd == "final":
         state = state_of(out)
@@ -225,6 +237,10 @@ def print_summary(state):
         print(f"parity {name}: " + " ".join(x for x in (c["status"], extra, why) if x))
     if "note" in par:
         print(f"parity: {par['note']}")
+    mx = state["phases"].get("matrix", {}).get("summary", {})
+    if "tests" in mx:
+        print(f"matrix on {mx['device']}: {mx['tests']} cells, {mx['failures']} failed" +
+              (f" ({', '.join(mx['failed'])})" if mx["failed"] else ""))
     tl = state["phases"].get("timeline", {}).get("summary", {})
     if "median_s" in tl:
         m = tl["median_s"]
@@ -260,7 +276,7 @@ def print_summary(state):
     carry = state["phases"].get("carry", {})
     if carry.get("status") == "failed":
         print(f"carry: {carry.get('summary', {}).get('note', '')}")
-    print(f"device_check: {'OK' if state['ok'] else 'FAILED'} (build, parity and carry "
+    print(f"device_check: {'OK' if state['ok'] else 'FAILED'} (build, parity, matrix and carry "
           f"{'passed' if state['ok'] else 'did not all pass'}); results.json and logs.tgz in OUT")
 
 
