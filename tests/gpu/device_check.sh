@@ -34,6 +34,7 @@
 # Exits non-zero when the build, any parity check or any matrix cell fails (or runs out of
 # time).
 # Knobs: OUT, DC_WORK, BUDGET_S, BUILD=0, PHASES, PYTHON (python3; dry: scripts/python), PARITY_STEPS, COMPILE,
+#   MATRIX_MAX_S (120),
 #   TIMELINE_STEPS (6; dry 4),
 #   BENCH_MODELS (1.3b), BENCH_STEPS (20), BENCH_SKIP (8), BENCH_MIN_S, PEAK_TFLOPS (from the
 #   card's name: H100 SXM/H200 989, H100 PCIe 756, A100 312, L4 121; else n/a).
@@ -199,7 +200,8 @@ t0=$SECONDS
 left() { echo $((budget - (SECONDS - t0))); }
 say() { echo "device_check: [$((SECONDS - t0)) s] $*"; }
 
-phase() {  # name [key=value ...]: runs the phase in what is left of the budget; sets prc
+phase() {  # name [key=value ...]: runs the phase in what is left of the budget (at most
+  # PHASE_CAP seconds when set); sets prc
   local name=$1 t=$SECONDS l
   shift
   l=$(left)
@@ -209,6 +211,7 @@ phase() {  # name [key=value ...]: runs the phase in what is left of the budget;
     prc=124
     return
   fi
+  if [[ -n ${PHASE_CAP:-} ]] && ((PHASE_CAP < l)); then l=$PHASE_CAP; fi
   say "$name ... (at most $l s)"
   timeout --kill-after=10 "$l" "$self" --phase "$name" > "$out/$name.log" 2>&1
   prc=$?
@@ -220,7 +223,7 @@ phase() {  # name [key=value ...]: runs the phase in what is left of the budget;
       "$out/parity" >> "$out/parity.log" 2>&1
   fi
   report record "$out" "$name" "$prc" "$((SECONDS - t))" "$@"
-  say "$name rc=$prc in $((SECONDS - t)) s$( ((prc == 124 || prc == 137)) && echo ' (ran out of budget)')"
+  say "$name rc=$prc in $((SECONDS - t)) s$( ((prc == 124 || prc == 137)) && echo ' (ran out of time)')"
 }
 
 say "$mode, OUT=$ret (results.json, logs.tgz; the logs in $out), budget $budget s"
@@ -283,7 +286,8 @@ elif [[ ! -x $DC_MATRIX ]]; then
   say "matrix skipped: $DC_MATRIX was not built (.gpudeps without GoogleTest?)"
   report record "$out" matrix 0 0 "skipped=$DC_MATRIX was not built (no GoogleTest in .gpudeps)"
 else
-  phase matrix "device=$DC_DEVICE"
+  # Capped (MATRIX_MAX_S, 120): a cell that hangs must not take the phases after it.
+  PHASE_CAP=${MATRIX_MAX_S:-120} phase matrix "device=$DC_DEVICE"
   ((prc == 0)) || rc=1
   grep -E "^\[  (PASSED|FAILED|SKIPPED) " "$out/matrix.log" | head -20
 fi
