@@ -590,7 +590,7 @@ void Agent::ReadProgress(Worker& w) {
         w.last.set_stopped(false);
         w.saved_step = event->rescued().saved_step();
         w.committed_step = event->rescued().committed_step();
-        w.also_saved_step = event->rescued().also_saved_step();
+        w.pending_step = event->rescued().pending_step();
         break;
       case v1::WorkerEvent::kStep:
         w.last = event->step();
@@ -630,7 +630,7 @@ v1::HeartbeatRequest Agent::BuildHeartbeat() {
     s->set_exited_at(w.exited_at);
     s->set_saved_step(w.saved_step);
     s->set_committed_step(w.committed_step);
-    s->set_also_saved_step(w.also_saved_step);
+    s->set_pending_step(w.pending_step);
     if (w.in_place.ByteSizeLong() > 0) *s->mutable_in_place() = w.in_place;
     s->set_parked(w.parked);
     s->set_frozen(w.running && w.frozen);  // Tick looks every 100 ms

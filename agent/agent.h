@@ -148,7 +148,7 @@ class Agent {
     double exited_at = 0;
     int64_t saved_step = 0;
     int64_t committed_step = 0;
-    int64_t also_saved_step = 0;
+    int64_t pending_step = 0;  // Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc
     v1::InPlaceJoin in_place;  // from its ready event after a morph in place
     std::string parked;        // its newest parked event's reason (cleared on adoption)
     bool frozen = false;       // stopped when last looked at (Note [Frozen workers])

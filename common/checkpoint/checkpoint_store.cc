@@ -169,11 +169,15 @@ absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
 // (Checkpointer::Load), which gives the bytes the survivors at S hold (the update is the same
 // elementwise arithmetic on the same inputs). Without a rescuer at S nobody has the vote, the
 // directory stays incomplete and S - 1, which every survivor then wrote, is the resume point.
+// Both records carry the writer's generation: pending layers left by an earlier split at the
+// same step (whose directory stayed incomplete) never combine with a later generation's
+// update. A rescuer does not rewrite a directory that is already complete, so a later
+// generation that failed at S keeps the records that complete it.
 absl::Status WritePendingRecord(const std::string& ckpt_path, int rank, int64_t step,
                                 int64_t global_batch, const std::vector<std::string>& layers,
-                                const std::vector<FileDigest>& files) {
-  std::string json =
-      absl::StrCat("{\"step\": ", step, ", \"global_batch\": ", global_batch, ",\n \"layers\": [");
+                                const std::vector<FileDigest>& files, int64_t generation) {
+  std::string json = absl::StrCat("{\"step\": ", step, ", \"global_batch\": ", global_batch,
+                                  ", \"generation\": ", generation, ",\n \"layers\": [");
   for (size_t i = 0; i < layers.size(); ++i) {
     absl::StrAppend(&json, i ? ", " : "", "\"", layers[i], "\"");
   }
@@ -269,6 +273,13 @@ absl::StatusOr<CheckpointCommon> ReadCommonUnguarded(const std::string& ckpt_pat
     c.has_update = true;
     c.update_skipped = skipped == "1";
   }
+  if (n["generation"]) {
+    ASSIGN_OR_RETURN(const std::string generation, Get<std::string>(n, "generation", what));
+    if (!absl::SimpleAtoi(generation, &c.generation) || c.generation < 0) {
+      return Damaged(
+          absl::StrCat(what, ": generation '", generation.substr(0, 40), "' is not a generation"));
+    }
+  }
   if (n["pipelines"]) {
     ASSIGN_OR_RETURN(c.pipelines, Get<std::string>(n, "pipelines", what));
   }
@@ -331,11 +342,22 @@ absl::StatusOr<CheckpointCommon> ReadCheckpointCommon(const std::string& ckpt_pa
     if (common.ok()) return common;
     // A checkpoint saved by rescue: the lowest rescuer's record. The records agree on the
     // state's fields; the validation record (eval_step, eval_loss) is each rescuer's newest
-    // when it took the state, so two may differ by one validation.
+    // when it took the state, so two may differ by one validation. The step's agreed update
+    // (Note [Rolled rescue]) is the step's, whichever rescuer recorded it.
+    std::optional<CheckpointCommon> first;
     for (int r : RescuedRanks(ckpt_path)) {
       auto rescued = ReadCommonUnguarded(ckpt_path, absl::StrCat("rescue.rank", r, ".json"));
-      if (rescued.ok()) return rescued;
+      if (!rescued.ok()) continue;
+      if (!first) first = *rescued;
+      if (rescued->has_update) {
+        first->has_update = true;
+        first->update_skipped = rescued->update_skipped;
+        first->update_grad_norm = rescued->update_grad_norm;
+        first->generation = rescued->generation;
+        break;
+      }
     }
+    if (first) return *first;
     return common;
   } catch (const std::exception& e) {
     return Damaged(absl::StrCat(ckpt_path, "/common.json cannot be read: ", e.what()));
@@ -427,8 +449,10 @@ absl::Status VerifyUnguarded(const std::string& ckpt_path, bool checksums,
 
 // Counts the layers of consistent pending records (Note [Rolled rescue]) as covered: a layer's
 // pending file stands for its file at this step. A damaged record is left out, as a rescuer's.
-void AddPendingLayers(const std::string& ckpt_path, const CheckpointCommon& common, bool checksums,
-                      std::set<std::string>* covered, std::string* problems) {
+// `generation`: the update's rescuer's (0: not recorded).
+void AddPendingLayers(const std::string& ckpt_path, const CheckpointCommon& common,
+                      int64_t generation, bool checksums, std::set<std::string>* covered,
+                      std::string* problems) {
   std::error_code ec;
   for (fs::directory_iterator it(ckpt_path, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
@@ -446,6 +470,15 @@ void AddPendingLayers(const std::string& ckpt_path, const CheckpointCommon& comm
       if (step != common.step || batch != common.global_batch) {
         return Damaged(absl::StrCat(name, " is for step ", step, " and global batch ", batch,
                                     ", not ", common.step, " and ", common.global_batch));
+      }
+      int64_t written_by = 0;
+      if (doc["generation"]) {
+        ASSIGN_OR_RETURN(written_by, Get<int64_t>(doc, "generation", what));
+      }
+      if (written_by != 0 && generation != 0 && written_by != generation) {
+        return Damaged(absl::StrCat(name, " is from generation ", written_by,
+                                    ", the step's update from generation ", generation,
+                                    " (left by an earlier split at this step)"));
       }
       std::set<std::string> files;
       RETURN_IF_ERROR(VerifyFiles(ckpt_path, doc["files"], name, checksums, &files));
@@ -468,7 +501,8 @@ absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,
                            const std::vector<std::string>* expected_layers) {
   const std::vector<int> ranks = RescuedRanks(ckpt_path);
   if (ranks.empty()) return Damaged("no rescue records");
-  bool has_update = false;  // a rescuer recorded the step's agreed update
+  bool has_update = false;        // a rescuer recorded the step's update
+  int64_t update_generation = 0;  // ... in this generation
   std::optional<CheckpointCommon> first;
   std::set<std::string> covered;
   std::string problems;
@@ -489,12 +523,15 @@ absl::Status VerifyRescued(const std::string& ckpt_path, bool checksums,
       continue;
     }
     if (!first) first = *c;
+    if (c->has_update && !has_update) update_generation = c->generation;
     has_update = has_update || c->has_update;
     covered.insert(mine.begin(), mine.end());
   }
   if (!first) return Damaged(absl::StrCat("no usable rescue record (", problems, ")"));
   RETURN_IF_ERROR(CheckExpectedLayers(*first, expected_layers));
-  if (has_update) AddPendingLayers(ckpt_path, *first, checksums, &covered, &problems);
+  if (has_update) {
+    AddPendingLayers(ckpt_path, *first, update_generation, checksums, &covered, &problems);
+  }
   absl::Status st = CheckLayersCovered(*first, covered);
   if (!st.ok()) {
     return Damaged(absl::StrCat("rescued by ranks ", ranks.size(), " but ", st.message(),

@@ -61,9 +61,12 @@ absl::Status WriteRescueRecord(const std::string& ckpt_path, int rank,
 // `step` was posted but never completed writes its layers with their reduced gradients
 // (`files`, each PendingLayerFileOf) into DIR/varuna_ckpt_<step>, then this record,
 // pending.rank<R>.json (`global_batch` and `layers` as in common.json).
+// `generation`: the writer's (0: not known); a rescuer's record of the step's update names its
+// own, and pending layers of another generation (an earlier split at the same step, left
+// behind) never count beside it.
 absl::Status WritePendingRecord(const std::string& ckpt_path, int rank, int64_t step,
                                 int64_t global_batch, const std::vector<std::string>& layers,
-                                const std::vector<FileDigest>& files);
+                                const std::vector<FileDigest>& files, int64_t generation = 0);
 // "pending/<layer>.safetensors": a layer at the step before the checkpoint's, with the
 // checkpoint step's gradients as "grad.<parameter>" tensors.
 std::string PendingLayerFileOf(const std::string& layer);
@@ -103,6 +106,9 @@ struct CheckpointCommon {
   bool has_update = false;
   bool update_skipped = false;  // the agreement found an overflow: no update was applied
   double update_grad_norm = 0;  // the global gradient norm the update clipped by
+  // The generation (the manager's count) whose rescuer wrote this record; 0: not recorded.
+  // Pending layers count only beside an update of their own generation.
+  int64_t generation = 0;
   // Written for people and tools, not read back:
   int micro_batch = 0;
   std::string stage_to_rank_map;  // the uniform case's stage map ("" otherwise)

@@ -97,9 +97,10 @@ struct CheckpointSpec {
   // Every replica of a stage writes its share of the stage's layers (Note [Sharded writes] in
   // worker/engine/checkpoint.cc); false: replica 0 of each stage writes them all.
   bool shard = true;
-  // Keep each step's pre-update state until it is committed (Note [Committed step] in
-  // worker/engine/varuna.cc); false saves its memory and copy at the price of a possible fallback
-  // to an older checkpoint when a failure splits a step.
+  // A rescue also writes what a peer behind or ahead of its rank needs to reach the newest
+  // step (Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc; nothing is copied per
+  // step); false writes its own step alone, at the price of a possible fallback to an older
+  // checkpoint when a failure splits a step on the relaunch path.
   bool commit = true;
   // Where a run starts: "" = fresh, "latest" = the newest complete checkpoint in dir (fresh
   // if there is none), or a step number. varuna-worker's --resume_step overrides it.

@@ -145,7 +145,7 @@ void JobController::OnWorkerReport(Job& job, const v1::WorkerStatus& w, const st
   }
   if (w.state() != v1::WORKER_RUNNING) {
     RecordExit(job, w.rank(), w.exit_code(), w.signal(), node, w.saved_step(), w.committed_step(),
-               w.also_saved_step(), w.error());
+               w.pending_step(), w.error());
     return;
   }
   // A stopped process (Note [Frozen workers] in agent/in_place.cc) is lost now; a parked worker
@@ -511,7 +511,7 @@ bool IsLaunchFailure(int exit_code, int signal, const std::string& error) {
 
 void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
                                const std::string& node, int64_t saved_step, int64_t committed_step,
-                               int64_t also_saved_step, const std::string& error) {
+                               int64_t pending_step, const std::string& error) {
   for (const auto& e : job.rec.exits()) {
     if (e.rank() == rank) return;  // already known
   }
@@ -521,7 +521,7 @@ void JobController::RecordExit(Job& job, int rank, int exit_code, int signal,
   e->set_signal(signal);
   e->set_saved_step(saved_step);
   e->set_committed_step(committed_step);
-  e->set_also_saved_step(also_saved_step);
+  e->set_pending_step(pending_step);
   const v1::JobState s = job.info().state();
   const bool live = s == v1::STARTING || s == v1::RUNNING || s == v1::RECONFIGURING;
   if (live && signal == 0 && exit_code == kExitBadInput) {

@@ -108,7 +108,7 @@ class JobController final : public JobLifecycle {
   void OnAdoptedWorkerReport(Job& job, const v1::WorkerStatus& w);
   // `error`: the rank's own error line (WorkerStatus.error; a launcher's reason).
   void RecordExit(Job& job, int rank, int exit_code, int signal, const std::string& node,
-                  int64_t saved_step = 0, int64_t committed_step = 0, int64_t also_saved_step = 0,
+                  int64_t saved_step = 0, int64_t committed_step = 0, int64_t pending_step = 0,
                   const std::string& error = "");
   // A node its jobs must move off, lost or leaving (Note [Node gone]).
   void OnNodeGone(const NodeTable::Gone& gone);

@@ -35,9 +35,7 @@ SaveCoverage CoverageOf(const Job& job) {
     if (!saver(e)) continue;
     std::vector<int64_t> steps;
     if (e.saved_step() > 0) steps.push_back(e.saved_step());
-    if (e.also_saved_step() > 0 && own.count(e.also_saved_step())) {
-      steps.push_back(e.also_saved_step());
-    }
+    if (e.pending_step() > 0 && own.count(e.pending_step())) steps.push_back(e.pending_step());
     for (int64_t step : steps) {
       v1::SavedStep s;
       s.set_rank(e.rank());

@@ -310,12 +310,10 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
                                               ChangedEvent(*state_), /*borrow=*/true));
     return absl::OkStatus();
   };
-  // Already saved (a periodic checkpoint of this step) unless only through pending layers,
-  // which this rank's own files spare the resume from rolling forward.
-  const std::string path = CheckpointPath(dir, step);
-  std::error_code ec;
-  if (step > 0 && (!VerifyCheckpoint(path, /*checksums=*/false).ok() ||
-                   std::filesystem::exists(path + "/pending", ec))) {
+  // Already saved (a periodic checkpoint of this step, or the rescues of this generation's
+  // peers): nothing to add, and a record rewritten here could lose what an earlier
+  // generation's rescuer recorded under the same rank (its step's update).
+  if (step > 0 && !VerifyCheckpoint(CheckpointPath(dir, step), /*checksums=*/false).ok()) {
     RETURN_IF_ERROR(take());
     std::map<std::string, std::string> fields =
         info ? info(step) : std::map<std::string, std::string>();
@@ -323,6 +321,7 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
       const StepCommit::Update& u = state_->commit.agreed_update();
       fields["update_skipped"] = u.skipped ? "1" : "0";
       fields["update_grad_norm"] = absl::StrFormat("%.17g", u.grad_norm);
+      if (generation_ > 0) fields["generation"] = absl::StrCat(generation_);
     }
     RETURN_IF_ERROR(WriteRescue(dir, step, snapshot, CommonJson({stage_->rank}, fields)));
   }
@@ -377,7 +376,7 @@ absl::Status Checkpointer::WritePending(const std::string& dir, int64_t step,
   ASSIGN_OR_RETURN(std::vector<FileDigest> written,
                    WriteLayerFiles(path, layers, stage_->rank, /*pending=*/true));
   return WritePendingRecord(path, stage_->rank, step, stage_->topology.global_batch(),
-                            stage_->layer_names, written);
+                            stage_->layer_names, written, generation_);
 }
 
 std::vector<Checkpointer::RestorableStep> Checkpointer::RestorableSteps() const {
@@ -668,7 +667,8 @@ absl::Status Checkpointer::RollLoadedForward(
   return TorchCall(
       absl::StrCat("rolling ", first, " forward to step ", common.step), [&]() -> absl::Status {
         torch::NoGradGuard no_grad;
-        // Each parameter once: a tied pair in one stage is one tensor held by two layers.
+        // Each parameter once (a module shared by two layers would list it twice; a tied pair
+        // is two tensors with one summed gradient, Note [Tied weights]).
         std::set<const void*> seen;
         std::vector<std::pair<torch::Tensor, torch::Tensor>> kept;  // (parameter, its gradient)
         for (const auto& l : stage_->layers) {
@@ -686,13 +686,22 @@ absl::Status Checkpointer::RollLoadedForward(
             auto it = in.find("grad." + p.key());
             // Frozen when written (no update), or already given its gradient by a tied layer.
             if (it == in.end() || !seen.insert(p.value().unsafeGetTensorImpl()).second) continue;
-            if (!it->value().sizes().equals(p.value().sizes())) {
+            torch::Tensor grad = it->value();
+            // A rescue writes full tensors; with tensor parallelism now, this rank's slice (as
+            // LoadLayer takes the parameter's).
+            if (stage_->tp.enabled()) {
+              auto shard = stage_->layer_shards[i].find(p.key());
+              if (shard != stage_->layer_shards[i].end()) {
+                grad = TakeShard(grad, shard->second, stage_->tp.size, stage_->tp.rank);
+              }
+            }
+            if (!grad.sizes().equals(p.value().sizes())) {
               st = absl::DataLossError(absl::StrCat(ckpt_path, ": the gradient of ",
                                                     stage_->layer_names[i], "'s ", p.key(),
                                                     " has the wrong shape"));
               break;
             }
-            p.value().mutable_grad() = it->value().to(p.value().options());
+            p.value().mutable_grad() = grad.to(p.value().options());
             params.push_back(p.value());
           }
         }

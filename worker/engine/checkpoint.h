@@ -111,6 +111,9 @@ class Checkpointer {
   // false: Rescue() writes its own step alone, no pending layers and no update record
   // (VarunaOptions::rolled_rescue).
   void set_rolled_rescue(bool on) { rolled_rescue_ = on; }
+  // The generation this engine trains in (the manager's count; 0: not known), recorded with a
+  // rescue's update and pending layers so that those of different generations never combine.
+  void set_generation(int64_t generation) { generation_ = generation; }
 
   // The steps whose state this rank can hand over: the newest it applied (Note [Committed
   // step] in varuna.cc; a peer behind it rolls forward instead of taking an older one).
@@ -172,6 +175,7 @@ class Checkpointer {
   int64_t rescued_also_ = 0;
   ApplyUpdateFn apply_update_;
   bool rolled_rescue_ = true;
+  int64_t generation_ = 0;
   Upload upload_;
 };
 

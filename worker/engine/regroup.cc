@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -241,6 +242,16 @@ absl::Status ReadCheckpointLayers(const Handover& plan, const std::string& ckpt_
       format = common.format;
     }
     const std::string file = absl::StrCat(ckpt_path, "/", LayerFileOf(format, read.layer));
+    std::error_code ec;
+    if (!std::filesystem::exists(file, ec) &&
+        std::filesystem::exists(absl::StrCat(ckpt_path, "/", PendingLayerFileOf(read.layer)), ec)) {
+      // Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc: only a load applies the
+      // step's update to it; the hand-over fails and the job relaunches, which loads it.
+      return absl::FailedPreconditionError(absl::StrCat(
+          ckpt_path, " holds layer ", read.layer,
+          " only with the gradients of its step (a rolled rescue), which a hand-over does not "
+          "apply: the job relaunches from it instead"));
+    }
     ASSIGN_OR_RETURN(auto dict, ReadLayerFile(file, &stats->checkpoint_bytes_read));
     state->layers.emplace(read.layer, std::move(dict));
   }

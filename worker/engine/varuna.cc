@@ -123,6 +123,7 @@ Varuna::Varuna(Model model, Topology topology, int rank, ProcessGroups groups, i
       train_(options.init_loss_scale, options.loss_scale_window),
       checkpointer_(stage_, train_, options_.faults) {
   checkpointer_.set_rolled_rescue(options_.rolled_rescue);
+  checkpointer_.set_generation(options_.generation);
   checkpointer_.set_apply_update([this](const std::vector<torch::Tensor>& params,
                                         double grad_norm) { ApplyUpdate(params, grad_norm); });
 }

@@ -70,6 +70,9 @@ struct VarunaOptions {
   // this rank needs to reach the newest step (Note [Rolled rescue]); nothing is copied per
   // step. false: a rescue writes its own step alone (the job spec's checkpoint.commit).
   bool rolled_rescue = true;
+  // The generation this engine trains in (the manager's count; 0: not known), stamped on a
+  // rescue's update and pending layers (Note [Rolled rescue]).
+  int64_t generation = 0;
   // Note [Faults] in fault.cc: VARUNA_FAULT's entries for this rank (none in production).
   FaultInjector faults;
   // Marks each step's phases on it (Note [Step timeline] in step_timeline.cc); the caller

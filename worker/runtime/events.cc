@@ -19,13 +19,13 @@ v1::WorkerEvent ErrorEvent(std::string message) {
   return e;
 }
 
-v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed, int64_t also_saved) {
+v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed, int64_t pending) {
   v1::WorkerEvent e;
   const auto saved = static_cast<int32_t>(step);
   if (rescued) {
     e.mutable_rescued()->set_saved_step(saved);
     e.mutable_rescued()->set_committed_step(static_cast<int32_t>(committed));
-    e.mutable_rescued()->set_also_saved_step(static_cast<int32_t>(also_saved));
+    e.mutable_rescued()->set_pending_step(pending);
   } else {
     e.mutable_stopped()->set_saved_step(saved);
   }

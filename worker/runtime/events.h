@@ -18,9 +18,9 @@ void ReportToAgent(v1::WorkerEvent event);
 v1::WorkerEvent ErrorEvent(std::string message);
 
 // How the worker ended after saving `step` (0: nothing saved): stopped on request, or rescued
-// after an abort (with the newest committed step and a second step it also saved).
-v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0,
-                           int64_t also_saved = 0);
+// after an abort (with the newest committed step and the next step it wrote pending layers for:
+// Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc).
+v1::WorkerEvent SavedEvent(bool rescued, int64_t step, int64_t committed = 0, int64_t pending = 0);
 
 // Seconds since the epoch, the events' clock.
 double UnixNow();

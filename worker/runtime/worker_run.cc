@@ -288,6 +288,7 @@ absl::StatusOr<std::unique_ptr<Varuna>> WorkerRun::BuildEngine(Model m, const Wo
   VarunaOptions opts = base_opts_;
   opts.schedule = schedule;
   opts.rolled_rescue = spec.checkpoint.commit;  // Note [Committed step] in varuna.cc
+  opts.generation = ProcessState::Get().regroup.generation();
   opts.faults = std::move(f);
   ASSIGN_OR_RETURN(TensorMap sample_batch, in_.data->Batch(0, 2));
   ASSIGN_OR_RETURN(auto e,

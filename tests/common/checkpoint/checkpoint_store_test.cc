@@ -367,6 +367,37 @@ TEST(RescueTest, PendingLayersCountOnlyBesideARecordedUpdate) {
   EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
               StatusIs(absl::StatusCode::kDataLoss, "checksum"));
 
+  // Pending layers of another generation (an earlier split at this step) never combine with
+  // this generation's update; of an unrecorded generation (0) they do.
+  rescue(", \"update_skipped\": \"0\", \"update_grad_norm\": \"0.75\", \"generation\": \"3\"");
+  {
+    const std::string rel = PendingLayerFileOf("b"), bytes(60, 'b');
+    ASSERT_THAT(WriteFileAtomic(path + "/" + rel, bytes, 1), IsOk());
+    ASSERT_THAT(WritePendingRecord(path, 1, 7, 8, {"b"}, {DigestBytes(rel, bytes)}, 2), IsOk());
+    EXPECT_THAT(VerifyCheckpoint(path, true, &layers),
+                StatusIs(absl::StatusCode::kDataLoss, "from generation 2"));
+    ASSERT_THAT(WritePendingRecord(path, 1, 7, 8, {"b"}, {DigestBytes(rel, bytes)}, 3), IsOk());
+    EXPECT_THAT(VerifyCheckpoint(path, true, &layers), IsOk());
+    auto c = ReadCheckpointCommon(path);
+    ASSERT_THAT(c.status(), IsOk());
+    EXPECT_EQ(c->generation, 3);
+    // The update is the step's, whichever rescuer recorded it: the lowest may not have.
+    ASSERT_THAT(
+        WriteRescueRecord(path, 1,
+                          "{\"format\": 2, \"step\": 7, \"global_batch\": 8, \"stages\": 2, "
+                          "\"replicas\": 1, \"loss_scale\": 1, \"clean_steps\": 0, "
+                          "\"writers\": [1], \"layers\": [\"a\", \"b\"], "
+                          "\"update_skipped\": \"1\", \"update_grad_norm\": \"0\"}\n",
+                          {DigestBytes("layers/a.safetensors", std::string(100, 'a'))}),
+        IsOk());
+    rescue("");  // rank 0's record, without it
+    c = ReadCheckpointCommon(path);
+    ASSERT_THAT(c.status(), IsOk());
+    EXPECT_TRUE(c->has_update);
+    EXPECT_TRUE(c->update_skipped);
+    ASSERT_TRUE(fs::remove(path + "/rescue.rank1.json") && fs::remove(path + "/rescued.rank1"));
+  }
+
   // An update record that is not one is damage, named.
   rescue(", \"update_skipped\": \"maybe\", \"update_grad_norm\": \"0.75\"");
   EXPECT_THAT(VerifyCheckpoint(path, true, &layers),

@@ -19,7 +19,7 @@ struct Exit {
   int rank;
   int code;
   int64_t saved;
-  int64_t also = 0;
+  int64_t pending = 0;  // the next step its rescue wrote pending layers for
   int64_t committed = 0;
   int signal = 0;
 };
@@ -36,7 +36,7 @@ Job MakeJob(int stages, const std::string& pipelines, int tp, const std::vector<
     e->set_exit_code(x.code);
     e->set_signal(x.signal);
     e->set_saved_step(x.saved);
-    e->set_also_saved_step(x.also);
+    e->set_pending_step(x.pending);
     e->set_committed_step(x.committed);
   }
   job.gen.stopped_after = stopped_after;
@@ -63,17 +63,17 @@ TEST(SaveCoverageTest, TheTable) {
       // Note [Rolled rescue] in checkpoint_store.cc. Rank 0 is at 7 with 8 pending, rank 1
       // applied 8.
       {"pending layers make the next step common",
-       MakeJob(2, "", 1, {{0, R, 7, /*also=*/8}, {1, R, 8}}),
+       MakeJob(2, "", 1, {{0, R, 7, /*pending=*/8}, {1, R, 8}}),
        {},
        8,
        8},
       {"... only where a saver has that step (nobody has 8's update)",
-       MakeJob(2, "", 1, {{0, R, 7, /*also=*/8}, {1, R, 7, /*also=*/8}}),
+       MakeJob(2, "", 1, {{0, R, 7, /*pending=*/8}, {1, R, 7, /*pending=*/8}}),
        {},
        7,
        7},
       {"a rank at step 0 with step 1 pending",
-       MakeJob(2, "", 1, {{0, R, 0, /*also=*/1}, {1, R, 1}}),
+       MakeJob(2, "", 1, {{0, R, 0, /*pending=*/1}, {1, R, 1}}),
        {},
        1,
        1},

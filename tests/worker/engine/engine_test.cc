@@ -138,7 +138,11 @@ struct RunOptions {
   Recorder* recorder = nullptr;  // records every group's operations
   std::string faults;            // VARUNA_FAULT's text (Note [Faults] in fault.cc)
   bool keep_engines = false;     // RankResult::engine
+  bool lr_schedule = false;      // the rate of each step from TestRate, not the optimizer's
 };
+
+// A rate that changes every step, so a step taken with another step's rate shows.
+double TestRate(int64_t step) { return 1e-2 / static_cast<double>(1 + step); }
 
 // Trains `topology` with one thread per rank (o.tp per position); returns each process's
 // results, in process order (position x tp + tp rank).
@@ -207,6 +211,7 @@ std::vector<RankResult> Train(const Topology& topology, const RunOptions& o) {
         (*engine)->set_optimizer(
             std::make_shared<torch::optim::AdamW>((*engine)->view().parameters(), adamw));
       }
+      if (o.lr_schedule) (*engine)->set_lr_schedule(TestRate);
       const Topology& t = (*engine)->view().topology();
       const int k = t.PipelineOf(r);
       if (o.recorder) {
@@ -660,7 +665,8 @@ TEST(EngineTest, ARescueBehindTheAgreementRollsForwardAtResumeBitForBit) {
     std::filesystem::remove_all(off);
     RunOptions o;
     o.fused = fused;
-    o.clip = 0.05;  // the clip's coefficient comes from the recorded norm
+    o.clip = 0.05;         // the clip's coefficient comes from the recorded norm
+    o.lr_schedule = true;  // the roll takes step 3's rate
     const auto want = Train(Uniform(2, 2, 8), o);
     o.faults = "agreement@3:1:split";
     o.keep_engines = true;
@@ -700,6 +706,7 @@ TEST(EngineTest, ARescueBehindTheAgreementRollsForwardAtResumeBitForBit) {
       } else {
         e->set_optimizer(std::make_shared<torch::optim::AdamW>(e->view().parameters(), adamw));
       }
+      e->set_lr_schedule(TestRate);
       return e;
     };
     ASSERT_OK_AND_ASSIGN(auto resumed, fresh());
@@ -717,6 +724,59 @@ TEST(EngineTest, ARescueBehindTheAgreementRollsForwardAtResumeBitForBit) {
     for (const auto& [name, p] : params) {
       ASSERT_TRUE(unbroken.count(name)) << name;
       EXPECT_TRUE(torch::equal(p, unbroken[name])) << name << " differs from the unbroken run's";
+    }
+
+    // The same checkpoint into one position of tp 2 (two processes as threads): each takes
+    // its slice of the rolled layers' gradients and rolls that slice forward.
+    {
+      auto tp_world = std::make_shared<ThreadWorld>();
+      std::vector<std::vector<std::pair<std::string, torch::Tensor>>> sliced(2);
+      std::map<std::string, ShardSpec> shards;
+      std::vector<absl::Status> status(2);
+      std::vector<std::thread> processes;
+      for (int j = 0; j < 2; ++j) {
+        processes.emplace_back([&, j] {
+          status[j] = [&]() -> absl::Status {
+            ThreadFactory f(tp_world);
+            ASSIGN_OR_RETURN(ProcessGroups g, CreateGroups(f, Uniform(1, 1, 8), j, true,
+                                                           std::chrono::seconds(20), 2));
+            ASSIGN_OR_RETURN(Model m, BuildModel(GptSpec(), TensorParallelOf(g, torch::kCPU)));
+            VarunaOptions opts;
+            opts.seed = 5;
+            opts.clip_grad_norm = o.clip;
+            ASSIGN_OR_RETURN(auto e, Varuna::Create(std::move(m), Uniform(1, 1, 8), 0, std::move(g),
+                                                    Batch(99, 2), 2, torch::kCPU, opts));
+            const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0);
+            if (fused) {
+              e->set_optimizer(std::make_shared<FusedAdamW>(e->view().parameters(), adamw));
+            } else {
+              e->set_optimizer(
+                  std::make_shared<torch::optim::AdamW>(e->view().parameters(), adamw));
+            }
+            e->set_lr_schedule(TestRate);
+            ASSIGN_OR_RETURN(int64_t step, e->checkpoints().Load(CheckpointPath(dir, 3)));
+            if (step != 3) return absl::InternalError(absl::StrCat("loaded step ", step));
+            for (const auto& [name, p] : e->view().named_parameters()) {
+              sliced[j].emplace_back(name, p.detach().clone());
+            }
+            if (j == 0) shards = e->view().sharded_parameters();
+            return absl::OkStatus();
+          }();
+        });
+      }
+      for (auto& t : processes) t.join();
+      ASSERT_THAT(status[0], IsOk());
+      ASSERT_THAT(status[1], IsOk());
+      EXPECT_FALSE(shards.empty());
+      for (size_t i = 0; i < sliced[0].size(); ++i) {
+        const auto& [name, p] = sliced[0][i];
+        torch::Tensor have = p;
+        if (auto it = shards.find(name); it != shards.end()) {
+          have = JoinShards({sliced[0][i].second, sliced[1][i].second}, it->second);
+        }
+        ASSERT_TRUE(unbroken.count(name)) << name;
+        EXPECT_TRUE(torch::equal(have, unbroken[name])) << name << " (tp 2) differs";
+      }
     }
 
     // The rolled rescue off on the rank ahead: no update recorded, so no step 3.
