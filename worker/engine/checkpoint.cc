@@ -291,8 +291,9 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
   rescued_also_ = 0;
   faults_->Hit(FaultPoint::kRescueSave, state_->iteration);
   const int64_t step = state_->iteration;
-  // Note [Rolled rescue] in checkpoint_store.cc. This rank's gradients of the next step, posted to
-  // its agreement, are what a peer's record of that step's update needs to bring this stage there.
+  // With the next step's agreement posted, this rank's gradients of that step are what a
+  // peer's record of its update needs to bring this stage there (Note [Rolled rescue] in
+  // common/checkpoint/checkpoint_store.cc).
   const int64_t pending = rolled_rescue_ && state_->commit.pending() == step + 1 ? step + 1 : 0;
   if (step == 0 && pending == 0) return 0;  // nothing trained since a fresh start
   if (stage_->tp.enabled()) {
