@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import unittest
+import zlib
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lib import harness  # noqa: E402
@@ -136,6 +137,47 @@ class Fixture(unittest.TestCase):
                       r.stderr)
 
 
+    def export_refuses_a_rolled_checkpoint(self, ckpt, step):
+        """A checkpoint complete only through a rolled rescue (Note [Rolled rescue] in
+        common/checkpoint/checkpoint_store.cc): its last layer is held as the step before with
+        the step's gradients. varuna-ckpt verify accepts it (a resume rolls it forward); an
+        export, which cannot, names the layer and refuses."""
+        dst = os.path.join(self.tmp, f"rolled-{os.path.basename(ckpt)}")
+        path = os.path.join(dst, f"varuna_ckpt_{step}")
+        shutil.copytree(os.path.join(ckpt, f"varuna_ckpt_{step}"), path)
+        with open(os.path.join(path, "common.json")) as f:
+            common = json.load(f)
+        files = []
+        for name in sorted(os.listdir(path)):
+            if name.startswith("manifest."):
+                with open(os.path.join(path, name)) as f:
+                    files += [e for e in json.load(f)["files"] if e["path"] != "common.json"]
+            if name.startswith(("manifest.", "complete.")) or name == "common.json":
+                os.remove(os.path.join(path, name))
+        layer = common["layers"][-1]
+        rel = f"pending/{layer}.safetensors"
+        os.makedirs(os.path.join(path, "pending"))
+        os.rename(os.path.join(path, "layers", f"{layer}.safetensors"), os.path.join(path, rel))
+        files = [e for e in files if e["path"] != f"layers/{layer}.safetensors"]
+        with open(os.path.join(path, rel), "rb") as f:
+            data = f.read()
+        pending = {"step": step, "global_batch": common["global_batch"], "generation": 0,
+                   "layers": [layer],
+                   "files": [{"path": rel, "size": len(data), "crc32": zlib.crc32(data)}]}
+        with open(os.path.join(path, "pending.rank1.json"), "w") as f:
+            json.dump(pending, f)
+        with open(os.path.join(path, "rescue.rank0.json"), "w") as f:
+            json.dump(dict(common, files=files, update_skipped="0", update_grad_norm="0.5"), f)
+        open(os.path.join(path, "rescued.rank0"), "w").close()
+        r = subprocess.run([CKPT, "verify", dst, str(step)], capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        r = self.export(dst, step, os.path.join(self.tmp, "export-rolled"), ok=False)
+        self.assertNotEqual(r.returncode, 0, r.stdout)
+        self.assertIn(f"holds layer {layer} only as step {step - 1}", r.stderr)
+        self.assertIn("rolled rescue", r.stderr)
+
+
 class ImportExportTest(Fixture):
     def check_kind(self, kind, src, one_sample_model):
         ids, labels = hf_models.tokens_sample(self.one, SEQ)
@@ -160,6 +202,7 @@ class ImportExportTest(Fixture):
         self.assertEqual(os.stat(os.path.join(out, "tokenizer.json")).st_mode & 0o777, 0o640,
                          "a copied tokenizer file keeps its mode")
         self.export_refuses_what_the_job_planted(ckpt, tok)
+        self.export_refuses_a_rolled_checkpoint(ckpt, 2)
         got = hf_models.reference_loss(out, ids, labels)
         self.assertLessEqual(abs(got - losses[2]), 1e-5 * abs(got),
                              f"{kind}: export reloads at {got}, the system said {losses[2]}")
