@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <set>
@@ -726,25 +728,29 @@ TEST(EngineTest, ARescueBehindTheAgreementRollsForwardAtResumeBitForBit) {
       EXPECT_TRUE(torch::equal(p, unbroken[name])) << name << " differs from the unbroken run's";
     }
 
-    // The same checkpoint into one position of tp 2 (two processes as threads): each takes
-    // its slice of the rolled layers' gradients and rolls that slice forward.
-    {
-      auto tp_world = std::make_shared<ThreadWorld>();
-      std::vector<std::vector<std::pair<std::string, torch::Tensor>>> sliced(2);
+    // The same checkpoint into one position of tp 2 (two processes as threads: each takes its
+    // slice of the rolled layers' gradients and rolls that slice forward), and into D=2 (each
+    // replica's gradients are views of its buckets, put back after the roll).
+    for (const int tp : {2, 1}) {
+      const Topology shape = Uniform(1, tp == 2 ? 1 : 2, 8);
+      const int processes = shape.world_size() * tp;
+      SCOPED_TRACE(absl::StrCat("into ", shape.ToString(), " tp ", tp));
+      auto world = std::make_shared<ThreadWorld>();
+      std::vector<std::vector<std::pair<std::string, torch::Tensor>>> held(processes);
       std::map<std::string, ShardSpec> shards;
-      std::vector<absl::Status> status(2);
-      std::vector<std::thread> processes;
-      for (int j = 0; j < 2; ++j) {
-        processes.emplace_back([&, j] {
+      std::vector<absl::Status> status(processes);
+      std::vector<std::thread> threads;
+      for (int j = 0; j < processes; ++j) {
+        threads.emplace_back([&, j] {
           status[j] = [&]() -> absl::Status {
-            ThreadFactory f(tp_world);
-            ASSIGN_OR_RETURN(ProcessGroups g, CreateGroups(f, Uniform(1, 1, 8), j, true,
-                                                           std::chrono::seconds(20), 2));
+            ThreadFactory f(world);
+            ASSIGN_OR_RETURN(ProcessGroups g,
+                             CreateGroups(f, shape, j, true, std::chrono::seconds(20), tp));
             ASSIGN_OR_RETURN(Model m, BuildModel(GptSpec(), TensorParallelOf(g, torch::kCPU)));
             VarunaOptions opts;
             opts.seed = 5;
             opts.clip_grad_norm = o.clip;
-            ASSIGN_OR_RETURN(auto e, Varuna::Create(std::move(m), Uniform(1, 1, 8), 0, std::move(g),
+            ASSIGN_OR_RETURN(auto e, Varuna::Create(std::move(m), shape, j / tp, std::move(g),
                                                     Batch(99, 2), 2, torch::kCPU, opts));
             const auto adamw = torch::optim::AdamWOptions(1e-2).weight_decay(0);
             if (fused) {
@@ -757,25 +763,55 @@ TEST(EngineTest, ARescueBehindTheAgreementRollsForwardAtResumeBitForBit) {
             ASSIGN_OR_RETURN(int64_t step, e->checkpoints().Load(CheckpointPath(dir, 3)));
             if (step != 3) return absl::InternalError(absl::StrCat("loaded step ", step));
             for (const auto& [name, p] : e->view().named_parameters()) {
-              sliced[j].emplace_back(name, p.detach().clone());
+              held[j].emplace_back(name, p.detach().clone());
             }
             if (j == 0) shards = e->view().sharded_parameters();
             return absl::OkStatus();
           }();
         });
       }
-      for (auto& t : processes) t.join();
-      ASSERT_THAT(status[0], IsOk());
-      ASSERT_THAT(status[1], IsOk());
-      EXPECT_FALSE(shards.empty());
-      for (size_t i = 0; i < sliced[0].size(); ++i) {
-        const auto& [name, p] = sliced[0][i];
-        torch::Tensor have = p;
-        if (auto it = shards.find(name); it != shards.end()) {
-          have = JoinShards({sliced[0][i].second, sliced[1][i].second}, it->second);
+      for (auto& t : threads) t.join();
+      for (int j = 0; j < processes; ++j) ASSERT_THAT(status[j], IsOk()) << "process " << j;
+      EXPECT_EQ(shards.empty(), tp == 1);
+      for (int j = 0; j < processes; j += tp) {
+        for (size_t i = 0; i < held[j].size(); ++i) {
+          const auto& [name, p] = held[j][i];
+          torch::Tensor have = p;
+          if (auto it = shards.find(name); it != shards.end()) {
+            have = JoinShards({held[j][i].second, held[j + 1][i].second}, it->second);
+          }
+          ASSERT_TRUE(unbroken.count(name)) << name;
+          EXPECT_TRUE(torch::equal(have, unbroken[name]))
+              << name << " differs (process " << j << ")";
         }
-        ASSERT_TRUE(unbroken.count(name)) << name;
-        EXPECT_TRUE(torch::equal(have, unbroken[name])) << name << " (tp 2) differs";
+      }
+    }
+
+    // An overflow's vote (update_skipped): the rolled layers stay as the rank behind holds them.
+    {
+      const std::string record = CheckpointPath(dir, 3) + "/rescue.rank0.json";
+      std::string text;
+      {
+        std::ifstream in(record);
+        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      const size_t at = text.find("\"update_skipped\": \"0\"");
+      ASSERT_NE(at, std::string::npos) << text;
+      text[at + std::string("\"update_skipped\": \"").size()] = '1';
+      {
+        std::ofstream out(record, std::ios::trunc);
+        out << text;
+      }
+      ASSERT_OK_AND_ASSIGN(auto skipped, fresh());
+      const auto v = skipped->checkpoints().Load(CheckpointPath(dir, 3));
+      ASSERT_THAT(v.status(), IsOk());
+      std::map<std::string, torch::Tensor> loaded;
+      for (const auto& [name, p] : skipped->view().named_parameters()) loaded[name] = p;
+      const auto behind_params = got[1].engine->view().named_parameters();
+      ASSERT_FALSE(behind_params.empty());
+      for (const auto& [name, p] : behind_params) {
+        ASSERT_TRUE(loaded.count(name)) << name;
+        EXPECT_TRUE(torch::equal(loaded[name], p)) << name << " moved on a skipped step";
       }
     }
 
