@@ -189,6 +189,12 @@ std::string PendingLayerFileOf(const std::string& layer) {
   return absl::StrCat("pending/", layer, ".safetensors");
 }
 
+bool RolledLayer(const std::string& ckpt_path, int format, const std::string& layer) {
+  std::error_code ec;
+  return !fs::exists(absl::StrCat(ckpt_path, "/", LayerFileOf(format, layer)), ec) &&
+         fs::exists(absl::StrCat(ckpt_path, "/", PendingLayerFileOf(layer)), ec);
+}
+
 namespace {
 
 absl::Status Damaged(const std::string& what) { return absl::DataLossError(what); }

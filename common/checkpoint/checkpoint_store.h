@@ -70,6 +70,9 @@ absl::Status WritePendingRecord(const std::string& ckpt_path, int rank, int64_t 
 // "pending/<layer>.safetensors": a layer at the step before the checkpoint's, with the
 // checkpoint step's gradients as "grad.<parameter>" tensors.
 std::string PendingLayerFileOf(const std::string& layer);
+// True when the checkpoint at `ckpt_path` holds `layer` only as its pending file (no layer file
+// in `format`): a load must roll it forward, and nothing else can read it as that step.
+bool RolledLayer(const std::string& ckpt_path, int format, const std::string& layer);
 
 // Limits on what a checkpoint's metadata may claim (a manifest is data, not trusted).
 inline constexpr int64_t kMaxCheckpointMetadataBytes = 16 << 20;

@@ -219,21 +219,38 @@ void MarkGradientsReady(TrainingState& state, torch::Device device) {
   RecordOnComputeStream(&state.grads_ready, device);
 }
 
+namespace {
+
+// Runs `copy`, which queues copies of `device`'s tensors to pinned host memory, on a side
+// stream that waits for `after` alone (Note [Rescue copies]; without it, on the current
+// stream), then waits for those copies. On the CPU it just runs `copy`.
+absl::Status CopyToHost(torch::Device device, const c10::Event* after, const std::string& what,
+                        const std::function<void()>& copy) {
+  return TorchCall(what, [&] {
+    std::optional<c10::StreamGuard> side;
+    if (after != nullptr && after->device_type() != c10::DeviceType::CPU) {
+      c10::impl::VirtualGuardImpl impl(after->device_type());
+      const c10::Stream stream = impl.getStreamFromGlobalPool(
+          c10::Device(after->device_type(), after->device_index()), /*isHighPriority=*/true);
+      after->block(stream);
+      side.emplace(stream);
+    }
+    copy();
+    if (!device.is_cpu()) {  // the pinned copies were queued: wait for them
+      c10::impl::VirtualGuardImpl impl(device.type());
+      impl.getStream(device).synchronize();
+    }
+  });
+}
+
+}  // namespace
+
 absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
                                              torch::optim::Optimizer& optimizer,
                                              const std::vector<bool>& mine, const c10::Event* after,
                                              bool borrow) {
   LayerSnapshot snapshot;
-  const torch::Device device = StageDevice(stage);
-  std::optional<c10::StreamGuard> side;
-  if (after != nullptr && after->device_type() != c10::DeviceType::CPU) {
-    c10::impl::VirtualGuardImpl impl(after->device_type());
-    const c10::Stream stream = impl.getStreamFromGlobalPool(
-        c10::Device(after->device_type(), after->device_index()), /*isHighPriority=*/true);
-    after->block(stream);
-    side.emplace(stream);
-  }
-  RETURN_IF_ERROR(TorchCall("snapshotting the stage", [&] {
+  RETURN_IF_ERROR(CopyToHost(StageDevice(stage), after, "snapshotting the stage", [&] {
     for (size_t i = 0; i < stage.layers.size(); ++i) {
       if (!mine[i]) continue;
       c10::Dict<std::string, at::Tensor> d;
@@ -245,10 +262,6 @@ absl::StatusOr<LayerSnapshot> SnapshotLayers(const RankStage& stage,
         d.insert("buffer." + b.key(), OnHost(b.value(), borrow));
       }
       snapshot.emplace_back(stage.layer_names[i], std::move(d));
-    }
-    if (!device.is_cpu()) {  // the pinned copies were queued: wait for them
-      c10::impl::VirtualGuardImpl impl(device.type());
-      impl.getStream(device).synchronize();
     }
   }));
   return snapshot;
@@ -288,7 +301,7 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
   if (!state_->optimizer) return absl::FailedPreconditionError("Rescue() before set_optimizer()");
   absl::Status upload = Wait();
   if (!upload.ok()) LOG(WARNING) << "rank=" << stage_->rank << " earlier upload failed: " << upload;
-  rescued_also_ = 0;
+  rescued_pending_ = 0;
   faults_->Hit(FaultPoint::kRescueSave, state_->iteration);
   const int64_t step = state_->iteration;
   // With the next step's agreement posted, this rank's gradients of that step are what a
@@ -331,7 +344,7 @@ absl::StatusOr<int64_t> Checkpointer::Rescue(const std::string& dir, const InfoA
     absl::Status st = take();
     if (st.ok()) st = WritePending(dir, pending, std::move(snapshot));
     if (st.ok()) {
-      rescued_also_ = pending;
+      rescued_pending_ = pending;
     } else {
       LOG(WARNING) << "rank=" << stage_->rank << " wrote no pending layers for step " << pending
                    << ": " << st;
@@ -349,25 +362,13 @@ absl::Status Checkpointer::WritePending(const std::string& dir, int64_t step,
   if (ready != nullptr && !ready->query()) {
     return absl::UnavailableError("its gradients never finished reducing");
   }
-  RETURN_IF_ERROR(TorchCall("snapshotting the gradients", [&] {
-    std::optional<c10::StreamGuard> side;
-    if (ready != nullptr) {
-      c10::impl::VirtualGuardImpl impl(ready->device_type());
-      const c10::Stream stream = impl.getStreamFromGlobalPool(
-          c10::Device(ready->device_type(), ready->device_index()), /*isHighPriority=*/true);
-      ready->block(stream);
-      side.emplace(stream);
-    }
+  RETURN_IF_ERROR(CopyToHost(StageDevice(*stage_), ready, "snapshotting the gradients", [&] {
     for (size_t i = 0; i < stage_->layers.size(); ++i) {
       for (const auto& p : stage_->layers[i]->named_parameters(/*recurse=*/true)) {
         if (!p.value().grad().defined()) continue;  // frozen: nothing to update
         layers[i].second.insert_or_assign("grad." + p.key(),
                                           OnHost(p.value().grad(), /*borrow=*/true, torch::kFloat));
       }
-    }
-    if (ready != nullptr) {  // the pinned copies were queued: wait for them
-      c10::impl::VirtualGuardImpl impl(ready->device_type());
-      impl.getStream(c10::Device(ready->device_type(), ready->device_index())).synchronize();
     }
   }));
   const std::string path = CheckpointPath(dir, step);
@@ -620,13 +621,10 @@ absl::StatusOr<int64_t> Checkpointer::Load(const std::string& ckpt_path) {
   }
   std::vector<std::pair<size_t, LayerDict>> rolled;  // Note [Rolled rescue]
   for (size_t i = 0; i < stage_->layers.size(); ++i) {
-    std::string file =
-        absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, stage_->layer_names[i]));
-    const std::string pending =
-        absl::StrCat(ckpt_path, "/", PendingLayerFileOf(stage_->layer_names[i]));
-    std::error_code ec;
-    const bool roll = !std::filesystem::exists(file, ec) && std::filesystem::exists(pending, ec);
-    if (roll) file = pending;
+    const std::string& name = stage_->layer_names[i];
+    const bool roll = RolledLayer(ckpt_path, common.format, name);
+    const std::string file = absl::StrCat(
+        ckpt_path, "/", roll ? PendingLayerFileOf(name) : LayerFileOf(common.format, name));
     ASSIGN_OR_RETURN(auto in, ReadLayerFile(file, nullptr));
     RETURN_IF_ERROR(LoadLayer(i, in, file));
     if (roll) rolled.emplace_back(i, std::move(in));

@@ -91,7 +91,7 @@ class Checkpointer {
   // DIR/varuna_ckpt_<iteration>, written with info(iteration) (none when null) and the step's
   // agreed update; with the next step's agreement pending, also the layers with that step's
   // gradients into its directory (Note [Rolled rescue] in
-  // common/checkpoint/checkpoint_store.cc; rescued_also() says so). Safe to call from another
+  // common/checkpoint/checkpoint_store.cc; rescued_pending() says so). Safe to call from another
   // thread while step() is blocked on a dead peer; `info` is called on that thread with the
   // state's lock held. Returns the step saved (0: nothing trained yet, no step written).
   absl::StatusOr<int64_t> Rescue(const std::string& dir, const InfoAt& info = nullptr);
@@ -139,7 +139,7 @@ class Checkpointer {
   // varuna.cc).
   int64_t committed_step() const;
   // The step whose checkpoint the last Rescue() also wrote pending layers into (0: none).
-  int64_t rescued_also() const { return rescued_also_; }
+  int64_t rescued_pending() const { return rescued_pending_; }
 
  private:
   // The background checkpoint upload (Note [Background upload] in checkpoint.cc).
@@ -172,7 +172,7 @@ class Checkpointer {
   const RankStage* stage_;
   TrainingState* state_;
   const FaultInjector* faults_;
-  int64_t rescued_also_ = 0;
+  int64_t rescued_pending_ = 0;
   ApplyUpdateFn apply_update_;
   bool rolled_rescue_ = true;
   int64_t generation_ = 0;

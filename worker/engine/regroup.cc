@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -242,9 +241,7 @@ absl::Status ReadCheckpointLayers(const Handover& plan, const std::string& ckpt_
       format = common.format;
     }
     const std::string file = absl::StrCat(ckpt_path, "/", LayerFileOf(format, read.layer));
-    std::error_code ec;
-    if (!std::filesystem::exists(file, ec) &&
-        std::filesystem::exists(absl::StrCat(ckpt_path, "/", PendingLayerFileOf(read.layer)), ec)) {
+    if (RolledLayer(ckpt_path, format, read.layer)) {
       // Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc: only a load applies the
       // step's update to it; the hand-over fails and the job relaunches, which loads it.
       return absl::FailedPreconditionError(absl::StrCat(

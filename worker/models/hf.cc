@@ -225,10 +225,7 @@ absl::StatusOr<std::vector<ExportItem>> ListExportItems(const std::string& ckpt_
   for (size_t l = 0; l < common.layers.size(); ++l) {
     const std::string file =
         absl::StrCat(ckpt_path, "/", LayerFileOf(common.format, common.layers[l]));
-    std::error_code ec;
-    if (!std::filesystem::exists(file, ec) &&
-        std::filesystem::exists(absl::StrCat(ckpt_path, "/", PendingLayerFileOf(common.layers[l])),
-                                ec)) {
+    if (RolledLayer(ckpt_path, common.format, common.layers[l])) {
       // Note [Rolled rescue] in common/checkpoint/checkpoint_store.cc: only a resume applies
       // the step's update to it.
       return absl::FailedPreconditionError(absl::StrCat(

@@ -68,13 +68,14 @@ void Rescuer::Watch() {
     std::_Exit(1);
   }
   LOG(INFO) << who_ << " rescued step " << *saved
-            << (ckpt.rescued_also() > 0 ? absl::StrCat(" and its layers with step ",
-                                                       ckpt.rescued_also(), "'s gradients")
-                                        : "")
+            << (ckpt.rescued_pending() > 0 ? absl::StrCat(" and its layers with step ",
+                                                          ckpt.rescued_pending(), "'s gradients")
+                                           : "")
             << " (committed " << ckpt.committed_step() << ") in "
             << absl::StrFormat("%.3f", std::chrono::duration<double>(Clock::now() - c0).count())
             << " s; exiting";
-  ReportToAgent(SavedEvent(/*rescued=*/true, *saved, ckpt.committed_step(), ckpt.rescued_also()));
+  ReportToAgent(
+      SavedEvent(/*rescued=*/true, *saved, ckpt.committed_step(), ckpt.rescued_pending()));
   std::_Exit(kExitRescued);
 }
 
