@@ -97,10 +97,12 @@ class ProfilerTest(unittest.TestCase):
             env_extra={"OMP_NUM_THREADS": "1"})
         self.assertTrue(res.ok, res.outputs[0][-2000:])
         self.assertEqual(len(res.losses()), 6)
-        # A unit sanity check, not an accuracy target (that is bench/autoconfig.sh's job).
+        # A unit sanity check (a mistaken unit is off by 1000x), not an accuracy target (that is
+        # bench/autoconfig.sh's job): within 10x either way, since ctest's parallel tests can
+        # slow the measured steps 5x on a 2-core machine (0.20 seen in CI on 2026-11-30).
         measured = sorted(m["step_time_s"] for m in res.metrics[2:])[len(res.metrics[2:]) // 2]
-        self.assertLess(best["step_s"] / measured, 4)
-        self.assertGreater(best["step_s"] / measured, 0.25)
+        self.assertLess(best["step_s"] / measured, 10)
+        self.assertGreater(best["step_s"] / measured, 0.1)
 
     def test_bad_inputs_are_clear_errors(self):
         damaged = os.path.join(self.dir, "damaged.json")
